@@ -1,0 +1,1 @@
+"""Pipeline controllers (installed as roll_lite.pipelines)."""

@@ -1,0 +1,106 @@
+"""Built-in loss_funcs: `loss_func(micro_batch, model_output) -> (loss, metrics)`.
+
+Each reads the global denominators of its mask(s) from `micro_batch.meta_info` (put there by the
+strategy for every key in `meta_info['loss_mask_keys']`), so the sum of its values over all
+micro-batches and ranks of a step is the loss of the whole global batch. Losses and global-mean
+metrics are reported with '@sum'. A custom loss_func should follow the same pattern.
+"""
+
+from __future__ import annotations
+
+from roll_lite.loss import (
+    agg_loss,
+    kl_penalty,
+    mask_stats,
+    masked_sum,
+    ppo_clipped_loss,
+    sequence_ratio_loss,
+    token_mean_metric,
+)
+
+
+def ppo_policy_loss_func(
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    dual_clip_c: float | None = None,
+    entropy_coef: float = 0.0,
+    seq_len_norm: float | None = None,
+    mask_key: str = "response_mask",
+):
+    """Token-level PPO clipped surrogate (+ optional entropy bonus). Needs batch tensors
+    old_log_probs and advantages, and `mask_key` in loss_mask_keys."""
+
+    def loss_func(batch, output):
+        mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
+        loss_mat, clipped = ppo_clipped_loss(
+            output["log_probs"], batch["old_log_probs"], batch["advantages"], clip_ratio_low, clip_ratio_high, dual_clip_c
+        )
+        pg_loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
+        loss = pg_loss
+        metrics = {
+            "pg_loss@sum": pg_loss.detach(),
+            "clipfrac@sum": token_mean_metric(clipped, mask, stats["batch_num_tokens"]),
+            "approx_kl@sum": token_mean_metric(batch["old_log_probs"] - output["log_probs"], mask, stats["batch_num_tokens"]),
+        }
+        if "entropy" in output:
+            metrics["entropy@sum"] = token_mean_metric(output["entropy"], mask, stats["batch_num_tokens"])
+        if entropy_coef:
+            entropy_loss = agg_loss(output["entropy"], mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
+            loss = loss - entropy_coef * entropy_loss
+        return loss, metrics
+
+    return loss_func
+
+
+def sequence_policy_loss_func(
+    loss_agg_mode: str = "seq-mean-token-mean",
+    clip_ratio_low: float = 3e-4,
+    clip_ratio_high: float = 4e-4,
+    seq_len_norm: float | None = None,
+    mask_key: str = "response_mask",
+):
+    """Sequence-level (GSPO-style) clipped loss: one importance ratio per sequence. The sequence's
+    advantage is the mean of `advantages` over its masked tokens."""
+
+    def loss_func(batch, output):
+        mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
+        row_tokens = mask.sum(-1).clamp(min=1).to(batch["advantages"].dtype)
+        seq_advantages = masked_sum(batch["advantages"], mask, dim=-1) / row_tokens
+        loss_mat = sequence_ratio_loss(
+            output["log_probs"], batch["old_log_probs"], seq_advantages, mask, clip_ratio_low, clip_ratio_high
+        )
+        loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
+        return loss, {"seq_pg_loss@sum": loss.detach()}
+
+    return loss_func
+
+
+def kl_regularized_loss_func(
+    loss_agg_mode: str = "token-mean",
+    kl_coef: float = 0.1,
+    kl_estimator: str = "k3",
+    seq_len_norm: float | None = None,
+    policy_mask_key: str = "response_mask",
+    kl_mask_key: str = "kl_mask",
+):
+    """PPO policy loss on one mask plus a KL-to-reference loss on another: two loss_mask_keys,
+    each aggregated with its own global stats. Needs ref_log_probs in the batch."""
+    policy_loss = ppo_policy_loss_func(loss_agg_mode, seq_len_norm=seq_len_norm, mask_key=policy_mask_key)
+
+    def loss_func(batch, output):
+        loss, metrics = policy_loss(batch, output)
+        kl_stats = mask_stats(batch.meta_info, kl_mask_key)
+        kl_mat = kl_penalty(output["log_probs"], batch["ref_log_probs"], kl_estimator)
+        kl_loss = agg_loss(kl_mat, batch[kl_mask_key], loss_agg_mode, **kl_stats, seq_len_norm=seq_len_norm)
+        metrics["kl_loss@sum"] = kl_loss.detach()
+        return loss + kl_coef * kl_loss, metrics
+
+    return loss_func
+
+
+BUILTIN_LOSSES = {
+    "ppo": (ppo_policy_loss_func, ["response_mask"]),
+    "sequence": (sequence_policy_loss_func, ["response_mask"]),
+    "ppo_kl": (kl_regularized_loss_func, ["response_mask", "kl_mask"]),
+}

@@ -1,0 +1,52 @@
+"""Settings of the training strategy (micro-batching, packing, loss scale, optimizer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LR_SCHEDULES = ("constant", "cosine")
+PARAM_DTYPES = ("float32", "bfloat16", "float64")
+
+
+@dataclass
+class StrategyConfig:
+    grad_accum_steps: int = 1  # A: micro-batches per rank per optimizer step (count mode)
+    use_packing: bool = False  # pack each micro-batch's sequences into one row (varlen attention)
+    max_tokens_per_micro_batch: int | None = None  # token-budget micro-batches instead of a count; needs packing
+    apply_loss_scale: bool = True  # multiply micro-batch losses by D·A (losses with global denominators)
+    max_grad_norm: float | None = 1.0  # None: no clipping (the norm is still reported)
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"
+    total_steps: int = 0  # for the cosine schedule
+    param_dtype: str = "float32"  # compute dtype under FSDP2 mixed precision (bfloat16 on GPU)
+    logprob_chunk_size: int = 1024  # tokens per chunk of the LM head
+    temperature: float = 1.0  # log-probs of softmax(logits / temperature), as sampled
+
+    def validate(self, prefix: str = "") -> None:
+        def fail(key, message):
+            raise ValueError(f"{prefix}{key}: {message}")
+
+        if self.grad_accum_steps < 1:
+            fail("grad_accum_steps", f"must be >= 1, got {self.grad_accum_steps}")
+        if self.max_tokens_per_micro_batch is not None:
+            if self.max_tokens_per_micro_batch < 1:
+                fail("max_tokens_per_micro_batch", f"must be >= 1 or null, got {self.max_tokens_per_micro_batch}")
+            if not self.use_packing:
+                fail("max_tokens_per_micro_batch", "token-budget micro-batches need use_packing=true")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            fail("max_grad_norm", f"must be > 0 or null, got {self.max_grad_norm}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            fail("lr_schedule", f"'{self.lr_schedule}' is not one of {', '.join(LR_SCHEDULES)}")
+        if self.lr_schedule == "cosine" and self.total_steps < 1:
+            fail("total_steps", "the cosine schedule needs total_steps >= 1")
+        if self.param_dtype not in PARAM_DTYPES:
+            fail("param_dtype", f"'{self.param_dtype}' is not one of {', '.join(PARAM_DTYPES)}")
+        if self.logprob_chunk_size < 1:
+            fail("logprob_chunk_size", f"must be >= 1, got {self.logprob_chunk_size}")
+        if self.temperature <= 0:
+            fail("temperature", f"must be > 0, got {self.temperature}")

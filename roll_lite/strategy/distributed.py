@@ -1,0 +1,39 @@
+"""Process-group setup: gloo on CPU, nccl on CUDA; a one-process group when run alone."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def training_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device | None = None) -> tuple[int, int]:
+    """Join (or create) the default process group; returns (rank, world_size).
+
+    Uses RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT when set (torchrun, Ray workers); without
+    them it creates a one-process group on a free local port.
+    """
+    if not dist.is_initialized():
+        device = device or training_device()
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        if "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend=backend)
+        else:
+            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    return dist.get_rank(), dist.get_world_size()

@@ -1,0 +1,176 @@
+"""FSDP2 training strategy: the only place that touches torch.distributed and fully_shard.
+
+A step on each of the D ranks (each holding its share of the global batch):
+  1. sum every loss mask over the rank's whole share, all-reduce -> global token / sample counts;
+  2. split the share into micro-batches (count or token budget, optionally packed), and make every
+     rank run the same number of forward/backward passes (short ranks run placeholder passes);
+  3. per micro-batch: forward, loss_func with the global counts in meta_info, backward of
+     loss · D·A / A (FSDP2 then averages over D, so the step's gradient is that of Σ losses);
+  4. clip the global grad norm, optimizer and LR-scheduler step; reduce metrics over ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from roll_lite.attention import packed_attention_path
+from roll_lite.data import DataProto
+from roll_lite.metrics import reduce_metrics, to_float
+from roll_lite.modeling import CausalLMWithLogProbs, decoder_layers
+from roll_lite.strategy.config import StrategyConfig
+from roll_lite.strategy.distributed import init_distributed, training_device
+from roll_lite.strategy.micro_batches import (
+    LossFunc,
+    forward_micro_batch,
+    forward_placeholder,
+    global_stats_meta,
+    local_mask_sums,
+    loss_mask_keys,
+    micro_batch_groups,
+    pad_to_count,
+    train_micro_batches,
+)
+
+logger = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def _lr_lambda(config: StrategyConfig):
+    def factor(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        if config.lr_schedule == "cosine":
+            progress = min(1.0, (step - config.warmup_steps) / max(1, config.total_steps - config.warmup_steps))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor
+
+
+class FSDP2Strategy:
+    def __init__(self, lm: nn.Module, config: StrategyConfig, device: torch.device | None = None):
+        config.validate("strategy.")
+        self.config = config
+        self.device = device or training_device()
+        self.rank, self.world_size = init_distributed(self.device)
+        self.model = self._shard(CausalLMWithLogProbs(lm.to(self.device), config.logprob_chunk_size))
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps, weight_decay=config.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config))
+        self.attention_path, why = packed_attention_path(self.device)
+        if self.rank == 0:
+            logger.info(
+                "FSDP2 on %d rank(s), %s backend, device %s; packed attention: %s (%s)",
+                self.world_size, dist.get_backend(), self.device, self.attention_path, why,
+            )
+
+    def _shard(self, model: CausalLMWithLogProbs) -> CausalLMWithLogProbs:
+        # Every rank must start from the same weights: take rank 0's.
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            dist.broadcast(tensor.data, src=0)
+        compute_dtype = DTYPES[self.config.param_dtype]
+        model_dtype = next(model.parameters()).dtype
+        mp_policy = MixedPrecisionPolicy()
+        if compute_dtype != model_dtype:
+            mp_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        for layer in decoder_layers(model.lm):
+            fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+        fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+        return model
+
+    # -- collectives --------------------------------------------------------------------------
+
+    def _all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        on_device = tensor.to(self.device)
+        dist.all_reduce(on_device, op=op)
+        return on_device.cpu()
+
+    def _same_count_on_all_ranks(self, count: int) -> int:
+        return int(self._all_reduce(torch.tensor([count], dtype=torch.long), dist.ReduceOp.MAX).item())
+
+    def _gather_records(self, records: list[dict]) -> list[dict]:
+        local = [{name: to_float(value) for name, value in record.items()} for record in records]
+        gathered: list = [None] * self.world_size
+        dist.all_gather_object(gathered, local)
+        return [record for rank_records in gathered for record in rank_records]
+
+    # -- training -----------------------------------------------------------------------------
+
+    def train_step(self, data: DataProto, loss_func: LossFunc) -> dict[str, float]:
+        """One optimizer step on this rank's share of the global batch; returns reduced metrics."""
+        keys = loss_mask_keys(data)
+        stats_meta = global_stats_meta(self._all_reduce(local_mask_sums(data, keys)), keys)
+        micro_batches = [data.index_select(group) for group in micro_batch_groups(data, self.config)]
+        num_micro_batches = self._same_count_on_all_ranks(len(micro_batches))
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        records = train_micro_batches(
+            self.model, pad_to_count(micro_batches, num_micro_batches), loss_func, stats_meta,
+            self.config, self.world_size, self.device,
+        )
+        grad_norm = self._clip_grad_norm()
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            logger.warning("step %d: grad norm is %s; optimizer step skipped", self.scheduler.last_epoch, grad_norm)
+        else:
+            self.optimizer.step()
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+
+        metrics = reduce_metrics(self._gather_records(records))
+        metrics.update(grad_norm=grad_norm, lr=lr, num_micro_batches=num_micro_batches, skipped_step=float(skipped))
+        return metrics
+
+    def _clip_grad_norm(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        total_norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
+        if isinstance(total_norm, DTensor):
+            total_norm = total_norm.full_tensor()
+        if self.config.max_grad_norm is not None and math.isfinite(total_norm.item()):
+            torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, total_norm)
+        return float(total_norm.item())
+
+    # -- inference ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_log_probs(self, data: DataProto, with_entropy: bool = False) -> DataProto:
+        """Token-aligned 'log_probs' (and 'entropy') of every row, micro-batched as in training."""
+        self.model.eval()
+        groups = micro_batch_groups(data, self.config)
+        num_micro_batches = self._same_count_on_all_ranks(len(groups))
+        outputs, order = [], []
+        for index in range(num_micro_batches):
+            group = groups[index] if index < len(groups) else []
+            if not group:
+                forward_placeholder(self.model, self.device)
+                continue
+            micro_batch = data.index_select(group).to(self.device)
+            output = forward_micro_batch(self.model, micro_batch, self.config, with_entropy)
+            outputs.append(DataProto({name: value.cpu() for name, value in output.items()}))
+            order.extend(group)
+        if not outputs:
+            seq_len = data["input_ids"].shape[1]
+            names = ["log_probs"] + (["entropy"] if with_entropy else [])
+            return DataProto({name: torch.zeros(0, seq_len) for name in names})
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        return DataProto.concat(outputs).index_select(inverse)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full (unsharded) HF state dict on CPU, on every rank (weight sync, export)."""
+        # cpu_offload=True would leave the dict empty on ranks other than 0.
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return {name.removeprefix("lm."): value.cpu() for name, value in state.items()}

@@ -1,0 +1,164 @@
+"""One rank's part of a training step, with no collectives: the FSDP2 strategy wraps it with
+all-reduces, and the loss-invariance checker runs it for simulated ranks in one process.
+
+Order of a step on a rank: sum the masks of its whole share (`local_mask_sums`; the strategy
+all-reduces them into the global stats), split the share into micro-batches
+(`split_micro_batches`), then `train_micro_batches` runs forward / loss_func / backward on each,
+with the loss scaled by D·A and divided by A, as gradient accumulation does.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from roll_lite.data import DataProto
+from roll_lite.packing import karmarkar_karp, pack_rows, row_lengths, token_budget_groups, unpack_next_token_values
+from roll_lite.strategy.config import StrategyConfig
+
+LossFunc = Callable[[DataProto, dict], tuple[torch.Tensor, dict]]
+
+
+def loss_mask_keys(data: DataProto) -> list[str]:
+    keys = data.meta_info.get("loss_mask_keys")
+    if keys is None:
+        raise KeyError(
+            "data.meta_info['loss_mask_keys'] is not set: name the mask(s) your loss_func aggregates over, "
+            "e.g. ['response_mask'], so the strategy can compute their global token and sample counts"
+        )
+    if isinstance(keys, str):
+        keys = [keys]
+    missing = [key for key in keys if key not in data.batch]
+    if missing:
+        raise KeyError(f"loss_mask_keys {missing} are not tensors of the batch (has: {sorted(data.batch)})")
+    return list(keys)
+
+
+def local_mask_sums(data: DataProto, mask_keys: Sequence[str]) -> torch.Tensor:
+    """[2, K] float64: row 0 the token count, row 1 the count of rows with a token, per mask key."""
+    sums = torch.zeros(2, len(mask_keys), dtype=torch.float64)
+    for k, key in enumerate(mask_keys):
+        mask = data[key].bool()
+        sums[0, k] = mask.sum()
+        sums[1, k] = (mask.sum(-1) > 0).sum()
+    return sums
+
+
+def global_stats_meta(sums: torch.Tensor, mask_keys: Sequence[str]) -> dict:
+    """The meta_info entries injected into every micro-batch, from all-reduced `local_mask_sums`."""
+    return {
+        "batch_num_tokens": {key: sums[0, k].clone() for k, key in enumerate(mask_keys)},
+        "global_valid_samples": {key: sums[1, k].clone() for k, key in enumerate(mask_keys)},
+    }
+
+
+def micro_batch_groups(data: DataProto, config: StrategyConfig) -> list[list[int]]:
+    """Row indices of each micro-batch of this rank's share: A contiguous chunks (no packing), A
+    token-balanced groups (packing), or as many groups as the token budget needs."""
+    if not config.use_packing:
+        base, extra = divmod(len(data), config.grad_accum_steps)
+        sizes = [base + (1 if i < extra else 0) for i in range(config.grad_accum_steps)]
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return [list(range(start, start + size)) for start, size in zip(starts, sizes)]
+    lengths = row_lengths(data["attention_mask"])
+    if config.max_tokens_per_micro_batch is not None:
+        return token_budget_groups(lengths, config.max_tokens_per_micro_batch)
+    return karmarkar_karp(lengths, config.grad_accum_steps)
+
+
+def split_micro_batches(data: DataProto, config: StrategyConfig) -> list[DataProto]:
+    return [data.index_select(group) for group in micro_batch_groups(data, config)]
+
+
+def split_for_data_parallel(data: DataProto, world_size: int, balance_tokens: bool) -> list[DataProto]:
+    """The D rank shares of a global batch: token-balanced (Karmarkar–Karp) or contiguous chunks."""
+    if not balance_tokens:
+        return data.chunk(world_size)
+    groups = karmarkar_karp(row_lengths(data["attention_mask"]), world_size)
+    return [data.index_select(group) for group in groups]
+
+
+def forward_micro_batch(model, micro_batch: DataProto, config: StrategyConfig, with_entropy: bool) -> dict:
+    """Token-aligned log-probs (and entropy) [rows, seq] of a micro-batch, packed or padded."""
+    input_ids, attention_mask = micro_batch["input_ids"], micro_batch["attention_mask"]
+    seq_len = input_ids.shape[1]
+    if config.use_packing:
+        packed = pack_rows(input_ids, row_lengths(attention_mask))
+        next_log_probs, next_entropy = model(
+            packed.input_ids, packed.position_ids, cu_seqlens=packed.cu_seqlens, max_seqlen=packed.max_seqlen,
+            temperature=config.temperature, with_entropy=with_entropy,
+        )
+        unpack = lambda values: unpack_next_token_values(values, packed, seq_len)  # noqa: E731
+    else:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        next_log_probs, next_entropy = model(
+            input_ids, position_ids, attention_mask=attention_mask,
+            temperature=config.temperature, with_entropy=with_entropy,
+        )
+        valid = attention_mask.bool()
+        valid[:, 0] = False
+
+        def unpack(values):
+            shifted = torch.cat([torch.zeros_like(values[:, :1]), values[:, :-1]], dim=1)
+            return torch.where(valid, shifted, torch.zeros((), dtype=values.dtype, device=values.device))
+
+    output = {"log_probs": unpack(next_log_probs)}
+    if with_entropy:
+        output["entropy"] = unpack(next_entropy)
+    return output
+
+
+def forward_placeholder(model, device: torch.device) -> torch.Tensor:
+    """A one-token forward that touches every parameter: what a rank with fewer real micro-batches
+    runs so that all ranks make the same FSDP2 collective calls. Its output is multiplied by 0."""
+    token = torch.zeros(1, 1, dtype=torch.long, device=device)
+    log_probs, _ = model(token, torch.zeros_like(token), attention_mask=torch.ones_like(token))
+    return log_probs.sum() * 0.0
+
+
+def _checked_loss(loss, micro_batch_index: int) -> torch.Tensor:
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TypeError(f"loss_func must return (scalar loss tensor, metrics); micro-batch {micro_batch_index} gave {type(loss).__name__}")
+    if not loss.requires_grad:
+        raise ValueError(f"loss_func's loss for micro-batch {micro_batch_index} does not depend on the model output")
+    return loss.reshape(())
+
+
+def train_micro_batches(
+    model,
+    micro_batches: Sequence[DataProto | None],
+    loss_func: LossFunc,
+    stats_meta: dict,
+    config: StrategyConfig,
+    world_size: int,
+    device: torch.device,
+) -> list[dict]:
+    """Forward / loss_func / backward for each micro-batch (None or empty: a placeholder pass).
+
+    Gradients accumulate in the parameters' .grad; returns the metrics of each real micro-batch,
+    plus 'loss@sum': the micro-batch's share of the loss whose gradient was applied.
+    """
+    num_micro_batches = len(micro_batches)
+    loss_scale = world_size * num_micro_batches if config.apply_loss_scale else 1.0
+    records = []
+    for index, micro_batch in enumerate(micro_batches):
+        if micro_batch is None or len(micro_batch) == 0:
+            forward_placeholder(model, device).backward()
+            continue
+        micro_batch = micro_batch.to(device)
+        micro_batch.meta_info.update(stats_meta)
+        micro_batch.meta_info.update(loss_scale=loss_scale, micro_batch_index=index, num_micro_batches=num_micro_batches)
+        output = forward_micro_batch(model, micro_batch, config, with_entropy=True)
+        loss, metrics = loss_func(micro_batch, output)
+        loss = _checked_loss(loss, index)
+        # Gradient accumulation divides by A and FSDP2 averages over D; loss_scale = D·A undoes both.
+        (loss * (loss_scale / num_micro_batches)).backward()
+        record = dict(metrics or {})
+        record["loss@sum"] = loss.detach() * loss_scale / (num_micro_batches * world_size)
+        records.append(record)
+    return records
+
+
+def pad_to_count(micro_batches: list[DataProto], count: int) -> list[DataProto | None]:
+    return list(micro_batches) + [None] * (count - len(micro_batches))

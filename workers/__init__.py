@@ -1,0 +1,1 @@
+"""Ray worker roles (installed as roll_lite.workers)."""
