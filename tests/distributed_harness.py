@@ -1,0 +1,168 @@
+"""Runs the real FSDP2 strategy in D gloo processes and an independent single-process reference.
+
+Used by test_exactness.py (float64, tolerance 1e-10) and benchmarks/exactness.py (float64 and
+float32 table). The reference is one forward/backward of the plain HF model over the whole padded
+global batch with full logits and log_softmax: no strategy, packing or chunking code involved.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from dataclasses import dataclass
+
+import torch
+import torch.multiprocessing as mp
+
+from roll_lite.invariance import TINY_MODEL, random_rl_batch, relative_deviation
+from roll_lite.loss import AGG_MODES
+from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, sequence_policy_loss_func
+from roll_lite.modeling import build_causal_lm
+from roll_lite.strategy.distributed import free_port
+
+SEQ_LEN = 16
+BUDGET = 29  # tokens per micro-batch in the token-budget cases: the two ranks need 2 and 1
+MASK_KEYS = {"ppo": ["response_mask"], "sequence": ["response_mask"], "ppo_kl": ["response_mask", "kl_mask"]}
+DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32"}
+
+
+def make_loss(name: str, mode: str):
+    if name == "ppo":
+        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01)
+    if name == "sequence":
+        return sequence_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN)
+    return kl_regularized_loss_func(mode, kl_coef=0.5, kl_estimator="k3", seq_len_norm=SEQ_LEN)
+
+
+@dataclass(frozen=True)
+class Case:
+    loss: str
+    mode: str
+    world_size: int
+    grad_accum_steps: int
+    micro_batching: str  # padded | packed | budget
+
+    @property
+    def id(self) -> str:
+        a = "budget" if self.micro_batching == "budget" else f"A{self.grad_accum_steps}"
+        return f"{self.loss}-{self.mode}-D{self.world_size}-{a}-{self.micro_batching}"
+
+
+def all_cases() -> list[Case]:
+    cases = []
+    for world_size in (1, 2):
+        for loss in MASK_KEYS:
+            for mode in AGG_MODES:
+                for a in (1, 2, 3):
+                    for micro_batching in ("padded", "packed"):
+                        cases.append(Case(loss, mode, world_size, a, micro_batching))
+                cases.append(Case(loss, mode, world_size, 1, "budget"))
+    return cases
+
+
+def global_batch(dtype: torch.dtype):
+    # 7 rows of uneven length (one of 2 tokens), two rows with an all-zero response mask, one with
+    # an all-zero kl_mask: shares and micro-batches get uneven and partly empty.
+    return random_rl_batch(num_rows=7, seq_len=SEQ_LEN, mask_keys=["response_mask", "kl_mask"], seed=11, dtype=dtype)
+
+
+def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: torch.dtype, out_path: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)
+    from roll_lite.strategy import FSDP2Strategy, StrategyConfig
+    from roll_lite.strategy.micro_batches import split_for_data_parallel
+
+    data = global_batch(dtype)
+    results = {}
+    for case in cases:
+        config = StrategyConfig(
+            grad_accum_steps=case.grad_accum_steps,
+            use_packing=case.micro_batching != "padded",
+            max_tokens_per_micro_batch=BUDGET if case.micro_batching == "budget" else None,
+            lr=0.0, max_grad_norm=None, param_dtype=DTYPE_NAMES[dtype], logprob_chunk_size=8,
+        )
+        strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0), config)
+        data.meta_info["loss_mask_keys"] = MASK_KEYS[case.loss]
+        share = split_for_data_parallel(data, world_size, balance_tokens=config.use_packing)[rank]
+        metrics = strategy.train_step(share, make_loss(case.loss, case.mode))
+        grads = {n.removeprefix("lm."): p.grad.full_tensor() for n, p in strategy.model.named_parameters()}
+        results[case] = (metrics["loss"], grads, metrics["num_micro_batches"])
+    if rank == 0:
+        torch.save(results, out_path)
+
+
+def run_strategy(cases: list[Case], dtype: torch.dtype) -> dict:
+    """{case: (loss, grads, micro-batches per rank)} from real FSDP2 runs, grouped by world size."""
+    results = {}
+    for world_size in sorted({c.world_size for c in cases}):
+        group = [c for c in cases if c.world_size == world_size]
+        with tempfile.TemporaryDirectory() as tmp:
+            out_path = os.path.join(tmp, "results.pt")
+            mp.spawn(_rank_main, args=(world_size, free_port(), group, dtype, out_path), nprocs=world_size, join=True)
+            results.update(torch.load(out_path, weights_only=False))
+    return results
+
+
+def reference(loss_name: str, mode: str, dtype: torch.dtype):
+    """(loss, grads) of one float64 forward/backward of the plain HF model over the global batch."""
+    lm = copy.deepcopy(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0)).double()
+    data = global_batch(dtype)
+    batch = {k: (v.double() if v.is_floating_point() else v) for k, v in data.batch.items()}
+    logits = lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+    log_softmax = torch.log_softmax(logits, dim=-1)
+    valid = batch["attention_mask"].bool()
+    valid[:, 0] = False
+    next_log_probs = log_softmax[:, :-1].gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    next_entropy = -(log_softmax.exp() * log_softmax).sum(-1)[:, :-1]
+    pad = torch.zeros(len(data), 1, dtype=torch.float64)
+    output = {
+        "log_probs": torch.where(valid, torch.cat([pad, next_log_probs], 1), 0.0),
+        "entropy": torch.where(valid, torch.cat([pad, next_entropy], 1), 0.0),
+    }
+    meta = {"batch_num_tokens": {}, "global_valid_samples": {}}
+    for key in MASK_KEYS[loss_name]:
+        mask = batch[key].bool()
+        meta["batch_num_tokens"][key] = mask.sum().double()
+        meta["global_valid_samples"][key] = (mask.sum(-1) > 0).sum().double()
+    from roll_lite.data import DataProto
+
+    loss, _ = make_loss(loss_name, mode)(DataProto(batch, meta_info=meta), output)
+    loss.backward()
+    return loss.item(), {n: p.grad for n, p in lm.named_parameters()}
+
+
+def deviations(result, ref) -> tuple[float, float]:
+    """(loss relative error, worst per-parameter gradient relative error)."""
+    (loss, grads, _), (ref_loss, ref_grads) = result, ref
+    assert set(grads) == set(ref_grads), set(grads) ^ set(ref_grads)
+    return relative_deviation(loss, ref_loss), max(relative_deviation(grads[n].double(), ref_grads[n]) for n in ref_grads)
+
+
+OPTIMIZER_CASE = ("ppo_kl", "token-mean")
+OPTIMIZER_SETTINGS = dict(lr=1e-2, max_grad_norm=0.05, weight_decay=0.1)
+
+
+def _rank_optimizer_step(rank: int, world_size: int, port: int, out_path: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)
+    from roll_lite.strategy import FSDP2Strategy, StrategyConfig
+    from roll_lite.strategy.micro_batches import split_for_data_parallel
+
+    data = global_batch(torch.float64)
+    data.meta_info["loss_mask_keys"] = MASK_KEYS[OPTIMIZER_CASE[0]]
+    config = StrategyConfig(grad_accum_steps=2, use_packing=True, param_dtype="float64", **OPTIMIZER_SETTINGS)
+    strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=0), config)
+    share = split_for_data_parallel(data, world_size, balance_tokens=True)[rank]
+    metrics = strategy.train_step(share, make_loss(*OPTIMIZER_CASE))
+    state = strategy.full_state_dict()
+    if rank == 0:
+        torch.save((metrics, state), out_path)
+
+
+def run_optimizer_step(world_size: int):
+    """(metrics, full state dict after one clipped AdamW step) from real FSDP2 ranks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "step.pt")
+        mp.spawn(_rank_optimizer_step, args=(world_size, free_port(), out_path), nprocs=world_size, join=True)
+        return torch.load(out_path, weights_only=False)

@@ -1,0 +1,91 @@
+"""The strategy beyond the gradient: clipping, optimizer step, metrics, log-probs, errors."""
+
+import math
+
+import pytest
+import torch
+from distributed_harness import OPTIMIZER_CASE, OPTIMIZER_SETTINGS, global_batch, reference, run_optimizer_step
+
+from roll_lite.data import DataProto
+from roll_lite.invariance import TINY_MODEL, random_rl_batch
+from roll_lite.metrics import reduce_metrics
+from roll_lite.modeling import build_causal_lm
+from roll_lite.strategy import FSDP2Strategy, StrategyConfig
+from roll_lite.strategy.micro_batches import micro_batch_groups
+
+
+def test_clipped_adamw_step_on_two_ranks_matches_a_hand_step():
+    metrics, state = run_optimizer_step(world_size=2)
+    ref_loss, ref_grads = reference(*OPTIMIZER_CASE, torch.float64)
+    norm = math.sqrt(sum(g.square().sum().item() for g in ref_grads.values()))
+    assert metrics["grad_norm"] == pytest.approx(norm, rel=1e-10)
+    assert metrics["loss"] == pytest.approx(ref_loss, rel=1e-10)
+    # The same step by hand: clip to max_grad_norm, then torch's AdamW.
+    lm = build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=0)
+    scale = min(1.0, OPTIMIZER_SETTINGS["max_grad_norm"] / (norm + 1e-6))
+    for name, p in lm.named_parameters():
+        p.grad = ref_grads[name] * scale
+    torch.optim.AdamW(lm.parameters(), lr=OPTIMIZER_SETTINGS["lr"], weight_decay=OPTIMIZER_SETTINGS["weight_decay"]).step()
+    for name, p in lm.named_parameters():
+        torch.testing.assert_close(state[name], p.detach(), rtol=1e-9, atol=1e-12)
+    assert scale < 1.0  # the clip was active
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    config = StrategyConfig(use_packing=True, max_tokens_per_micro_batch=30, param_dtype="float64", lr=0.0)
+    return FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=0), config)
+
+
+def test_compute_log_probs_keeps_row_order(strategy):
+    data = global_batch(torch.float64)
+    out = strategy.compute_log_probs(data, with_entropy=True)
+    lm = build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=0)
+    with torch.no_grad():
+        logits = lm(input_ids=data["input_ids"], attention_mask=data["attention_mask"], use_cache=False).logits
+    expected = torch.log_softmax(logits[:, :-1], -1).gather(-1, data["input_ids"][:, 1:, None]).squeeze(-1)
+    valid = data["attention_mask"].bool()[:, 1:]
+    torch.testing.assert_close(out["log_probs"][:, 1:], torch.where(valid, expected, 0.0), rtol=1e-12, atol=1e-12)
+    assert out["entropy"].shape == data["input_ids"].shape
+
+
+def test_metrics_are_reduced_by_suffix(strategy):
+    data = random_rl_batch(num_rows=8, seq_len=12, seed=5)
+
+    def loss_func(batch, output):
+        rows = len(batch)
+        metrics = {"rows@sum": rows, "rows_max@max": rows, "rows_min@min": rows, "rows_mean": rows}
+        return output["log_probs"].sum() * 0.0, metrics
+
+    metrics = strategy.train_step(data, loss_func)
+    sizes = [len(group) for group in micro_batch_groups(data, strategy.config)]
+    assert len(sizes) > 1 and metrics["num_micro_batches"] == len(sizes)
+    assert metrics["rows"] == 8 and metrics["rows_max"] == max(sizes) and metrics["rows_min"] == min(sizes)
+    assert metrics["rows_mean"] == pytest.approx(8 / len(sizes))
+
+
+def test_reduce_metrics_by_hand():
+    records = [{"a@sum": 1.0, "b@max": 2.0, "c": 3.0}, {"a@sum": 2.5, "b@max": -1.0, "c": 5.0, "d@min": 7}]
+    assert reduce_metrics(records) == {"a": 3.5, "b": 2.0, "c": 4.0, "d": 7.0}
+    with pytest.raises(ValueError, match="@median"):
+        reduce_metrics([{"x@median": 1.0}])
+    with pytest.raises(ValueError, match="two reductions"):
+        reduce_metrics([{"x@sum": 1.0}, {"x@max": 1.0}])
+
+
+def test_train_step_errors_name_the_problem(strategy):
+    data = random_rl_batch(num_rows=4, seq_len=8)
+    loss = lambda b, o: (o["log_probs"].sum(), {})  # noqa: E731
+    with pytest.raises(KeyError, match="loss_mask_keys"):
+        strategy.train_step(DataProto(data.batch), loss)
+    with pytest.raises(KeyError, match=r"\['kl_mask'\] are not tensors"):
+        strategy.train_step(DataProto(data.batch, meta_info={"loss_mask_keys": ["kl_mask"]}), loss)
+    with pytest.raises(ValueError, match="does not depend on the model output"):
+        strategy.train_step(data, lambda b, o: (torch.tensor(1.0), {}))
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="strategy.max_tokens_per_micro_batch: token-budget micro-batches need use_packing"):
+        StrategyConfig(max_tokens_per_micro_batch=10).validate("strategy.")
+    with pytest.raises(ValueError, match="lr_schedule: 'linear' is not one of constant, cosine"):
+        StrategyConfig(lr_schedule="linear").validate()
