@@ -1,9 +1,10 @@
-"""The policy model as the strategy sees it: a HF causal LM that returns token log-probs.
+"""Models as the strategy sees them: a HF causal LM wrapped to return per-token tensors.
 
 `CausalLMWithLogProbs` runs the decoder and turns its hidden states into per-token log-probs (and
 entropy) with the chunked LM head, inside one forward so that FSDP2 has the LM head's weight
-gathered while it is used. Outputs are "next-token" aligned: position j of a row holds
-log p(token j+1 | tokens ≤ j); `micro_batch.forward_micro_batch` turns them token-aligned.
+gathered while it is used; `CausalLMWithValueHead` returns values for the critic. Outputs are
+dicts of "next-token aligned" [rows, seq] tensors: position j holds the quantity for token j+1
+(e.g. log p(token j+1 | tokens ≤ j)); `forward_micro_batch` makes them token-aligned.
 """
 
 from __future__ import annotations
@@ -38,13 +39,25 @@ def use_packed_attention(model: nn.Module) -> nn.Module:
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    layers = getattr(model.get_decoder(), "layers", None)
+    """The transformer blocks of a wrapper (CausalLMWithLogProbs / CausalLMWithValueHead)."""
+    layers = getattr(model.decoder, "layers", None)
     if not isinstance(layers, nn.ModuleList):
-        raise TypeError(f"{type(model).__name__}: cannot find the decoder layers (expected model.get_decoder().layers)")
+        raise TypeError(f"{type(model.lm).__name__}: cannot find the decoder layers (expected get_decoder().layers)")
     return layers
 
 
+def _decoder_hidden_states(decoder, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen):
+    packed = {}
+    if cu_seqlens is not None:
+        packed = dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_seqlen, max_length_k=max_seqlen)
+    return decoder(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **packed
+    ).last_hidden_state
+
+
 class CausalLMWithLogProbs(nn.Module):
+    """Policy / reference model: {'log_probs', 'entropy' (if asked)}, next-token aligned."""
+
     def __init__(self, lm: nn.Module, chunk_size: int = 1024):
         super().__init__()
         if getattr(lm.get_output_embeddings(), "bias", None) is not None:
@@ -52,22 +65,13 @@ class CausalLMWithLogProbs(nn.Module):
         self.lm = lm
         self.chunk_size = chunk_size
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        max_seqlen: int | None = None,
-        temperature: float = 1.0,
-        with_entropy: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        packed = {}
-        if cu_seqlens is not None:
-            packed = dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_seqlen, max_length_k=max_seqlen)
-        hidden = self.lm.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **packed
-        ).last_hidden_state
+    @property
+    def decoder(self) -> nn.Module:
+        return self.lm.get_decoder()
+
+    def forward(self, input_ids, position_ids, attention_mask=None, cu_seqlens=None, max_seqlen=None,
+                temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        hidden = _decoder_hidden_states(self.decoder, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
         next_tokens = torch.roll(input_ids, shifts=-1, dims=1)  # the last column is never used
         log_probs, entropy = chunked_log_probs(
             hidden.reshape(-1, hidden.shape[-1]),
@@ -78,5 +82,28 @@ class CausalLMWithLogProbs(nn.Module):
             with_entropy=with_entropy,
         )
         # Fresh tensors, not views: FSDP2 warns that in-place ops on a view output would skip its hooks.
-        shape = input_ids.shape
-        return log_probs.reshape(shape).clone(), (entropy.reshape(shape).clone() if entropy is not None else None)
+        outputs = {"log_probs": log_probs.reshape(input_ids.shape).clone()}
+        if entropy is not None:
+            outputs["entropy"] = entropy.reshape(input_ids.shape).clone()
+        return outputs
+
+
+class CausalLMWithValueHead(nn.Module):
+    """PPO critic: the decoder of a causal LM plus a linear value head: {'values'}, next-token
+    aligned (the hidden state before token t values the state in which token t is generated)."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+        self.value_head = nn.Linear(lm.config.hidden_size, 1, dtype=next(lm.parameters()).dtype)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def decoder(self) -> nn.Module:
+        return self.lm.get_decoder()
+
+    def forward(self, input_ids, position_ids, attention_mask=None, cu_seqlens=None, max_seqlen=None,
+                temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        hidden = _decoder_hidden_states(self.decoder, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
+        return {"values": self.value_head(hidden).squeeze(-1)}

@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 from roll_lite.attention import packed_attention_path
 from roll_lite.data import DataProto
 from roll_lite.metrics import reduce_metrics, to_float
-from roll_lite.modeling import CausalLMWithLogProbs, decoder_layers
+from roll_lite.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, decoder_layers
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import init_distributed, training_device
 from roll_lite.strategy.micro_batches import (
@@ -57,17 +57,29 @@ def _lr_lambda(config: StrategyConfig):
 
 
 class FSDP2Strategy:
-    def __init__(self, lm: nn.Module, config: StrategyConfig, device: torch.device | None = None):
+    """FSDP2 over the default process group. `head` picks what the model returns: 'log_probs'
+    (policy, reference) or 'value' (critic); `trainable=False` builds no optimizer (reference)."""
+
+    def __init__(self, lm: nn.Module, config: StrategyConfig, *, head: str = "log_probs", trainable: bool = True,
+                 device: torch.device | None = None):
         config.validate("strategy.")
         self.config = config
         self.device = device or training_device()
         self.rank, self.world_size = init_distributed(self.device)
-        self.model = self._shard(CausalLMWithLogProbs(lm.to(self.device), config.logprob_chunk_size))
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
-            eps=config.adam_eps, weight_decay=config.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config))
+        if head == "log_probs":
+            model = CausalLMWithLogProbs(lm.to(self.device), config.logprob_chunk_size)
+        elif head == "value":
+            model = CausalLMWithValueHead(lm.to(self.device)).to(self.device)
+        else:
+            raise ValueError(f"unknown head '{head}'; choose log_probs or value")
+        self.model = self._shard(model)
+        self.optimizer = self.scheduler = None
+        if trainable:
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
+                eps=config.adam_eps, weight_decay=config.weight_decay,
+            )
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config))
         self.attention_path, why = packed_attention_path(self.device)
         if self.rank == 0:
             logger.info(
@@ -75,7 +87,7 @@ class FSDP2Strategy:
                 self.world_size, dist.get_backend(), self.device, self.attention_path, why,
             )
 
-    def _shard(self, model: CausalLMWithLogProbs) -> CausalLMWithLogProbs:
+    def _shard(self, model: nn.Module) -> nn.Module:
         # Every rank must start from the same weights: take rank 0's.
         for tensor in list(model.parameters()) + list(model.buffers()):
             dist.broadcast(tensor.data, src=0)
@@ -85,7 +97,7 @@ class FSDP2Strategy:
         if compute_dtype != model_dtype:
             mp_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
-        for layer in decoder_layers(model.lm):
+        for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
         fully_shard(model, mesh=mesh, mp_policy=mp_policy)
         return model
@@ -110,6 +122,8 @@ class FSDP2Strategy:
 
     def train_step(self, data: DataProto, loss_func: LossFunc) -> dict[str, float]:
         """One optimizer step on this rank's share of the global batch; returns reduced metrics."""
+        if self.optimizer is None:
+            raise RuntimeError("this strategy was built with trainable=False (e.g. a reference model)")
         keys = loss_mask_keys(data)
         stats_meta = global_stats_meta(self._all_reduce(local_mask_sums(data, keys)), keys)
         micro_batches = [data.index_select(group) for group in micro_batch_groups(data, self.config)]
@@ -145,9 +159,16 @@ class FSDP2Strategy:
 
     # -- inference ----------------------------------------------------------------------------
 
-    @torch.no_grad()
     def compute_log_probs(self, data: DataProto, with_entropy: bool = False) -> DataProto:
         """Token-aligned 'log_probs' (and 'entropy') of every row, micro-batched as in training."""
+        return self._forward_only(data, with_entropy)
+
+    def compute_values(self, data: DataProto) -> DataProto:
+        """Token-aligned 'values' of every row (critic)."""
+        return self._forward_only(data, with_entropy=False)
+
+    @torch.no_grad()
+    def _forward_only(self, data: DataProto, with_entropy: bool) -> DataProto:
         self.model.eval()
         groups = micro_batch_groups(data, self.config)
         num_micro_batches = self._same_count_on_all_ranks(len(groups))
@@ -162,9 +183,7 @@ class FSDP2Strategy:
             outputs.append(DataProto({name: value.cpu() for name, value in output.items()}))
             order.extend(group)
         if not outputs:
-            seq_len = data["input_ids"].shape[1]
-            names = ["log_probs"] + (["entropy"] if with_entropy else [])
-            return DataProto({name: torch.zeros(0, seq_len) for name in names})
+            return DataProto()
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
         return DataProto.concat(outputs).index_select(inverse)

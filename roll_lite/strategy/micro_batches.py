@@ -80,41 +80,35 @@ def split_for_data_parallel(data: DataProto, world_size: int, balance_tokens: bo
 
 
 def forward_micro_batch(model, micro_batch: DataProto, config: StrategyConfig, with_entropy: bool) -> dict:
-    """Token-aligned log-probs (and entropy) [rows, seq] of a micro-batch, packed or padded."""
+    """The model's outputs for a micro-batch, packed or padded, as token-aligned [rows, seq] tensors
+    (zero at position 0 and on padding)."""
     input_ids, attention_mask = micro_batch["input_ids"], micro_batch["attention_mask"]
     seq_len = input_ids.shape[1]
+    head_options = dict(temperature=config.temperature, with_entropy=with_entropy)
     if config.use_packing:
         packed = pack_rows(input_ids, row_lengths(attention_mask))
-        next_log_probs, next_entropy = model(
-            packed.input_ids, packed.position_ids, cu_seqlens=packed.cu_seqlens, max_seqlen=packed.max_seqlen,
-            temperature=config.temperature, with_entropy=with_entropy,
+        outputs = model(
+            packed.input_ids, packed.position_ids, cu_seqlens=packed.cu_seqlens, max_seqlen=packed.max_seqlen, **head_options
         )
-        unpack = lambda values: unpack_next_token_values(values, packed, seq_len)  # noqa: E731
-    else:
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        next_log_probs, next_entropy = model(
-            input_ids, position_ids, attention_mask=attention_mask,
-            temperature=config.temperature, with_entropy=with_entropy,
-        )
-        valid = attention_mask.bool()
-        valid[:, 0] = False
+        return {name: unpack_next_token_values(values, packed, seq_len) for name, values in outputs.items()}
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    outputs = model(input_ids, position_ids, attention_mask=attention_mask, **head_options)
+    valid = attention_mask.bool()
+    valid[:, 0] = False
 
-        def unpack(values):
-            shifted = torch.cat([torch.zeros_like(values[:, :1]), values[:, :-1]], dim=1)
-            return torch.where(valid, shifted, torch.zeros((), dtype=values.dtype, device=values.device))
+    def token_aligned(values):
+        shifted = torch.cat([torch.zeros_like(values[:, :1]), values[:, :-1]], dim=1)
+        return torch.where(valid, shifted, torch.zeros((), dtype=values.dtype, device=values.device))
 
-    output = {"log_probs": unpack(next_log_probs)}
-    if with_entropy:
-        output["entropy"] = unpack(next_entropy)
-    return output
+    return {name: token_aligned(values) for name, values in outputs.items()}
 
 
 def forward_placeholder(model, device: torch.device) -> torch.Tensor:
     """A one-token forward that touches every parameter: what a rank with fewer real micro-batches
     runs so that all ranks make the same FSDP2 collective calls. Its output is multiplied by 0."""
     token = torch.zeros(1, 1, dtype=torch.long, device=device)
-    log_probs, _ = model(token, torch.zeros_like(token), attention_mask=torch.ones_like(token))
-    return log_probs.sum() * 0.0
+    outputs = model(token, torch.zeros_like(token), attention_mask=torch.ones_like(token))
+    return sum(values.sum() for values in outputs.values()) * 0.0
 
 
 def _checked_loss(loss, micro_batch_index: int) -> torch.Tensor:

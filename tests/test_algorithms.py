@@ -1,0 +1,86 @@
+"""Advantage estimators against values worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from roll_lite.algorithms import (
+    discounted_returns,
+    gae_advantages,
+    grpo_advantages,
+    kl_shaped_rewards,
+    last_token_rewards,
+    masked_whiten,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+
+D = torch.float64
+# two prompts (groups 0 and 1), three samples each; responses at positions 1..2 (row 2: only 1)
+SCORES = torch.tensor([1.0, 0.0, 0.5, 2.0, 2.0, 5.0], dtype=D)
+GROUPS = torch.tensor([0, 0, 0, 1, 1, 1])
+MASK = torch.tensor([[0, 1, 1]] * 6)
+MASK[2, 2] = 0
+
+
+def test_grpo_by_hand():
+    adv = grpo_advantages(SCORES, GROUPS, MASK, eps=0.0)
+    # group 0: mean 0.5, unbiased std 0.5 -> (1, -1, 0); group 1: mean 3, std sqrt(3) -> (-1,-1,2)/sqrt(3)
+    s3 = math.sqrt(3)
+    assert adv[:, 1].tolist() == pytest.approx([1, -1, 0, -1 / s3, -1 / s3, 2 / s3])
+    assert adv[:, 0].abs().sum() == 0 and adv[2, 2] == 0
+    dr = grpo_advantages(SCORES, GROUPS, MASK, normalize_std=False)
+    assert dr[:, 1].tolist() == pytest.approx([0.5, -0.5, 0.0, -1, -1, 2])
+
+
+def test_rloo_by_hand():
+    adv = rloo_advantages(SCORES, GROUPS, MASK)
+    # row 0: 1 - mean(0, 0.5) = 0.75; row 5: 5 - mean(2, 2) = 3
+    assert adv[:, 1].tolist() == pytest.approx([0.75, -0.75, 0.0, -1.5, -1.5, 3.0])
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        rloo_advantages(SCORES[:1], GROUPS[:1], MASK[:1])
+
+
+def test_last_token_rewards():
+    rewards = last_token_rewards(SCORES, MASK)
+    assert rewards[0].tolist() == [0, 0, 1.0] and rewards[2].tolist() == [0, 0.5, 0]
+    empty = last_token_rewards(torch.tensor([3.0]), torch.zeros(1, 3))
+    assert empty.abs().sum() == 0
+
+
+def test_discounted_returns_and_reinforce_pp():
+    rewards = torch.tensor([[0.0, 1.0, 2.0]], dtype=D)
+    mask = torch.tensor([[0, 1, 1]])
+    assert discounted_returns(rewards, mask, 0.5).tolist() == [[0.0, 2.0, 2.0]]
+    returns = torch.tensor([[0.0, 1.0, 3.0], [0.0, 5.0, 0.0]], dtype=D)
+    mask2 = torch.tensor([[0, 1, 1], [0, 1, 0]])
+    white = masked_whiten(returns, mask2, eps=0.0)
+    # values 1, 3, 5: mean 3, population std sqrt(8/3)
+    s = math.sqrt(8 / 3)
+    assert white[mask2.bool()].tolist() == pytest.approx([-2 / s, 0.0, 2 / s])
+    adv = reinforce_pp_advantages(torch.tensor([[0.0, 0.0, 1.0], [0.0, 3.0, 0.0]], dtype=D), mask2, gamma=1.0)
+    # returns: row0 (1, 1), row1 (3): mean 5/3, std sqrt(8/9)
+    s = math.sqrt(8 / 9)
+    assert adv[mask2.bool()].tolist() == pytest.approx([(1 - 5 / 3) / s, (1 - 5 / 3) / s, (3 - 5 / 3) / s], rel=1e-6)
+
+
+def test_gae_by_hand():
+    # one row, response tokens 1..2, reward 1 on the last one, V = (9, 0.5, 0.25), gamma 0.9, lambda 0.8
+    rewards = torch.tensor([[0.0, 0.0, 1.0]], dtype=D)
+    values = torch.tensor([[9.0, 0.5, 0.25]], dtype=D)
+    mask = torch.tensor([[0, 1, 1]])
+    adv, ret = gae_advantages(rewards, values, mask, gamma=0.9, lam=0.8)
+    delta2 = 1.0 - 0.25  # terminal: next value 0
+    delta1 = 0.0 + 0.9 * 0.25 - 0.5
+    assert adv.tolist()[0] == pytest.approx([0.0, delta1 + 0.9 * 0.8 * delta2, delta2])
+    assert ret.tolist()[0] == pytest.approx([0.0, delta1 + 0.72 * delta2 + 0.5, delta2 + 0.25])
+    # lambda = 1, gamma = 1: advantage = return - value, returns = Monte-Carlo return
+    adv, ret = gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert ret.tolist()[0] == pytest.approx([0.0, 1.0, 1.0])
+
+
+def test_kl_shaped_rewards():
+    r = kl_shaped_rewards(torch.tensor([[0.0, 1.0]]), torch.tensor([[-1.0, -1.0]]), torch.tensor([[-2.0, -1.5]]),
+                          torch.tensor([[0, 1]]), kl_coef=0.1, estimator="k1")
+    assert r.tolist() == [[0.0, pytest.approx(1.0 - 0.05)]]
