@@ -1,0 +1,26 @@
+"""A character-level tokenizer built locally (no hub): digits, letters, punctuation, space.
+
+It is a real `PreTrainedTokenizerFast`, so the rest of the code treats it like any HF tokenizer,
+and it saves to / loads from a folder. Load a saved one with `PreTrainedTokenizerFast.from_pretrained`
+(AutoTokenizer may swap in the model type's own tokenizer class).
+"""
+
+from __future__ import annotations
+
+import string
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARACTERS = string.digits + string.ascii_lowercase + string.ascii_uppercase + " =+-*/.,:;?!()<>[]{}#'\"_\n"
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(CHARACTERS)))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
