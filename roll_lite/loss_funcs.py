@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from roll_lite.loss import (
     agg_loss,
+    clipped_value_loss,
     kl_penalty,
     mask_stats,
     masked_sum,
@@ -17,6 +18,17 @@ from roll_lite.loss import (
     sequence_ratio_loss,
     token_mean_metric,
 )
+
+
+def old_log_probs(batch, output):
+    """The behaviour policy's log-probs: batch['old_log_probs'], or, when the controller marked the
+    step strictly on-policy (one optimizer step per rollout), the training forward's own log-probs
+    detached: they are the same numbers, so the extra forward is skipped."""
+    if "old_log_probs" in batch.batch:
+        return batch["old_log_probs"]
+    if batch.meta_info.get("on_policy", False):
+        return output["log_probs"].detach()
+    raise KeyError("the batch has no 'old_log_probs' and meta_info['on_policy'] is not set")
 
 
 def ppo_policy_loss_func(
@@ -33,15 +45,16 @@ def ppo_policy_loss_func(
 
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
+        behaviour_log_probs = old_log_probs(batch, output)
         loss_mat, clipped = ppo_clipped_loss(
-            output["log_probs"], batch["old_log_probs"], batch["advantages"], clip_ratio_low, clip_ratio_high, dual_clip_c
+            output["log_probs"], behaviour_log_probs, batch["advantages"], clip_ratio_low, clip_ratio_high, dual_clip_c
         )
         pg_loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
         loss = pg_loss
         metrics = {
             "pg_loss@sum": pg_loss.detach(),
             "clipfrac@sum": token_mean_metric(clipped, mask, stats["batch_num_tokens"]),
-            "approx_kl@sum": token_mean_metric(batch["old_log_probs"] - output["log_probs"], mask, stats["batch_num_tokens"]),
+            "approx_kl@sum": token_mean_metric(behaviour_log_probs - output["log_probs"], mask, stats["batch_num_tokens"]),
         }
         if "entropy" in output:
             metrics["entropy@sum"] = token_mean_metric(output["entropy"], mask, stats["batch_num_tokens"])
@@ -68,7 +81,7 @@ def sequence_policy_loss_func(
         row_tokens = mask.sum(-1).clamp(min=1).to(batch["advantages"].dtype)
         seq_advantages = masked_sum(batch["advantages"], mask, dim=-1) / row_tokens
         loss_mat = sequence_ratio_loss(
-            output["log_probs"], batch["old_log_probs"], seq_advantages, mask, clip_ratio_low, clip_ratio_high
+            output["log_probs"], old_log_probs(batch, output), seq_advantages, mask, clip_ratio_low, clip_ratio_high
         )
         loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
         return loss, {"seq_pg_loss@sum": loss.detach()}
@@ -83,18 +96,23 @@ def kl_regularized_loss_func(
     seq_len_norm: float | None = None,
     policy_mask_key: str = "response_mask",
     kl_mask_key: str = "kl_mask",
+    **policy_options,
 ):
-    """PPO policy loss on one mask plus a KL-to-reference loss on another: two loss_mask_keys,
-    each aggregated with its own global stats. Needs ref_log_probs in the batch."""
-    policy_loss = ppo_policy_loss_func(loss_agg_mode, seq_len_norm=seq_len_norm, mask_key=policy_mask_key)
+    """PPO policy loss on one mask plus a KL-to-reference loss on another (or the same) mask: each
+    aggregated with its own global stats. Needs ref_log_probs in the batch. Reports 'kl' (the
+    token mean of the estimate over the KL mask) whatever kl_coef is."""
+    policy_loss = ppo_policy_loss_func(loss_agg_mode, seq_len_norm=seq_len_norm, mask_key=policy_mask_key, **policy_options)
 
     def loss_func(batch, output):
         loss, metrics = policy_loss(batch, output)
-        kl_stats = mask_stats(batch.meta_info, kl_mask_key)
+        kl_stats, kl_mask = mask_stats(batch.meta_info, kl_mask_key), batch[kl_mask_key]
         kl_mat = kl_penalty(output["log_probs"], batch["ref_log_probs"], kl_estimator)
-        kl_loss = agg_loss(kl_mat, batch[kl_mask_key], loss_agg_mode, **kl_stats, seq_len_norm=seq_len_norm)
-        metrics["kl_loss@sum"] = kl_loss.detach()
-        return loss + kl_coef * kl_loss, metrics
+        metrics["kl@sum"] = token_mean_metric(kl_mat, kl_mask, kl_stats["batch_num_tokens"])
+        if kl_coef:
+            kl_loss = agg_loss(kl_mat, kl_mask, loss_agg_mode, **kl_stats, seq_len_norm=seq_len_norm)
+            metrics["kl_loss@sum"] = kl_loss.detach()
+            loss = loss + kl_coef * kl_loss
+        return loss, metrics
 
     return loss_func
 
@@ -104,3 +122,29 @@ BUILTIN_LOSSES = {
     "sequence": (sequence_policy_loss_func, ["response_mask"]),
     "ppo_kl": (kl_regularized_loss_func, ["response_mask", "kl_mask"]),
 }
+
+
+def sft_loss_func(mask_key: str = "response_mask"):
+    """Supervised fine-tuning: token-mean negative log-likelihood of the masked tokens."""
+
+    def loss_func(batch, output):
+        mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
+        loss = agg_loss(-output["log_probs"], mask, "token-mean", **stats)
+        return loss, {"sft_loss@sum": loss.detach()}
+
+    return loss_func
+
+
+def value_loss_func(loss_agg_mode: str = "token-mean", clip_range: float = 0.2, seq_len_norm: float | None = None,
+                    mask_key: str = "response_mask"):
+    """PPO critic: clipped value loss against batch 'returns', old values in batch 'values'. It goes
+    through agg_loss with the global stats like every other loss (no local masked mean)."""
+
+    def loss_func(batch, output):
+        mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
+        loss_mat = clipped_value_loss(output["values"], batch["values"], batch["returns"], clip_range)
+        loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
+        clipped = ((output["values"] - batch["values"]).abs() > clip_range).to(loss_mat.dtype)
+        return loss, {"vf_loss@sum": loss.detach(), "vf_clipfrac@sum": token_mean_metric(clipped, mask, stats["batch_num_tokens"])}
+
+    return loss_func

@@ -107,3 +107,18 @@ class CausalLMWithValueHead(nn.Module):
                 temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
         hidden = _decoder_hidden_states(self.decoder, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
         return {"values": self.value_head(hidden).squeeze(-1)}
+
+
+def load_causal_lm(model_config, vocab_size: int, seed: int) -> nn.Module:
+    """The run's model from its `model` config section: a local pretrained folder, or a fresh
+    model of that architecture (random init from `seed`, vocabulary of the tokenizer)."""
+    dtype = getattr(torch, model_config.dtype)
+    if model_config.pretrained_path:
+        model = AutoModelForCausalLM.from_pretrained(model_config.pretrained_path, dtype=dtype)
+        return use_packed_attention(model)
+    settings = {
+        key: getattr(model_config, key)
+        for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings")
+    }
+    return build_causal_lm({**settings, "vocab_size": vocab_size}, dtype=dtype, seed=seed)

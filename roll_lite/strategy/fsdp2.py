@@ -17,7 +17,7 @@ import math
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -75,17 +75,22 @@ class FSDP2Strategy:
         self.model = self._shard(model)
         self.optimizer = self.scheduler = None
         if trainable:
-            self.optimizer = torch.optim.AdamW(
-                self.model.parameters(), lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
-                eps=config.adam_eps, weight_decay=config.weight_decay,
-            )
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config))
+            self.reset_optimizer()
         self.attention_path, why = packed_attention_path(self.device)
         if self.rank == 0:
             logger.info(
                 "FSDP2 on %d rank(s), %s backend, device %s; packed attention: %s (%s)",
                 self.world_size, dist.get_backend(), self.device, self.attention_path, why,
             )
+
+    def reset_optimizer(self, lr: float | None = None) -> None:
+        """A fresh AdamW (no moments) and LR schedule, at `lr` or the configured one."""
+        config = self.config
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.lr if lr is None else lr, betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps, weight_decay=config.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config))
 
     def _shard(self, model: nn.Module) -> nn.Module:
         # Every rank must start from the same weights: take rank 0's.
@@ -193,3 +198,12 @@ class FSDP2Strategy:
         # cpu_offload=True would leave the dict empty on ranks other than 0.
         state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         return {name.removeprefix("lm."): value.cpu() for name, value in state.items()}
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load a full HF state dict (e.g. the actor's, into the reference or the critic's backbone)."""
+        prefixed = {f"lm.{name}": value for name, value in state.items()}
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        result = set_model_state_dict(self.model, prefixed, options=options)
+        missing = [key for key in result.missing_keys if not key.startswith("value_head.")]
+        if missing or result.unexpected_keys:
+            raise KeyError(f"load_full_state_dict: missing {missing}, unexpected {result.unexpected_keys}")

@@ -57,10 +57,7 @@ def micro_batch_groups(data: DataProto, config: StrategyConfig) -> list[list[int
     """Row indices of each micro-batch of this rank's share: A contiguous chunks (no packing), A
     token-balanced groups (packing), or as many groups as the token budget needs."""
     if not config.use_packing:
-        base, extra = divmod(len(data), config.grad_accum_steps)
-        sizes = [base + (1 if i < extra else 0) for i in range(config.grad_accum_steps)]
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        return [list(range(start, start + size)) for start, size in zip(starts, sizes)]
+        return data_parallel_groups(data, config.grad_accum_steps, balance_tokens=False)
     lengths = row_lengths(data["attention_mask"])
     if config.max_tokens_per_micro_batch is not None:
         return token_budget_groups(lengths, config.max_tokens_per_micro_batch)
@@ -71,12 +68,18 @@ def split_micro_batches(data: DataProto, config: StrategyConfig) -> list[DataPro
     return [data.index_select(group) for group in micro_batch_groups(data, config)]
 
 
+def data_parallel_groups(data: DataProto, world_size: int, balance_tokens: bool) -> list[list[int]]:
+    """Row indices of the D rank shares of a global batch: token-balanced (Karmarkar–Karp) or
+    contiguous chunks."""
+    if balance_tokens:
+        return karmarkar_karp(row_lengths(data["attention_mask"]), world_size)
+    base, extra = divmod(len(data), world_size)
+    sizes = [base + (1 if i < extra else 0) for i in range(world_size)]
+    return [list(range(sum(sizes[:i]), sum(sizes[: i + 1]))) for i in range(world_size)]
+
+
 def split_for_data_parallel(data: DataProto, world_size: int, balance_tokens: bool) -> list[DataProto]:
-    """The D rank shares of a global batch: token-balanced (Karmarkar–Karp) or contiguous chunks."""
-    if not balance_tokens:
-        return data.chunk(world_size)
-    groups = karmarkar_karp(row_lengths(data["attention_mask"]), world_size)
-    return [data.index_select(group) for group in groups]
+    return [data.index_select(group) for group in data_parallel_groups(data, world_size, balance_tokens)]
 
 
 def forward_micro_batch(model, micro_batch: DataProto, config: StrategyConfig, with_entropy: bool) -> dict:

@@ -1,0 +1,244 @@
+"""PPOPipeline: the controller of PPO, GRPO, Dr. GRPO, RLOO and REINFORCE++ (algorithm.advantage).
+
+`step()` reads top to bottom: rollout -> rewards -> reference / old log-probs (+ values) -> KL ->
+advantages -> loss_mask_keys -> actor (+ critic) train_step -> weight sync -> metrics.
+
+Subclass it and override `loss_func(batch, output)` to change the policy loss; nothing else has to
+change (see examples/custom_loss/). The class is also instantiated, without workers, inside every
+actor / critic worker to serve `loss_func` and `critic_loss_func`, so `__init__` must stay light.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from roll_lite.algorithms import (
+    gae_advantages,
+    grpo_advantages,
+    kl_shaped_rewards,
+    last_token_rewards,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from roll_lite.config import RunConfig, to_yaml
+from roll_lite.data import DataProto
+from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, value_loss_func
+from roll_lite.rollout import SamplingParams
+from roll_lite.sequences import build_sequence_batch
+from roll_lite.tasks import ReverseDigitsTask, noisy_demonstration
+from roll_lite.tokenizer import build_char_tokenizer
+
+logger = logging.getLogger("roll_lite")
+
+
+class PPOPipeline:
+    def __init__(self, config: RunConfig):
+        self.config = config
+        self.algorithm = config.algorithm
+        self.tokenizer = build_char_tokenizer()
+        self.task = ReverseDigitsTask(config.task.min_digits, config.task.max_digits, config.task.num_eval_prompts, config.seed)
+        self.seq_len_norm = self.algorithm.seq_len_norm or config.rollout.max_new_tokens
+        self.use_critic = self.algorithm.advantage == "gae"
+        self.use_reference = self.algorithm.kl_coef > 0 or self.algorithm.track_kl
+        # One optimizer step per rollout: the training forward's log-probs are the old ones.
+        self.on_policy = self.algorithm.ppo_epochs == 1 and self.algorithm.mini_batches == 1 and not (
+            self.use_reference and self.algorithm.kl_in_reward
+        )
+        a = self.algorithm
+        policy_options = dict(clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
+                              dual_clip_c=a.dual_clip_c, entropy_coef=a.entropy_coef)
+        if self.use_reference:
+            self._policy_loss = kl_regularized_loss_func(
+                a.loss_agg_mode, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_estimator=a.kl_estimator,
+                seq_len_norm=self.seq_len_norm, policy_mask_key="response_mask", kl_mask_key="response_mask",
+                **policy_options,
+            )
+        else:
+            self._policy_loss = ppo_policy_loss_func(a.loss_agg_mode, seq_len_norm=self.seq_len_norm, **policy_options)
+        self._value_loss = value_loss_func(a.loss_agg_mode, a.value_clip, self.seq_len_norm)
+        self._shuffle = torch.Generator().manual_seed(config.seed)
+
+    # -- losses: run inside the actor / critic workers ------------------------------------------
+
+    def loss_func(self, batch: DataProto, output: dict) -> tuple[torch.Tensor, dict]:
+        """Policy loss: PPO clip (+ KL to the reference when it is a loss, + entropy bonus)."""
+        return self._policy_loss(batch, output)
+
+    def critic_loss_func(self, batch: DataProto, output: dict) -> tuple[torch.Tensor, dict]:
+        return self._value_loss(batch, output)
+
+    # -- the controller ---------------------------------------------------------------------------
+
+    def start_workers(self) -> None:
+        from roll_lite.workers.group import ModelGroup, RewardClient, RolloutClient
+
+        w = self.config.workers
+        self.actor = ModelGroup("actor", w.actor_dp, w.actor_cpus, self.config)
+        self.reference = ModelGroup("reference", w.reference_dp, 0, self.config) if self.use_reference else None
+        self.critic = ModelGroup("critic", w.critic_dp, 0, self.config) if self.use_critic else None
+        self.rollout = RolloutClient(self.config)
+        self.reward = RewardClient(self.config)
+        logger.info(self.rollout.description)
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return [self.tokenizer.bos_token_id] + self.tokenizer(prompt)["input_ids"]
+
+    def generate(self, examples, params: SamplingParams) -> DataProto:
+        """Sequences of every (prompt, sample): tensors + response_text, answer, group ids."""
+        prompts = [self.encode_prompt(e.prompt) for e in examples]
+        completions = self.rollout.generate(prompts, params)
+        n = len(completions) // len(examples)
+        batch = build_sequence_batch([p for p in prompts for _ in range(n)], completions, self.tokenizer.pad_token_id)
+        batch.batch["group_ids"] = torch.arange(len(examples)).repeat_interleave(n)
+        batch.non_tensor_batch["response_text"] = [self.tokenizer.decode(c, skip_special_tokens=True) for c in completions]
+        batch.non_tensor_batch["answer"] = [e.answer for e in examples for _ in range(n)]
+        return DataProto(batch.batch, batch.non_tensor_batch)
+
+    def step(self, step: int) -> dict[str, float]:
+        a, r = self.algorithm, self.config.rollout
+        start = time.perf_counter()
+        examples = self.task.train_examples(r.prompts_per_step)
+        params = SamplingParams(r.max_new_tokens, r.num_samples, r.temperature, r.top_p, r.top_k)
+        batch = self.generate(examples, params)
+        generated = time.perf_counter()
+
+        scores, reward_metrics = self.reward.score(list(batch.non_tensor_batch["response_text"]),
+                                                   list(batch.non_tensor_batch["answer"]))
+        mask = batch["response_mask"]
+        token_rewards = last_token_rewards(scores, mask)
+
+        if self.reference is not None:
+            batch.batch["ref_log_probs"] = self.reference.compute_log_probs(batch)["log_probs"]
+        if not self.on_policy:
+            batch.batch["old_log_probs"] = self.actor.compute_log_probs(batch)["log_probs"]
+        if self.critic is not None:
+            batch.batch["values"] = self.critic.compute_values(batch)["values"]
+        if self.reference is not None and a.kl_in_reward:
+            token_rewards = kl_shaped_rewards(token_rewards, batch["old_log_probs"], batch["ref_log_probs"], mask,
+                                              a.kl_coef, a.kl_estimator)
+
+        batch.batch["advantages"], returns = self.compute_advantages(scores, token_rewards, batch)
+        if returns is not None:
+            batch.batch["returns"] = returns
+        batch.meta_info.update(loss_mask_keys=["response_mask"], on_policy=self.on_policy)
+
+        actor_metrics = self.train(self.actor, batch, "policy")
+        critic_metrics = self.train(self.critic, batch, "critic") if self.critic is not None else {}
+        self.rollout.update_weights(self.actor.state_dict(), version=step)
+
+        elapsed = time.perf_counter() - start
+        tokens = int(batch["attention_mask"].sum())
+        return {
+            "reward/mean": scores.mean().item(),
+            **reward_metrics,
+            **{f"actor/{k}": v for k, v in actor_metrics.items()},
+            **{f"critic/{k}": v for k, v in critic_metrics.items()},
+            "response_length/mean": mask.sum(-1).float().mean().item(),
+            "perf/step_s": elapsed,
+            "perf/generate_s": generated - start,
+            "perf/tokens_per_s": tokens / elapsed,
+        }
+
+    def compute_advantages(self, scores, token_rewards, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a, mask = self.algorithm, batch["response_mask"]
+        if a.advantage == "gae":
+            return gae_advantages(token_rewards, batch["values"], mask, a.gamma, a.lam)
+        if a.advantage in ("grpo", "dr_grpo"):
+            shaped = token_rewards.sum(-1)  # the score, minus the KL penalty when it is in the reward
+            return grpo_advantages(shaped, batch["group_ids"], mask, normalize_std=a.advantage == "grpo"), None
+        if a.advantage == "rloo":
+            return rloo_advantages(token_rewards.sum(-1), batch["group_ids"], mask), None
+        return reinforce_pp_advantages(token_rewards, mask, a.gamma), None
+
+    def train(self, group, batch: DataProto, loss: str) -> dict[str, float]:
+        """ppo_epochs × mini_batches optimizer steps; each mini-batch gets its own global stats
+        (the strategy computes them per train_step). Returns the last step's metrics."""
+        metrics = {}
+        for _ in range(self.algorithm.ppo_epochs):
+            order = torch.randperm(len(batch), generator=self._shuffle)
+            for rows in torch.tensor_split(order, self.algorithm.mini_batches):
+                metrics = group.train_step(batch.index_select(rows), loss)
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy decoding on the held-out prompts, scored by the configured rewards."""
+        examples = self.task.eval_examples
+        batch = self.generate(examples, SamplingParams(self.config.rollout.max_new_tokens, greedy=True))
+        scores, per_function = self.reward.score(list(batch.non_tensor_batch["response_text"]), [e.answer for e in examples])
+        return {"eval/reward_mean": scores.mean().item(), **{f"eval/{k}": v for k, v in per_function.items()}}
+
+    def warm_start(self) -> dict[str, float]:
+        """Supervised steps on a noisy demonstrator through the same strategy (see tasks.py)."""
+        sft = self.config.sft
+        rng = random.Random(self.config.seed)
+        self.actor.reset_optimizer(sft.lr)
+        metrics = {}
+        for _ in range(sft.steps):
+            examples = self.task.train_examples(sft.batch_size)
+            targets = [self.tokenizer(noisy_demonstration(e, sft.correct_fraction, rng))["input_ids"] + [self.tokenizer.eos_token_id]
+                       for e in examples]
+            batch = build_sequence_batch([self.encode_prompt(e.prompt) for e in examples], targets, self.tokenizer.pad_token_id)
+            batch.meta_info["loss_mask_keys"] = ["response_mask"]
+            metrics = self.actor.train_step(batch, "sft")
+        self.actor.reset_optimizer()
+        return metrics
+
+    def sync_from_actor(self, version: int) -> None:
+        state = self.actor.state_dict()
+        self.rollout.update_weights(state, version)
+        for group in (self.reference, self.critic):
+            if group is not None:
+                group.load_state_dict(state)
+
+    def run(self) -> list[dict]:
+        """The whole job: workers, warm start, step-0 eval, training steps, plots. Returns the history."""
+        from roll_lite.tracking import RunLogger
+        from roll_lite.workers.cluster import start_ray, stop_ray
+
+        c = self.config
+        run_dir = Path(c.output_dir) / c.run_name
+        tracker = RunLogger(run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name)
+        logger.info(start_ray(c.ray_address, c.workers.actor_cpus * c.workers.actor_dp + c.workers.rollout_cpus))
+        try:
+            start = time.perf_counter()
+            self.start_workers()
+            if c.sft.steps:
+                sft_metrics = self.warm_start()
+                logger.info("warm start: %d SFT steps in %.1f s, final loss %.3f", c.sft.steps,
+                            time.perf_counter() - start, sft_metrics.get("sft_loss", float("nan")))
+            self.sync_from_actor(version=0)
+            initial = self.evaluate()
+            tracker.log(0, initial)
+            logger.info("step 0 (before RL): held-out %s", _fmt(initial["eval/reward_mean"]))
+            for step in range(1, c.steps + 1):
+                metrics = self.step(step)
+                if step % c.eval_every == 0 or step == c.steps:
+                    metrics.update(self.evaluate())
+                tracker.log(step, metrics)
+                logger.info(_progress_line(step, c.steps, metrics))
+            final = tracker.history[-1].get("eval/reward_mean")
+            logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
+                        _fmt(initial["eval/reward_mean"]), _fmt(final), time.perf_counter() - start, run_dir)
+        finally:
+            tracker.finish()
+            stop_ray()
+        return tracker.history
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _progress_line(step: int, steps: int, m: dict) -> str:
+    parts = [f"step {step}/{steps}", f"reward {m['reward/mean']:.3f}"]
+    if "eval/reward_mean" in m:
+        parts.append(f"held-out {m['eval/reward_mean']:.3f}")
+    for key, label in (("actor/kl", "kl"), ("actor/entropy", "entropy"), ("actor/grad_norm", "grad"), ("perf/step_s", "s")):
+        if key in m:
+            parts.append(f"{label} {m[key]:.3g}")
+    return " | ".join(parts)

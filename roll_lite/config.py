@@ -1,0 +1,205 @@
+"""The run configuration: omegaconf structured configs (dataclasses with defaults).
+
+`load_config(path, overrides)` merges a YAML file and `key=value` overrides onto the defaults and
+validates values. Any problem raises ConfigError with one line naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from roll_lite.algorithms import ADVANTAGE_ESTIMATORS
+from roll_lite.loss import AGG_MODES
+from roll_lite.strategy.config import StrategyConfig
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class ModelConfig:
+    """A HF model config built from scratch (nothing from a hub), or a local pretrained folder."""
+
+    model_type: str = "qwen2"
+    hidden_size: int = 128
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 64
+    tie_word_embeddings: bool = True
+    pretrained_path: Optional[str] = None  # a local folder saved with save_pretrained
+    dtype: str = "float32"
+
+
+@dataclass
+class TaskConfig:
+    name: str = "reverse_digits"
+    min_digits: int = 3
+    max_digits: int = 7
+    num_eval_prompts: int = 64
+
+
+@dataclass
+class SFTConfig:
+    """Warm start before RL: supervised steps on a noisy demonstrator (0 steps: none)."""
+
+    steps: int = 300
+    batch_size: int = 64
+    lr: float = 2e-3
+    correct_fraction: float = 0.2  # share of demonstrations with the right answer; the rest copy the digits
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"  # hf (transformers generate, CPU or GPU) | vllm (GPU)
+    prompts_per_step: int = 2
+    num_samples: int = 8  # completions per prompt (the GRPO group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    max_new_tokens: int = 10
+
+
+@dataclass
+class RewardConfig:
+    functions: dict[str, float] = field(default_factory=lambda: {"exact_answer": 1.0})
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"  # gae (PPO, needs the critic) | grpo | dr_grpo | rloo | reinforce_pp
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    kl_in_reward: bool = False  # True: subtract kl_coef·KL from token rewards; False: KL as a loss term
+    track_kl: bool = True  # run the reference model to report actor/kl even when kl_coef = 0
+    entropy_coef: float = 0.0
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    dual_clip_c: Optional[float] = None
+    value_clip: float = 0.2
+    loss_agg_mode: str = "token-mean"
+    seq_len_norm: Optional[float] = None  # seq-mean-token-sum-norm constant; default: rollout.max_new_tokens
+    ppo_epochs: int = 1
+    mini_batches: int = 1  # optimizer steps per epoch over the rollout batch
+
+
+@dataclass
+class WorkersConfig:
+    actor_dp: int = 1  # D: actor ranks (one torch.distributed group)
+    critic_dp: int = 1
+    reference_dp: int = 1
+    actor_cpus: float = 1.0  # Ray CPUs reserved per actor rank (placement group bundle)
+    rollout_cpus: float = 1.0
+    torch_threads: int = 2  # torch threads per worker process
+
+
+@dataclass
+class RunConfig:
+    pipeline: str = "roll_lite.pipelines.ppo:PPOPipeline"  # import path of the pipeline class
+    run_name: str = "ppo_reverse_digits"
+    output_dir: str = "outputs"
+    seed: int = 0
+    steps: int = 200
+    eval_every: int = 25
+    ray_address: Optional[str] = None  # join this cluster; default: RAY_ADDRESS, else a local one
+    wandb_mode: str = "disabled"  # online | offline | disabled
+    wandb_project: str = "roll_lite"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: StrategyConfig = field(default_factory=lambda: StrategyConfig(lr=5e-4, max_grad_norm=1.0))
+    critic: StrategyConfig = field(default_factory=lambda: StrategyConfig(lr=1e-3, max_grad_norm=1.0))
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+
+
+def _check(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{key}: {message}")
+
+
+def _one_of(value: Any, allowed, key: str) -> None:
+    _check(value in allowed, key, f"'{value}' is not one of {', '.join(map(str, allowed))}")
+
+
+def validate(config: RunConfig) -> None:
+    from roll_lite.rewards import REWARD_FUNCTIONS
+
+    _check(":" in config.pipeline, "pipeline", f"'{config.pipeline}' is not of the form package.module:Class")
+    _check(config.steps >= 0, "steps", f"must be >= 0, got {config.steps}")
+    _check(config.eval_every >= 1, "eval_every", f"must be >= 1, got {config.eval_every}")
+    _one_of(config.wandb_mode, ("online", "offline", "disabled"), "wandb_mode")
+    _one_of(config.model.dtype, ("float32", "bfloat16", "float64"), "model.dtype")
+    _one_of(config.task.name, ("reverse_digits",), "task.name")
+    _check(1 <= config.task.min_digits <= config.task.max_digits, "task.min_digits",
+           "need 1 <= task.min_digits <= task.max_digits")
+    _check(config.sft.steps >= 0, "sft.steps", f"must be >= 0, got {config.sft.steps}")
+    _check(0.0 <= config.sft.correct_fraction <= 1.0, "sft.correct_fraction", "must be in [0, 1]")
+    rollout = config.rollout
+    _one_of(rollout.engine, ("hf", "vllm"), "rollout.engine")
+    _check(rollout.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
+    _check(rollout.num_samples >= 1, "rollout.num_samples", "must be >= 1")
+    _check(rollout.temperature > 0, "rollout.temperature", "must be > 0 (greedy decoding is used for eval)")
+    _check(0 < rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+    _check(rollout.top_k >= 0, "rollout.top_k", "must be >= 0 (0: off)")
+    _check(rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+    _check(bool(config.reward.functions), "reward.functions", "name at least one reward function")
+    for name in config.reward.functions:
+        _one_of(name, sorted(REWARD_FUNCTIONS), f"reward.functions.{name}")
+    algorithm = config.algorithm
+    _one_of(algorithm.advantage, ADVANTAGE_ESTIMATORS, "algorithm.advantage")
+    _one_of(algorithm.kl_estimator, ("k1", "k2", "k3"), "algorithm.kl_estimator")
+    _one_of(algorithm.loss_agg_mode, AGG_MODES, "algorithm.loss_agg_mode")
+    _check(algorithm.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
+    _check(algorithm.dual_clip_c is None or algorithm.dual_clip_c > 1, "algorithm.dual_clip_c", "must be > 1 or null")
+    _check(algorithm.ppo_epochs >= 1, "algorithm.ppo_epochs", "must be >= 1")
+    _check(algorithm.mini_batches >= 1, "algorithm.mini_batches", "must be >= 1")
+    batch_size = rollout.prompts_per_step * rollout.num_samples
+    _check(algorithm.mini_batches <= batch_size, "algorithm.mini_batches",
+           f"must be <= the rollout batch ({batch_size} sequences)")
+    if algorithm.advantage in ("grpo", "dr_grpo", "rloo"):
+        _check(rollout.num_samples >= 2, "rollout.num_samples", f"{algorithm.advantage} needs >= 2 samples per prompt")
+    for name in ("actor", "critic"):
+        try:
+            getattr(config, name).validate(f"{name}.")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+    for key in ("actor_dp", "critic_dp", "reference_dp", "torch_threads"):
+        _check(getattr(config.workers, key) >= 1, f"workers.{key}", "must be >= 1")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Defaults <- YAML file <- key=value overrides, validated; raises ConfigError."""
+    try:
+        merged = OmegaConf.structured(RunConfig)
+        if path is not None:
+            path = Path(path)
+            if not path.is_file():
+                raise ConfigError(f"--config: no such file '{path}'")
+            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+        for override in overrides:
+            if "=" not in override:
+                raise ConfigError(f"override '{override}' is not of the form key=value")
+        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        config: RunConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "config"
+        message = str(error).splitlines()[0]
+        raise ConfigError(f"{key}: {message}") from None
+    validate(config)
+    return config
+
+
+def to_yaml(config: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))

@@ -1,0 +1,29 @@
+"""Assembling token-id lists into the right-padded batch tensors the strategy trains on."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from roll_lite.data import DataProto
+
+
+def build_sequence_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_token_id: int) -> DataProto:
+    """Rows = prompt + response, right-padded: input_ids, attention_mask, and response_mask
+    (1 on the response tokens, the ones the policy generated and is trained on)."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"build_sequence_batch: {len(prompts)} prompts but {len(responses)} responses")
+    width = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    rows = len(prompts)
+    input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(rows, width, dtype=torch.long)
+    response_mask = torch.zeros(rows, width, dtype=torch.long)
+    for i, (prompt, response) in enumerate(zip(prompts, responses)):
+        if not prompt:
+            raise ValueError(f"build_sequence_batch: row {i} has an empty prompt")
+        total = len(prompt) + len(response)
+        input_ids[i, :total] = torch.tensor(list(prompt) + list(response), dtype=torch.long)
+        attention_mask[i, :total] = 1
+        response_mask[i, len(prompt):total] = 1
+    return DataProto({"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask})

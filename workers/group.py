@@ -1,0 +1,110 @@
+"""Ray actors for the controller: a D-rank FSDP2 model group, and single rollout / reward workers.
+
+The controller calls plain methods; dispatch (token-balanced shares per rank), ray.get with a
+timeout, and reassembly in the original row order happen here.
+"""
+
+from __future__ import annotations
+
+import ray
+import torch
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from roll_lite.config import RunConfig
+from roll_lite.data import DataProto
+from roll_lite.rollout import SamplingParams
+from roll_lite.strategy.micro_batches import data_parallel_groups
+
+from .model_worker import ModelWorker
+from .reward_worker import RewardWorker
+from .rollout_worker import RolloutWorker
+
+TIMEOUT_S = 1800
+
+
+def _get(refs):
+    return ray.get(refs, timeout=TIMEOUT_S)
+
+
+class ModelGroup:
+    """D ranks of one role (actor, reference, critic) forming one torch.distributed group."""
+
+    def __init__(self, role: str, world_size: int, cpus_per_rank: float, config: RunConfig):
+        self.role, self.world_size = role, world_size
+        self.balance_tokens = (config.critic if role == "critic" else config.actor).use_packing
+        remote = ray.remote(ModelWorker)
+        self.placement_group = None
+        if cpus_per_rank > 0:
+            self.placement_group = placement_group([{"CPU": cpus_per_rank}] * world_size, strategy="PACK")
+            _get(self.placement_group.ready())
+        self.workers = []
+        for rank in range(world_size):
+            options = {"num_cpus": cpus_per_rank}
+            if self.placement_group is not None:
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank)
+            self.workers.append(remote.options(**options).remote(role, rank, world_size, config))
+        master_addr, master_port = _get(self.workers[0].address.remote())
+        _get([worker.setup.remote(master_addr, master_port) for worker in self.workers])
+
+    def _scatter(self, data: DataProto) -> list[list[int]]:
+        return data_parallel_groups(data, self.world_size, self.balance_tokens)
+
+    def _forward(self, method: str, data: DataProto, **kwargs) -> DataProto:
+        groups = self._scatter(data)
+        parts = _get([getattr(w, method).remote(data.index_select(g), **kwargs) for w, g in zip(self.workers, groups)])
+        order = [i for group in groups for i in group]
+        merged = DataProto.concat([p for p in parts if len(p)])
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order)] = torch.arange(len(order))
+        return merged.index_select(inverse)
+
+    def compute_log_probs(self, data: DataProto, with_entropy: bool = False) -> DataProto:
+        return self._forward("compute_log_probs", data, with_entropy=with_entropy)
+
+    def compute_values(self, data: DataProto) -> DataProto:
+        return self._forward("compute_values", data)
+
+    def train_step(self, data: DataProto, loss: str) -> dict[str, float]:
+        """One optimizer step over `data` (the global batch of this step); metrics from rank 0."""
+        groups = self._scatter(data)
+        return _get([w.train_step.remote(data.index_select(g), loss) for w, g in zip(self.workers, groups)])[0]
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return _get([w.state_dict.remote() for w in self.workers])[0]
+
+    def reset_optimizer(self, lr: float | None = None) -> None:
+        _get([w.reset_optimizer.remote(lr) for w in self.workers])
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        state_ref = ray.put(state)
+        _get([w.load_state_dict.remote(state_ref) for w in self.workers])
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker)
+        if self.placement_group is not None:
+            remove_placement_group(self.placement_group)
+
+
+class RolloutClient:
+    def __init__(self, config: RunConfig):
+        self.worker = ray.remote(RolloutWorker).options(num_cpus=config.workers.rollout_cpus).remote(config)
+        self.description = _get(self.worker.describe.remote())
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        return _get(self.worker.generate.remote(prompts, params))
+
+    def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        _get(self.worker.update_weights.remote(state, version))
+
+    def weights(self):
+        return _get(self.worker.weights.remote())
+
+
+class RewardClient:
+    def __init__(self, config: RunConfig):
+        self.worker = ray.remote(RewardWorker).options(num_cpus=0).remote(dict(config.reward.functions))
+
+    def score(self, responses: list[str], answers: list[str]):
+        return _get(self.worker.score.remote(responses, answers))

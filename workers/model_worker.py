@@ -1,0 +1,65 @@
+"""One rank of a FSDP2 model group on Ray: the actor (trains, log-probs), the reference
+(log-probs, no optimizer) or the critic (values, value loss). Plain class; `WorkerGroup` wraps it
+with ray.remote and forms the D ranks into one torch.distributed group."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from roll_lite.config import RunConfig
+from roll_lite.data import DataProto
+from roll_lite.invariance import load_object
+from roll_lite.loss_funcs import sft_loss_func
+from roll_lite.modeling import load_causal_lm
+from roll_lite.strategy.distributed import free_port
+from roll_lite.tokenizer import build_char_tokenizer
+
+ROLES = {"actor": ("log_probs", True), "reference": ("log_probs", False), "critic": ("value", True)}
+
+
+class ModelWorker:
+    def __init__(self, role: str, rank: int, world_size: int, config: RunConfig):
+        if role not in ROLES:
+            raise ValueError(f"unknown worker role '{role}'")
+        self.role, self.rank, self.world_size, self.config = role, rank, world_size, config
+        self.strategy = None
+
+    def address(self) -> tuple[str, int]:
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> None:
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
+        torch.set_num_threads(self.config.workers.torch_threads)
+        from roll_lite.strategy import FSDP2Strategy
+
+        head, trainable = ROLES[self.role]
+        strategy_config = self.config.critic if self.role == "critic" else self.config.actor
+        lm = load_causal_lm(self.config.model, len(build_char_tokenizer()), seed=self.config.seed)
+        self.strategy = FSDP2Strategy(lm, strategy_config, head=head, trainable=trainable)
+        # The pipeline class owns the loss functions; a light instance (no workers) serves them here.
+        self.pipeline = load_object(self.config.pipeline)(self.config)
+
+    def compute_log_probs(self, data: DataProto, with_entropy: bool = False) -> DataProto:
+        return self.strategy.compute_log_probs(data, with_entropy)
+
+    def compute_values(self, data: DataProto) -> DataProto:
+        return self.strategy.compute_values(data)
+
+    def train_step(self, data: DataProto, loss: str) -> dict[str, float]:
+        loss_funcs = {"policy": self.pipeline.loss_func, "critic": self.pipeline.critic_loss_func, "sft": sft_loss_func()}
+        return self.strategy.train_step(data, loss_funcs[loss])
+
+    def state_dict(self) -> dict[str, torch.Tensor] | None:
+        state = self.strategy.full_state_dict()  # a collective: every rank calls it
+        return state if self.rank == 0 else None
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.strategy.load_full_state_dict(state)
+
+    def reset_optimizer(self, lr: float | None = None) -> None:
+        self.strategy.reset_optimizer(lr)

@@ -1,0 +1,39 @@
+"""The rollout worker: owns a generation engine and a copy of the policy weights."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from roll_lite.config import RunConfig
+from roll_lite.modeling import load_causal_lm
+from roll_lite.rollout import HFEngine, SamplingParams, choose_engine
+from roll_lite.tokenizer import build_char_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutWorker:
+    def __init__(self, config: RunConfig):
+        torch.set_num_threads(config.workers.torch_threads)
+        engine, why = choose_engine(config.rollout.engine)
+        self.engine_description = f"rollout engine: {engine} ({why})"
+        tokenizer = build_char_tokenizer()
+        model = load_causal_lm(config.model, len(tokenizer), seed=config.seed)
+        self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed)
+        self.weight_version = -1
+
+    def describe(self) -> str:
+        return self.engine_description
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        return self.engine.generate(prompts, params)
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        self.engine.update_weights(state_dict)
+        self.weight_version = version
+
+    def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """(version, a copy of the engine's weights): lets tests check the sync."""
+        return self.weight_version, {k: v.detach().clone() for k, v in self.engine.model.state_dict().items()}
