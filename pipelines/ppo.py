@@ -78,12 +78,16 @@ class PPOPipeline:
         from roll_lite.workers.group import ModelGroup, RewardClient, RolloutClient
 
         w = self.config.workers
+        # All worker processes start at once; wait_ready then builds their models.
         self.actor = ModelGroup("actor", w.actor_dp, w.actor_cpus, self.config)
         self.reference = ModelGroup("reference", w.reference_dp, 0, self.config) if self.use_reference else None
         self.critic = ModelGroup("critic", w.critic_dp, 0, self.config) if self.use_critic else None
         self.rollout = RolloutClient(self.config)
         self.reward = RewardClient(self.config)
-        logger.info(self.rollout.description)
+        for group in (self.actor, self.reference, self.critic):
+            if group is not None:
+                group.wait_ready()
+        logger.info(self.rollout.describe())
 
     def encode_prompt(self, prompt: str) -> list[int]:
         return [self.tokenizer.bos_token_id] + self.tokenizer(prompt)["input_ids"]
@@ -177,14 +181,17 @@ class PPOPipeline:
         sft = self.config.sft
         rng = random.Random(self.config.seed)
         self.actor.reset_optimizer(sft.lr)
-        metrics = {}
-        for _ in range(sft.steps):
+        metrics, start = {}, time.perf_counter()
+        for step in range(1, sft.steps + 1):
             examples = self.task.train_examples(sft.batch_size)
             targets = [self.tokenizer(noisy_demonstration(e, sft.correct_fraction, rng))["input_ids"] + [self.tokenizer.eos_token_id]
                        for e in examples]
             batch = build_sequence_batch([self.encode_prompt(e.prompt) for e in examples], targets, self.tokenizer.pad_token_id)
             batch.meta_info["loss_mask_keys"] = ["response_mask"]
             metrics = self.actor.train_step(batch, "sft")
+            if step % 100 == 0 or step == sft.steps:
+                logger.info("warm start %d/%d | sft loss %.3f | %.1f s", step, sft.steps, metrics["sft_loss"],
+                            time.perf_counter() - start)
         self.actor.reset_optimizer()
         return metrics
 
@@ -208,9 +215,7 @@ class PPOPipeline:
             start = time.perf_counter()
             self.start_workers()
             if c.sft.steps:
-                sft_metrics = self.warm_start()
-                logger.info("warm start: %d SFT steps in %.1f s, final loss %.3f", c.sft.steps,
-                            time.perf_counter() - start, sft_metrics.get("sft_loss", float("nan")))
+                self.warm_start()
             self.sync_from_actor(version=0)
             initial = self.evaluate()
             tracker.log(0, initial)

@@ -50,16 +50,16 @@ class TaskConfig:
 class SFTConfig:
     """Warm start before RL: supervised steps on a noisy demonstrator (0 steps: none)."""
 
-    steps: int = 300
+    steps: int = 1200
     batch_size: int = 64
     lr: float = 2e-3
-    correct_fraction: float = 0.2  # share of demonstrations with the right answer; the rest copy the digits
+    correct_fraction: float = 0.3  # share of demonstrations with the right answer; the rest copy the digits
 
 
 @dataclass
 class RolloutConfig:
     engine: str = "hf"  # hf (transformers generate, CPU or GPU) | vllm (GPU)
-    prompts_per_step: int = 2
+    prompts_per_step: int = 4
     num_samples: int = 8  # completions per prompt (the GRPO group size)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -119,7 +119,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    actor: StrategyConfig = field(default_factory=lambda: StrategyConfig(lr=5e-4, max_grad_norm=1.0))
+    actor: StrategyConfig = field(default_factory=lambda: StrategyConfig(lr=2e-4, max_grad_norm=1.0))
     critic: StrategyConfig = field(default_factory=lambda: StrategyConfig(lr=1e-3, max_grad_norm=1.0))
     workers: WorkersConfig = field(default_factory=WorkersConfig)
 

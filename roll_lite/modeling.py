@@ -46,32 +46,38 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
-def _decoder_hidden_states(decoder, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen):
-    packed = {}
-    if cu_seqlens is not None:
-        packed = dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_seqlen, max_length_k=max_seqlen)
-    return decoder(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **packed
-    ).last_hidden_state
+class _HeadOnDecoder(nn.Module):
+    """A head on the decoder of a HF causal LM (`self.lm`); `hidden_states` handles packing."""
 
-
-class CausalLMWithLogProbs(nn.Module):
-    """Policy / reference model: {'log_probs', 'entropy' (if asked)}, next-token aligned."""
-
-    def __init__(self, lm: nn.Module, chunk_size: int = 1024):
+    def __init__(self, lm: nn.Module):
         super().__init__()
-        if getattr(lm.get_output_embeddings(), "bias", None) is not None:
-            raise NotImplementedError("LM heads with a bias are not supported by the chunked log-prob head")
         self.lm = lm
-        self.chunk_size = chunk_size
 
     @property
     def decoder(self) -> nn.Module:
         return self.lm.get_decoder()
 
+    def hidden_states(self, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen) -> torch.Tensor:
+        packed = {}
+        if cu_seqlens is not None:
+            packed = dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_seqlen, max_length_k=max_seqlen)
+        return self.decoder(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **packed
+        ).last_hidden_state
+
+
+class CausalLMWithLogProbs(_HeadOnDecoder):
+    """Policy / reference model: {'log_probs', 'entropy' (if asked)}, next-token aligned."""
+
+    def __init__(self, lm: nn.Module, chunk_size: int = 1024):
+        super().__init__(lm)
+        if getattr(lm.get_output_embeddings(), "bias", None) is not None:
+            raise NotImplementedError("LM heads with a bias are not supported by the chunked log-prob head")
+        self.chunk_size = chunk_size
+
     def forward(self, input_ids, position_ids, attention_mask=None, cu_seqlens=None, max_seqlen=None,
                 temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
-        hidden = _decoder_hidden_states(self.decoder, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
+        hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
         next_tokens = torch.roll(input_ids, shifts=-1, dims=1)  # the last column is never used
         log_probs, entropy = chunked_log_probs(
             hidden.reshape(-1, hidden.shape[-1]),
@@ -88,24 +94,19 @@ class CausalLMWithLogProbs(nn.Module):
         return outputs
 
 
-class CausalLMWithValueHead(nn.Module):
+class CausalLMWithValueHead(_HeadOnDecoder):
     """PPO critic: the decoder of a causal LM plus a linear value head: {'values'}, next-token
     aligned (the hidden state before token t values the state in which token t is generated)."""
 
     def __init__(self, lm: nn.Module):
-        super().__init__()
-        self.lm = lm
+        super().__init__(lm)
         self.value_head = nn.Linear(lm.config.hidden_size, 1, dtype=next(lm.parameters()).dtype)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    @property
-    def decoder(self) -> nn.Module:
-        return self.lm.get_decoder()
-
     def forward(self, input_ids, position_ids, attention_mask=None, cu_seqlens=None, max_seqlen=None,
                 temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
-        hidden = _decoder_hidden_states(self.decoder, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
+        hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
         return {"values": self.value_head(hidden).squeeze(-1)}
 
 

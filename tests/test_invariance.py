@@ -68,3 +68,13 @@ def test_cli_entry_point_passes_a_builtin():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS: worst relative deviation" in result.stdout
+
+
+def test_the_custom_loss_example_passes():
+    from examples.custom_loss.pipeline import CappedAdvantagePipeline, capped_loss
+
+    for mode in AGG_MODES[:3]:
+        assert check_loss_invariance(lambda b, o: capped_loss(b, o, mode), ["response_mask"]).passed
+    from roll_lite.pipelines.ppo import PPOPipeline
+
+    assert CappedAdvantagePipeline.loss_func is not PPOPipeline.loss_func

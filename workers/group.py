@@ -37,15 +37,19 @@ class ModelGroup:
         self.placement_group = None
         if cpus_per_rank > 0:
             self.placement_group = placement_group([{"CPU": cpus_per_rank}] * world_size, strategy="PACK")
-            _get(self.placement_group.ready())
         self.workers = []
         for rank in range(world_size):
             options = {"num_cpus": cpus_per_rank}
             if self.placement_group is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank)
             self.workers.append(remote.options(**options).remote(role, rank, world_size, config))
-        master_addr, master_port = _get(self.workers[0].address.remote())
+        self._address = self.workers[0].address.remote()  # worker processes start in the background
+
+    def wait_ready(self) -> "ModelGroup":
+        """Form the torch.distributed group and build the models (blocks)."""
+        master_addr, master_port = _get(self._address)
         _get([worker.setup.remote(master_addr, master_port) for worker in self.workers])
+        return self
 
     def _scatter(self, data: DataProto) -> list[list[int]]:
         return data_parallel_groups(data, self.world_size, self.balance_tokens)
@@ -90,7 +94,9 @@ class ModelGroup:
 class RolloutClient:
     def __init__(self, config: RunConfig):
         self.worker = ray.remote(RolloutWorker).options(num_cpus=config.workers.rollout_cpus).remote(config)
-        self.description = _get(self.worker.describe.remote())
+
+    def describe(self) -> str:
+        return _get(self.worker.describe.remote())
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
         return _get(self.worker.generate.remote(prompts, params))

@@ -1,0 +1,50 @@
+"""roll-train's config errors: one line naming the key, exit code 2, nothing started or written."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from roll_lite.cli import main
+from roll_lite.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "roll_lite.cli", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("no_such_key=1", "no_such_key: Key 'no_such_key' not in 'RunConfig'"),
+        ("rollout.max_new_tokens=many", "rollout.max_new_tokens: Value 'many' of type 'str' could not be converted to Integer"),
+        ("algorithm.loss_agg_mode=mean", "algorithm.loss_agg_mode: 'mean' is not one of token-mean, seq-mean-token-sum"),
+        ("rollout.temperature=0", "rollout.temperature: must be > 0"),
+        ("actor.max_tokens_per_micro_batch=64", "actor.max_tokens_per_micro_batch: token-budget micro-batches need use_packing"),
+        ("reward.functions={bleu: 1.0}", "reward.functions.bleu: 'bleu' is not one of"),
+        ("pipeline=nowhere.module:Pipe", "pipeline: cannot import 'nowhere.module:Pipe'"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):
+    assert main(["--config", str(REPO / "configs/grpo.yaml"), override, f"output_dir={tmp_path}/out"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], lines
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_command_itself_exits_2(tmp_path):
+    result = run_cli("--config", "nope.yaml", cwd=tmp_path)
+    assert result.returncode == 2 and "--config: no such file 'nope.yaml'" in result.stderr
+
+
+def test_yaml_and_overrides_merge_over_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("steps: 7\nalgorithm:\n  advantage: rloo\n")
+    config = load_config(path, ["rollout.num_samples=4", "actor.lr=3e-4"])
+    assert (config.steps, config.algorithm.advantage, config.rollout.num_samples, config.actor.lr) == (7, "rloo", 4, 3e-4)
+    assert config.algorithm.clip_ratio_high == 0.2  # a default
+    with pytest.raises(ConfigError, match="rollout.num_samples: rloo needs >= 2 samples"):
+        load_config(path, ["rollout.num_samples=1"])
