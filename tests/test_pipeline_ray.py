@@ -94,10 +94,10 @@ def test_ray_job_submit_to_a_local_head(tmp_path):
     )
     assert start.returncode == 0, start.stderr
     try:
-        command = " ".join([sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/grpo.yaml"), *SMALL,
-                            "steps=2", "eval_every=1", f"output_dir={tmp_path}", "run_name=job"])
+        command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/grpo.yaml"), *SMALL,
+                   "steps=2", "eval_every=1", f"output_dir={tmp_path}", "run_name=job"]
         submit = subprocess.run(
-            [ray, "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}", "--", command],
+            [ray, "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}", "--", *command],
             capture_output=True, text=True, timeout=600, env=env, cwd=REPO,
         )
         assert submit.returncode == 0 and "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-2000:]
