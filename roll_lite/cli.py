@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 from roll_lite.config import ConfigError, load_config
-from roll_lite.invariance import load_object
+from roll_lite.importing import load_object
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,7 +16,6 @@ raise, with the likely cause.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import sys
@@ -27,6 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from roll_lite.data import DataProto
+from roll_lite.importing import load_object
 from roll_lite.metrics import reduce_metrics
 from roll_lite.modeling import CausalLMWithLogProbs, build_causal_lm
 from roll_lite.strategy.config import StrategyConfig
@@ -268,16 +268,6 @@ def check_loss_invariance(
         if raise_on_failure:
             raise LossInvarianceError("loss_func is not invariant to (D, A, packing):\n" + report.table())
     return report
-
-
-def load_object(spec: str):
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"'{spec}' is not of the form package.module:attribute")
-    target = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        target = getattr(target, part)
-    return target
 
 
 def main(argv: Sequence[str] | None = None) -> int:

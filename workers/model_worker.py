@@ -10,7 +10,7 @@ import torch
 
 from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
-from roll_lite.invariance import load_object
+from roll_lite.importing import load_object
 from roll_lite.loss_funcs import sft_loss_func
 from roll_lite.modeling import load_causal_lm
 from roll_lite.strategy.distributed import free_port
