@@ -131,8 +131,10 @@ class PPOPipeline:
             batch.batch["returns"] = returns
         batch.meta_info.update(loss_mask_keys=["response_mask"], on_policy=self.on_policy)
 
+        prepared = time.perf_counter()
         actor_metrics = self.train(self.actor, batch, "policy")
         critic_metrics = self.train(self.critic, batch, "critic") if self.critic is not None else {}
+        trained = time.perf_counter()
         self.rollout.update_weights(self.actor.state_dict(), version=step)
 
         elapsed = time.perf_counter() - start
@@ -145,6 +147,9 @@ class PPOPipeline:
             "response_length/mean": mask.sum(-1).float().mean().item(),
             "perf/step_s": elapsed,
             "perf/generate_s": generated - start,
+            "perf/prepare_s": prepared - generated,  # rewards, reference / old log-probs, values, advantages
+            "perf/train_s": trained - prepared,
+            "perf/weight_sync_s": elapsed - (trained - start),
             "perf/tokens_per_s": tokens / elapsed,
         }
 

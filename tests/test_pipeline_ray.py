@@ -30,9 +30,12 @@ def ray_session():
 def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_path, ray_session):
     from roll_lite.pipelines.ppo import PPOPipeline
 
+    # 2 PPO epochs × 2 mini-batches = 4 optimizer steps; with a 4-step warmup the last one runs at
+    # the full learning rate, which is how the test sees that all four happened.
     config = load_config(REPO / "configs/grpo.yaml", SMALL + [
         "workers.actor_dp=2", "workers.actor_cpus=0.5", "workers.rollout_cpus=0.5", "actor.use_packing=true",
-        "actor.grad_accum_steps=2", "algorithm.kl_coef=0.05", f"output_dir={tmp_path}",
+        "actor.grad_accum_steps=2", "algorithm.kl_coef=0.05", "algorithm.ppo_epochs=2", "algorithm.mini_batches=2",
+        "actor.warmup_steps=4", f"output_dir={tmp_path}",
     ])
     ray_session(None, 1.5)
     pipeline = PPOPipeline(config)
@@ -49,6 +52,8 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
     version, rollout_after = pipeline.rollout.weights()
     assert version == 1 and all(torch.equal(rollout_after[k], v) for k, v in after.items())
     assert metrics["actor/grad_norm"] > 0 and metrics["actor/num_micro_batches"] == 2
+    assert metrics["actor/lr"] == pytest.approx(config.actor.lr)
+    assert not pipeline.on_policy  # several optimizer steps per rollout: old log-probs were computed
     for key in ("reward/mean", "actor/kl", "actor/entropy", "actor/pg_loss", "actor/clipfrac", "perf/tokens_per_s"):
         assert key in metrics, key
     # the reference kept the initial weights: KL is measured against it
@@ -81,7 +86,7 @@ def test_roll_train_writes_the_run_directory(tmp_path):
     assert "held-out reward:" in result.stderr
 
 
-def test_ray_job_submit_to_a_local_head(tmp_path):
+def test_ray_job_submit_to_a_local_head_runs_the_custom_loss_example(tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     ray = str(Path(sys.executable).parent / "ray")
     from roll_lite.strategy.distributed import free_port
@@ -94,14 +99,18 @@ def test_ray_job_submit_to_a_local_head(tmp_path):
     )
     assert start.returncode == 0, start.stderr
     try:
-        command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/grpo.yaml"), *SMALL,
+        # The example's pipeline class (its loss_func) is imported by the driver and by the workers.
+        command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "examples/custom_loss/config.yaml"), *SMALL,
                    "steps=2", "eval_every=1", f"output_dir={tmp_path}", "run_name=job"]
         submit = subprocess.run(
-            [ray, "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}", "--", *command],
+            [ray, "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}",
+             "--runtime-env-json", json.dumps({"env_vars": {"PYTHONPATH": str(REPO)}}), "--", *command],
             capture_output=True, text=True, timeout=600, env=env, cwd=REPO,
         )
         assert submit.returncode == 0 and "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-2000:]
         assert "joined the Ray cluster" in submit.stdout
+        config_text = (tmp_path / "job" / "config.yaml").read_text()
+        assert "pipeline: examples.custom_loss.pipeline:CappedAdvantagePipeline" in config_text
         records = (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()
         assert len(records) == 3
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 import ray
 
@@ -14,15 +13,13 @@ logger = logging.getLogger(__name__)
 def start_ray(address: str | None, num_cpus_needed: float) -> str:
     """Join `address` (or $RAY_ADDRESS), else start a local cluster; returns a description."""
     address = address or os.environ.get("RAY_ADDRESS")
-    # Workers import the user's pipeline class (e.g. examples.custom_loss...) from the driver's cwd.
-    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path[1:]])}}
     if address:
-        ray.init(address=address, runtime_env=runtime_env, logging_level=logging.WARNING)
+        ray.init(address=address, logging_level=logging.WARNING)
         where = f"joined the Ray cluster at {address}"
     else:
         ray.init(
             address="local", num_cpus=max(os.cpu_count() or 1, 1), include_dashboard=False,
-            object_store_memory=512 * 1024**2, runtime_env=runtime_env, logging_level=logging.WARNING,
+            object_store_memory=512 * 1024**2, logging_level=logging.WARNING,
         )
         where = "started a local Ray cluster"
     available = ray.cluster_resources().get("CPU", 0)

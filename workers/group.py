@@ -13,6 +13,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
+from roll_lite.importing import import_root
 from roll_lite.rollout import SamplingParams
 from roll_lite.strategy.micro_batches import data_parallel_groups
 
@@ -38,11 +39,12 @@ class ModelGroup:
         if cpus_per_rank > 0:
             self.placement_group = placement_group([{"CPU": cpus_per_rank}] * world_size, strategy="PACK")
         self.workers = []
+        pipeline_root = import_root(config.pipeline)
         for rank in range(world_size):
             options = {"num_cpus": cpus_per_rank}
             if self.placement_group is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank)
-            self.workers.append(remote.options(**options).remote(role, rank, world_size, config))
+            self.workers.append(remote.options(**options).remote(role, rank, world_size, config, pipeline_root))
         self._address = self.workers[0].address.remote()  # worker processes start in the background
 
     def wait_ready(self) -> "ModelGroup":

@@ -5,6 +5,7 @@ with ray.remote and forms the D ranks into one torch.distributed group."""
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -20,10 +21,12 @@ ROLES = {"actor": ("log_probs", True), "reference": ("log_probs", False), "criti
 
 
 class ModelWorker:
-    def __init__(self, role: str, rank: int, world_size: int, config: RunConfig):
+    def __init__(self, role: str, rank: int, world_size: int, config: RunConfig, pipeline_root: str | None = None):
         if role not in ROLES:
             raise ValueError(f"unknown worker role '{role}'")
         self.role, self.rank, self.world_size, self.config = role, rank, world_size, config
+        if pipeline_root and pipeline_root not in sys.path:
+            sys.path.insert(0, pipeline_root)  # where the driver imported the pipeline class from
         self.strategy = None
 
     def address(self) -> tuple[str, int]:
