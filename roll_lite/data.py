@@ -145,3 +145,13 @@ class DataProto:
 
     def to(self, device: torch.device | str) -> "DataProto":
         return self._with({k: v.to(device) for k, v in self.batch.items()}, self.non_tensor_batch)
+
+
+def undo_permutation(data: DataProto, order: Sequence[int]) -> DataProto:
+    """`data` holds the rows of some batch in the order `order` (row k of data is row order[k] of
+    the batch): return them in the batch's own order."""
+    if sorted(order) != list(range(len(data))):
+        raise ValueError(f"undo_permutation: order is not a permutation of {len(data)} rows")
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(list(order), dtype=torch.long)] = torch.arange(len(order))
+    return data.index_select(inverse)

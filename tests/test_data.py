@@ -60,3 +60,13 @@ def test_union_checks_conflicts():
     assert set(merged.batch) == {"x", "y"} and len(merged) == 2
     with pytest.raises(ValueError, match="'x' differs"):
         a.union(DataProto({"x": torch.ones(2)}))
+
+
+def test_undo_permutation():
+    from roll_lite.data import undo_permutation
+
+    data = make(4)
+    shuffled = data.index_select([2, 0, 3, 1])
+    assert undo_permutation(shuffled, [2, 0, 3, 1])["y"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="not a permutation"):
+        undo_permutation(shuffled, [0, 0, 1, 2])

@@ -12,7 +12,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_lite.config import RunConfig
-from roll_lite.data import DataProto
+from roll_lite.data import DataProto, undo_permutation
 from roll_lite.importing import import_root
 from roll_lite.rollout import SamplingParams
 from roll_lite.strategy.micro_batches import data_parallel_groups
@@ -60,10 +60,7 @@ class ModelGroup:
         groups = self._scatter(data)
         parts = _get([getattr(w, method).remote(data.index_select(g), **kwargs) for w, g in zip(self.workers, groups)])
         order = [i for group in groups for i in group]
-        merged = DataProto.concat([p for p in parts if len(p)])
-        inverse = torch.empty(len(order), dtype=torch.long)
-        inverse[torch.tensor(order)] = torch.arange(len(order))
-        return merged.index_select(inverse)
+        return undo_permutation(DataProto.concat([p for p in parts if len(p)]), order)
 
     def compute_log_probs(self, data: DataProto, with_entropy: bool = False) -> DataProto:
         return self._forward("compute_log_probs", data, with_entropy=with_entropy)

@@ -23,7 +23,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from roll_lite.attention import packed_attention_path
-from roll_lite.data import DataProto
+from roll_lite.data import DataProto, undo_permutation
 from roll_lite.metrics import reduce_metrics, to_float
 from roll_lite.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, decoder_layers
 from roll_lite.strategy.config import StrategyConfig
@@ -189,9 +189,7 @@ class FSDP2Strategy:
             order.extend(group)
         if not outputs:
             return DataProto()
-        inverse = torch.empty(len(order), dtype=torch.long)
-        inverse[torch.tensor(order)] = torch.arange(len(order))
-        return DataProto.concat(outputs).index_select(inverse)
+        return undo_permutation(DataProto.concat(outputs), order)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full (unsharded) HF state dict on CPU, on every rank (weight sync, export)."""
