@@ -135,7 +135,7 @@ class PPOPipeline:
         actor_metrics = self.train(self.actor, batch, "policy")
         critic_metrics = self.train(self.critic, batch, "critic") if self.critic is not None else {}
         trained = time.perf_counter()
-        self.rollout.update_weights(self.actor.state_dict(), version=step)
+        self.rollout.update_weights(self.actor.state_dict_ref(), version=step)
 
         elapsed = time.perf_counter() - start
         tokens = int(batch["attention_mask"].sum())
@@ -201,7 +201,7 @@ class PPOPipeline:
         return metrics
 
     def sync_from_actor(self, version: int) -> None:
-        state = self.actor.state_dict()
+        state = self.actor.state_dict_ref()
         self.rollout.update_weights(state, version)
         for group in (self.reference, self.critic):
             if group is not None:

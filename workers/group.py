@@ -74,13 +74,20 @@ class ModelGroup:
         return _get([w.train_step.remote(data.index_select(g), loss) for w, g in zip(self.workers, groups)])[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return _get([w.state_dict.remote() for w in self.workers])[0]
+        return _get(self.state_dict_ref())
+
+    def state_dict_ref(self) -> ray.ObjectRef:
+        """Rank 0's full state dict, left in the object store: a worker can take it from there
+        without a hop through the controller. Every rank takes part in the gather."""
+        refs = [w.state_dict.remote() for w in self.workers]
+        ray.wait(refs, num_returns=len(refs), timeout=TIMEOUT_S)
+        return refs[0]
 
     def reset_optimizer(self, lr: float | None = None) -> None:
         _get([w.reset_optimizer.remote(lr) for w in self.workers])
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        state_ref = ray.put(state)
+    def load_state_dict(self, state: dict[str, torch.Tensor] | ray.ObjectRef) -> None:
+        state_ref = state if isinstance(state, ray.ObjectRef) else ray.put(state)
         _get([w.load_state_dict.remote(state_ref) for w in self.workers])
 
     def shutdown(self) -> None:
@@ -100,7 +107,7 @@ class RolloutClient:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
         return _get(self.worker.generate.remote(prompts, params))
 
-    def update_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+    def update_weights(self, state: dict[str, torch.Tensor] | ray.ObjectRef, version: int) -> None:
         _get(self.worker.update_weights.remote(state, version))
 
     def weights(self):
