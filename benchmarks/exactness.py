@@ -25,9 +25,9 @@ def main():
     for dtype in (torch.float64, torch.float32):
         start = time.perf_counter()
         results = run_strategy(cases, dtype)
-        references = {key: reference(*key, dtype) for key in {(c.loss, c.mode) for c in cases}}
+        references = {key: reference(key[0], key[1], dtype, key[2]) for key in {(c.loss, c.mode, c.rows) for c in cases}}
         for mode in AGG_MODES:
-            errors = [deviations(results[c], references[(c.loss, c.mode)]) for c in cases if c.mode == mode]
+            errors = [deviations(results[c], references[(c.loss, c.mode, c.rows)]) for c in cases if c.mode == mode]
             rows.append((str(dtype).removeprefix("torch."), mode, max(e[0] for e in errors), max(e[1] for e in errors), len(errors)))
         print(f"{dtype}: {len(cases)} cases in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print(f"| dtype | agg mode | worst loss rel. err | worst grad rel. err | cases |")

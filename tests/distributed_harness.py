@@ -42,11 +42,13 @@ class Case:
     world_size: int
     grad_accum_steps: int
     micro_batching: str  # padded | packed | budget
+    rows: int = 7  # rows of the global batch: 1 leaves the second rank with an empty share
 
     @property
     def id(self) -> str:
         a = "budget" if self.micro_batching == "budget" else f"A{self.grad_accum_steps}"
-        return f"{self.loss}-{self.mode}-D{self.world_size}-{a}-{self.micro_batching}"
+        suffix = "" if self.rows == 7 else f"-{self.rows}row"
+        return f"{self.loss}-{self.mode}-D{self.world_size}-{a}-{self.micro_batching}{suffix}"
 
 
 def all_cases() -> list[Case]:
@@ -58,13 +60,16 @@ def all_cases() -> list[Case]:
                     for micro_batching in ("padded", "packed"):
                         cases.append(Case(loss, mode, world_size, a, micro_batching))
                 cases.append(Case(loss, mode, world_size, 1, "budget"))
+    # One row for two ranks: rank 1 only runs placeholder passes.
+    cases += [Case("ppo_kl", "seq-mean-token-mean", 2, 2, mb, rows=1) for mb in ("padded", "packed", "budget")]
     return cases
 
 
-def global_batch(dtype: torch.dtype):
+def global_batch(dtype: torch.dtype, rows: int = 7):
     # 7 rows of uneven length (one of 2 tokens), two rows with an all-zero response mask, one with
     # an all-zero kl_mask: shares and micro-batches get uneven and partly empty.
-    return random_rl_batch(num_rows=7, seq_len=SEQ_LEN, mask_keys=["response_mask", "kl_mask"], seed=11, dtype=dtype)
+    data = random_rl_batch(num_rows=7, seq_len=SEQ_LEN, mask_keys=["response_mask", "kl_mask"], seed=11, dtype=dtype)
+    return data.slice(0, rows)
 
 
 def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: torch.dtype, out_path: str):
@@ -73,9 +78,9 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
     from roll_lite.strategy.micro_batches import split_for_data_parallel
 
-    data = global_batch(dtype)
     results = {}
     for case in cases:
+        data = global_batch(dtype, case.rows)
         config = StrategyConfig(
             grad_accum_steps=case.grad_accum_steps,
             use_packing=case.micro_batching != "padded",
@@ -104,10 +109,10 @@ def run_strategy(cases: list[Case], dtype: torch.dtype) -> dict:
     return results
 
 
-def reference(loss_name: str, mode: str, dtype: torch.dtype):
+def reference(loss_name: str, mode: str, dtype: torch.dtype, rows: int = 7):
     """(loss, grads) of one float64 forward/backward of the plain HF model over the global batch."""
     lm = copy.deepcopy(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0)).double()
-    data = global_batch(dtype)
+    data = global_batch(dtype, rows)
     batch = {k: (v.double() if v.is_floating_point() else v) for k, v in data.batch.items()}
     logits = lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
     log_softmax = torch.log_softmax(logits, dim=-1)

@@ -25,9 +25,9 @@ def references():
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_step_equals_global_forward_backward(case, strategy_results, references):
-    key = (case.loss, case.mode)
+    key = (case.loss, case.mode, case.rows)
     if key not in references:
-        references[key] = reference(case.loss, case.mode, torch.float64)
+        references[key] = reference(case.loss, case.mode, torch.float64, case.rows)
     loss_error, grad_error = deviations(strategy_results[case], references[key])
     assert loss_error <= 1e-10 and grad_error <= 1e-10, (loss_error, grad_error)
 
@@ -39,5 +39,5 @@ def test_budget_cases_run_different_micro_batch_counts_per_rank(strategy_results
     shares = split_for_data_parallel(data, 2, balance_tokens=True)
     counts = [len(token_budget_groups(row_lengths(s["attention_mask"]), BUDGET)) for s in shares]
     assert counts[0] != counts[1], counts
-    budget_cases = [c for c in CASES if c.micro_batching == "budget" and c.world_size == 2]
+    budget_cases = [c for c in CASES if c.micro_batching == "budget" and c.world_size == 2 and c.rows == 7]
     assert all(strategy_results[c][2] == max(counts) for c in budget_cases)

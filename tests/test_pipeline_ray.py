@@ -70,7 +70,7 @@ def _greedy(config):
 def test_roll_train_writes_the_run_directory(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/ppo.yaml"), *SMALL,
-         "steps=2", "eval_every=2", f"output_dir={tmp_path}", "run_name=tiny"],
+         "steps=2", "eval_every=2", f"output_dir={tmp_path}", "run_name=tiny", "wandb_mode=offline"],
         capture_output=True, text=True, timeout=600, cwd=REPO,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -83,6 +83,7 @@ def test_roll_train_writes_the_run_directory(tmp_path):
         assert key in records[1], key
     assert (run_dir / "config.yaml").read_text().startswith("pipeline:")
     assert (run_dir / "curves.png").stat().st_size > 1000
+    assert list((run_dir / "wandb").glob("offline-run-*")), "wandb offline run missing"
     assert "held-out reward:" in result.stderr
 
 
