@@ -28,7 +28,7 @@ import torch
 from roll_lite.data import DataProto
 from roll_lite.importing import load_object
 from roll_lite.metrics import reduce_metrics
-from roll_lite.modeling import CausalLMWithLogProbs, build_causal_lm
+from roll_lite.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, build_causal_lm
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.micro_batches import (
     LossFunc,
@@ -238,6 +238,16 @@ class InvarianceReport:
         return "\n".join(lines)
 
 
+def _model_with_head(lm, head: str, seed: int):
+    if head == "log_probs":
+        return CausalLMWithLogProbs(lm)
+    if head == "value":
+        model = CausalLMWithValueHead(lm)
+        torch.nn.init.normal_(model.value_head.weight, std=0.5, generator=torch.Generator().manual_seed(seed))
+        return model
+    raise ValueError(f"unknown head '{head}'; choose log_probs or value")
+
+
 def check_loss_invariance(
     loss_func: LossFunc,
     loss_mask_keys: Sequence[str] = ("response_mask",),
@@ -249,14 +259,18 @@ def check_loss_invariance(
     tolerance: float = 1e-9,
     seed: int = 0,
     raise_on_failure: bool = True,
+    head: str = "log_probs",
 ) -> InvarianceReport:
-    """Compare loss and gradients of `loss_func` under each partition with one global forward/backward."""
+    """Compare loss and gradients of `loss_func` under each partition with one global forward/backward.
+
+    head="log_probs": model_output has 'log_probs' and 'entropy' (policy losses); head="value":
+    model_output has 'values' (critic losses; the value head starts random here, not at zero)."""
     model_config = dict(model_config or TINY_MODEL)
     if data is None:
         data = random_rl_batch(vocab_size=model_config.get("vocab_size", 64), mask_keys=loss_mask_keys, seed=seed)
     else:
         data = DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, "loss_mask_keys": list(loss_mask_keys)})
-    model = CausalLMWithLogProbs(build_causal_lm(model_config, dtype=torch.float64, seed=seed))
+    model = _model_with_head(build_causal_lm(model_config, dtype=torch.float64, seed=seed), head, seed)
     reference_loss, reference_grads = simulate_step(model, data, loss_func, REFERENCE, apply_loss_scale)
     rows = [(REFERENCE.label + " (reference)", 0.0, 0.0)]
     for partition in partitions:
@@ -277,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-config", type=Path, help="JSON file of a HF model config (default: a tiny Qwen2)")
     parser.add_argument("--tolerance", type=float, default=1e-9)
     parser.add_argument("--no-loss-scale", action="store_true", help="check with apply_loss_scale off")
+    parser.add_argument("--head", choices=("log_probs", "value"), default="log_probs",
+                        help="what model_output holds: log_probs + entropy (policy losses) or values (critic)")
     args = parser.parse_args(argv)
     try:
         loss_func = load_object(args.loss_func)
@@ -288,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     report = check_loss_invariance(
         loss_func, args.mask_keys.split(","), model_config=model_config, apply_loss_scale=not args.no_loss_scale,
-        tolerance=args.tolerance, raise_on_failure=False,
+        tolerance=args.tolerance, raise_on_failure=False, head=args.head,
     )
     print(report.table())
     return 0 if report.passed else 1

@@ -78,3 +78,13 @@ def test_the_custom_loss_example_passes():
     from roll_lite.pipelines.ppo import PPOPipeline
 
     assert CappedAdvantagePipeline.loss_func is not PPOPipeline.loss_func
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_value_and_sft_losses_pass(mode):
+    from roll_lite.loss_funcs import sft_loss_func, value_loss_func
+
+    report = check_loss_invariance(value_loss_func(mode, clip_range=0.5, seq_len_norm=24), head="value", tolerance=1e-10)
+    assert report.passed and report.worst < 1e-12
+    if mode == "token-mean":
+        assert check_loss_invariance(sft_loss_func(), tolerance=1e-10).worst < 1e-12
