@@ -86,9 +86,11 @@ class FSDP2Strategy:
     def reset_optimizer(self, lr: float | None = None) -> None:
         """A fresh AdamW (no moments) and LR schedule, at `lr` or the configured one."""
         config = self.config
+        # foreach: one fused op per step instead of a Python loop of DTensor ops (torch only
+        # picks it by default for CUDA tensors; on CPU the loop was ~35 % of a tiny train step).
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=config.lr if lr is None else lr, betas=(config.adam_beta1, config.adam_beta2),
-            eps=config.adam_eps, weight_decay=config.weight_decay,
+            eps=config.adam_eps, weight_decay=config.weight_decay, foreach=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config))
 
