@@ -31,7 +31,7 @@ from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func,
 from roll_lite.rollout import SamplingParams
 from roll_lite.sequences import build_sequence_batch
 from roll_lite.tasks import ReverseDigitsTask, noisy_demonstration
-from roll_lite.tokenizer import build_char_tokenizer
+from roll_lite.tokenizer import load_tokenizer
 
 logger = logging.getLogger("roll_lite")
 
@@ -40,7 +40,7 @@ class PPOPipeline:
     def __init__(self, config: RunConfig):
         self.config = config
         self.algorithm = config.algorithm
-        self.tokenizer = build_char_tokenizer()
+        self.tokenizer = load_tokenizer(config.model.tokenizer_path)
         self.task = ReverseDigitsTask(config.task.min_digits, config.task.max_digits, config.task.num_eval_prompts, config.seed)
         self.seq_len_norm = self.algorithm.seq_len_norm or config.rollout.max_new_tokens
         self.use_critic = self.algorithm.advantage == "gae"
@@ -89,8 +89,12 @@ class PPOPipeline:
                 group.wait_ready()
         logger.info(self.rollout.describe())
 
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
     def encode_prompt(self, prompt: str) -> list[int]:
-        return [self.tokenizer.bos_token_id] + self.tokenizer(prompt)["input_ids"]
+        bos = self.tokenizer.bos_token_id
+        return ([bos] if bos is not None else []) + self.encode(prompt)
 
     def generate(self, examples, params: SamplingParams) -> DataProto:
         """Sequences of every (prompt, sample): tensors + response_text, answer, group ids."""
@@ -189,7 +193,7 @@ class PPOPipeline:
         metrics, start = {}, time.perf_counter()
         for step in range(1, sft.steps + 1):
             examples = self.task.train_examples(sft.batch_size)
-            targets = [self.tokenizer(noisy_demonstration(e, sft.correct_fraction, rng))["input_ids"] + [self.tokenizer.eos_token_id]
+            targets = [self.encode(noisy_demonstration(e, sft.correct_fraction, rng)) + [self.tokenizer.eos_token_id]
                        for e in examples]
             batch = build_sequence_batch([self.encode_prompt(e.prompt) for e in examples], targets, self.tokenizer.pad_token_id)
             batch.meta_info["loss_mask_keys"] = ["response_mask"]

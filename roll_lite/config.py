@@ -35,6 +35,7 @@ class ModelConfig:
     max_position_embeddings: int = 64
     tie_word_embeddings: bool = True
     pretrained_path: Optional[str] = None  # a local folder saved with save_pretrained
+    tokenizer_path: Optional[str] = None  # a local tokenizer folder; default: the built-in character tokenizer
     dtype: str = "float32"
 
 

@@ -24,3 +24,19 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
     )
+
+
+def load_tokenizer(tokenizer_path: str | None) -> PreTrainedTokenizerFast:
+    """The run's tokenizer: a local folder saved with save_pretrained, or the built-in character
+    tokenizer. Loaded with PreTrainedTokenizerFast, not AutoTokenizer, which may replace a custom
+    tokenizer with the model type's own class."""
+    if tokenizer_path is None:
+        return build_char_tokenizer()
+    try:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_path)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"model.tokenizer_path: cannot load a tokenizer from '{tokenizer_path}': {error}") from None
+    for name in ("pad_token_id", "eos_token_id"):
+        if getattr(tokenizer, name) is None:
+            raise ValueError(f"model.tokenizer_path: the tokenizer in '{tokenizer_path}' has no {name.removesuffix('_id')} token")
+    return tokenizer

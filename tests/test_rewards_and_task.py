@@ -61,3 +61,12 @@ def test_char_tokenizer_roundtrip(tmp_path):
     assert len(ids) == 6 and tokenizer.decode(ids) == "93 = x"
     tokenizer.save_pretrained(tmp_path)
     assert PreTrainedTokenizerFast.from_pretrained(tmp_path)("93")["input_ids"] == ids[:2]
+
+
+def test_load_tokenizer_from_a_folder_and_errors(tmp_path):
+    from roll_lite.tokenizer import load_tokenizer
+
+    build_char_tokenizer().save_pretrained(tmp_path / "tok")
+    assert load_tokenizer(str(tmp_path / "tok"))("42")["input_ids"] == build_char_tokenizer()("42")["input_ids"]
+    with pytest.raises(ValueError, match="model.tokenizer_path: cannot load a tokenizer from"):
+        load_tokenizer(str(tmp_path / "missing"))

@@ -15,7 +15,7 @@ from roll_lite.importing import load_object
 from roll_lite.loss_funcs import sft_loss_func
 from roll_lite.modeling import load_causal_lm
 from roll_lite.strategy.distributed import free_port
-from roll_lite.tokenizer import build_char_tokenizer
+from roll_lite.tokenizer import load_tokenizer
 
 ROLES = {"actor": ("log_probs", True), "reference": ("log_probs", False), "critic": ("value", True)}
 
@@ -42,7 +42,7 @@ class ModelWorker:
 
         head, trainable = ROLES[self.role]
         strategy_config = self.config.critic if self.role == "critic" else self.config.actor
-        lm = load_causal_lm(self.config.model, len(build_char_tokenizer()), seed=self.config.seed)
+        lm = load_causal_lm(self.config.model, len(load_tokenizer(self.config.model.tokenizer_path)), seed=self.config.seed)
         self.strategy = FSDP2Strategy(lm, strategy_config, head=head, trainable=trainable)
         # The pipeline class owns the loss functions; a light instance (no workers) serves them here.
         self.pipeline = load_object(self.config.pipeline)(self.config)

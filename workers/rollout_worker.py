@@ -9,7 +9,7 @@ import torch
 from roll_lite.config import RunConfig
 from roll_lite.modeling import load_causal_lm
 from roll_lite.rollout import HFEngine, SamplingParams, choose_engine
-from roll_lite.tokenizer import build_char_tokenizer
+from roll_lite.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +19,7 @@ class RolloutWorker:
         torch.set_num_threads(config.workers.torch_threads)
         engine, why = choose_engine(config.rollout.engine)
         self.engine_description = f"rollout engine: {engine} ({why})"
-        tokenizer = build_char_tokenizer()
+        tokenizer = load_tokenizer(config.model.tokenizer_path)
         model = load_causal_lm(config.model, len(tokenizer), seed=config.seed)
         self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed)
         self.weight_version = -1
