@@ -204,6 +204,12 @@ class PPOPipeline:
         self.actor.reset_optimizer()
         return metrics
 
+    def save_final(self, path: Path) -> None:
+        """The trained policy as a HF folder; reload it with model.pretrained_path / tokenizer_path."""
+        self.actor.save_pretrained(str(path.resolve()))
+        self.tokenizer.save_pretrained(path)
+        logger.info("saved the policy and tokenizer to %s", path)
+
     def sync_from_actor(self, version: int) -> None:
         state = self.actor.state_dict_ref()
         self.rollout.update_weights(state, version)
@@ -235,6 +241,8 @@ class PPOPipeline:
                     metrics.update(self.evaluate())
                 tracker.log(step, metrics)
                 logger.info(_progress_line(step, c.steps, metrics))
+            if c.save_model:
+                self.save_final(run_dir / "final")
             final = tracker.history[-1].get("eval/reward_mean")
             logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
                         _fmt(initial["eval/reward_mean"]), _fmt(final), time.perf_counter() - start, run_dir)

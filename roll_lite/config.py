@@ -114,6 +114,7 @@ class RunConfig:
     ray_address: Optional[str] = None  # join this cluster; default: RAY_ADDRESS, else a local one
     wandb_mode: str = "disabled"  # online | offline | disabled
     wandb_project: str = "roll_lite"
+    save_model: bool = True  # write the trained policy and tokenizer to <output_dir>/<run_name>/final
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)

@@ -84,6 +84,25 @@ def test_roll_train_writes_the_run_directory(tmp_path):
     assert (run_dir / "config.yaml").read_text().startswith("pipeline:")
     assert (run_dir / "curves.png").stat().st_size > 1000
     assert list((run_dir / "wandb").glob("offline-run-*")), "wandb offline run missing"
+    assert not list(run_dir.glob("*.partial"))
+    # The saved policy reloads and reproduces the final greedy held-out reward exactly.
+    config = load_config(REPO / "configs/ppo.yaml", SMALL + [f"model.pretrained_path={run_dir / 'final'}",
+                                                             f"model.tokenizer_path={run_dir / 'final'}"])
+    from roll_lite.modeling import load_causal_lm
+    from roll_lite.pipelines.ppo import PPOPipeline
+    from roll_lite.rewards import get_reward
+    from roll_lite.rollout import HFEngine, SamplingParams
+    from roll_lite.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(config.model.tokenizer_path)
+    engine = HFEngine(load_causal_lm(config.model, len(tokenizer), seed=123), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    pipeline = PPOPipeline(config)
+    examples = pipeline.task.eval_examples
+    outputs = engine.generate([pipeline.encode_prompt(e.prompt) for e in examples],
+                              SamplingParams(config.rollout.max_new_tokens, greedy=True))
+    accuracy = get_reward("token_accuracy")
+    reward = sum(accuracy(tokenizer.decode(o, skip_special_tokens=True), e.answer) for o, e in zip(outputs, examples))
+    assert reward / len(examples) == pytest.approx(records[-1]["eval/reward_mean"], abs=1e-6)
     assert "held-out reward:" in result.stderr
 
 

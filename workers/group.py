@@ -83,6 +83,9 @@ class ModelGroup:
         ray.wait(refs, num_returns=len(refs), timeout=TIMEOUT_S)
         return refs[0]
 
+    def save_pretrained(self, path: str) -> None:
+        _get([w.save_pretrained.remote(path) for w in self.workers])
+
     def reset_optimizer(self, lr: float | None = None) -> None:
         _get([w.reset_optimizer.remote(lr) for w in self.workers])
 

@@ -5,7 +5,9 @@ with ray.remote and forms the D ranks into one torch.distributed group."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import torch
 
@@ -63,6 +65,23 @@ class ModelWorker:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.strategy.load_full_state_dict(state)
+
+    def save_pretrained(self, path: str) -> None:
+        """Write the model as a HF folder (config.json + safetensors) from rank 0; every rank takes
+        part in gathering the weights. Written to a temporary folder first, then renamed."""
+        state = self.strategy.full_state_dict()
+        if self.rank != 0:
+            return
+        from transformers import AutoModelForCausalLM
+
+        lm = AutoModelForCausalLM.from_config(self.strategy.model.lm.config)
+        lm.load_state_dict(state)
+        target = Path(path)
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        lm.save_pretrained(partial)
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)
 
     def reset_optimizer(self, lr: float | None = None) -> None:
         self.strategy.reset_optimizer(lr)
