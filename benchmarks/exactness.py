@@ -30,7 +30,7 @@ def main():
             errors = [deviations(results[c], references[(c.loss, c.mode, c.rows)]) for c in cases if c.mode == mode]
             rows.append((str(dtype).removeprefix("torch."), mode, max(e[0] for e in errors), max(e[1] for e in errors), len(errors)))
         print(f"{dtype}: {len(cases)} cases in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    print(f"| dtype | agg mode | worst loss rel. err | worst grad rel. err | cases |")
+    print("| dtype | agg mode | worst loss rel. err | worst grad rel. err | cases |")
     print("|---|---|---|---|---|")
     for dtype, mode, loss_err, grad_err, n in rows:
         print(f"| {dtype} | {mode} | {loss_err:.1e} | {grad_err:.1e} | {n} |")
