@@ -15,6 +15,7 @@ from roll_lite.config import RunConfig
 from roll_lite.data import DataProto, undo_permutation
 from roll_lite.importing import import_root
 from roll_lite.rollout import SamplingParams
+from roll_lite.weights import unflatten_state_dict
 from roll_lite.strategy.micro_batches import data_parallel_groups
 
 from .model_worker import ModelWorker
@@ -74,11 +75,11 @@ class ModelGroup:
         return _get([w.train_step.remote(data.index_select(g), loss) for w, g in zip(self.workers, groups)])[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return _get(self.state_dict_ref())
+        return unflatten_state_dict(_get(self.state_dict_ref()))
 
     def state_dict_ref(self) -> ray.ObjectRef:
-        """Rank 0's full state dict, left in the object store: a worker can take it from there
-        without a hop through the controller. Every rank takes part in the gather."""
+        """Rank 0's full state dict as FlatWeights, left in the object store: a worker can take it
+        from there without a hop through the controller. Every rank takes part in the gather."""
         refs = [w.state_dict.remote() for w in self.workers]
         ray.wait(refs, num_returns=len(refs), timeout=TIMEOUT_S)
         return refs[0]
@@ -89,9 +90,9 @@ class ModelGroup:
     def reset_optimizer(self, lr: float | None = None) -> None:
         _get([w.reset_optimizer.remote(lr) for w in self.workers])
 
-    def load_state_dict(self, state: dict[str, torch.Tensor] | ray.ObjectRef) -> None:
-        state_ref = state if isinstance(state, ray.ObjectRef) else ray.put(state)
-        _get([w.load_state_dict.remote(state_ref) for w in self.workers])
+    def load_state_dict(self, weights: ray.ObjectRef) -> None:
+        """Load FlatWeights (an object ref from `state_dict_ref`) on every rank."""
+        _get([w.load_state_dict.remote(weights) for w in self.workers])
 
     def shutdown(self) -> None:
         for worker in self.workers:
@@ -110,8 +111,9 @@ class RolloutClient:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
         return _get(self.worker.generate.remote(prompts, params))
 
-    def update_weights(self, state: dict[str, torch.Tensor] | ray.ObjectRef, version: int) -> None:
-        _get(self.worker.update_weights.remote(state, version))
+    def update_weights(self, weights: ray.ObjectRef, version: int) -> None:
+        """Load FlatWeights (an object ref from `ModelGroup.state_dict_ref`) into the engine."""
+        _get(self.worker.update_weights.remote(weights, version))
 
     def weights(self):
         return _get(self.worker.weights.remote())

@@ -18,6 +18,7 @@ from roll_lite.loss_funcs import sft_loss_func
 from roll_lite.modeling import load_causal_lm
 from roll_lite.strategy.distributed import free_port
 from roll_lite.tokenizer import load_tokenizer
+from roll_lite.weights import FlatWeights, flatten_state_dict, unflatten_state_dict
 
 ROLES = {"actor": ("log_probs", True), "reference": ("log_probs", False), "critic": ("value", True)}
 
@@ -59,12 +60,12 @@ class ModelWorker:
         loss_funcs = {"policy": self.pipeline.loss_func, "critic": self.pipeline.critic_loss_func, "sft": sft_loss_func()}
         return self.strategy.train_step(data, loss_funcs[loss])
 
-    def state_dict(self) -> dict[str, torch.Tensor] | None:
+    def state_dict(self) -> FlatWeights | None:
         state = self.strategy.full_state_dict()  # a collective: every rank calls it
-        return state if self.rank == 0 else None
+        return flatten_state_dict(state) if self.rank == 0 else None
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.strategy.load_full_state_dict(state)
+    def load_state_dict(self, weights: FlatWeights) -> None:
+        self.strategy.load_full_state_dict(unflatten_state_dict(weights))
 
     def save_pretrained(self, path: str) -> None:
         """Write the model as a HF folder (config.json + safetensors) from rank 0; every rank takes

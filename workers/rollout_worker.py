@@ -10,6 +10,7 @@ from roll_lite.config import RunConfig
 from roll_lite.modeling import load_causal_lm
 from roll_lite.rollout import HFEngine, SamplingParams, choose_engine
 from roll_lite.tokenizer import load_tokenizer
+from roll_lite.weights import FlatWeights, unflatten_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +31,8 @@ class RolloutWorker:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
         return self.engine.generate(prompts, params)
 
-    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        self.engine.update_weights(state_dict)
+    def update_weights(self, weights: FlatWeights, version: int) -> None:
+        self.engine.update_weights(unflatten_state_dict(weights))
         self.weight_version = version
 
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:

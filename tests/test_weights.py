@@ -1,0 +1,20 @@
+import torch
+
+from roll_lite.weights import flatten_state_dict, unflatten_state_dict
+
+
+def test_flatten_roundtrip_keeps_names_order_shapes_dtypes_and_values():
+    state = {
+        "a.weight": torch.randn(3, 4),
+        "a.bias": torch.randn(4),
+        "steps": torch.tensor([7, 8], dtype=torch.long),
+        "b.weight": torch.randn(2, 2, 2, dtype=torch.float64),
+        "scalar": torch.tensor(1.5),
+    }
+    flat = flatten_state_dict(state)
+    assert sorted(flat.buffers) == ["float32", "float64", "int64"]
+    assert flat.buffers["float32"].numel() == 12 + 4 + 1
+    back = unflatten_state_dict(flat)
+    assert list(back) == list(state)
+    for name, tensor in state.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
