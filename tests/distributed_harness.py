@@ -19,7 +19,7 @@ from roll_lite.invariance import TINY_MODEL, random_rl_batch, relative_deviation
 from roll_lite.loss import AGG_MODES
 from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, sequence_policy_loss_func
 from roll_lite.modeling import build_causal_lm
-from roll_lite.strategy.distributed import free_port
+from roll_lite.strategy.distributed import close_distributed, free_port
 
 SEQ_LEN = 16
 BUDGET = 29  # tokens per micro-batch in the token-budget cases: the two ranks need 2 and 1
@@ -95,6 +95,7 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
         results[case] = (metrics["loss"], grads, metrics["num_micro_batches"])
     if rank == 0:
         torch.save(results, out_path)
+    close_distributed()
 
 
 def run_strategy(cases: list[Case], dtype: torch.dtype) -> dict:
@@ -163,6 +164,7 @@ def _rank_optimizer_step(rank: int, world_size: int, port: int, out_path: str):
     state = strategy.full_state_dict()
     if rank == 0:
         torch.save((metrics, state), out_path)
+    close_distributed()
 
 
 def run_optimizer_step(world_size: int):

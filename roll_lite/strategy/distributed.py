@@ -37,3 +37,14 @@ def init_distributed(device: torch.device | None = None) -> tuple[int, int]:
         else:
             dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
+
+
+def close_distributed() -> None:
+    """Leave the process group cleanly: wait for every rank, then destroy it.
+
+    A rank that exits while another still talks to it over gloo can abort the other
+    ("terminate called without an active exception"), so spawned ranks call this before returning.
+    """
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
