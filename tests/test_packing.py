@@ -134,3 +134,71 @@ def test_packed_forward_takes_the_varlen_path(monkeypatch):
     forward_micro_batch(model, data, StrategyConfig(use_packing=True), with_entropy=False)
     expected_cu = [0] + torch.cumsum(data["attention_mask"].sum(-1), 0).tolist()
     assert calls == [expected_cu] * 2  # once per decoder layer, with the rows' boundaries
+
+
+@pytest.fixture
+def fresh_path_choice(monkeypatch):
+    import roll_lite.attention as attention
+
+    monkeypatch.delenv(attention.OVERRIDE_ENV, raising=False)
+    attention._choose_path.cache_clear()
+    yield attention
+    attention._choose_path.cache_clear()
+
+
+def test_packed_attention_path_says_what_it_chose_and_why(fresh_path_choice, monkeypatch):
+    attention = fresh_path_choice
+    cuda = torch.device("cuda")  # only the choice is tested here: nothing runs on the device
+    path, why = attention.packed_attention_path(torch.device("cpu"), torch.float32)
+    assert path == "per-sequence-sdpa" and "device is cpu" in why
+    path, why = attention.packed_attention_path(cuda, torch.float32)
+    assert path == "per-sequence-sdpa" and "compute dtype is float32" in why
+
+    monkeypatch.setattr(attention, "flash_attn_available", lambda: False)
+    monkeypatch.setattr(attention, "torch_varlen_available", lambda: True)
+    path, why = attention.packed_attention_path(cuda, torch.bfloat16)
+    assert path == "torch-varlen" and "not flash-attn: flash-attn is not installed" in why
+    path, why = attention.packed_attention_path(cuda, torch.bfloat16, 0.1)
+    assert path == "per-sequence-sdpa" and "dropout" in why
+    monkeypatch.setattr(attention, "flash_attn_available", lambda: True)
+    assert attention.packed_attention_path(cuda, torch.float16, 0.1)[0] == "flash-attn"
+
+
+def test_packed_attention_override_is_checked(fresh_path_choice, monkeypatch):
+    attention = fresh_path_choice
+    monkeypatch.setenv(attention.OVERRIDE_ENV, "per-sequence-sdpa")
+    assert attention.packed_attention_path(torch.device("cpu"), torch.float32) == (
+        "per-sequence-sdpa", "forced by ROLL_LITE_PACKED_ATTENTION")
+    monkeypatch.setenv(attention.OVERRIDE_ENV, "torch-varlen")
+    with pytest.raises(ValueError, match="ROLL_LITE_PACKED_ATTENTION=torch-varlen cannot run: device is cpu"):
+        attention.packed_attention_path(torch.device("cpu"), torch.bfloat16)
+    monkeypatch.setenv(attention.OVERRIDE_ENV, "flash")
+    with pytest.raises(ValueError, match="'flash' is not one of auto, flash-attn, torch-varlen, per-sequence-sdpa"):
+        attention.packed_attention_path(torch.device("cpu"), torch.float32)
+
+
+def test_torch_varlen_wrapper_follows_the_varlen_attn_contract(monkeypatch):
+    # The real kernel is CUDA-only (benchmarks/cuda_check.py checks it on a GPU). Here a stand-in
+    # with varlen_attn's documented contract checks what the wrapper passes: [tokens, heads, dim]
+    # tensors, int32 offsets, window_size=(-1, 0) for causal, the model's scale, kv heads expanded.
+    import torch.nn.attention.varlen as varlen
+
+    from roll_lite.attention import _per_sequence_sdpa, _torch_varlen
+
+    def contract(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), **unused):
+        assert q.dim() == 3 and q.shape == k.shape == v.shape and cu_q.dtype == torch.int32
+        assert window_size == (-1, 0) and max_q == max_k == int((cu_q[1:] - cu_q[:-1]).max())
+        out = torch.empty_like(q)
+        for start, end in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+            scores = torch.einsum("qhd,khd->hqk", q[start:end], k[start:end]) * scale
+            causal = torch.ones(end - start, end - start, dtype=torch.bool).tril()
+            out[start:end] = torch.einsum("hqk,khd->qhd", scores.masked_fill(~causal, float("-inf")).softmax(-1), v[start:end])
+        return out
+
+    monkeypatch.setattr(varlen, "varlen_attn", contract)
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 4, 9, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 9, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    cu = torch.tensor([0, 3, 4, 9])
+    got = _torch_varlen(q, k, v, cu, 5, 0.3)
+    torch.testing.assert_close(got, _per_sequence_sdpa(q, k, v, cu, 0.3, 0.0), rtol=1e-12, atol=1e-12)

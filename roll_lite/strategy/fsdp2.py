@@ -76,7 +76,7 @@ class FSDP2Strategy:
         self.optimizer = self.scheduler = None
         if trainable:
             self.reset_optimizer()
-        self.attention_path, why = packed_attention_path(self.device)
+        self.attention_path, why = packed_attention_path(self.device, DTYPES[config.param_dtype])
         if self.rank == 0:
             logger.info(
                 "FSDP2 on %d rank(s), %s backend, device %s; packed attention: %s (%s)",

@@ -1,0 +1,219 @@
+"""The CUDA paths, checked and timed on one GPU (CI has none; run this where one is lent):
+
+    python benchmarks/cuda_check.py            # on a CUDA machine
+    python benchmarks/cuda_check.py --smoke    # tiny sizes, any device: checks the script itself
+
+1. varlen kernels: every packed-attention path that can run (flash-attn, torch-varlen,
+   per-sequence sdpa) against float64 attention of each sequence alone, forward and backward;
+2. packed vs padded log-probs of Qwen2 and Llama models in bfloat16, both against float64;
+3. the FSDP2 strategy on one nccl rank: a step's loss and gradients vs one float64
+   forward/backward of the global batch, for 3 losses × 4 agg modes, in float32 and in bfloat16
+   mixed precision (float32 master weights and gradient reduction);
+4. train-step throughput and peak memory of a ~150 M-parameter Qwen2 in bf16, per path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from distributed_harness import MASK_KEYS, global_batch, make_loss, reference  # noqa: E402
+
+import roll_lite.attention as attention  # noqa: E402
+from roll_lite.invariance import TINY_MODEL, random_rl_batch, relative_deviation  # noqa: E402
+from roll_lite.loss import AGG_MODES  # noqa: E402
+from roll_lite.loss_funcs import ppo_policy_loss_func  # noqa: E402
+from roll_lite.modeling import CausalLMWithLogProbs, build_causal_lm  # noqa: E402
+from roll_lite.strategy import FSDP2Strategy, StrategyConfig  # noqa: E402
+from roll_lite.strategy.micro_batches import forward_micro_batch  # noqa: E402
+
+KERNELS = {
+    "flash-attn": lambda q, k, v, cu, m, s: attention._flash_attn_varlen(q, k, v, cu, m, s, 0.0),
+    "torch-varlen": attention._torch_varlen,
+    "per-sequence-sdpa": lambda q, k, v, cu, m, s: attention._per_sequence_sdpa(q, k, v, cu, s, 0.0),
+}
+
+
+def table(header: list[str], rows: list[list]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(f"{x:.1e}" if isinstance(x, float) else str(x) for x in row) + " |")
+    print(flush=True)
+
+
+def runnable_paths(device: torch.device, dtype: torch.dtype) -> list[str]:
+    return [p for p in attention.PACKED_PATHS if attention._why_not(p, device, dtype, 0.0) is None]
+
+
+def force_path(path: str | None) -> None:
+    if path is None:
+        os.environ.pop(attention.OVERRIDE_ENV, None)
+    else:
+        os.environ[attention.OVERRIDE_ENV] = path
+
+
+def check_kernels(device: torch.device, lengths: list[int]) -> None:
+    """Each path's output and input gradients vs float64 attention of each sequence alone."""
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, total = 8, 2, 64, sum(lengths)
+    base = [torch.randn(1, h, total, dim, generator=gen) for h in (heads, kv_heads, kv_heads)]
+    grad_out = torch.randn(1, total, heads, dim, generator=gen)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+    scale = dim**-0.5
+
+    def run(kernel, dtype, on):
+        q, k, v = (t.to(on, dtype).requires_grad_() for t in base)
+        out = kernel(q, k, v, cu.to(on), max(lengths), scale)
+        out.backward(grad_out.to(on, dtype))
+        return [t.detach().double().cpu() for t in (out, q.grad, k.grad, v.grad)]
+
+    exact = run(KERNELS["per-sequence-sdpa"], torch.float64, torch.device("cpu"))
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for path in runnable_paths(device, dtype):
+            got = run(KERNELS[path], dtype, device)
+            errors = [float((g - e).abs().max() / e.abs().max()) for g, e in zip(got, exact)]
+            rows.append([path, str(dtype).removeprefix("torch."), *errors])
+    print(f"## varlen kernels vs float64 per-sequence attention (lengths {lengths}, 8 q / 2 kv heads, dim 64)")
+    print("max |error| / max |exact|\n")
+    table(["path", "dtype", "output", "dq", "dk", "dv"], rows)
+
+
+def check_packed_vs_padded(device: torch.device, num_rows: int, seq_len: int) -> None:
+    """bf16 log-probs, packed (auto path) and padded (sdpa), each vs the float64 model on CPU."""
+    models = {
+        "qwen2": dict(TINY_MODEL, vocab_size=512, hidden_size=256, intermediate_size=512, num_attention_heads=8,
+                      num_key_value_heads=2, num_hidden_layers=4, max_position_embeddings=seq_len),
+        "llama": dict(TINY_MODEL, model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=512,
+                      num_attention_heads=8, num_key_value_heads=8, num_hidden_layers=4, max_position_embeddings=seq_len),
+    }
+    data = random_rl_batch(num_rows=num_rows, seq_len=seq_len, vocab_size=512, seed=4)
+    valid = data["attention_mask"].bool()
+    valid[:, 0] = False
+    rows = []
+    for name, model_config in models.items():
+        lm = build_causal_lm(model_config, dtype=torch.float64, seed=0)
+        with torch.no_grad():
+            exact = forward_micro_batch(CausalLMWithLogProbs(lm), data, StrategyConfig(), with_entropy=False)["log_probs"]
+        model = CausalLMWithLogProbs(lm.to(device, torch.bfloat16))
+        results = {}
+        with torch.no_grad():
+            for packing in (False, True):
+                out = forward_micro_batch(model, data.to(device), StrategyConfig(use_packing=packing), with_entropy=False)
+                results[packing] = out["log_probs"].double().cpu()
+        path = attention.packed_attention_path(device, torch.bfloat16)[0]
+        err = lambda a, b: float((a - b)[valid].abs().max())  # noqa: E731
+        rows.append([name, path, err(results[True], exact), err(results[False], exact), err(results[True], results[False])])
+    print(f"## bf16 log-probs, packed vs padded ({num_rows} rows up to {seq_len} tokens), max |error| in nats\n")
+    table(["model", "packed path", "packed vs fp64", "padded vs fp64", "packed vs padded"], rows)
+
+
+def check_strategy_exactness(device: torch.device) -> None:
+    """One nccl rank (world size 1): step loss and gradients vs one float64 global forward/backward."""
+    rows = []
+    for param_dtype in ("float32", "bfloat16"):
+        for micro_batching in ("A2-padded", "budget-packed"):
+            worst = {}
+            for loss_name in MASK_KEYS:
+                for mode in AGG_MODES:
+                    config = StrategyConfig(
+                        grad_accum_steps=2 if micro_batching == "A2-padded" else 1,
+                        use_packing=micro_batching == "budget-packed",
+                        max_tokens_per_micro_batch=29 if micro_batching == "budget-packed" else None,
+                        lr=0.0, max_grad_norm=None, param_dtype=param_dtype,
+                    )
+                    strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float32, seed=0), config, device=device)
+                    data = global_batch(torch.float32)
+                    data.meta_info["loss_mask_keys"] = MASK_KEYS[loss_name]
+                    metrics = strategy.train_step(data, make_loss(loss_name, mode))
+                    grads = {n.removeprefix("lm."): p.grad.full_tensor().double().cpu() for n, p in strategy.model.named_parameters()}
+                    ref_loss, ref_grads = reference(loss_name, mode, torch.float32)
+                    loss_err = relative_deviation(metrics["loss"], ref_loss)
+                    grad_err = max(relative_deviation(grads[n], ref_grads[n]) for n in ref_grads)
+                    loss_abs_err = abs(metrics["loss"] - ref_loss)
+                    previous = worst.get(mode, (0.0, 0.0, 0.0))
+                    worst[mode] = tuple(max(a, b) for a, b in zip(previous, (loss_err, loss_abs_err, grad_err)))
+            backend = torch.distributed.get_backend()
+            for mode, errors in worst.items():
+                rows.append([param_dtype, micro_batching, mode, backend, *errors])
+    print("## FSDP2 strategy on one rank vs one float64 forward/backward (worst over 3 losses)")
+    print("(the KL loss under seq-mean-token-mean is -3e-4, a near-cancelling sum: read its absolute error)\n")
+    table(["compute dtype", "micro-batches", "agg mode", "backend", "loss rel. err", "loss abs. err", "grad rel. err"], rows)
+
+
+def time_train_steps(device: torch.device, smoke: bool) -> None:
+    if smoke:
+        model_config = dict(TINY_MODEL, vocab_size=512, max_position_embeddings=256)
+        num_rows, seq_len, budget, steps = 8, 64, 256, 2
+    else:
+        model_config = dict(model_type="qwen2", vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                            num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
+                            max_position_embeddings=2048, tie_word_embeddings=False)
+        num_rows, seq_len, budget, steps = 64, 2048, 16384, 5
+    data = random_rl_batch(num_rows=num_rows, seq_len=seq_len, vocab_size=model_config["vocab_size"], seed=1, dtype=torch.float32)
+    tokens = int(data["attention_mask"].sum())
+    settings = [("padded", None, dict(grad_accum_steps=8))]
+    settings += [(f"packed, {p}", p, dict(use_packing=True, max_tokens_per_micro_batch=budget))
+                 for p in runnable_paths(device, torch.bfloat16)]
+    rows = []
+    for label, path, micro_batching in settings:
+        force_path(path)
+        config = StrategyConfig(param_dtype="bfloat16", lr=1e-5, **micro_batching)
+        lm = build_causal_lm(model_config, dtype=torch.float32, seed=0)
+        num_params = sum(p.numel() for p in lm.parameters())
+        strategy = FSDP2Strategy(lm, config, device=device)
+        loss_func = ppo_policy_loss_func("token-mean")
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(steps + 2):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            metrics = strategy.train_step(data, loss_func)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        median = sorted(times[2:])[len(times[2:]) // 2]
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
+        rows.append([label, int(metrics["num_micro_batches"]), f"{median:.3f}", f"{tokens / median:,.0f}", f"{peak:.1f}"])
+        del strategy
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    force_path(None)
+    print(f"## bf16 train step, Qwen2 {num_params / 1e6:.0f} M params, {num_rows} rows, {tokens} real tokens "
+          f"(padded to {num_rows * seq_len}), median of {steps} steps after 2 warm-ups\n")
+    table(["micro-batching", "micro-batches", "s/step", "real tokens/s", "peak GiB"], rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes; runs on CPU too")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 rows compare float32 arithmetic
+        torch.backends.cudnn.allow_tf32 = False
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    print(f"torch {torch.__version__}, transformers {importlib.metadata.version('transformers')}, device {name}; "
+          f"flash-attn installed: {attention.flash_attn_available()}, torch varlen: {attention.torch_varlen_available()}")
+    for dtype in (torch.bfloat16, torch.float32):
+        path, why = attention.packed_attention_path(device, dtype)
+        print(f"packed attention for {str(dtype).removeprefix('torch.')}: {path} ({why})")
+    print()
+    check_kernels(device, [1, 7, 64, 300] if args.smoke else [1, 7, 64, 300, 1000, 2048])
+    check_packed_vs_padded(device, num_rows=6 if args.smoke else 16, seq_len=32 if args.smoke else 512)
+    check_strategy_exactness(device)
+    time_train_steps(device, args.smoke)
+
+
+if __name__ == "__main__":
+    main()
