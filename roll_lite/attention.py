@@ -64,8 +64,8 @@ def _why_not(path: str, device: torch.device, dtype: torch.dtype, dropout: float
     if path == "flash-attn" and not flash_attn_available():
         return "flash-attn is not installed (pip install 'roll_lite[gpu]')"
     if path == "torch-varlen":
-        if not torch_varlen_available():
-            return _torch_varlen_missing()
+        if missing := _torch_varlen_missing():
+            return missing
         if dropout:
             return "attention dropout is on; torch's varlen_attn has no dropout"
     return None
