@@ -21,6 +21,16 @@ def training_device() -> torch.device:
     return torch.device("cpu")
 
 
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """A concrete device: 'cuda' without an index means this process's GPU (LOCAL_RANK), as nccl needs."""
+    if device is None:
+        return training_device()
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return training_device()
+    return device
+
+
 def init_distributed(device: torch.device | None = None) -> tuple[int, int]:
     """Join (or create) the default process group; returns (rank, world_size).
 
@@ -28,7 +38,7 @@ def init_distributed(device: torch.device | None = None) -> tuple[int, int]:
     them it creates a one-process group on a free local port.
     """
     if not dist.is_initialized():
-        device = device or training_device()
+        device = resolve_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)

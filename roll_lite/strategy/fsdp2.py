@@ -27,7 +27,7 @@ from roll_lite.data import DataProto, undo_permutation
 from roll_lite.metrics import reduce_metrics, to_float
 from roll_lite.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, decoder_layers
 from roll_lite.strategy.config import StrategyConfig
-from roll_lite.strategy.distributed import init_distributed, training_device
+from roll_lite.strategy.distributed import init_distributed, resolve_device
 from roll_lite.strategy.micro_batches import (
     LossFunc,
     forward_micro_batch,
@@ -64,7 +64,7 @@ class FSDP2Strategy:
                  device: torch.device | None = None):
         config.validate("strategy.")
         self.config = config
-        self.device = device or training_device()
+        self.device = resolve_device(device)
         self.rank, self.world_size = init_distributed(self.device)
         if head == "log_probs":
             model = CausalLMWithLogProbs(lm.to(self.device), config.logprob_chunk_size)
