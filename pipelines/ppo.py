@@ -42,7 +42,8 @@ class PPOPipeline:
         self.algorithm = config.algorithm
         self.tokenizer = load_tokenizer(config.model.tokenizer_path)
         self.task = ReverseDigitsTask(config.task.min_digits, config.task.max_digits, config.task.num_eval_prompts, config.seed)
-        self.seq_len_norm = self.algorithm.seq_len_norm or config.rollout.max_new_tokens
+        self.seq_len_norm = (self.algorithm.seq_len_norm if self.algorithm.seq_len_norm is not None
+                             else config.rollout.max_new_tokens)
         self.use_critic = self.algorithm.advantage == "gae"
         self.use_reference = self.algorithm.kl_coef > 0 or self.algorithm.track_kl
         # One optimizer step per rollout: the training forward's log-probs are the old ones.

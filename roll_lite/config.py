@@ -165,6 +165,8 @@ def validate(config: RunConfig) -> None:
     _one_of(algorithm.loss_agg_mode, AGG_MODES, "algorithm.loss_agg_mode")
     _check(algorithm.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
     _check(algorithm.dual_clip_c is None or algorithm.dual_clip_c > 1, "algorithm.dual_clip_c", "must be > 1 or null")
+    _check(algorithm.seq_len_norm is None or algorithm.seq_len_norm > 0, "algorithm.seq_len_norm",
+           f"must be > 0 or null (null: rollout.max_new_tokens), got {algorithm.seq_len_norm}")
     _check(algorithm.ppo_epochs >= 1, "algorithm.ppo_epochs", "must be >= 1")
     _check(algorithm.mini_batches >= 1, "algorithm.mini_batches", "must be >= 1")
     batch_size = rollout.prompts_per_step * rollout.num_samples

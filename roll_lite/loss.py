@@ -17,6 +17,28 @@ import torch
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+def check_binary_mask(mask: torch.Tensor, name: str) -> None:
+    """Masks are 0/1 (or bool): a token counts or it does not. Weighted masks are rejected rather
+    than binarised; to weight tokens, multiply the per-token loss by the weights instead."""
+    if mask.dtype == torch.bool:
+        return
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        bad = mask[(mask != 0) & (mask != 1)]
+        raise ValueError(
+            f"mask '{name}' holds values other than 0 and 1 (e.g. {bad.flatten()[0].item()!r}); masks mark which "
+            "tokens count and are not weights: multiply the per-token loss by your weights instead"
+        )
+
+
+def zero_outside(mask: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each tensor with exact zeros where `mask` is 0, whatever it held there (nan, inf, garbage).
+
+    Call it on a loss's inputs before any arithmetic: torch.where passes no gradient to the
+    masked-out branch, so a nan outside the mask can no longer turn 0·nan into a nan gradient."""
+    keep = mask.bool()
+    return tuple(torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device)) for t in tensors)
+
+
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     """Σ mask·values, where masked-out positions count as exactly zero even if they hold nan/inf."""
     zeros = torch.zeros((), dtype=values.dtype, device=values.device)
@@ -82,6 +104,7 @@ def agg_loss(
             f"agg_loss({loss_agg_mode}) needs {needed}: inside a training step pass "
             f"**mask_stats(micro_batch.meta_info, mask_key); outside one pass **local_mask_stats(mask)"
         )
+    check_binary_mask(loss_mask, "loss_mask")
     mask = loss_mask.bool()
     if loss_agg_mode == "token-mean":
         return masked_sum(loss_mat, mask) / _safe_denominator(batch_num_tokens, loss_mat)

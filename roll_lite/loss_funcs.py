@@ -4,6 +4,10 @@ Each reads the global denominators of its mask(s) from `micro_batch.meta_info` (
 strategy for every key in `meta_info['loss_mask_keys']`), so the sum of its values over all
 micro-batches and ranks of a step is the loss of the whole global batch. Losses and global-mean
 metrics are reported with '@sum'. A custom loss_func should follow the same pattern.
+
+Every loss zeroes its inputs outside its mask (`zero_outside`) before any arithmetic: a nan or
+inf at a prompt or padding position (user data, a reward that failed) then changes nothing, and
+the step equals the clean one bit for bit.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from roll_lite.loss import (
     ppo_clipped_loss,
     sequence_ratio_loss,
     token_mean_metric,
+    zero_outside,
 )
 
 
@@ -45,22 +50,27 @@ def ppo_policy_loss_func(
 
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
-        behaviour_log_probs = old_log_probs(batch, output)
+        log_probs, behaviour_log_probs, advantages = zero_outside(
+            mask, output["log_probs"], old_log_probs(batch, output), batch["advantages"]
+        )
         loss_mat, clipped = ppo_clipped_loss(
-            output["log_probs"], behaviour_log_probs, batch["advantages"], clip_ratio_low, clip_ratio_high, dual_clip_c
+            log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high, dual_clip_c
         )
         pg_loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
         loss = pg_loss
         metrics = {
             "pg_loss@sum": pg_loss.detach(),
             "clipfrac@sum": token_mean_metric(clipped, mask, stats["batch_num_tokens"]),
-            "approx_kl@sum": token_mean_metric(behaviour_log_probs - output["log_probs"], mask, stats["batch_num_tokens"]),
+            "approx_kl@sum": token_mean_metric(behaviour_log_probs - log_probs, mask, stats["batch_num_tokens"]),
         }
         if "entropy" in output:
-            metrics["entropy@sum"] = token_mean_metric(output["entropy"], mask, stats["batch_num_tokens"])
-        if entropy_coef:
-            entropy_loss = agg_loss(output["entropy"], mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
-            loss = loss - entropy_coef * entropy_loss
+            (entropy,) = zero_outside(mask, output["entropy"])
+            metrics["entropy@sum"] = token_mean_metric(entropy, mask, stats["batch_num_tokens"])
+            if entropy_coef:
+                entropy_loss = agg_loss(entropy, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
+                loss = loss - entropy_coef * entropy_loss
+        elif entropy_coef:
+            raise KeyError("entropy_coef > 0 needs the model output's 'entropy'")
         return loss, metrics
 
     return loss_func
@@ -78,10 +88,13 @@ def sequence_policy_loss_func(
 
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
-        row_tokens = mask.sum(-1).clamp(min=1).to(batch["advantages"].dtype)
-        seq_advantages = masked_sum(batch["advantages"], mask, dim=-1) / row_tokens
+        log_probs, behaviour_log_probs, advantages = zero_outside(
+            mask, output["log_probs"], old_log_probs(batch, output), batch["advantages"]
+        )
+        row_tokens = mask.sum(-1).clamp(min=1).to(advantages.dtype)
+        seq_advantages = masked_sum(advantages, mask, dim=-1) / row_tokens
         loss_mat = sequence_ratio_loss(
-            output["log_probs"], old_log_probs(batch, output), seq_advantages, mask, clip_ratio_low, clip_ratio_high
+            log_probs, behaviour_log_probs, seq_advantages, mask, clip_ratio_low, clip_ratio_high
         )
         loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
         return loss, {"seq_pg_loss@sum": loss.detach()}
@@ -106,7 +119,8 @@ def kl_regularized_loss_func(
     def loss_func(batch, output):
         loss, metrics = policy_loss(batch, output)
         kl_stats, kl_mask = mask_stats(batch.meta_info, kl_mask_key), batch[kl_mask_key]
-        kl_mat = kl_penalty(output["log_probs"], batch["ref_log_probs"], kl_estimator)
+        log_probs, ref_log_probs = zero_outside(kl_mask, output["log_probs"], batch["ref_log_probs"])
+        kl_mat = kl_penalty(log_probs, ref_log_probs, kl_estimator)
         metrics["kl@sum"] = token_mean_metric(kl_mat, kl_mask, kl_stats["batch_num_tokens"])
         if kl_coef:
             kl_loss = agg_loss(kl_mat, kl_mask, loss_agg_mode, **kl_stats, seq_len_norm=seq_len_norm)
@@ -129,7 +143,8 @@ def sft_loss_func(mask_key: str = "response_mask"):
 
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
-        loss = agg_loss(-output["log_probs"], mask, "token-mean", **stats)
+        (log_probs,) = zero_outside(mask, output["log_probs"])
+        loss = agg_loss(-log_probs, mask, "token-mean", **stats)
         return loss, {"sft_loss@sum": loss.detach()}
 
     return loss_func
@@ -142,9 +157,10 @@ def value_loss_func(loss_agg_mode: str = "token-mean", clip_range: float = 0.2, 
 
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
-        loss_mat = clipped_value_loss(output["values"], batch["values"], batch["returns"], clip_range)
+        values, old_values, returns = zero_outside(mask, output["values"], batch["values"], batch["returns"])
+        loss_mat = clipped_value_loss(values, old_values, returns, clip_range)
         loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
-        clipped = ((output["values"] - batch["values"]).abs() > clip_range).to(loss_mat.dtype)
+        clipped = ((values - old_values).abs() > clip_range).to(loss_mat.dtype)
         return loss, {"vf_loss@sum": loss.detach(), "vf_clipfrac@sum": token_mean_metric(clipped, mask, stats["batch_num_tokens"])}
 
     return loss_func

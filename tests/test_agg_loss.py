@@ -110,3 +110,15 @@ def test_clipped_value_loss_by_hand():
     # R=2.0: unclipped 1, clipped (0.7-2)^2=1.69 -> 0.845
     value = clipped_value_loss(torch.tensor([1.0]), torch.tensor([0.5]), torch.tensor([2.0]), 0.2)
     assert value.item() == pytest.approx(0.845)
+
+
+def test_masks_are_0_1_not_weights():
+    # Masks say which tokens count; a weighted mask is rejected, never silently binarised.
+    stats = local_mask_stats(MASK)
+    weighted = MASK * 0.5
+    for mode in AGG_MODES:
+        with pytest.raises(ValueError, match="mask 'loss_mask' holds values other than 0 and 1 .*multiply the per-token loss"):
+            agg_loss(LOSS, weighted, mode, **stats, seq_len_norm=3)
+    as_bool = agg_loss(LOSS, MASK.bool(), "token-mean", **stats)
+    as_float = agg_loss(LOSS, MASK.double(), "token-mean", **stats)
+    assert as_bool.item() == as_float.item() == 3.0

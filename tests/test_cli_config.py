@@ -26,6 +26,9 @@ def run_cli(*args, cwd):
         ("actor.max_tokens_per_micro_batch=64", "actor.max_tokens_per_micro_batch: token-budget micro-batches need use_packing"),
         ("reward.functions={bleu: 1.0}", "reward.functions.bleu: 'bleu' is not one of"),
         ("pipeline=nowhere.module:Pipe", "pipeline: cannot import 'nowhere.module:Pipe'"),
+        ("algorithm.seq_len_norm=-4", "algorithm.seq_len_norm: must be > 0 or null (null: rollout.max_new_tokens), got -4"),
+        ("algorithm.seq_len_norm=0", "algorithm.seq_len_norm: must be > 0 or null"),
+        ("actor.max_consecutive_skipped_steps=0", "actor.max_consecutive_skipped_steps: must be >= 1 or null"),
     ],
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):

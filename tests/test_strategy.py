@@ -89,3 +89,27 @@ def test_config_errors_name_the_key():
         StrategyConfig(max_tokens_per_micro_batch=10).validate("strategy.")
     with pytest.raises(ValueError, match="lr_schedule: 'linear' is not one of constant, cosine"):
         StrategyConfig(lr_schedule="linear").validate()
+
+
+def test_a_weighted_mask_is_rejected_naming_its_key(strategy):
+    data = random_rl_batch(num_rows=4, seq_len=8)
+    data.batch["response_mask"] = data["response_mask"] * 2
+    with pytest.raises(ValueError, match="mask 'response_mask' holds values other than 0 and 1"):
+        strategy.train_step(data, lambda b, o: (o["log_probs"].sum(), {}))
+
+
+@pytest.mark.parametrize("returned, message", [
+    (lambda o: o["log_probs"].sum(), r"must return \(loss, metrics\).*returned a Tensor"),
+    (lambda o: (o["log_probs"].sum(), {}, 1), r"must return \(loss, metrics\).*returned a tuple of length 3"),
+    (lambda o: (o["log_probs"], {}), r"returned a loss of \(4, 8\), not a scalar tensor"),
+    (lambda o: (o["log_probs"].sum(), [1.0]), "returned metrics of type list"),
+])
+def test_a_loss_func_breaking_the_contract_is_named(strategy, returned, message):
+    data = random_rl_batch(num_rows=4, seq_len=8)
+
+    def my_loss(batch, output):
+        return returned(output)
+
+    with pytest.raises(TypeError, match=message) as error:
+        strategy.train_step(data, my_loss)
+    assert "my_loss" in str(error.value)

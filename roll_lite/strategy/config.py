@@ -26,6 +26,7 @@ class StrategyConfig:
     param_dtype: str = "float32"  # compute dtype under FSDP2 mixed precision (bfloat16 on GPU)
     logprob_chunk_size: int = 1024  # tokens per chunk of the LM head
     temperature: float = 1.0  # log-probs of softmax(logits / temperature), as sampled
+    max_consecutive_skipped_steps: int | None = 3  # stop after this many nan/inf steps in a row; null: never
 
     def validate(self, prefix: str = "") -> None:
         def fail(key, message):
@@ -48,5 +49,7 @@ class StrategyConfig:
             fail("param_dtype", f"'{self.param_dtype}' is not one of {', '.join(PARAM_DTYPES)}")
         if self.logprob_chunk_size < 1:
             fail("logprob_chunk_size", f"must be >= 1, got {self.logprob_chunk_size}")
+        if self.max_consecutive_skipped_steps is not None and self.max_consecutive_skipped_steps < 1:
+            fail("max_consecutive_skipped_steps", f"must be >= 1 or null, got {self.max_consecutive_skipped_steps}")
         if self.temperature <= 0:
             fail("temperature", f"must be > 0, got {self.temperature}")

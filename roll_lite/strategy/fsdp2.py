@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,7 @@ from roll_lite.metrics import reduce_metrics, to_float
 from roll_lite.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, decoder_layers
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import init_distributed, resolve_device
+from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite
 from roll_lite.strategy.micro_batches import (
     LossFunc,
     forward_micro_batch,
@@ -74,6 +76,7 @@ class FSDP2Strategy:
             raise ValueError(f"unknown head '{head}'; choose log_probs or value")
         self.model = self._shard(model)
         self.optimizer = self.scheduler = None
+        self.skipped_in_a_row = 0
         if trainable:
             self.reset_optimizer()
         self.attention_path, why = packed_attention_path(self.device, DTYPES[config.param_dtype])
@@ -145,15 +148,30 @@ class FSDP2Strategy:
         grad_norm = self._clip_grad_norm()
         skipped = not math.isfinite(grad_norm)
         if skipped:
-            logger.warning("step %d: grad norm is %s; optimizer step skipped", self.scheduler.last_epoch, grad_norm)
+            self._skip_step(grad_norm, data, keys)
         else:
+            self.skipped_in_a_row = 0
             self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
+        with warnings.catch_warnings():  # the schedule counts skipped steps too, on purpose
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            self.scheduler.step()
 
         metrics = reduce_metrics(self._gather_records(records))
         metrics.update(grad_norm=grad_norm, lr=lr, num_micro_batches=num_micro_batches, skipped_step=float(skipped))
         return metrics
+
+    def _skip_step(self, grad_norm: float, data: DataProto, mask_keys: list[str]) -> None:
+        self.skipped_in_a_row += 1
+        limit = self.config.max_consecutive_skipped_steps
+        message = (f"optimizer step {self.scheduler.last_epoch}: grad norm is {grad_norm}, step skipped "
+                   f"({self.skipped_in_a_row} in a row); rank {self.rank}: {describe_non_finite(data, mask_keys)}")
+        logger.warning(message)
+        if limit is not None and self.skipped_in_a_row >= limit:
+            raise NonFiniteStepsError(
+                f"{message}. Stopping: max_consecutive_skipped_steps={limit} reached (raise it, or null to never "
+                "stop; lowering lr or fixing the data usually helps)"
+            )
 
     def _clip_grad_norm(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from roll_lite.data import DataProto
+from roll_lite.loss import check_binary_mask
 from roll_lite.packing import karmarkar_karp, pack_rows, row_lengths, token_budget_groups, unpack_next_token_values
 from roll_lite.strategy.config import StrategyConfig
 
@@ -39,6 +40,7 @@ def local_mask_sums(data: DataProto, mask_keys: Sequence[str]) -> torch.Tensor:
     """[2, K] float64: row 0 the token count, row 1 the count of rows with a token, per mask key."""
     sums = torch.zeros(2, len(mask_keys), dtype=torch.float64)
     for k, key in enumerate(mask_keys):
+        check_binary_mask(data[key], key)
         mask = data[key].bool()
         sums[0, k] = mask.sum()
         sums[1, k] = (mask.sum(-1) > 0).sum()
@@ -114,12 +116,26 @@ def forward_placeholder(model, device: torch.device) -> torch.Tensor:
     return sum(values.sum() for values in outputs.values()) * 0.0
 
 
-def _checked_loss(loss, micro_batch_index: int) -> torch.Tensor:
+LOSS_FUNC_CONTRACT = "loss_func(micro_batch, model_output) must return (loss, metrics): a scalar tensor and a dict"
+
+
+def call_loss_func(loss_func: LossFunc, micro_batch: DataProto, output: dict) -> tuple[torch.Tensor, dict]:
+    """loss_func's (loss, metrics), checked against the contract, with errors that name it."""
+    result = loss_func(micro_batch, output)
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        got = type(result).__name__ + (f" of length {len(result)}" if isinstance(result, (tuple, list)) else "")
+        raise TypeError(f"{LOSS_FUNC_CONTRACT}; {_name(loss_func)} returned a {got}")
+    loss, metrics = result
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        raise TypeError(f"loss_func must return (scalar loss tensor, metrics); micro-batch {micro_batch_index} gave {type(loss).__name__}")
-    if not loss.requires_grad:
-        raise ValueError(f"loss_func's loss for micro-batch {micro_batch_index} does not depend on the model output")
-    return loss.reshape(())
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise TypeError(f"{LOSS_FUNC_CONTRACT}; {_name(loss_func)} returned a loss of {shape}, not a scalar tensor")
+    if metrics is not None and not isinstance(metrics, dict):
+        raise TypeError(f"{LOSS_FUNC_CONTRACT}; {_name(loss_func)} returned metrics of type {type(metrics).__name__}")
+    return loss.reshape(()), dict(metrics or {})
+
+
+def _name(loss_func) -> str:
+    return getattr(loss_func, "__qualname__", None) or type(loss_func).__name__
 
 
 def train_micro_batches(
@@ -147,11 +163,12 @@ def train_micro_batches(
         micro_batch.meta_info.update(stats_meta)
         micro_batch.meta_info.update(loss_scale=loss_scale, micro_batch_index=index, num_micro_batches=num_micro_batches)
         output = forward_micro_batch(model, micro_batch, config, with_entropy=True)
-        loss, metrics = loss_func(micro_batch, output)
-        loss = _checked_loss(loss, index)
+        loss, metrics = call_loss_func(loss_func, micro_batch, output)
+        if not loss.requires_grad:
+            raise ValueError(f"loss_func's loss for micro-batch {index} does not depend on the model output")
         # Gradient accumulation divides by A and FSDP2 averages over D; loss_scale = D·A undoes both.
         (loss * (loss_scale / num_micro_batches)).backward()
-        record = dict(metrics or {})
+        record = metrics
         record["loss@sum"] = loss.detach() * loss_scale / (num_micro_batches * world_size)
         records.append(record)
     return records
