@@ -14,6 +14,7 @@ from roll_lite.algorithms import (
     masked_whiten,
     reinforce_pp_advantages,
     rloo_advantages,
+    whitens_advantages,
 )
 
 D = torch.float64
@@ -56,13 +57,30 @@ def test_discounted_returns_and_reinforce_pp():
     returns = torch.tensor([[0.0, 1.0, 3.0], [0.0, 5.0, 0.0]], dtype=D)
     mask2 = torch.tensor([[0, 1, 1], [0, 1, 0]])
     white = masked_whiten(returns, mask2, eps=0.0)
-    # values 1, 3, 5: mean 3, population std sqrt(8/3)
-    s = math.sqrt(8 / 3)
-    assert white[mask2.bool()].tolist() == pytest.approx([-2 / s, 0.0, 2 / s])
+    # values 1, 3, 5: mean 3, unbiased variance (4 + 0 + 4) / 2 = 4, std 2 (the population std would be sqrt(8/3))
+    assert white[mask2.bool()].tolist() == pytest.approx([-1.0, 0.0, 1.0])
     adv = reinforce_pp_advantages(torch.tensor([[0.0, 0.0, 1.0], [0.0, 3.0, 0.0]], dtype=D), mask2, gamma=1.0)
-    # returns: row0 (1, 1), row1 (3): mean 5/3, std sqrt(8/9)
-    s = math.sqrt(8 / 9)
-    assert adv[mask2.bool()].tolist() == pytest.approx([(1 - 5 / 3) / s, (1 - 5 / 3) / s, (3 - 5 / 3) / s], rel=1e-6)
+    # returns: row0 (1, 1), row1 (3): mean 5/3, unbiased variance (4/9 + 4/9 + 16/9) / 2 = 4/3, std 2/sqrt(3)
+    s3 = math.sqrt(3)
+    assert adv[mask2.bool()].tolist() == pytest.approx([-1 / s3, -1 / s3, 2 / s3], rel=1e-6)
+
+
+def test_masked_whiten_conventions():
+    values = torch.tensor([[7.0, 101.0, 103.0], [9.0, 102.0, -4.0]], dtype=D)
+    mask = torch.tensor([[0, 1, 1], [0, 1, 0]])
+    white = masked_whiten(values, mask, eps=0.0)
+    # the mean (102) is not added back (verl's shift_mean=True); unbiased std of (101, 103, 102) is 1
+    assert white.flatten().tolist() == pytest.approx([0.0, -1.0, 1.0, 0.0, 0.0, 0.0])
+    # one token: no spread, whitens to 0 (not nan); no token: all zero
+    assert masked_whiten(values, torch.tensor([[0, 1, 0], [0, 0, 0]])).abs().sum() == 0
+    assert masked_whiten(values, torch.zeros(2, 3)).abs().sum() == 0
+
+
+def test_which_estimators_whiten_by_default():
+    # verl whitens gae and reinforce_plus_plus, not grpo / rloo (already centred per prompt group)
+    assert [whitens_advantages(name) for name in ("gae", "reinforce_pp", "grpo", "dr_grpo", "rloo")] == [
+        True, True, False, False, False]
+    assert whitens_advantages("gae", False) is False and whitens_advantages("rloo", True) is True
 
 
 def test_gae_by_hand():
@@ -84,3 +102,4 @@ def test_kl_shaped_rewards():
     r = kl_shaped_rewards(torch.tensor([[0.0, 1.0]]), torch.tensor([[-1.0, -1.0]]), torch.tensor([[-2.0, -1.5]]),
                           torch.tensor([[0, 1]]), kl_coef=0.1, estimator="k1")
     assert r.tolist() == [[0.0, pytest.approx(1.0 - 0.05)]]
+
