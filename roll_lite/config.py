@@ -91,6 +91,8 @@ class AlgorithmConfig:
     seq_len_norm: Optional[float] = None  # seq-mean-token-sum-norm constant; default: rollout.max_new_tokens
     ppo_epochs: int = 1
     mini_batches: int = 1  # optimizer steps per epoch over the rollout batch
+    # Conventions that differ between frameworks (README: "Algorithm options side by side with verl and ROLL").
+    whiten_advantages: Optional[bool] = None  # null: whiten for gae and reinforce_pp, not for grpo, dr_grpo, rloo
 
 
 @dataclass
