@@ -58,7 +58,7 @@ class PPOPipeline:
             self._policy_loss = kl_regularized_loss_func(
                 a.loss_agg_mode, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_estimator=a.kl_estimator,
                 seq_len_norm=self.seq_len_norm, policy_mask_key="response_mask", kl_mask_key="response_mask",
-                **policy_options,
+                kl_clamp=a.kl_clamp, **policy_options,
             )
         else:
             self._policy_loss = ppo_policy_loss_func(a.loss_agg_mode, seq_len_norm=self.seq_len_norm, **policy_options)
@@ -130,7 +130,7 @@ class PPOPipeline:
             batch.batch["values"] = self.critic.compute_values(batch)["values"]
         if self.reference is not None and a.kl_in_reward:
             token_rewards = kl_shaped_rewards(token_rewards, batch["old_log_probs"], batch["ref_log_probs"], mask,
-                                              a.kl_coef, a.kl_estimator)
+                                              a.kl_coef, a.kl_estimator, a.kl_clamp)
 
         batch.batch["advantages"], returns = self.compute_advantages(scores, token_rewards, batch)
         if returns is not None:

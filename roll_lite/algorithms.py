@@ -119,7 +119,9 @@ def gae_advantages(token_rewards, values, response_mask, gamma: float = 1.0, lam
     return advantages, returns
 
 
-def kl_shaped_rewards(token_rewards, log_probs, ref_log_probs, response_mask, kl_coef: float, estimator: str = "k1"):
-    """Token rewards minus kl_coef · KL estimate on response tokens (the 'KL in reward' variant)."""
-    kl = kl_penalty(log_probs, ref_log_probs, estimator)
+def kl_shaped_rewards(token_rewards, log_probs, ref_log_probs, response_mask, kl_coef: float, estimator: str = "k1",
+                      clamp: float | None = None):
+    """Token rewards minus kl_coef · KL estimate on response tokens (the 'KL in reward' variant);
+    `clamp` as in kl_penalty."""
+    kl = kl_penalty(log_probs, ref_log_probs, estimator, clamp)
     return token_rewards - kl_coef * torch.where(response_mask.bool(), kl, torch.zeros_like(kl))

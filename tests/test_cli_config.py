@@ -27,6 +27,9 @@ def run_cli(*args, cwd):
         ("reward.functions={bleu: 1.0}", "reward.functions.bleu: 'bleu' is not one of"),
         ("pipeline=nowhere.module:Pipe", "pipeline: cannot import 'nowhere.module:Pipe'"),
         ("algorithm.whiten_advantages=maybe", "algorithm.whiten_advantages: Value 'maybe' is not a valid bool"),
+        ("algorithm.kl_clamp=0", "algorithm.kl_clamp: must be > 0 or null (null: the exact KL estimate), got 0.0"),
+        ("algorithm.kl_clamp=-10", "algorithm.kl_clamp: must be > 0 or null"),
+        ("algorithm.kl_clamp=wide", "algorithm.kl_clamp: Value 'wide' of type 'str' could not be converted to Float"),
     ],
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):
@@ -47,6 +50,6 @@ def test_yaml_and_overrides_merge_over_defaults(tmp_path):
     config = load_config(path, ["rollout.num_samples=4", "actor.lr=3e-4"])
     assert (config.steps, config.algorithm.advantage, config.rollout.num_samples, config.actor.lr) == (7, "rloo", 4, 3e-4)
     assert config.algorithm.clip_ratio_high == 0.2  # a default
-    assert config.algorithm.whiten_advantages is None  # whitening by estimator
+    assert (config.algorithm.whiten_advantages, config.algorithm.kl_clamp) == (None, None)  # by estimator; exact KL
     with pytest.raises(ConfigError, match="rollout.num_samples: rloo needs >= 2 samples"):
         load_config(path, ["rollout.num_samples=1"])
