@@ -72,7 +72,7 @@ def masked_whiten(values, mask, eps: float = 1e-8):
     Conventions, as verl's `masked_whiten` (verl/utils/torch_functional.py, shift_mean=True) and ROLL's:
     the mean is subtracted and not added back (the result has mean 0 over the mask), and the variance
     is the unbiased one, Σ m·(v - mean)² / (N - 1). We pick unbiased to give the same numbers as verl;
-    for the thousands of tokens of a rollout batch the two differ by a factor (N-1)/N. Where verl raises
+    over the thousands of tokens of a rollout batch the variances differ by a factor (N-1)/N. Where verl raises
     on N = 1, a single token here whitens to 0 (its deviation from the mean is 0).
     """
     count = mask.sum()
