@@ -18,12 +18,14 @@ from pathlib import Path
 import torch
 
 from roll_lite.algorithms import (
+    discounted_returns,
     gae_advantages,
     grpo_advantages,
     kl_shaped_rewards,
     last_token_rewards,
-    reinforce_pp_advantages,
+    masked_whiten,
     rloo_advantages,
+    whitens_advantages,
 )
 from roll_lite.config import RunConfig, to_yaml
 from roll_lite.data import DataProto
@@ -57,7 +59,7 @@ class PPOPipeline:
             self._policy_loss = kl_regularized_loss_func(
                 a.loss_agg_mode, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_estimator=a.kl_estimator,
                 seq_len_norm=self.seq_len_norm, policy_mask_key="response_mask", kl_mask_key="response_mask",
-                **policy_options,
+                kl_clamp=a.kl_clamp, **policy_options,
             )
         else:
             self._policy_loss = ppo_policy_loss_func(a.loss_agg_mode, seq_len_norm=self.seq_len_norm, **policy_options)
@@ -129,7 +131,7 @@ class PPOPipeline:
             batch.batch["values"] = self.critic.compute_values(batch)["values"]
         if self.reference is not None and a.kl_in_reward:
             token_rewards = kl_shaped_rewards(token_rewards, batch["old_log_probs"], batch["ref_log_probs"], mask,
-                                              a.kl_coef, a.kl_estimator)
+                                              a.kl_coef, a.kl_estimator, a.kl_clamp)
 
         batch.batch["advantages"], returns = self.compute_advantages(scores, token_rewards, batch)
         if returns is not None:
@@ -159,15 +161,23 @@ class PPOPipeline:
         }
 
     def compute_advantages(self, scores, token_rewards, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(advantages, returns for the critic or None). The estimator's raw advantages, whitened over
+        the batch's response tokens when algorithm.whiten_advantages says so (default: gae and
+        reinforce_pp); the critic's returns are built from the raw GAE advantages."""
         a, mask = self.algorithm, batch["response_mask"]
+        returns = None
         if a.advantage == "gae":
-            return gae_advantages(token_rewards, batch["values"], mask, a.gamma, a.lam)
-        if a.advantage in ("grpo", "dr_grpo"):
+            advantages, returns = gae_advantages(token_rewards, batch["values"], mask, a.gamma, a.lam)
+        elif a.advantage in ("grpo", "dr_grpo"):
             shaped = token_rewards.sum(-1)  # the score, minus the KL penalty when it is in the reward
-            return grpo_advantages(shaped, batch["group_ids"], mask, normalize_std=a.advantage == "grpo"), None
-        if a.advantage == "rloo":
-            return rloo_advantages(token_rewards.sum(-1), batch["group_ids"], mask), None
-        return reinforce_pp_advantages(token_rewards, mask, a.gamma), None
+            advantages = grpo_advantages(shaped, batch["group_ids"], mask, normalize_std=a.advantage == "grpo")
+        elif a.advantage == "rloo":
+            advantages = rloo_advantages(token_rewards.sum(-1), batch["group_ids"], mask)
+        else:  # reinforce_pp: discounted returns, whitened below (reinforce_pp_advantages)
+            advantages = discounted_returns(token_rewards, mask, a.gamma)
+        if whitens_advantages(a.advantage, a.whiten_advantages):
+            advantages = masked_whiten(advantages, mask)
+        return advantages, returns
 
     def train(self, group, batch: DataProto, loss: str) -> dict[str, float]:
         """ppo_epochs × mini_batches optimizer steps; each mini-batch gets its own global stats

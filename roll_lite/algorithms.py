@@ -67,15 +67,34 @@ def discounted_returns(rewards, response_mask, gamma: float = 1.0):
 
 
 def masked_whiten(values, mask, eps: float = 1e-8):
-    """(values - mean) / std over the masked tokens of the whole batch; zero outside the mask."""
-    count = mask.sum().clamp(min=1)
-    mean = masked_sum(values, mask) / count
-    variance = masked_sum((values - mean) ** 2, mask) / count
+    """(values - mean) / sqrt(var + eps) over the masked tokens of the whole batch; zero outside the mask.
+
+    Conventions, as verl's `masked_whiten` (verl/utils/torch_functional.py, shift_mean=True) and ROLL's:
+    the mean is subtracted and not added back (the result has mean 0 over the mask), and the variance
+    is the unbiased one, Σ m·(v - mean)² / (N - 1). We pick unbiased to give the same numbers as verl;
+    over the thousands of tokens of a rollout batch the variances differ by a factor (N-1)/N. Where verl raises
+    on N = 1, a single token here whitens to 0 (its deviation from the mean is 0).
+    """
+    count = mask.sum()
+    mean = masked_sum(values, mask) / count.clamp(min=1)
+    variance = masked_sum((values - mean) ** 2, mask) / (count - 1).clamp(min=1)
     return torch.where(mask.bool(), (values - mean) * torch.rsqrt(variance + eps), torch.zeros_like(values))
 
 
+# Estimators whose advantages are whitened over the batch unless algorithm.whiten_advantages says
+# otherwise: GAE (verl always whitens it) and REINFORCE++ (whitening is part of its definition).
+# GRPO, Dr. GRPO and RLOO advantages are already centred per prompt group, and verl leaves them as is.
+WHITENED_BY_DEFAULT = ("gae", "reinforce_pp")
+
+
+def whitens_advantages(estimator: str, whiten: bool | None = None) -> bool:
+    """Whether `estimator`'s advantages are whitened: `whiten` when given, else its default."""
+    return estimator in WHITENED_BY_DEFAULT if whiten is None else whiten
+
+
 def reinforce_pp_advantages(token_rewards, response_mask, gamma: float = 1.0):
-    """REINFORCE++: discounted return of the (KL-shaped) token rewards, whitened over the batch."""
+    """REINFORCE++: discounted return of the (KL-shaped) token rewards, whitened over the batch
+    (unbiased variance, as verl; see masked_whiten)."""
     return masked_whiten(discounted_returns(token_rewards, response_mask, gamma), response_mask)
 
 
@@ -83,7 +102,9 @@ def gae_advantages(token_rewards, values, response_mask, gamma: float = 1.0, lam
     """GAE over the response tokens. values[t] estimates the return from token t on.
 
     Returns (advantages, returns = advantages + values), zero outside the mask. Response tokens
-    are contiguous per row; the value after the last response token is 0.
+    are contiguous per row; the value after the last response token is 0. The advantages are raw:
+    the caller whitens them (masked_whiten, on by default for gae) and keeps these returns for the
+    critic, as verl does.
     """
     mask = response_mask.to(values.dtype)
     advantages = torch.zeros_like(values)
@@ -98,7 +119,9 @@ def gae_advantages(token_rewards, values, response_mask, gamma: float = 1.0, lam
     return advantages, returns
 
 
-def kl_shaped_rewards(token_rewards, log_probs, ref_log_probs, response_mask, kl_coef: float, estimator: str = "k1"):
-    """Token rewards minus kl_coef · KL estimate on response tokens (the 'KL in reward' variant)."""
-    kl = kl_penalty(log_probs, ref_log_probs, estimator)
+def kl_shaped_rewards(token_rewards, log_probs, ref_log_probs, response_mask, kl_coef: float, estimator: str = "k1",
+                      clamp: float | None = None):
+    """Token rewards minus kl_coef · KL estimate on response tokens (the 'KL in reward' variant);
+    `clamp` as in kl_penalty."""
+    kl = kl_penalty(log_probs, ref_log_probs, estimator, clamp)
     return token_rewards - kl_coef * torch.where(response_mask.bool(), kl, torch.zeros_like(kl))

@@ -91,6 +91,9 @@ class AlgorithmConfig:
     seq_len_norm: Optional[float] = None  # seq-mean-token-sum-norm constant; default: rollout.max_new_tokens
     ppo_epochs: int = 1
     mini_batches: int = 1  # optimizer steps per epoch over the rollout batch
+    # Conventions that differ between frameworks (README: "Algorithm options side by side with verl and ROLL").
+    whiten_advantages: Optional[bool] = None  # null: whiten for gae and reinforce_pp, not for grpo, dr_grpo, rloo
+    kl_clamp: Optional[float] = None  # null: the exact KL estimate; c > 0: clamp it to [-c, c] (verl: k3 to 10)
 
 
 @dataclass
@@ -169,6 +172,8 @@ def validate(config: RunConfig) -> None:
            f"must be > 0 or null (null: rollout.max_new_tokens), got {algorithm.seq_len_norm}")
     _check(algorithm.ppo_epochs >= 1, "algorithm.ppo_epochs", "must be >= 1")
     _check(algorithm.mini_batches >= 1, "algorithm.mini_batches", "must be >= 1")
+    _check(algorithm.kl_clamp is None or algorithm.kl_clamp > 0, "algorithm.kl_clamp",
+           f"must be > 0 or null (null: the exact KL estimate), got {algorithm.kl_clamp}")
     batch_size = rollout.prompts_per_step * rollout.num_samples
     _check(algorithm.mini_batches <= batch_size, "algorithm.mini_batches",
            f"must be <= the rollout batch ({batch_size} sequences)")

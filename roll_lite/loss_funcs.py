@@ -109,18 +109,19 @@ def kl_regularized_loss_func(
     seq_len_norm: float | None = None,
     policy_mask_key: str = "response_mask",
     kl_mask_key: str = "kl_mask",
+    kl_clamp: float | None = None,
     **policy_options,
 ):
     """PPO policy loss on one mask plus a KL-to-reference loss on another (or the same) mask: each
     aggregated with its own global stats. Needs ref_log_probs in the batch. Reports 'kl' (the
-    token mean of the estimate over the KL mask) whatever kl_coef is."""
+    token mean of the estimate over the KL mask) whatever kl_coef is. kl_clamp: see kl_penalty."""
     policy_loss = ppo_policy_loss_func(loss_agg_mode, seq_len_norm=seq_len_norm, mask_key=policy_mask_key, **policy_options)
 
     def loss_func(batch, output):
         loss, metrics = policy_loss(batch, output)
         kl_stats, kl_mask = mask_stats(batch.meta_info, kl_mask_key), batch[kl_mask_key]
         log_probs, ref_log_probs = zero_outside(kl_mask, output["log_probs"], batch["ref_log_probs"])
-        kl_mat = kl_penalty(log_probs, ref_log_probs, kl_estimator)
+        kl_mat = kl_penalty(log_probs, ref_log_probs, kl_estimator, kl_clamp)
         metrics["kl@sum"] = token_mean_metric(kl_mat, kl_mask, kl_stats["batch_num_tokens"])
         if kl_coef:
             kl_loss = agg_loss(kl_mat, kl_mask, loss_agg_mode, **kl_stats, seq_len_norm=seq_len_norm)

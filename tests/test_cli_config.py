@@ -29,6 +29,10 @@ def run_cli(*args, cwd):
         ("algorithm.seq_len_norm=-4", "algorithm.seq_len_norm: must be > 0 or null (null: rollout.max_new_tokens), got -4"),
         ("algorithm.seq_len_norm=0", "algorithm.seq_len_norm: must be > 0 or null"),
         ("actor.max_consecutive_skipped_steps=0", "actor.max_consecutive_skipped_steps: must be >= 1 or null"),
+        ("algorithm.whiten_advantages=maybe", "algorithm.whiten_advantages: Value 'maybe' is not a valid bool"),
+        ("algorithm.kl_clamp=0", "algorithm.kl_clamp: must be > 0 or null (null: the exact KL estimate), got 0.0"),
+        ("algorithm.kl_clamp=-10", "algorithm.kl_clamp: must be > 0 or null"),
+        ("algorithm.kl_clamp=wide", "algorithm.kl_clamp: Value 'wide' of type 'str' could not be converted to Float"),
     ],
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):
@@ -49,5 +53,6 @@ def test_yaml_and_overrides_merge_over_defaults(tmp_path):
     config = load_config(path, ["rollout.num_samples=4", "actor.lr=3e-4"])
     assert (config.steps, config.algorithm.advantage, config.rollout.num_samples, config.actor.lr) == (7, "rloo", 4, 3e-4)
     assert config.algorithm.clip_ratio_high == 0.2  # a default
+    assert (config.algorithm.whiten_advantages, config.algorithm.kl_clamp) == (None, None)  # by estimator; exact KL
     with pytest.raises(ConfigError, match="rollout.num_samples: rloo needs >= 2 samples"):
         load_config(path, ["rollout.num_samples=1"])
