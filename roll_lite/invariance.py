@@ -9,8 +9,9 @@ forward/backward over the whole batch, then replays the strategy's step for seve
 D simulated ranks (token-balanced shares when packing), their micro-batches (count or token
 budget, padded or packed), the global mask stats, loss_scale = D·A, gradient accumulation and
 FSDP2's average over ranks. It is the strategy's own per-rank code (strategy/micro_batches.py),
-minus the collectives, which it replaces by sums in one process. Deviations above the tolerance
-raise, with the likely cause.
+minus the collectives, which it replaces by sums in one process. It also runs the checks that
+partitions cannot see (roll_lite.loss_checks): undeclared masks, unmasked numerators, padded-width
+normalisers. Each failure is one line naming its cause; with raise_on_failure they raise.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,11 +28,21 @@ import torch
 
 from roll_lite.data import DataProto
 from roll_lite.importing import load_object
+from roll_lite.loss_checks import (
+    RecordingDict,
+    mask_discipline_failure,
+    padding_width_failure,
+    relative_deviation,
+    undeclared_mask_reads,
+    undeclared_mask_failure,
+    worst_grad_deviation,
+)
 from roll_lite.metrics import reduce_metrics
 from roll_lite.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, build_causal_lm
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.micro_batches import (
     LossFunc,
+    call_loss_func,
     forward_micro_batch,
     global_stats_meta,
     local_mask_sums,
@@ -137,87 +148,50 @@ def simulate_step(model, data: DataProto, loss_func: LossFunc, partition: Partit
     return reduce_metrics(records)["loss"], grads
 
 
-def relative_deviation(value: torch.Tensor | float, reference: torch.Tensor | float) -> float:
-    value, reference = torch.as_tensor(value, dtype=torch.float64), torch.as_tensor(reference, dtype=torch.float64)
-    scale = reference.norm().item()
-    difference = (value - reference).norm().item()
-    return difference / scale if scale > 0 else difference
-
-
-def worst_grad_deviation(grads: dict, reference: dict) -> float:
-    """Worst per-parameter relative deviation; a gradient missing on one side counts as zeros."""
-    deviations = []
-    for name in set(grads) | set(reference):
-        like = grads.get(name, reference.get(name))
-        deviations.append(relative_deviation(grads.get(name, torch.zeros_like(like)), reference.get(name, torch.zeros_like(like))))
-    return max(deviations)
-
-
-class _RecordingDict(dict):
-    """A dict that remembers which keys were read."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.read: set = set()
-
-    def __getitem__(self, key):
-        self.read.add(key)
-        return super().__getitem__(key)
-
-    def get(self, key, default=None):
-        self.read.add(key)
-        return super().get(key, default)
-
-    def __contains__(self, key):
-        self.read.add(key)
-        return super().__contains__(key)
-
-
-def _is_mask(tensor: torch.Tensor) -> bool:
-    return tensor.dim() == 2 and (tensor.dtype == torch.bool or bool(((tensor == 0) | (tensor == 1)).all()))
-
-
-def diagnose(model, data: DataProto, loss_func: LossFunc) -> list[str]:
-    """Likely causes of a deviation, found by watching one call of loss_func on the whole batch."""
+def read_keys(model, data: DataProto, loss_func: LossFunc) -> tuple[set, set]:
+    """(batch keys, meta_info keys) that one call of loss_func on the whole batch reads."""
     keys = loss_mask_keys(data)
     stats_meta = global_stats_meta(local_mask_sums(data, keys), keys)
     with torch.no_grad():
         output = forward_micro_batch(model, data, StrategyConfig(), with_entropy=True)
         probe = DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, **stats_meta})
-        probe.batch, probe.meta_info = _RecordingDict(probe.batch), _RecordingDict(probe.meta_info)
-        loss, _ = loss_func(probe, output)
-        doubled = {name: {key: 2 * value for key, value in per_key.items()} for name, per_key in stats_meta.items()}
-        loss_doubled, _ = loss_func(DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, **doubled}), output)
+        probe.batch, probe.meta_info = RecordingDict(probe.batch), RecordingDict(probe.meta_info)
+        call_loss_func(loss_func, probe, output)
+    return probe.batch.read, probe.meta_info.read
 
-    causes = []
-    stray_masks = sorted(key for key in probe.batch.read if key not in keys and _is_mask(data.batch[key]))
-    if stray_masks:
-        causes.append(
-            f"loss_func reads mask(s) {stray_masks} that are not in meta_info['loss_mask_keys'] = {keys}: their global "
-            "token/sample counts are never computed, so any normalisation by them is local to a micro-batch. Add them "
-            "to loss_mask_keys and aggregate with agg_loss(..., **mask_stats(batch.meta_info, key))."
-        )
-    used_stats = {"batch_num_tokens", "global_valid_samples"} & probe.meta_info.read
+
+def diagnose(model, data: DataProto, loss_func: LossFunc) -> list[str]:
+    """Likely causes of a partition deviation, found by watching loss_func on the whole batch."""
+    keys = loss_mask_keys(data)
+    stats_meta = global_stats_meta(local_mask_sums(data, keys), keys)
+    _, meta_read = read_keys(model, data, loss_func)
+    with torch.no_grad():
+        output = forward_micro_batch(model, data, StrategyConfig(), with_entropy=True)
+        with_stats = lambda meta: DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, **meta})  # noqa: E731
+        loss, _ = call_loss_func(loss_func, with_stats(stats_meta), output)
+        doubled = {name: {key: 2 * value for key, value in per_key.items()} for name, per_key in stats_meta.items()}
+        loss_doubled, _ = call_loss_func(loss_func, with_stats(doubled), output)
+
+    used_stats = {"batch_num_tokens", "global_valid_samples"} & meta_read
     if not used_stats or abs(loss.item() - loss_doubled.item()) <= 1e-12 * max(1.0, abs(loss.item())):
-        causes.append(
+        return [
             "loss_func does not use the global stats in meta_info (batch_num_tokens / global_valid_samples): it "
             "likely normalises by the micro-batch's own loss_mask.sum() (e.g. a masked mean). Use agg_loss(..., "
             "**mask_stats(batch.meta_info, mask_key)) so every micro-batch divides by the step's global count."
-        )
-    if not causes:
-        causes.append(
-            "the loss is not a sum of per-micro-batch shares: look for a non-linear function of a batch-level "
-            "aggregate (e.g. squaring or exponentiating a mean over the micro-batch), or apply_loss_scale not matching "
-            "how the loss is normalised."
-        )
-    return causes
+        ]
+    return [
+        "the loss is not a sum of per-micro-batch shares: look for a non-linear function of a batch-level "
+        "aggregate (e.g. squaring or exponentiating a mean over the micro-batch), or apply_loss_scale not matching "
+        "how the loss is normalised."
+    ]
 
 
 @dataclass
 class InvarianceReport:
     rows: list[tuple[str, float, float]]  # (partition, loss deviation, worst grad deviation)
     tolerance: float
-    causes: list[str]
+    causes: list[str]  # likely causes of a partition deviation
+    failures: list[str] = field(default_factory=list)  # one line per failed check (partitions included)
 
     @property
     def worst(self) -> float:
@@ -225,7 +199,7 @@ class InvarianceReport:
 
     @property
     def passed(self) -> bool:
-        return self.worst <= self.tolerance
+        return self.worst <= self.tolerance and not self.failures
 
     def table(self) -> str:
         lines = [f"{'partition':<28}{'loss rel. dev.':>16}{'grad rel. dev.':>16}"]
@@ -233,7 +207,9 @@ class InvarianceReport:
             flag = "" if max(loss_dev, grad_dev) <= self.tolerance else "  FAIL"
             lines.append(f"{label:<28}{loss_dev:>16.2e}{grad_dev:>16.2e}{flag}")
         verdict = "PASS" if self.passed else "FAIL"
-        lines.append(f"{verdict}: worst relative deviation {self.worst:.2e} (tolerance {self.tolerance:.0e})")
+        checks = "partitions, declared masks, mask discipline, padded width"
+        lines.append(f"{verdict}: worst relative deviation {self.worst:.2e} (tolerance {self.tolerance:.0e}); checked: {checks}")
+        lines += [f"FAIL {failure}" for failure in self.failures]
         lines += [f"likely cause: {cause}" for cause in self.causes]
         return "\n".join(lines)
 
@@ -260,8 +236,11 @@ def check_loss_invariance(
     seed: int = 0,
     raise_on_failure: bool = True,
     head: str = "log_probs",
+    allow_undeclared_masks: bool = False,
 ) -> InvarianceReport:
-    """Compare loss and gradients of `loss_func` under each partition with one global forward/backward.
+    """Check `loss_func` against one global forward/backward: under each (D, A, packing) partition,
+    and for the mistakes partitions cannot see (roll_lite.loss_checks): reading a mask that is not
+    declared, an unmasked numerator, a normaliser taken from the padded width.
 
     head="log_probs": model_output has 'log_probs' and 'entropy' (policy losses); head="value":
     model_output has 'values' (critic losses; the value head starts random here, not at zero)."""
@@ -271,16 +250,31 @@ def check_loss_invariance(
     else:
         data = DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, "loss_mask_keys": list(loss_mask_keys)})
     model = _model_with_head(build_causal_lm(model_config, dtype=torch.float64, seed=seed), head, seed)
-    reference_loss, reference_grads = simulate_step(model, data, loss_func, REFERENCE, apply_loss_scale)
+
+    def global_step(batch: DataProto, func: LossFunc):
+        return simulate_step(model, batch, func, REFERENCE, apply_loss_scale)
+
+    reference = global_step(data, loss_func)
     rows = [(REFERENCE.label + " (reference)", 0.0, 0.0)]
     for partition in partitions:
         loss, grads = simulate_step(model, data, loss_func, partition, apply_loss_scale)
-        rows.append((partition.label, relative_deviation(loss, reference_loss), worst_grad_deviation(grads, reference_grads)))
+        rows.append((partition.label, relative_deviation(loss, reference[0]), worst_grad_deviation(grads, reference[1])))
     report = InvarianceReport(rows, tolerance, [])
-    if not report.passed:
+    if report.worst > tolerance:
+        label, loss_dev, grad_dev = max(rows, key=lambda row: max(row[1], row[2]))
+        report.failures.append(f"partitions: the step under {label} deviates from the global batch by "
+                               f"{max(loss_dev, grad_dev):.1e} (relative; tolerance {tolerance:.0e})")
         report.causes = diagnose(model, data, loss_func)
-        if raise_on_failure:
-            raise LossInvarianceError("loss_func is not invariant to (D, A, packing):\n" + report.table())
+    stray = undeclared_mask_reads(data, list(loss_mask_keys), read_keys(model, data, loss_func)[0])
+    if stray and not allow_undeclared_masks:
+        report.failures.append(undeclared_mask_failure(stray, loss_mask_keys))
+    keys = list(loss_mask_keys)
+    for failure in (mask_discipline_failure(global_step, data, loss_func, keys, reference, tolerance),
+                    padding_width_failure(global_step, data, loss_func, reference, tolerance)):
+        if failure:
+            report.failures.append(failure)
+    if not report.passed and raise_on_failure:
+        raise LossInvarianceError("loss_func fails the checker:\n" + report.table())
     return report
 
 
@@ -291,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-config", type=Path, help="JSON file of a HF model config (default: a tiny Qwen2)")
     parser.add_argument("--tolerance", type=float, default=1e-9)
     parser.add_argument("--no-loss-scale", action="store_true", help="check with apply_loss_scale off")
+    parser.add_argument("--allow-undeclared-masks", action="store_true",
+                        help="do not fail when loss_func reads a mask outside --mask-keys (e.g. to select tokens for a metric)")
     parser.add_argument("--head", choices=("log_probs", "value"), default="log_probs",
                         help="what model_output holds: log_probs + entropy (policy losses) or values (critic)")
     args = parser.parse_args(argv)
@@ -305,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = check_loss_invariance(
         loss_func, args.mask_keys.split(","), model_config=model_config, apply_loss_scale=not args.no_loss_scale,
         tolerance=args.tolerance, raise_on_failure=False, head=args.head,
+        allow_undeclared_masks=args.allow_undeclared_masks,
     )
     print(report.table())
     return 0 if report.passed else 1

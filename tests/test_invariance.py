@@ -46,10 +46,76 @@ def test_mask_outside_loss_mask_keys_is_caught_by_name():
     data = random_rl_batch(mask_keys=["response_mask", "kl_mask"])
     report = check_loss_invariance(stray_mask_loss, ["response_mask"], data=data, raise_on_failure=False)
     assert not report.passed
-    assert any("['kl_mask'] that are not in meta_info['loss_mask_keys']" in cause for cause in report.causes)
+    assert any(f.startswith("undeclared mask: loss_func reads ['kl_mask'], not in loss_mask_keys ['response_mask']")
+               for f in report.failures)
     # Declared properly, the same data passes with a correct loss.
     factory, keys = BUILTIN_LOSSES["ppo_kl"]
     assert check_loss_invariance(factory(), keys, data=data).passed
+
+
+# Three mistakes that are partition-invariant (the same step under every D, A, packing) but wrong.
+
+def attention_mask_loss(batch, output):
+    # Aggregates over attention_mask (prompt tokens too) with response_mask's global count.
+    stats = mask_stats(batch.meta_info, "response_mask")
+    return agg_loss(-output["log_probs"] * batch["advantages"], batch["attention_mask"], "token-mean", **stats), {}
+
+
+def unmasked_numerator_loss(batch, output):
+    # Global denominator, but the numerator sums every position, prompt and padding included.
+    n = mask_stats(batch.meta_info, "response_mask")["batch_num_tokens"]
+    return (-output["log_probs"] * batch["advantages"]).sum() / n, {}
+
+
+def padded_width_loss(batch, output):
+    # Dr. GRPO's constant taken from the padded width: the same in every micro-batch of a step.
+    mask = batch["response_mask"]
+    stats = mask_stats(batch.meta_info, "response_mask")
+    return agg_loss(-output["log_probs"] * batch["advantages"], mask, "seq-mean-token-sum-norm", **stats,
+                    seq_len_norm=mask.shape[-1]), {}
+
+
+def metric_over_attention_mask(batch, output):
+    stats = mask_stats(batch.meta_info, "response_mask")
+    loss = agg_loss(-output["log_probs"] * batch["advantages"], batch["response_mask"], "token-mean", **stats)
+    return loss, {"tokens@sum": batch["attention_mask"].sum()}
+
+
+@pytest.mark.parametrize("loss_func, expected", [
+    (attention_mask_loss, ["undeclared mask: loss_func reads ['attention_mask']", "unmasked numerator:"]),
+    (unmasked_numerator_loss, ["unmasked numerator: the loss or gradient changes when values outside the declared "
+                               "masks ['response_mask'] change: 'log_probs' ("]),
+    (padded_width_loss, ["padded-width normaliser: the loss changes by"]),
+    (metric_over_attention_mask, ["undeclared mask: loss_func reads ['attention_mask']"]),
+])
+def test_partition_invariant_mistakes_fail_with_one_line_each(loss_func, expected):
+    report = check_loss_invariance(loss_func, ["response_mask"], raise_on_failure=False)
+    assert report.worst < 1e-12  # every partition agrees: only the new checks can see these
+    assert not report.passed and len(report.failures) == len(expected)
+    for failure, start in zip(report.failures, expected):
+        assert failure.startswith(start) and "\n" not in failure, failure
+    if loss_func is unmasked_numerator_loss:
+        assert "'advantages' (" in report.failures[0]
+
+
+def test_undeclared_masks_can_be_allowed_explicitly():
+    assert check_loss_invariance(metric_over_attention_mask, ["response_mask"], allow_undeclared_masks=True).passed
+    assert main(["tests.test_invariance:metric_over_attention_mask", "--allow-undeclared-masks"]) == 0
+
+
+def test_cli_names_each_failure_in_one_line(capsys):
+    assert main(["tests.test_invariance:unmasked_numerator_loss"]) == 1
+    out = capsys.readouterr().out
+    assert "PASS" not in out
+    fails = [line for line in out.splitlines() if line.startswith("FAIL ")]
+    assert len(fails) == 1 and "unmasked numerator" in fails[0]
+    assert main(["tests.test_invariance:padded_width_loss"]) == 1
+    assert "FAIL padded-width normaliser" in capsys.readouterr().out
+
+
+def test_a_loss_func_returning_a_bare_tensor_is_named():
+    with pytest.raises(TypeError, match=r"must return \(loss, metrics\).*returned a Tensor"):
+        check_loss_invariance(lambda batch, output: output["log_probs"].sum())
 
 
 def test_cli_exit_codes_and_table(capsys):
