@@ -1,6 +1,7 @@
 """Worst relative error of the step's loss and gradients vs one global forward/backward, per agg
-mode and dtype, over the whole test matrix (3 losses × D ∈ {1,2} × A ∈ {1,2,3} × padded/packed,
-plus token-budget micro-batches), with the real FSDP2 strategy on gloo ranks.
+mode, model and dtype, over the whole test matrix (actor: 3 policy losses; critic: the value loss
+through FSDP2Strategy(head='value'); D ∈ {1,2} × A ∈ {1,2,3} × padded/packed, plus token-budget
+micro-batches and one-row batches that leave a rank empty), with the real FSDP2 strategy on gloo ranks.
 
     python benchmarks/exactness.py
 
@@ -14,9 +15,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from distributed_harness import all_cases, deviations, reference, run_strategy  # noqa: E402
+from distributed_harness import CRITIC_LOSSES, all_cases, deviations, reference, run_strategy  # noqa: E402
 
 from roll_lite.loss import AGG_MODES  # noqa: E402
+
+
+def model_of(case) -> str:
+    return "critic" if case.loss in CRITIC_LOSSES else "actor"
 
 
 def main():
@@ -27,13 +32,15 @@ def main():
         results = run_strategy(cases, dtype)
         references = {key: reference(key[0], key[1], dtype, key[2]) for key in {(c.loss, c.mode, c.rows) for c in cases}}
         for mode in AGG_MODES:
-            errors = [deviations(results[c], references[(c.loss, c.mode, c.rows)]) for c in cases if c.mode == mode]
-            rows.append((str(dtype).removeprefix("torch."), mode, max(e[0] for e in errors), max(e[1] for e in errors), len(errors)))
+            for model in ("actor", "critic"):
+                selected = [c for c in cases if c.mode == mode and model_of(c) == model]
+                errors = [deviations(results[c], references[(c.loss, c.mode, c.rows)]) for c in selected]
+                rows.append((str(dtype).removeprefix("torch."), mode, model, max(e[0] for e in errors), max(e[1] for e in errors), len(errors)))
         print(f"{dtype}: {len(cases)} cases in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    print("| dtype | agg mode | worst loss rel. err | worst grad rel. err | cases |")
-    print("|---|---|---|---|---|")
-    for dtype, mode, loss_err, grad_err, n in rows:
-        print(f"| {dtype} | {mode} | {loss_err:.1e} | {grad_err:.1e} | {n} |")
+    print("| dtype | agg mode | model | worst loss rel. err | worst grad rel. err | cases |")
+    print("|---|---|---|---|---|---|")
+    for dtype, mode, model, loss_err, grad_err, n in rows:
+        print(f"| {dtype} | {mode} | {model} | {loss_err:.1e} | {grad_err:.1e} | {n} |")
 
 
 if __name__ == "__main__":

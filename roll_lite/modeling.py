@@ -107,7 +107,8 @@ class CausalLMWithValueHead(_HeadOnDecoder):
     def forward(self, input_ids, position_ids, attention_mask=None, cu_seqlens=None, max_seqlen=None,
                 temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
         hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
-        return {"values": self.value_head(hidden).squeeze(-1)}
+        # squeeze(-1) alone returns a view, and FSDP2 warns on view outputs (see CausalLMWithLogProbs).
+        return {"values": self.value_head(hidden).squeeze(-1).clone()}
 
 
 def load_causal_lm(model_config, vocab_size: int, seed: int) -> nn.Module:

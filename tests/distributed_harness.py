@@ -2,7 +2,8 @@
 
 Used by test_exactness.py (float64, tolerance 1e-10) and benchmarks/exactness.py (float64 and
 float32 table). The reference is one forward/backward of the plain HF model over the whole padded
-global batch with full logits and log_softmax: no strategy, packing or chunking code involved.
+global batch with full logits and log_softmax (policy losses), or the HF decoder's hidden states
+times the value head's weights (critic, loss 'value'): no strategy, packing or chunking code involved.
 """
 
 from __future__ import annotations
@@ -17,13 +18,17 @@ import torch.multiprocessing as mp
 
 from roll_lite.invariance import TINY_MODEL, random_rl_batch, relative_deviation
 from roll_lite.loss import AGG_MODES
-from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, sequence_policy_loss_func
+from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, sequence_policy_loss_func, value_loss_func
 from roll_lite.modeling import build_causal_lm
 from roll_lite.strategy.distributed import close_distributed, free_port
 
 SEQ_LEN = 16
 BUDGET = 29  # tokens per micro-batch in the token-budget cases: the two ranks need 2 and 1
-MASK_KEYS = {"ppo": ["response_mask"], "sequence": ["response_mask"], "ppo_kl": ["response_mask", "kl_mask"]}
+MASK_KEYS = {
+    "ppo": ["response_mask"], "sequence": ["response_mask"], "ppo_kl": ["response_mask", "kl_mask"],
+    "value": ["response_mask"],  # the critic: FSDP2Strategy(head='value')
+}
+CRITIC_LOSSES = {"value"}
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32"}
 
 
@@ -32,7 +37,17 @@ def make_loss(name: str, mode: str):
         return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01)
     if name == "sequence":
         return sequence_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN)
+    if name == "value":
+        # With the head below, about a third of the response tokens take the clipped branch.
+        return value_loss_func(mode, clip_range=0.5, seq_len_norm=SEQ_LEN)
     return kl_regularized_loss_func(mode, kl_coef=0.5, kl_estimator="k3", seq_len_norm=SEQ_LEN)
+
+
+def value_head_weights(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """A non-zero value head (the critic's starts at zero, which would leave the backbone without a
+    gradient): values of about unit scale, like the batch's returns and old values."""
+    weight = 0.2 * torch.randn(1, TINY_MODEL["hidden_size"], generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    return {"value_head.weight": weight.to(dtype), "value_head.bias": torch.tensor([0.1], dtype=torch.float64).to(dtype)}
 
 
 @dataclass(frozen=True)
@@ -61,7 +76,8 @@ def all_cases() -> list[Case]:
                         cases.append(Case(loss, mode, world_size, a, micro_batching))
                 cases.append(Case(loss, mode, world_size, 1, "budget"))
     # One row for two ranks: rank 1 only runs placeholder passes.
-    cases += [Case("ppo_kl", "seq-mean-token-mean", 2, 2, mb, rows=1) for mb in ("padded", "packed", "budget")]
+    for loss in ("ppo_kl", "value"):
+        cases += [Case(loss, "seq-mean-token-mean", 2, 2, mb, rows=1) for mb in ("padded", "packed", "budget")]
     return cases
 
 
@@ -75,6 +91,8 @@ def global_batch(dtype: torch.dtype, rows: int = 7):
 def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: torch.dtype, out_path: str):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
     from roll_lite.strategy.micro_batches import split_for_data_parallel
 
@@ -87,11 +105,16 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
             max_tokens_per_micro_batch=BUDGET if case.micro_batching == "budget" else None,
             lr=0.0, max_grad_norm=None, param_dtype=DTYPE_NAMES[dtype], logprob_chunk_size=8,
         )
-        strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0), config)
+        critic = case.loss in CRITIC_LOSSES
+        strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0), config, head="value" if critic else "log_probs")
+        if critic:
+            options = StateDictOptions(full_state_dict=True, strict=False)
+            set_model_state_dict(strategy.model, value_head_weights(dtype), options=options)
         data.meta_info["loss_mask_keys"] = MASK_KEYS[case.loss]
         share = split_for_data_parallel(data, world_size, balance_tokens=config.use_packing)[rank]
         metrics = strategy.train_step(share, make_loss(case.loss, case.mode))
-        grads = {n.removeprefix("lm."): p.grad.full_tensor() for n, p in strategy.model.named_parameters()}
+        # The critic never uses the LM head: its weight gets no gradient (deviations() checks the names).
+        grads = {n.removeprefix("lm."): p.grad.full_tensor() for n, p in strategy.model.named_parameters() if p.grad is not None}
         results[case] = (metrics["loss"], grads, metrics["num_micro_batches"])
     if rank == 0:
         torch.save(results, out_path)
@@ -110,22 +133,43 @@ def run_strategy(cases: list[Case], dtype: torch.dtype) -> dict:
     return results
 
 
+def _token_aligned(next_token_values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    # [rows, seq - 1]: column j belongs to token j+1. Token 0 and padding get 0.
+    valid = attention_mask.bool()
+    valid[:, 0] = False
+    pad = torch.zeros(len(next_token_values), 1, dtype=torch.float64)
+    return torch.where(valid, torch.cat([pad, next_token_values], 1), 0.0)
+
+
+def _policy_output(lm, batch) -> dict:
+    logits = lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+    log_softmax = torch.log_softmax(logits, dim=-1)
+    next_log_probs = log_softmax[:, :-1].gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    next_entropy = -(log_softmax.exp() * log_softmax).sum(-1)[:, :-1]
+    return {
+        "log_probs": _token_aligned(next_log_probs, batch["attention_mask"]),
+        "entropy": _token_aligned(next_entropy, batch["attention_mask"]),
+    }
+
+
+def _critic_output(lm, batch, head: dict) -> dict:
+    # The hidden state at position j values the state in which token j+1 is generated.
+    hidden = lm.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).last_hidden_state
+    next_values = torch.einsum("bth,h->bt", hidden[:, :-1], head["value_head.weight"][0]) + head["value_head.bias"][0]
+    return {"values": _token_aligned(next_values, batch["attention_mask"])}
+
+
 def reference(loss_name: str, mode: str, dtype: torch.dtype, rows: int = 7):
     """(loss, grads) of one float64 forward/backward of the plain HF model over the global batch."""
     lm = copy.deepcopy(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0)).double()
     data = global_batch(dtype, rows)
     batch = {k: (v.double() if v.is_floating_point() else v) for k, v in data.batch.items()}
-    logits = lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-    log_softmax = torch.log_softmax(logits, dim=-1)
-    valid = batch["attention_mask"].bool()
-    valid[:, 0] = False
-    next_log_probs = log_softmax[:, :-1].gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
-    next_entropy = -(log_softmax.exp() * log_softmax).sum(-1)[:, :-1]
-    pad = torch.zeros(len(data), 1, dtype=torch.float64)
-    output = {
-        "log_probs": torch.where(valid, torch.cat([pad, next_log_probs], 1), 0.0),
-        "entropy": torch.where(valid, torch.cat([pad, next_entropy], 1), 0.0),
-    }
+    head = {}
+    if loss_name in CRITIC_LOSSES:
+        head = {n: w.double().requires_grad_() for n, w in value_head_weights(dtype).items()}
+        output = _critic_output(lm, batch, head)
+    else:
+        output = _policy_output(lm, batch)
     meta = {"batch_num_tokens": {}, "global_valid_samples": {}}
     for key in MASK_KEYS[loss_name]:
         mask = batch[key].bool()
@@ -135,7 +179,10 @@ def reference(loss_name: str, mode: str, dtype: torch.dtype, rows: int = 7):
 
     loss, _ = make_loss(loss_name, mode)(DataProto(batch, meta_info=meta), output)
     loss.backward()
-    return loss.item(), {n: p.grad for n, p in lm.named_parameters()}
+    params = dict(lm.named_parameters())
+    if loss_name in CRITIC_LOSSES:
+        params = {n: p for n, p in params.items() if not n.startswith("lm_head.")} | head
+    return loss.item(), {n: p.grad for n, p in params.items()}
 
 
 def deviations(result, ref) -> tuple[float, float]:
