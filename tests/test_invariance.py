@@ -155,3 +155,16 @@ def test_value_and_sft_losses_pass(mode):
     assert report.passed and report.worst < 1e-12
     if mode == "token-mean":
         assert check_loss_invariance(sft_loss_func(), tolerance=1e-10).worst < 1e-12
+
+
+def test_the_readme_custom_loss_snippet_passes_the_checker():
+    # The README's "A custom loss, the way the built-ins are written" block, run as written.
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    snippet = next(block for block in blocks if "def my_loss(batch, output):" in block)
+    namespace = {}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    assert check_loss_invariance(namespace["my_loss"], ["response_mask"]).passed
