@@ -21,12 +21,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
-        pipeline_class = load_object(config.pipeline)
+        pipeline_class = load_object(config.pipeline, search_cwd=True)  # like `python -m`, after the installed packages
     except ConfigError as error:
         print(f"roll-train: config error: {error}", file=sys.stderr)
         return 2
     except (ImportError, AttributeError, ValueError) as error:
-        print(f"roll-train: config error: pipeline: cannot import '{config.pipeline}': {error}", file=sys.stderr)
+        print(f"roll-train: config error: pipeline: {error}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("roll_lite").setLevel(logging.INFO)

@@ -291,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="what model_output holds: log_probs + entropy (policy losses) or values (critic)")
     args = parser.parse_args(argv)
     try:
-        loss_func = load_object(args.loss_func)
+        loss_func = load_object(args.loss_func, search_cwd=True)  # like `python -m`, after the installed packages
         if not callable(loss_func):
             raise TypeError(f"{args.loss_func} is not callable")
         model_config = json.loads(args.model_config.read_text()) if args.model_config else None

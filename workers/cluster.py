@@ -7,19 +7,23 @@ import os
 
 import ray
 
+from .process_setup import HOOK
+
 logger = logging.getLogger(__name__)
 
 
 def start_ray(address: str | None, num_cpus_needed: float) -> str:
     """Join `address` (or $RAY_ADDRESS), else start a local cluster; returns a description."""
     address = address or os.environ.get("RAY_ADDRESS")
+    # Workers import roll_lite before Ray puts the driver's directory first on their sys.path.
+    runtime_env = {"worker_process_setup_hook": HOOK}
     if address:
-        ray.init(address=address, logging_level=logging.WARNING)
+        ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
         where = f"joined the Ray cluster at {address}"
     else:
         ray.init(
             address="local", num_cpus=max(os.cpu_count() or 1, 1), include_dashboard=False,
-            object_store_memory=512 * 1024**2, logging_level=logging.WARNING,
+            object_store_memory=512 * 1024**2, logging_level=logging.WARNING, runtime_env=runtime_env,
         )
         where = "started a local Ray cluster"
     available = ray.cluster_resources().get("CPU", 0)

@@ -13,7 +13,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_lite.config import RunConfig
 from roll_lite.data import DataProto, undo_permutation
-from roll_lite.importing import import_root
+from roll_lite.importing import import_root, roll_lite_dir
 from roll_lite.rollout import SamplingParams
 from roll_lite.weights import unflatten_state_dict
 from roll_lite.strategy.micro_batches import data_parallel_groups
@@ -40,12 +40,12 @@ class ModelGroup:
         if cpus_per_rank > 0:
             self.placement_group = placement_group([{"CPU": cpus_per_rank}] * world_size, strategy="PACK")
         self.workers = []
-        pipeline_root = import_root(config.pipeline)
+        pipeline_root, driver_roll_lite = import_root(config.pipeline), roll_lite_dir()
         for rank in range(world_size):
             options = {"num_cpus": cpus_per_rank}
             if self.placement_group is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank)
-            self.workers.append(remote.options(**options).remote(role, rank, world_size, config, pipeline_root))
+            self.workers.append(remote.options(**options).remote(role, rank, world_size, config, pipeline_root, driver_roll_lite))
         self._address = self.workers[0].address.remote()  # worker processes start in the background
 
     def wait_ready(self) -> "ModelGroup":

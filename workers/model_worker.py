@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import torch
 
 from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
-from roll_lite.importing import load_object
+from roll_lite.importing import enter_import_root, load_object
 from roll_lite.loss_funcs import sft_loss_func
 from roll_lite.modeling import load_causal_lm
 from roll_lite.strategy.distributed import free_port
@@ -24,12 +23,14 @@ ROLES = {"actor": ("log_probs", True), "reference": ("log_probs", False), "criti
 
 
 class ModelWorker:
-    def __init__(self, role: str, rank: int, world_size: int, config: RunConfig, pipeline_root: str | None = None):
+    def __init__(self, role: str, rank: int, world_size: int, config: RunConfig, pipeline_root: str | None,
+                 driver_roll_lite: str):
         if role not in ROLES:
             raise ValueError(f"unknown worker role '{role}'")
         self.role, self.rank, self.world_size, self.config = role, rank, world_size, config
-        if pipeline_root and pipeline_root not in sys.path:
-            sys.path.insert(0, pipeline_root)  # where the driver imported the pipeline class from
+        # Where the driver imported the pipeline class from, after the installed packages; never a
+        # second roll_lite tree.
+        enter_import_root(pipeline_root, driver_roll_lite)
         self.strategy = None
 
     def address(self) -> tuple[str, int]:
