@@ -7,9 +7,9 @@
    per-sequence sdpa) against float64 attention of each sequence alone, forward and backward;
 2. packed vs padded log-probs of Qwen2 and Llama models in bfloat16, both against float64;
 3. the FSDP2 strategy on one nccl rank: a step's loss and gradients vs one float64
-   forward/backward of the global batch, for 3 losses × 4 agg modes, in float32 and in bfloat16
+   forward/backward of the global batch, for 3 policy losses and the critic's value loss × 4 agg modes, in float32 and in bfloat16
    mixed precision (float32 master weights and gradient reduction);
-4. train-step throughput and peak memory of a ~150 M-parameter Qwen2 in bf16, per path.
+4. train-step throughput and peak memory of a 201 M-parameter Qwen2 in bf16, per path.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from distributed_harness import BUDGET, MASK_KEYS, deviations, global_batch, make_loss, reference  # noqa: E402
+from distributed_harness import (  # noqa: E402
+    BUDGET, CRITIC_LOSSES, MASK_KEYS, deviations, global_batch, make_loss, reference, value_head_weights,
+)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: E402
 
 import roll_lite.attention as attention  # noqa: E402
 from roll_lite.invariance import TINY_MODEL, random_rl_batch  # noqa: E402
@@ -131,22 +134,30 @@ def check_strategy_exactness(device: torch.device) -> None:
                         max_tokens_per_micro_batch=BUDGET if micro_batching == "budget-packed" else None,
                         lr=0.0, max_grad_norm=None, param_dtype=param_dtype,
                     )
-                    strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float32, seed=0), config, device=device)
+                    critic = loss_name in CRITIC_LOSSES
+                    strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float32, seed=0), config,
+                                             head="value" if critic else "log_probs", device=device)
+                    if critic:
+                        set_model_state_dict(strategy.model, value_head_weights(torch.float32),
+                                             options=StateDictOptions(full_state_dict=True, strict=False))
                     data = global_batch(torch.float32)
                     data.meta_info["loss_mask_keys"] = MASK_KEYS[loss_name]
                     metrics = strategy.train_step(data, make_loss(loss_name, mode))
-                    grads = {n.removeprefix("lm."): p.grad.full_tensor().double().cpu() for n, p in strategy.model.named_parameters()}
+                    grads = {n.removeprefix("lm."): p.grad.full_tensor().double().cpu()
+                             for n, p in strategy.model.named_parameters() if p.grad is not None}
                     ref_loss, ref_grads = references[(loss_name, mode)]
                     loss_err, grad_err = deviations((metrics["loss"], grads, None), (ref_loss, ref_grads))
                     loss_abs_err = abs(metrics["loss"] - ref_loss)
-                    previous = worst.get(mode, (0.0, 0.0, 0.0))
-                    worst[mode] = tuple(max(a, b) for a, b in zip(previous, (loss_err, loss_abs_err, grad_err)))
+                    key = ("critic" if critic else "actor", mode)
+                    previous = worst.get(key, (0.0, 0.0, 0.0))
+                    worst[key] = tuple(max(a, b) for a, b in zip(previous, (loss_err, loss_abs_err, grad_err)))
             backend = torch.distributed.get_backend()
-            for mode, errors in worst.items():
-                rows.append([param_dtype, micro_batching, mode, backend, *errors])
-    print("## FSDP2 strategy on one rank vs one float64 forward/backward (worst over 3 losses)")
+            for (model, mode), errors in worst.items():
+                rows.append([param_dtype, micro_batching, model, mode, backend, *errors])
+    print("## FSDP2 strategy on one rank vs one float64 forward/backward (actor: worst over the 3 policy losses; "
+          "critic: the value loss)")
     print("(the KL loss under seq-mean-token-mean is -3e-4, a near-cancelling sum: read its absolute error)\n")
-    table(["compute dtype", "micro-batches", "agg mode", "backend", "loss rel. err", "loss abs. err", "grad rel. err"], rows)
+    table(["compute dtype", "micro-batches", "model", "agg mode", "backend", "loss rel. err", "loss abs. err", "grad rel. err"], rows)
 
 
 def time_train_steps(device: torch.device, smoke: bool) -> None:
