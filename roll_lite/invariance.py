@@ -125,11 +125,13 @@ def random_rl_batch(
     )
 
 
-def simulate_step(model, data: DataProto, loss_func: LossFunc, partition: Partition, apply_loss_scale: bool = True):
+def simulate_step(model, data: DataProto, loss_func: LossFunc, partition: Partition, apply_loss_scale: bool = True,
+                  trim_padding: bool = True):
     """(loss, {param name: grad}) of one strategy step under `partition`, in one process."""
     config = StrategyConfig(
         grad_accum_steps=partition.grad_accum_steps, use_packing=partition.use_packing,
         max_tokens_per_micro_batch=partition.max_tokens_per_micro_batch, apply_loss_scale=apply_loss_scale,
+        trim_padding=trim_padding,
     )
     world_size = partition.world_size
     keys = loss_mask_keys(data)
@@ -251,8 +253,8 @@ def check_loss_invariance(
         data = DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, "loss_mask_keys": list(loss_mask_keys)})
     model = _model_with_head(build_causal_lm(model_config, dtype=torch.float64, seed=seed), head, seed)
 
-    def global_step(batch: DataProto, func: LossFunc):
-        return simulate_step(model, batch, func, REFERENCE, apply_loss_scale)
+    def global_step(batch: DataProto, func: LossFunc):  # the whole batch at its full width, untrimmed
+        return simulate_step(model, batch, func, REFERENCE, apply_loss_scale, trim_padding=False)
 
     reference = global_step(data, loss_func)
     rows = [(REFERENCE.label + " (reference)", 0.0, 0.0)]

@@ -13,6 +13,7 @@ class StrategyConfig:
     grad_accum_steps: int = 1  # A: micro-batches per rank per optimizer step (count mode)
     use_packing: bool = False  # pack each micro-batch's sequences into one row (varlen attention)
     max_tokens_per_micro_batch: int | None = None  # token-budget micro-batches instead of a count; needs packing
+    trim_padding: bool = True  # cut each micro-batch to its longest row (padded: longest rows grouped together)
     apply_loss_scale: bool = True  # multiply micro-batch losses by D·A (losses with global denominators)
     max_grad_norm: float | None = 1.0  # None: no clipping (the norm is still reported)
     lr: float = 1e-5

@@ -38,8 +38,11 @@ from roll_lite.strategy.micro_batches import (
     local_mask_sums,
     loss_mask_keys,
     micro_batch_groups,
+    pad_columns,
     pad_to_count,
+    split_micro_batches,
     train_micro_batches,
+    trim_to_longest_row,
 )
 
 logger = logging.getLogger(__name__)
@@ -136,7 +139,7 @@ class FSDP2Strategy:
             raise RuntimeError("this strategy was built with trainable=False (e.g. a reference model)")
         keys = loss_mask_keys(data)
         stats_meta = global_stats_meta(self._all_reduce(local_mask_sums(data, keys)), keys)
-        micro_batches = [data.index_select(group) for group in micro_batch_groups(data, self.config)]
+        micro_batches = split_micro_batches(data, self.config)
         num_micro_batches = self._same_count_on_all_ranks(len(micro_batches))
 
         self.model.train()
@@ -203,9 +206,12 @@ class FSDP2Strategy:
             if not group:
                 forward_placeholder(self.model, self.device)
                 continue
-            micro_batch = data.index_select(group).to(self.device)
-            output = forward_micro_batch(self.model, micro_batch, self.config, with_entropy)
-            outputs.append(DataProto({name: value.cpu() for name, value in output.items()}))
+            micro_batch = data.index_select(group)
+            if self.config.trim_padding:
+                micro_batch = trim_to_longest_row(micro_batch)
+            output = forward_micro_batch(self.model, micro_batch.to(self.device), self.config, with_entropy)
+            width = data["input_ids"].shape[1]  # back to the batch's width: zeros on padding, as untrimmed
+            outputs.append(DataProto({name: pad_columns(value.cpu(), width) for name, value in output.items()}))
             order.extend(group)
         if not outputs:
             return DataProto()

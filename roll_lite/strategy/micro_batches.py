@@ -56,18 +56,38 @@ def global_stats_meta(sums: torch.Tensor, mask_keys: Sequence[str]) -> dict:
 
 
 def micro_batch_groups(data: DataProto, config: StrategyConfig) -> list[list[int]]:
-    """Row indices of each micro-batch of this rank's share: A contiguous chunks (no packing), A
-    token-balanced groups (packing), or as many groups as the token budget needs."""
+    """Row indices of each micro-batch of this rank's share: A chunks (no packing; longest rows
+    together when trim_padding is on, so that each chunk pads to a similar length), A token-balanced
+    groups (packing), or as many groups as the token budget needs."""
     if not config.use_packing:
-        return data_parallel_groups(data, config.grad_accum_steps, balance_tokens=False)
+        if not config.trim_padding:
+            return data_parallel_groups(data, config.grad_accum_steps, balance_tokens=False)
+        lengths = row_lengths(data["attention_mask"])
+        by_length = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+        chunks = data_parallel_groups(data, config.grad_accum_steps, balance_tokens=False)
+        return [sorted(by_length[i] for i in chunk) for chunk in chunks]
     lengths = row_lengths(data["attention_mask"])
     if config.max_tokens_per_micro_batch is not None:
         return token_budget_groups(lengths, config.max_tokens_per_micro_batch)
     return karmarkar_karp(lengths, config.grad_accum_steps)
 
 
+def trim_to_longest_row(micro_batch: DataProto) -> DataProto:
+    """The micro-batch without the padding columns that none of its rows reach: every [rows, seq]
+    tensor (second dimension = input_ids') cut to the longest row."""
+    width = micro_batch["input_ids"].shape[1]
+    longest = max(row_lengths(micro_batch["attention_mask"]), default=0)
+    if longest in (0, width):
+        return micro_batch
+    batch = {name: t[:, :longest] if t.dim() >= 2 and t.shape[1] == width else t for name, t in micro_batch.batch.items()}
+    return DataProto(batch, micro_batch.non_tensor_batch, micro_batch.meta_info)
+
+
 def split_micro_batches(data: DataProto, config: StrategyConfig) -> list[DataProto]:
-    return [data.index_select(group) for group in micro_batch_groups(data, config)]
+    micro_batches = [data.index_select(group) for group in micro_batch_groups(data, config)]
+    if config.trim_padding:
+        micro_batches = [trim_to_longest_row(micro_batch) for micro_batch in micro_batches]
+    return micro_batches
 
 
 def data_parallel_groups(data: DataProto, world_size: int, balance_tokens: bool) -> list[list[int]]:
@@ -172,6 +192,13 @@ def train_micro_batches(
         record["loss@sum"] = loss.detach() * loss_scale / (num_micro_batches * world_size)
         records.append(record)
     return records
+
+
+def pad_columns(values: torch.Tensor, width: int) -> torch.Tensor:
+    """[rows, w] -> [rows, width], zeros on the right."""
+    if values.shape[1] == width:
+        return values
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
 def pad_to_count(micro_batches: list[DataProto], count: int) -> list[DataProto | None]:
