@@ -17,9 +17,12 @@ def check_reward_config(functions: dict, timeout_s: float) -> None:
         raise ValueError(f"reward.timeout_s: must be > 0, got {timeout_s}")
     for name, weight in functions.items():
         key = f"reward.functions.{name}"
+        if isinstance(weight, dict):  # `reward.functions.pkg.module:fn=1` was split at its dots
+            spec, weight = _dotted(name, weight)
+            raise ValueError(f"{key}: the weight must be a finite number, got a mapping; an import path as a key "
+                             f"needs the braces: reward.functions={{{spec}: {weight}}}")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise ValueError(f"{key}: the weight must be a finite number, got {weight!r} (an import path as a key "
-                             "needs the braces: reward.functions={my_pkg.rewards:score: 1.0})")
+            raise ValueError(f"{key}: the weight must be a finite number, got {weight!r}")
         if not is_import_path(name):
             if name not in REWARD_FUNCTIONS:
                 raise ValueError(f"{key}: '{name}' is not one of {', '.join(sorted(REWARD_FUNCTIONS))}, "
@@ -44,3 +47,8 @@ def check_signature(key: str, fn) -> None:
         signature.bind("response", "ground truth", {})
     except TypeError:
         raise ValueError(f"{key}: must take (response, ground_truth, extra), its signature is {signature}") from None
+
+
+def _dotted(prefix: str, nested: dict) -> tuple[str, object]:
+    key, value = next(iter(nested.items()))
+    return _dotted(f"{prefix}.{key}", value) if isinstance(value, dict) else (f"{prefix}.{key}", value)
