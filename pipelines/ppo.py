@@ -118,8 +118,7 @@ class PPOPipeline:
         batch = self.generate(examples, params)
         generated = time.perf_counter()
 
-        scores, reward_metrics = self.reward.score(list(batch.non_tensor_batch["response_text"]),
-                                                   list(batch.non_tensor_batch["answer"]))
+        scores, reward_metrics = self.score(batch)
         mask = batch["response_mask"]
         token_rewards = last_token_rewards(scores, mask)
 
@@ -160,6 +159,13 @@ class PPOPipeline:
             "perf/tokens_per_s": tokens / elapsed,
         }
 
+    def score(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+        """The reward functions on each row: its response text, answer and extra dataset fields
+        (non_tensor_batch["extra"], one dict per row, when the data provides them)."""
+        extras = batch.non_tensor_batch.get("extra")
+        return self.reward.score(list(batch.non_tensor_batch["response_text"]), list(batch.non_tensor_batch["answer"]),
+                                 None if extras is None else list(extras))
+
     def compute_advantages(self, scores, token_rewards, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(advantages, returns for the critic or None). The estimator's raw advantages, whitened over
         the batch's response tokens when algorithm.whiten_advantages says so (default: gae and
@@ -193,7 +199,7 @@ class PPOPipeline:
         """Greedy decoding on the held-out prompts, scored by the configured rewards."""
         examples = self.task.eval_examples
         batch = self.generate(examples, SamplingParams(self.config.rollout.max_new_tokens, greedy=True))
-        scores, per_function = self.reward.score(list(batch.non_tensor_batch["response_text"]), [e.answer for e in examples])
+        scores, per_function = self.score(batch)
         return {"eval/reward_mean": scores.mean().item(), **{f"eval/{k}": v for k, v in per_function.items()}}
 
     def warm_start(self) -> dict[str, float]:

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from roll_lite.algorithms import ADVANTAGE_ESTIMATORS
 from roll_lite.loss import AGG_MODES
+from roll_lite.rewards.checks import check_reward_config
 from roll_lite.strategy.config import StrategyConfig
 
 
@@ -70,7 +71,10 @@ class RolloutConfig:
 
 @dataclass
 class RewardConfig:
+    # name -> weight: registered names or package.module:function import paths (roll_lite/rewards/).
+    # A YAML file's or a `reward.functions={...}` override's dict replaces this one (no merging).
     functions: dict[str, float] = field(default_factory=lambda: {"exact_answer": 1.0})
+    timeout_s: float = 5.0  # per call, for functions run in the guarded process (math, the user's)
 
 
 @dataclass
@@ -139,8 +143,6 @@ def _one_of(value: Any, allowed, key: str) -> None:
 
 
 def validate(config: RunConfig) -> None:
-    from roll_lite.rewards import REWARD_FUNCTIONS
-
     _check(":" in config.pipeline, "pipeline", f"'{config.pipeline}' is not of the form package.module:Class")
     _check(config.steps >= 0, "steps", f"must be >= 0, got {config.steps}")
     _check(config.eval_every >= 1, "eval_every", f"must be >= 1, got {config.eval_every}")
@@ -159,9 +161,10 @@ def validate(config: RunConfig) -> None:
     _check(0 < rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     _check(rollout.top_k >= 0, "rollout.top_k", "must be >= 0 (0: off)")
     _check(rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
-    _check(bool(config.reward.functions), "reward.functions", "name at least one reward function")
-    for name in config.reward.functions:
-        _one_of(name, sorted(REWARD_FUNCTIONS), f"reward.functions.{name}")
+    try:  # registered names, or import paths imported here, before Ray starts (roll_lite/rewards/checks.py)
+        check_reward_config(config.reward.functions, config.reward.timeout_s)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     algorithm = config.algorithm
     _one_of(algorithm.advantage, ADVANTAGE_ESTIMATORS, "algorithm.advantage")
     _one_of(algorithm.kl_estimator, ("k1", "k2", "k3"), "algorithm.kl_estimator")
@@ -188,6 +191,14 @@ def validate(config: RunConfig) -> None:
         _check(getattr(config.workers, key) >= 1, f"workers.{key}", "must be >= 1")
 
 
+def _replace_reward_functions(merged, layer) -> None:
+    """A layer that sets reward.functions gives the whole set: replace, do not merge with the defaults."""
+    reward = layer.get("reward") if isinstance(layer, DictConfig) else None
+    functions = reward.get("functions") if isinstance(reward, DictConfig) else None
+    if functions is not None:
+        OmegaConf.update(merged, "reward.functions", functions, merge=False)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """Defaults <- YAML file <- key=value overrides, validated; raises ConfigError."""
     try:
@@ -196,11 +207,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
             path = Path(path)
             if not path.is_file():
                 raise ConfigError(f"--config: no such file '{path}'")
-            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+            layer = OmegaConf.load(path)
+            merged = OmegaConf.merge(merged, layer)
+            _replace_reward_functions(merged, layer)
         for override in overrides:
             if "=" not in override:
                 raise ConfigError(f"override '{override}' is not of the form key=value")
-        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        for override in overrides:  # in order: `reward.functions={...}` replaces, `reward.functions.NAME=w` sets one
+            layer = OmegaConf.from_dotlist([override])
+            merged = OmegaConf.merge(merged, layer)
+            if override.partition("=")[0].strip() == "reward.functions":
+                _replace_reward_functions(merged, layer)
         config: RunConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", None) or "config"

@@ -2,42 +2,8 @@ import random
 
 import pytest
 
-from roll_lite.rewards import extract_final_answer, get_reward
 from roll_lite.tasks import ReverseDigitsTask, noisy_demonstration
 from roll_lite.tokenizer import build_char_tokenizer
-
-
-def test_exact_answer_and_token_accuracy():
-    exact, accuracy = get_reward("exact_answer"), get_reward("token_accuracy")
-    assert exact(" 321 ", "321") == 1.0 and exact("3210", "321") == 0.0
-    assert accuracy("324", "321") == pytest.approx(2 / 3)
-    assert accuracy("3210", "321") == pytest.approx(3 / 4)
-    assert accuracy("", "321") == 0.0
-
-
-@pytest.mark.parametrize(
-    "text, expected",
-    [("so the answer is 42.", "42"), ("x = 3, y = 4 #### 7", "7"), ("\\boxed{1/2} and 9", "1/2"), ("no number", None),
-     ("The total is 1,234 apples", "1,234")],
-)
-def test_extract_final_answer(text, expected):
-    assert extract_final_answer(text) == expected
-
-
-def test_math_answer_compares_numbers():
-    math_answer = get_reward("math_answer")
-    assert math_answer("... #### 1,234", "1234") == 1.0
-    assert math_answer("\\boxed{0.5}", "1/2") == 1.0
-    assert math_answer("answer: 3.0001", "3") == 0.0
-    assert math_answer("nothing", "3") == 0.0
-
-
-def test_format_rewards():
-    assert get_reward("format")("think first <answer>12</answer>", "12") == 1.0
-    assert get_reward("format")("<answer>1</answer><answer>2</answer>", "2") == 0.0
-    assert get_reward("digits_only")("0123", "x") == 1.0 and get_reward("digits_only")("12a", "x") == 0.0
-    with pytest.raises(KeyError, match="registered: .*exact_answer"):
-        get_reward("nope")
 
 
 def test_task_holds_out_eval_prompts_and_demonstrator_mixes_behaviours():

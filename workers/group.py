@@ -121,7 +121,14 @@ class RolloutClient:
 
 class RewardClient:
     def __init__(self, config: RunConfig):
-        self.worker = ray.remote(RewardWorker).options(num_cpus=0).remote(dict(config.reward.functions))
+        from roll_lite.rewards import is_import_path
 
-    def score(self, responses: list[str], answers: list[str]):
-        return _get(self.worker.score.remote(responses, answers))
+        reward = config.reward
+        # The worker imports the user's reward modules from where the driver found them.
+        roots = sorted({import_root(spec) for spec in reward.functions if is_import_path(spec)} - {None})
+        self.worker = ray.remote(RewardWorker).options(num_cpus=0).remote(
+            dict(reward.functions), reward.timeout_s, roots, roll_lite_dir())
+
+    def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None):
+        """(scores, metrics); `extras`: each row's extra dataset fields, None when there are none."""
+        return _get(self.worker.score.remote(responses, answers, extras))

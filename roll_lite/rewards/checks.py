@@ -1,0 +1,54 @@
+"""Checking `reward.functions` and `reward.timeout_s` in the driver, before anything starts: each
+key a registered name, or an import path that imports to a function taking (response, ground_truth,
+extra); each weight a finite number. Errors are one line naming the key (ValueError)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+from roll_lite.rewards.registry import REWARD_FUNCTIONS, is_import_path, resolve_reward
+
+
+def check_reward_config(functions: dict, timeout_s: float) -> None:
+    if not functions:
+        raise ValueError("reward.functions: name at least one reward function")
+    if not timeout_s > 0:
+        raise ValueError(f"reward.timeout_s: must be > 0, got {timeout_s}")
+    for name, weight in functions.items():
+        key = f"reward.functions.{name}"
+        if isinstance(weight, dict):  # `reward.functions.pkg.module:fn=1` was split at its dots
+            spec, weight = _dotted(name, weight)
+            raise ValueError(f"{key}: the weight must be a finite number, got a mapping; an import path as a key "
+                             f"needs the braces: reward.functions={{{spec}: {weight}}}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ValueError(f"{key}: the weight must be a finite number, got {weight!r}")
+        if not is_import_path(name):
+            if name not in REWARD_FUNCTIONS:
+                raise ValueError(f"{key}: '{name}' is not one of {', '.join(sorted(REWARD_FUNCTIONS))}, "
+                                 "nor a package.module:function import path")
+            continue
+        try:
+            fn = resolve_reward(name, search_cwd=True)  # like `python -m`, after the installed packages
+        except Exception as error:  # not found, not a function, or the module raised while importing
+            message = (str(error).strip().splitlines() or [""])[0]
+            if f"'{name}'" not in message:
+                message = f"cannot import '{name}': {type(error).__name__}: {message}"
+            raise ValueError(f"{key}: {message}") from None
+        check_signature(key, fn)
+
+
+def check_signature(key: str, fn) -> None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to inspect (some builtins): called as it is
+        return
+    try:
+        signature.bind("response", "ground truth", {})
+    except TypeError:
+        raise ValueError(f"{key}: must take (response, ground_truth, extra), its signature is {signature}") from None
+
+
+def _dotted(prefix: str, nested: dict) -> tuple[str, object]:
+    key, value = next(iter(nested.items()))
+    return _dotted(f"{prefix}.{key}", value) if isinstance(value, dict) else (f"{prefix}.{key}", value)

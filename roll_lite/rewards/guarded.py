@@ -1,0 +1,170 @@
+"""The guarded reward process: a child Python process that calls reward functions one by one, so a
+call that hangs can be abandoned (the process is killed and started again) and one that crashes the
+interpreter costs only that call.
+
+Parent and child exchange pickled messages, each prefixed by its length, over the child's stdin and
+its original stdout; the child points its fd 1 at stderr, so a reward function's prints reach the
+log and never the protocol. The child exits when its parent does (a watchdog thread).
+
+    parent -> child  ("load", [spec, ...])              child -> parent  ("ready", {spec: error})
+    parent -> child  ("score", spec, [(response, ground_truth, extra), ...])
+                                                        child -> parent  (score, reason) per item, in order
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+_HEADER = struct.Struct("<Q")
+# -I: no current directory, no PYTHONPATH, no user site; the child gets the parent's sys.path
+# instead, so it imports the same roll_lite tree and the user's modules from the same places.
+_BOOT = "import sys, json; sys.path[:] = json.loads(sys.argv[1]); from roll_lite.rewards.guarded import main; main()"
+STARTUP_TIMEOUT_S = 300.0  # importing the user's module and math-verify (sympy) on a busy machine
+
+
+def send(fd: int, message) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(_HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class Reader:
+    """Reads whole messages from a pipe, waiting at most until a deadline (time.monotonic())."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buffer = fd, bytearray()
+
+    def read(self, deadline: float | None = None):
+        while True:
+            if len(self.buffer) >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(self.buffer)
+                if len(self.buffer) >= _HEADER.size + size:
+                    data = bytes(self.buffer[_HEADER.size:_HEADER.size + size])
+                    del self.buffer[:_HEADER.size + size]
+                    return pickle.loads(data)
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([self.fd], [], [], remaining)[0]:
+                    raise TimeoutError
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                raise EOFError
+            self.buffer += chunk
+
+
+# -- the child ----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    requests, replies = os.dup(0), os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(2, 1)  # prints go to stderr
+    _exit_with_parent(os.getppid())
+    from roll_lite.rewards.calls import call, describe
+    from roll_lite.rewards.registry import resolve_reward
+
+    reader, functions = Reader(requests), {}
+    while True:
+        try:
+            message = reader.read()
+        except EOFError:
+            return
+        if message[0] == "load":
+            errors = {}
+            for spec in message[1]:
+                try:
+                    functions[spec] = resolve_reward(spec)
+                    warm_up = getattr(functions[spec], "warm_up", None)
+                    if warm_up is not None:
+                        warm_up()
+                except Exception as error:
+                    errors[spec] = describe(error)
+            send(replies, ("ready", errors))
+        elif message[0] == "score":
+            _, spec, items = message
+            for response, ground_truth, extra in items:
+                send(replies, call(functions[spec], response, ground_truth, extra))
+
+
+def _exit_with_parent(parent: int) -> None:
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+# -- the parent ---------------------------------------------------------------------------------
+
+
+class GuardedProcess:
+    """The parent's handle on the child; `score` returns (score, reason, timed_out) per item."""
+
+    def __init__(self, specs: list[str]):
+        self.specs, self.process, self.starts = list(specs), None, 0
+        self._start()
+
+    def _start(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-I", "-c", _BOOT, json.dumps(sys.path)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, close_fds=True)
+        self.reader = Reader(self.process.stdout.fileno())
+        self.starts += 1
+        try:
+            send(self.process.stdin.fileno(), ("load", self.specs))
+            _, errors = self.reader.read(time.monotonic() + STARTUP_TIMEOUT_S)
+        except (TimeoutError, EOFError, OSError):
+            self.close()
+            raise RuntimeError(f"the guarded reward process did not start within {STARTUP_TIMEOUT_S:g} s "
+                               f"(functions: {', '.join(self.specs)}); see the log above") from None
+        if errors:
+            self.close()
+            spec, error = next(iter(errors.items()))
+            raise RuntimeError(f"reward.functions.{spec}: cannot load it in the reward process: {error}")
+
+    def score(self, spec: str, items: list[tuple], timeout_s: float) -> list[tuple[float, str | None, bool]]:
+        results, pending = [], list(items)
+        while pending:
+            try:
+                send(self.process.stdin.fileno(), ("score", spec, pending))
+            except OSError:  # it died between batches
+                self.restart()
+                send(self.process.stdin.fileno(), ("score", spec, pending))
+            done = 0
+            try:
+                for _ in pending:
+                    score, reason = self.reader.read(time.monotonic() + timeout_s)
+                    results.append((score, reason, False))
+                    done += 1
+            except TimeoutError:
+                results.append((0.0, f"no result within reward.timeout_s={timeout_s:g} s", True))
+            except EOFError:
+                code = self.process.wait()
+                results.append((0.0, f"the reward process died with exit code {code}", False))
+            else:
+                return results
+            self.restart()  # abandon the call in flight, go on with the next item
+            pending = pending[done + 1:]
+        return results
+
+    def restart(self) -> None:
+        self.close()
+        self._start()
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+        if self.process is not None:
+            self.process.wait()
+            for pipe in (self.process.stdin, self.process.stdout):
+                pipe.close()

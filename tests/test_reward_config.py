@@ -1,0 +1,90 @@
+"""`reward.functions` in YAML files and overrides (keys with dots and a colon), and roll-train's
+errors for a reward module that does not import: one line naming the key, exit code 2, nothing
+started or written. The subprocess tests run the console script from the user's directory."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from roll_lite.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """A directory holding the user's package my_reward_pkg, made the current directory."""
+    package = tmp_path / "my_reward_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "rewards.py").write_text(textwrap.dedent('''
+        def score(response, ground_truth, extra):
+            return float(response == ground_truth)
+
+        def two_arguments(response, ground_truth):
+            return 1.0
+    '''))
+    (package / "broken.py").write_text("ratio = 1 / 0\n\ndef score(response, ground_truth, extra):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m.startswith("my_reward_pkg")]:
+        del sys.modules[name]
+
+
+def test_import_path_keys_survive_yaml_and_overrides_and_replace_the_default(user_dir):
+    block = user_dir / "block.yaml"
+    block.write_text("reward:\n  functions:\n    my_reward_pkg.rewards:score: 1.0\n    format: 0.1\n")
+    flow = user_dir / "flow.yaml"
+    flow.write_text("reward:\n  functions: {my_reward_pkg.rewards:score: 2.0}\n  timeout_s: 0.5\n")
+    # The default {exact_answer: 1.0} is replaced, not merged into.
+    assert load_config(block).reward.functions == {"my_reward_pkg.rewards:score": 1.0, "format": 0.1}
+    config = load_config(flow)
+    assert (config.reward.functions, config.reward.timeout_s) == ({"my_reward_pkg.rewards:score": 2.0}, 0.5)
+    assert load_config(None, ["reward.functions={my_reward_pkg.rewards:score: 1.0}"]).reward.functions == {
+        "my_reward_pkg.rewards:score": 1.0}
+    # In order: braces replace, reward.functions.NAME=w sets one weight.
+    assert load_config(flow, ["reward.functions.format=0.1"]).reward.functions == {
+        "my_reward_pkg.rewards:score": 2.0, "format": 0.1}
+    assert load_config(None, ["reward.functions.format=0.1", "reward.functions={math: 1.0}"]).reward.functions == {"math": 1.0}
+    assert load_config(None, ["reward.functions.format=0.1"]).reward.functions == {"exact_answer": 1.0, "format": 0.1}
+    # Dots in a dotted override are path separators: say how to write it.
+    with pytest.raises(ConfigError, match=r"^reward.functions.my_reward_pkg: the weight must be a finite number, got a mapping; "
+                                          r"an import path as a key needs the braces: reward.functions=\{my_reward_pkg.rewards:score: 1.0\}$"):
+        load_config(None, ["reward.functions.my_reward_pkg.rewards:score=1.0"])
+
+
+@pytest.mark.parametrize(
+    "functions, expected",
+    [
+        ("{my_reward_pkg.broken:score: 1.0}",
+         "reward.functions.my_reward_pkg.broken:score: cannot import 'my_reward_pkg.broken:score': "
+         "ZeroDivisionError: division by zero"),
+        ("{nowhere_pkg.rewards:score: 1.0}",
+         "reward.functions.nowhere_pkg.rewards:score: cannot import 'nowhere_pkg.rewards:score': no module named "
+         "'nowhere_pkg' in the installed packages, then the current directory"),
+        ("{my_reward_pkg.rewards:nope: 1.0}",
+         "reward.functions.my_reward_pkg.rewards:nope: cannot import 'my_reward_pkg.rewards:nope': "
+         "my_reward_pkg.rewards has no attribute 'nope'"),
+        ("{my_reward_pkg.rewards:two_arguments: 1.0}",
+         "reward.functions.my_reward_pkg.rewards:two_arguments: must take (response, ground_truth, extra), "
+         "its signature is (response, ground_truth)"),
+        ("{exact_answer: 1.0, bleu: 0.5}",
+         "reward.functions.bleu: 'bleu' is not one of digits_only, exact_answer, format, math, token_accuracy, "
+         "nor a package.module:function import path"),
+    ],
+)
+def test_roll_train_reports_a_reward_that_does_not_import_in_one_line(user_dir, functions, expected):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"),
+                             f"reward.functions={functions}", f"output_dir={user_dir / 'out'}"],
+                            cwd=user_dir, capture_output=True, text=True, timeout=120, env=env)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert lines == [f"roll-train: config error: {expected}"] or (len(lines) == 1 and expected in lines[0]), lines
+    assert not result.stdout and not (user_dir / "out").exists()  # nothing started, nothing written

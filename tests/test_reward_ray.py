@@ -1,0 +1,60 @@
+"""A user's reward module, named by import path, in a one-step roll-train run on Ray: the reward
+worker imports it from the directory the driver found it in, a function that raises on every call
+gives 0 and is counted, and the run goes on."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from test_pipeline_ray import SMALL
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+USER_REWARDS = '''
+import json, os, sys
+from pathlib import Path
+
+def score(response, ground_truth, extra):
+    record = Path(__file__).parent / f"called-{os.getpid()}.json"
+    if not record.exists():
+        record.write_text(json.dumps({"pid": os.getpid(), "extra": extra, "module": __file__,
+                                      "response_type": type(response).__name__}))
+    return 0.25
+
+def broken(response, ground_truth, extra):
+    raise RuntimeError("no luck")
+'''
+
+
+def test_a_user_reward_module_scores_a_ray_run_and_a_raising_one_is_counted(tmp_path):
+    user_dir, output = tmp_path / "user", tmp_path / "out"
+    user_dir.mkdir()
+    (user_dir / "my_rewards_for_ray.py").write_text(textwrap.dedent(USER_REWARDS))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    command = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *SMALL,
+               "reward.functions={my_rewards_for_ray:score: 1.0, my_rewards_for_ray:broken: 2.0}",  # replaces SMALL's
+               "steps=1", "eval_every=1", "save_model=false", f"output_dir={output}", "run_name=rewards"]
+    result = subprocess.run(command, cwd=user_dir, capture_output=True, text=True, timeout=600,
+                            env={**env, "RAY_AUTH_MODE": "disabled"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = [json.loads(line) for line in (output / "rewards" / "metrics.jsonl").read_text().splitlines()]
+    step = records[1]
+    rows = 4 * 8  # grpo.yaml: prompts_per_step × num_samples
+    assert step["reward/mean"] == 0.25  # 1.0 · 0.25 + 2.0 · 0 (every broken call gives 0)
+    assert step["reward/my_rewards_for_ray:score"] == 0.25
+    assert step["reward/my_rewards_for_ray:score/failed"] == 0 and step["reward/my_rewards_for_ray:score/timed_out"] == 0
+    assert step["reward/my_rewards_for_ray:broken/failed"] == rows
+    assert records[0]["eval/reward/my_rewards_for_ray:broken/failed"] == 8  # task.num_eval_prompts in SMALL
+    assert "reward/token_accuracy" not in step  # the override replaced SMALL's reward.functions
+    warning = f"reward my_rewards_for_ray:broken: {rows} of {rows} responses scored 0 ({rows} failed, 0 timed out); " \
+              "first: RuntimeError: no luck"
+    assert warning in result.stdout + result.stderr
+    # Called in the reward worker's guarded process, not in the driver (which only imported it to check it).
+    calls = [json.loads(p.read_text()) for p in user_dir.glob("called-*.json")]
+    assert len(calls) == 1, calls
+    assert calls[0]["extra"] == {} and calls[0]["response_type"] == "str"
+    assert Path(calls[0]["module"]) == user_dir / "my_rewards_for_ray.py"

@@ -1,0 +1,173 @@
+"""Reward functions (hand-worked values), the runner's handling of calls that raise, hang, crash or
+return no number, and the reward worker's weighted sum and metrics. No Ray here."""
+
+import logging
+import math
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from roll_lite.rewards import CHEAP_REWARDS, REWARD_FUNCTIONS, get_reward, resolve_reward
+from roll_lite.rewards.calls import as_score, call
+from roll_lite.rewards.runner import RewardRunner
+from roll_lite.workers.reward_worker import RewardWorker
+
+
+def test_exact_answer_and_token_accuracy():
+    exact, accuracy = get_reward("exact_answer"), get_reward("token_accuracy")
+    assert exact(" 321 ", "321", {}) == 1.0 and exact("3210", "321", {}) == 0.0
+    assert accuracy("324", "321", {}) == pytest.approx(2 / 3)
+    assert accuracy("3210", "321", {}) == pytest.approx(3 / 4)
+    assert accuracy("", "321", {}) == 0.0
+
+
+def test_format_rewards():
+    assert get_reward("format")("think first <answer>12</answer>", "12", {}) == 1.0
+    assert get_reward("format")("<answer>1</answer><answer>2</answer>", "2", {}) == 0.0
+    assert get_reward("format")("12", "12", {}) == 0.0
+    assert get_reward("digits_only")("0123", "x", {}) == 1.0 and get_reward("digits_only")("12a", "x", {}) == 0.0
+    with pytest.raises(KeyError, match="registered: .*exact_answer"):
+        get_reward("nope")
+
+
+def test_the_registry_and_which_built_ins_run_inline():
+    assert set(REWARD_FUNCTIONS) == {"exact_answer", "token_accuracy", "format", "digits_only", "math"}
+    assert CHEAP_REWARDS == {"exact_answer", "token_accuracy", "format", "digits_only"}  # math runs guarded
+    assert resolve_reward("roll_lite.rewards.rules:exact_answer") is get_reward("exact_answer")
+
+
+@pytest.mark.parametrize(
+    "response, ground_truth, expected",
+    [
+        ("so the answer is \\boxed{0.5}", "1/2", 1.0),  # decimal vs fraction
+        ("The answer is $\\frac{1}{2}$", "0.5", 1.0),  # LaTeX fraction vs decimal
+        ("\\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}", 1.0),
+        ("#### 1,000", "1000", 1.0),  # a thousands separator is read as one number
+        ("\\boxed{1000}", "1,000", 1.0),
+        ("\\boxed{1,5}", "1.5", 0.0),  # ... so a decimal comma is not 1.5
+        ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0),  # symbolic equivalence
+        ("\\boxed{10^{3}}", "1000", 1.0),
+        ("\\boxed{0.333333}", "1/3", 1.0),  # numeric equivalence to 6 decimals (math-verify's float_rounding)
+        ("\\boxed{0.33}", "1/3", 0.0),
+        ("first 7, then \\boxed{12}", "12", 1.0),  # the boxed answer wins
+        ("\\boxed{(1, 2)}", "(1, 2)", 1.0),  # a bare ground truth is read as LaTeX: an interval, not 2
+        ("\\boxed{3}", "4", 0.0),  # wrong
+        ("I do not know", "3", 0.0),  # no answer
+        ("", "3", 0.0),
+    ],
+)
+def test_math_reward_uses_math_verify(response, ground_truth, expected):
+    assert get_reward("math")(response, ground_truth, {}) == expected
+
+
+def test_math_reward_raises_on_a_ground_truth_math_verify_cannot_read():
+    with pytest.raises(ValueError, match="math-verify cannot parse the ground truth '\\$\\$'"):
+        get_reward("math")("\\boxed{1}", "$$", {})
+
+
+def test_as_score_takes_finite_numbers_only():
+    assert as_score(True) == 1.0 and as_score(3) == 3.0 and as_score(np.float32(0.5)) == 0.5
+    assert as_score(np.int64(2)) == 2.0
+    for value, reason in [("1", "returned a str, not a number"), (None, "returned a NoneType"),
+                          (math.nan, "returned nan"), (-math.inf, "returned -inf"), ([1.0], "returned a list")]:
+        with pytest.raises((TypeError, ValueError), match=reason):
+            as_score(value)
+    assert call(lambda r, g, e: 1 / 0, "a", "b", {}) == (0.0, "ZeroDivisionError: division by zero")
+    assert call(lambda r, g, e: sys.exit(4), "a", "b", {}) == (0.0, "SystemExit: 4")
+
+
+USER_REWARDS = '''
+import math, os, sys, time
+
+def by_extra(response, ground_truth, extra):
+    return extra["weight"] * float(response == ground_truth)
+
+def flaky(response, ground_truth, extra):
+    print("flaky was called")  # prints must not disturb the runner
+    if response == "raise":
+        raise ValueError("cannot score " + response)
+    if response == "hang":
+        while True:
+            time.sleep(1)
+    if response == "nan":
+        return math.nan
+    if response == "text":
+        return "1.0"
+    if response == "crash":
+        os._exit(3)
+    return len(response)
+'''
+
+
+@pytest.fixture
+def user_rewards(tmp_path, monkeypatch):
+    (tmp_path / "user_rewards_for_test.py").write_text(textwrap.dedent(USER_REWARDS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "user_rewards_for_test"
+    sys.modules.pop("user_rewards_for_test", None)
+
+
+def test_runner_gives_zero_to_calls_that_raise_hang_crash_or_return_no_number(user_rewards):
+    runner = RewardRunner([f"{user_rewards}:flaky"], timeout_s=1.0)
+    try:
+        responses = ["ab", "raise", "abc", "hang", "a", "nan", "text", "crash", "abcd"]
+        start = time.monotonic()
+        outcome = runner.score(f"{user_rewards}:flaky", responses, ["x"] * 9, [{}] * 9)
+        elapsed = time.monotonic() - start
+        assert outcome.scores == [2.0, 0.0, 3.0, 0.0, 1.0, 0.0, 0.0, 0.0, 4.0]
+        assert (outcome.failed, outcome.timed_out) == (4, 1)  # raise, nan, text, crash; hang
+        assert outcome.first_error == "ValueError: cannot score raise"
+        # The hang is bounded by the timeout (plus two restarts of the process: hang and crash).
+        assert 1.0 <= elapsed < 15.0, elapsed
+        assert runner.process.starts == 3
+        # The process goes on serving the next batch.
+        again = runner.score(f"{user_rewards}:flaky", ["hang", "abcde"], ["x", "x"], [{}, {}])
+        assert again.scores == [0.0, 5.0] and again.timed_out == 1
+        assert again.first_error == "no result within reward.timeout_s=1 s"
+    finally:
+        runner.close()
+    assert runner.process.process.poll() is not None  # closed: nothing left running
+
+
+def test_reward_worker_weights_functions_passes_extras_and_counts_failures(user_rewards, caplog):
+    worker = RewardWorker({"exact_answer": 1.0, f"{user_rewards}:by_extra": 0.5, f"{user_rewards}:flaky": 0.25},
+                          timeout_s=2.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="roll_lite.rewards"):
+            scores, metrics = worker.score(["12", "raise", "7"], ["12", "3", "7"],
+                                           [{"weight": 2.0}, {"weight": 4.0}, {"weight": 1.0}])
+        # exact: [1, 0, 1]; by_extra: weight * exact = [2, 0, 1]; flaky: len = [2, 0 (raised), 1]
+        assert scores.tolist() == pytest.approx([1 + 0.5 * 2 + 0.25 * 2, 0.0, 1 + 0.5 * 1 + 0.25 * 1])
+        assert metrics["reward/exact_answer"] == pytest.approx(2 / 3)
+        assert metrics[f"reward/{user_rewards}:by_extra"] == pytest.approx(1.0)
+        assert metrics[f"reward/{user_rewards}:flaky"] == pytest.approx(1.0)
+        assert metrics[f"reward/{user_rewards}:flaky/failed"] == 1.0
+        assert metrics[f"reward/{user_rewards}:flaky/timed_out"] == 0.0
+        assert metrics["reward/exact_answer/failed"] == 0.0
+        warnings = [r.getMessage() for r in caplog.records]
+        assert warnings == [f"reward {user_rewards}:flaky: 1 of 3 responses scored 0 (1 failed, 0 timed out); "
+                            "first: ValueError: cannot score raise"]
+        # No extras (the pipeline has none): by_extra finds no 'weight' and fails on every row.
+        scores, metrics = worker.score(["1"], ["1"], None)
+        assert scores.tolist() == [1.0 + 0.25 * 1] and metrics[f"reward/{user_rewards}:by_extra/failed"] == 1.0
+    finally:
+        worker.close()
+
+
+def test_an_inline_built_in_that_raises_is_counted_too():
+    worker = RewardWorker({"token_accuracy": 1.0})
+    scores, metrics = worker.score(["12", None], ["12", "3"])  # None has no .strip()
+    assert scores.tolist() == [1.0, 0.0] and metrics["reward/token_accuracy/failed"] == 1.0
+
+
+def test_math_runs_in_the_guarded_process():
+    worker = RewardWorker({"math": 1.0}, timeout_s=30.0)
+    try:
+        assert worker.runner.process is not None and not worker.runner.inline
+        scores, metrics = worker.score(["\\boxed{\\frac{1}{2}}", "\\boxed{2}", "none"], ["0.5", "3", "1"])
+        assert scores.tolist() == [1.0, 0.0, 0.0] and metrics["reward/math/failed"] == 0.0
+    finally:
+        worker.close()
