@@ -187,11 +187,11 @@ def validate(config: RunConfig) -> None:
     if algorithm.advantage in ("grpo", "dr_grpo", "rloo"):
         _check(rollout.num_samples >= 2, "rollout.num_samples", f"{algorithm.advantage} needs >= 2 samples per prompt")
     for name in ("actor", "critic"):
+        _check(getattr(config, name).lr > 0, f"{name}.lr", f"must be > 0, got {getattr(config, name).lr}")
         try:
             getattr(config, name).validate(f"{name}.")
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        _check(getattr(config, name).lr > 0, f"{name}.lr", f"must be > 0, got {getattr(config, name).lr}")
     for key in ("actor_dp", "critic_dp", "reference_dp", "torch_threads"):
         _check(getattr(config.workers, key) >= 1, f"workers.{key}", "must be >= 1")
     for key in ("actor_cpus", "rollout_cpus"):

@@ -1,9 +1,10 @@
 """Where a model or tokenizer comes from: a local folder (saved with save_pretrained) or a hub id.
 
-`locate(path, key)` says which, or raises ValueError with one line naming the config key: a string
-that is neither an existing folder nor of the hub form `name` / `org/name` is reported as a missing
-folder (transformers would call it a malformed repo id), and a folder without the files that a
-model (config.json + weights) or a tokenizer (tokenizer.json) needs is named as such.
+`locate(path, key, needs)` says which, or raises ValueError with one line naming the config key: a
+missing folder (a string that is not of the hub form `name` / `org/name`, or that looks like a local
+path) is reported as such (transformers would call it a malformed repo id), and so is a folder
+without the files a model (config.json + weights) or a tokenizer (tokenizer.json) needs. Only a hub
+id goes to the network (when transformers loads it).
 """
 
 from __future__ import annotations
@@ -40,9 +41,16 @@ def locate(path: str, key: str, needs: str) -> str:
         return "folder"
     if folder.exists():
         raise ValueError(f"{key}: '{path}' is a file; give the {needs} folder (or a hub id org/name)")
-    if not is_hub_id(path):
+    if looks_local(path) or not is_hub_id(path):
         raise ValueError(f"{key}: no such folder '{path}' (and not a hub id of the form org/name)")
     return "hub"
+
+
+def looks_local(path: str) -> bool:
+    """A path the user meant as a folder here: absolute, ./ ../ ~, or under an existing directory
+    ('outputs/run/final' when outputs/ exists). Anything else of the form name or org/name is a hub id."""
+    first = Path(path).parts[0] if Path(path).parts else ""
+    return path.startswith(("/", ".", "~")) or (len(Path(path).parts) > 1 and Path(first).is_dir())
 
 
 def first_line(error: BaseException) -> str:
