@@ -241,8 +241,13 @@ class PPOPipeline:
 
         c = self.config
         run_dir = Path(c.output_dir) / c.run_name
-        tracker = RunLogger(run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name)
+        # Ray first: a joined cluster too small for the workers is reported before anything is written.
         logger.info(start_ray(c.ray_address, c.workers.actor_cpus * c.workers.actor_dp + c.workers.rollout_cpus))
+        try:
+            tracker = RunLogger(run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name)
+        except BaseException:
+            stop_ray()
+            raise
         try:
             start = time.perf_counter()
             self.start_workers()

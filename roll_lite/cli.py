@@ -1,6 +1,8 @@
 """roll-train --config FILE [key=value ...]: validate the config, then run its pipeline.
 
-Config problems print one line naming the key and exit with code 2 before anything starts.
+Config problems print one line naming the key and exit with code 2 before anything starts: the
+config's own values (config.py), then what needs the model's config, the tokenizer or this machine
+(preflight.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Sequence
 
 from roll_lite.config import ConfigError, load_config
 from roll_lite.importing import load_object
+from roll_lite.preflight import check_run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,6 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(args.config, args.overrides)
         pipeline_class = load_object(config.pipeline, search_cwd=True)  # like `python -m`, after the installed packages
+        check_run(config)  # the model's config, the tokenizer, this machine: before Ray or any output
     except ConfigError as error:
         print(f"roll-train: config error: {error}", file=sys.stderr)
         return 2
@@ -30,7 +34,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("roll_lite").setLevel(logging.INFO)
-    pipeline_class(config).run()
+    try:
+        pipeline_class(config).run()
+    except ConfigError as error:  # found once connected to a cluster (e.g. too few CPUs); nothing written
+        print(f"roll-train: config error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

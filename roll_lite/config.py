@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -25,7 +26,9 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    """A HF model config built from scratch (nothing from a hub), or a local pretrained folder."""
+    """A HF model built from this config (random init, nothing downloaded), or `pretrained_path`:
+    a local folder saved with save_pretrained, or a hub id (org/name). The architecture keys below
+    only apply to a model built from config."""
 
     model_type: str = "qwen2"
     hidden_size: int = 128
@@ -35,9 +38,11 @@ class ModelConfig:
     num_key_value_heads: int = 2
     max_position_embeddings: int = 64
     tie_word_embeddings: bool = True
-    pretrained_path: Optional[str] = None  # a local folder saved with save_pretrained
-    tokenizer_path: Optional[str] = None  # a local tokenizer folder; default: the built-in character tokenizer
+    pretrained_path: Optional[str] = None  # a local model folder or a hub id; null: build from the keys above
+    tokenizer_path: Optional[str] = None  # a folder or hub id; null: pretrained_path's, else the built-in characters
     dtype: str = "float32"
+    gradient_checkpointing: bool = False  # recompute activations in backward (actor, critic): less memory, slower
+    trust_remote_code: bool = False  # run the model folder's own Python code (config.json auto_map); off: refuse
 
 
 @dataclass
@@ -152,6 +157,8 @@ def validate(config: RunConfig) -> None:
     _check(1 <= config.task.min_digits <= config.task.max_digits, "task.min_digits",
            "need 1 <= task.min_digits <= task.max_digits")
     _check(config.sft.steps >= 0, "sft.steps", f"must be >= 0, got {config.sft.steps}")
+    _check(config.sft.batch_size >= 1, "sft.batch_size", f"must be >= 1, got {config.sft.batch_size}")
+    _check(config.sft.lr > 0, "sft.lr", f"must be > 0, got {config.sft.lr}")
     _check(0.0 <= config.sft.correct_fraction <= 1.0, "sft.correct_fraction", "must be in [0, 1]")
     rollout = config.rollout
     _one_of(rollout.engine, ("hf", "vllm"), "rollout.engine")
@@ -183,12 +190,15 @@ def validate(config: RunConfig) -> None:
     if algorithm.advantage in ("grpo", "dr_grpo", "rloo"):
         _check(rollout.num_samples >= 2, "rollout.num_samples", f"{algorithm.advantage} needs >= 2 samples per prompt")
     for name in ("actor", "critic"):
+        _check(getattr(config, name).lr > 0, f"{name}.lr", f"must be > 0, got {getattr(config, name).lr}")
         try:
             getattr(config, name).validate(f"{name}.")
         except ValueError as error:
             raise ConfigError(str(error)) from None
     for key in ("actor_dp", "critic_dp", "reference_dp", "torch_threads"):
         _check(getattr(config.workers, key) >= 1, f"workers.{key}", "must be >= 1")
+    for key in ("actor_cpus", "rollout_cpus"):
+        _check(getattr(config.workers, key) >= 0, f"workers.{key}", f"must be >= 0, got {getattr(config.workers, key)}")
 
 
 def _replace_reward_functions(merged, layer) -> None:
@@ -207,7 +217,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
             path = Path(path)
             if not path.is_file():
                 raise ConfigError(f"--config: no such file '{path}'")
-            layer = OmegaConf.load(path)
+            layer = _load_yaml(path)
             merged = OmegaConf.merge(merged, layer)
             _replace_reward_functions(merged, layer)
         for override in overrides:
@@ -224,7 +234,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         message = str(error).splitlines()[0]
         raise ConfigError(f"{key}: {message}") from None
     validate(config)
+    if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
+        config.model.tokenizer_path = config.model.pretrained_path
     return config
+
+
+def _load_yaml(path: Path):
+    try:
+        return OmegaConf.load(path)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"--config: {where}: YAML syntax error: {problem}") from None
 
 
 def to_yaml(config: RunConfig) -> str:

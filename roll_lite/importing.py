@@ -28,6 +28,8 @@ def load_object(spec: str, search_cwd: bool = False):
         sys.path.append(os.getcwd())
     try:
         target = importlib.import_module(module_name)
+    except SyntaxError as error:
+        raise ImportError(f"cannot import '{spec}': {error.msg} in {error.filename}, line {error.lineno}") from None
     except ModuleNotFoundError as error:
         missing = error.name or ""
         if module_name != missing and not module_name.startswith(missing + "."):

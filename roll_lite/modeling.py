@@ -112,11 +112,15 @@ class CausalLMWithValueHead(_HeadOnDecoder):
 
 
 def load_causal_lm(model_config, vocab_size: int, seed: int) -> nn.Module:
-    """The run's model from its `model` config section: a local pretrained folder, or a fresh
-    model of that architecture (random init from `seed`, vocabulary of the tokenizer)."""
+    """The run's model from its `model` config section: `pretrained_path` (a local folder or a hub
+    id; its own code only with `trust_remote_code`), or a fresh model of that architecture (random
+    init from `seed`, vocabulary of the tokenizer). Every worker calls this, so the actor, the
+    reference and the critic's backbone start from the same weights."""
     dtype = getattr(torch, model_config.dtype)
     if model_config.pretrained_path:
-        model = AutoModelForCausalLM.from_pretrained(model_config.pretrained_path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_config.pretrained_path, dtype=dtype, trust_remote_code=model_config.trust_remote_code
+        )
         return use_packed_attention(model)
     settings = {
         key: getattr(model_config, key)
@@ -124,3 +128,12 @@ def load_causal_lm(model_config, vocab_size: int, seed: int) -> nn.Module:
                     "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings")
     }
     return build_causal_lm({**settings, "vocab_size": vocab_size}, dtype=dtype, seed=seed)
+
+
+def enable_gradient_checkpointing(lm: nn.Module) -> nn.Module:
+    """Recompute each decoder layer's activations in backward (HF's own checkpointing, non-reentrant,
+    which works under FSDP2 and with packed input). Only acts in train mode."""
+    if not getattr(lm, "supports_gradient_checkpointing", False):
+        raise ValueError(f"model.gradient_checkpointing: {type(lm).__name__} does not support gradient checkpointing")
+    lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return lm

@@ -23,10 +23,11 @@ def test_char_tokenizer_roundtrip(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = build_char_tokenizer()
-    ids = tokenizer("93 = x")["input_ids"]
-    assert len(ids) == 6 and tokenizer.decode(ids) == "93 = x"
+    ids = tokenizer("93 = x")["input_ids"]  # <bos> first: add_bos_token
+    assert len(ids) == 7 and ids[0] == tokenizer.bos_token_id and tokenizer.decode(ids[1:]) == "93 = x"
+    assert tokenizer("93 = x", add_special_tokens=False)["input_ids"] == ids[1:]
     tokenizer.save_pretrained(tmp_path)
-    assert PreTrainedTokenizerFast.from_pretrained(tmp_path)("93")["input_ids"] == ids[:2]
+    assert PreTrainedTokenizerFast.from_pretrained(tmp_path)("93")["input_ids"] == ids[:3]
 
 
 def test_load_tokenizer_from_a_folder_and_errors(tmp_path):
@@ -34,5 +35,7 @@ def test_load_tokenizer_from_a_folder_and_errors(tmp_path):
 
     build_char_tokenizer().save_pretrained(tmp_path / "tok")
     assert load_tokenizer(str(tmp_path / "tok"))("42")["input_ids"] == build_char_tokenizer()("42")["input_ids"]
-    with pytest.raises(ValueError, match="model.tokenizer_path: cannot load a tokenizer from"):
+    with pytest.raises(ValueError, match="model.tokenizer_path: no such folder .*missing' \\(and not a hub id"):
         load_tokenizer(str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="model.tokenizer_path: '.*' has no tokenizer.json"):
+        load_tokenizer(str(tmp_path))

@@ -7,6 +7,8 @@ import os
 
 import ray
 
+from roll_lite.config import ConfigError
+
 from .process_setup import HOOK
 
 logger = logging.getLogger(__name__)
@@ -29,8 +31,8 @@ def start_ray(address: str | None, num_cpus_needed: float) -> str:
     available = ray.cluster_resources().get("CPU", 0)
     if num_cpus_needed > available:
         ray.shutdown()
-        raise RuntimeError(
-            f"the workers reserve {num_cpus_needed:g} CPUs (workers.actor_cpus × workers.actor_dp + "
+        raise ConfigError(
+            f"workers.actor_cpus: the workers reserve {num_cpus_needed:g} CPUs (workers.actor_cpus × workers.actor_dp + "
             f"workers.rollout_cpus) but the cluster has {available:g}; lower them"
         )
     return f"{where} ({available:g} CPUs)"

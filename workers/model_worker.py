@@ -4,6 +4,7 @@ with ray.remote and forms the D ranks into one torch.distributed group."""
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 from pathlib import Path
@@ -14,7 +15,7 @@ from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
 from roll_lite.importing import enter_import_root, load_object
 from roll_lite.loss_funcs import sft_loss_func
-from roll_lite.modeling import load_causal_lm
+from roll_lite.modeling import enable_gradient_checkpointing, load_causal_lm
 from roll_lite.strategy.distributed import free_port
 from roll_lite.tokenizer import load_tokenizer
 from roll_lite.weights import FlatWeights, flatten_state_dict, unflatten_state_dict
@@ -46,7 +47,10 @@ class ModelWorker:
 
         head, trainable = ROLES[self.role]
         strategy_config = self.config.critic if self.role == "critic" else self.config.actor
-        lm = load_causal_lm(self.config.model, len(load_tokenizer(self.config.model.tokenizer_path)), seed=self.config.seed)
+        self.tokenizer = load_tokenizer(self.config.model.tokenizer_path)
+        lm = load_causal_lm(self.config.model, len(self.tokenizer), seed=self.config.seed)
+        if trainable and self.config.model.gradient_checkpointing:
+            enable_gradient_checkpointing(lm)
         self.strategy = FSDP2Strategy(lm, strategy_config, head=head, trainable=trainable)
         # The pipeline class owns the loss functions; a light instance (no workers) serves them here.
         self.pipeline = load_object(self.config.pipeline)(self.config)
@@ -69,15 +73,21 @@ class ModelWorker:
         self.strategy.load_full_state_dict(unflatten_state_dict(weights))
 
     def save_pretrained(self, path: str) -> None:
-        """Write the model as a HF folder (config.json + safetensors) from rank 0; every rank takes
-        part in gathering the weights. Written to a temporary folder first, then renamed."""
+        """Write the model as a HF folder (config.json, safetensors, generation_config.json with the
+        tokenizer's bos / eos / pad ids) from rank 0; every rank takes part in gathering the weights.
+        Written to a temporary folder first, then renamed."""
         state = self.strategy.full_state_dict()
         if self.rank != 0:
             return
         from transformers import AutoModelForCausalLM
 
-        lm = AutoModelForCausalLM.from_config(self.strategy.model.lm.config)
+        trained = self.strategy.model.lm
+        lm = AutoModelForCausalLM.from_config(trained.config, dtype=next(iter(state.values())).dtype,
+                                              trust_remote_code=self.config.model.trust_remote_code)
         lm.load_state_dict(state)
+        lm.generation_config = copy.deepcopy(trained.generation_config)
+        lm.generation_config.update(**{f"{name}_token_id": getattr(self.tokenizer, f"{name}_token_id")
+                                       for name in ("bos", "eos", "pad")})
         target = Path(path)
         partial = target.with_name(target.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)

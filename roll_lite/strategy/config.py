@@ -42,6 +42,8 @@ class StrategyConfig:
                 fail("max_tokens_per_micro_batch", "token-budget micro-batches need use_packing=true")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             fail("max_grad_norm", f"must be > 0 or null, got {self.max_grad_norm}")
+        if self.lr < 0:
+            fail("lr", f"must be >= 0, got {self.lr}")
         if self.lr_schedule not in LR_SCHEDULES:
             fail("lr_schedule", f"'{self.lr_schedule}' is not one of {', '.join(LR_SCHEDULES)}")
         if self.lr_schedule == "cosine" and self.total_steps < 1:

@@ -1,0 +1,130 @@
+"""Checks that need more than the config's own values (the model's config, the tokenizer, this
+machine), made in the driver before Ray starts or any output folder exists.
+
+`check_run(config)` raises ConfigError with one line naming the key. It reads the model's config
+(AutoConfig: config.json only, never the weights) and loads the tokenizer; both are cheap.
+"""
+
+from __future__ import annotations
+
+import os
+
+from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
+
+from roll_lite.config import ConfigError, RunConfig
+from roll_lite.model_files import first_line, locate
+from roll_lite.tokenizer import load_tokenizer
+
+
+def check_run(config: RunConfig) -> None:
+    model_config = _pretrained_config(config.model) if config.model.pretrained_path else None
+    tokenizer = _tokenizer(config)
+    if model_config is None:
+        model_config = _built_config(config.model, len(tokenizer))
+    if config.model.pretrained_path and len(tokenizer) > model_config.vocab_size:
+        raise ConfigError(
+            f"model.tokenizer_path: the tokenizer has {len(tokenizer)} tokens but the model "
+            f"(model.pretrained_path) has vocab_size {model_config.vocab_size}; ids from {model_config.vocab_size} "
+            "on have no embedding: use the model's own tokenizer"
+        )
+    _check_positions(config, model_config, tokenizer)
+    _check_rollout_engine(config.rollout.engine)
+    _check_cpus(config)
+
+
+def _tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:
+    try:
+        return load_tokenizer(config.model.tokenizer_path)
+    except ValueError as error:
+        message = str(error)
+        if config.model.pretrained_path and config.model.tokenizer_path == config.model.pretrained_path:
+            message = message.replace("model.tokenizer_path:", "model.tokenizer_path (unset: model.pretrained_path's):", 1)
+        raise ConfigError(message) from None
+
+
+def _built_config(model, vocab_size: int) -> PretrainedConfig:
+    """The HF config of a model built from the `model` keys, its heads checked."""
+    _check_heads(model.hidden_size, model.num_attention_heads, model.num_key_value_heads, "model.")
+    settings = {key: getattr(model, key) for key in (
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "max_position_embeddings", "tie_word_embeddings")}
+    try:
+        return AutoConfig.for_model(model.model_type, vocab_size=vocab_size, **settings)
+    except ValueError:
+        raise ConfigError(f"model.model_type: '{model.model_type}' is not a model type of transformers "
+                          "(e.g. qwen2, llama)") from None
+
+
+def _pretrained_config(model) -> PretrainedConfig:
+    """The config.json of `model.pretrained_path` (a folder with weights, or a hub id), its heads checked."""
+    path = model.pretrained_path
+    try:
+        where = locate(path, "model.pretrained_path", "model")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    try:
+        model_config = AutoConfig.from_pretrained(path, trust_remote_code=model.trust_remote_code)
+    except Exception as error:  # OSError (missing / unreachable), ValueError (unknown type, remote code), JSON errors
+        hint = " (set model.trust_remote_code=true if you trust it)" if "trust_remote_code" in str(error) else ""
+        raise ConfigError(f"model.pretrained_path: cannot read the model config of the {where} '{path}': "
+                          f"{first_line(error)}{hint}") from None
+    heads = getattr(model_config, "num_attention_heads", None)
+    kv_heads = getattr(model_config, "num_key_value_heads", None)
+    if heads and kv_heads and heads % kv_heads:
+        raise ConfigError(f"model.pretrained_path: its config.json has num_key_value_heads {kv_heads}, which does not "
+                          f"divide num_attention_heads {heads}")
+    return model_config
+
+
+def _check_heads(hidden_size: int, heads: int, kv_heads: int, prefix: str) -> None:
+    if heads < 1 or hidden_size % heads:
+        raise ConfigError(f"{prefix}num_attention_heads: {heads} must divide {prefix}hidden_size {hidden_size}")
+    if kv_heads < 1 or heads % kv_heads:
+        raise ConfigError(f"{prefix}num_key_value_heads: {kv_heads} must divide {prefix}num_attention_heads {heads}")
+
+
+def longest_prompt_tokens(config: RunConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[int, str]:
+    """(tokens in the longest prompt the run can produce, the key that bounds it), <bos> included."""
+    digits = config.task.max_digits  # reverse_digits: '<bos>' + max_digits digits + '='
+    prompt = "9" * digits + "="
+    bos = 1 if tokenizer.bos_token_id is not None else 0
+    return bos + len(tokenizer(prompt, add_special_tokens=False)["input_ids"]), f"task.max_digits={digits}"
+
+
+def _check_positions(config: RunConfig, model_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if limit is None:
+        return
+    key = "model.max_position_embeddings" if not config.model.pretrained_path else "the model's max_position_embeddings"
+    prompt, bound = longest_prompt_tokens(config, tokenizer)
+    new = config.rollout.max_new_tokens
+    if prompt + new > limit:
+        raise ConfigError(f"rollout.max_new_tokens: the longest prompt ({prompt} tokens, {bound}) + "
+                          f"rollout.max_new_tokens={new} = {prompt + new} exceeds {key}={limit}")
+    demonstration = prompt + config.task.max_digits + 1  # the warm start's target: up to max_digits digits + <eos>
+    if config.sft.steps and demonstration > limit:
+        raise ConfigError(f"task.max_digits: the warm start's sequences (up to {demonstration} tokens) exceed {key}={limit}")
+
+
+def _check_rollout_engine(engine: str) -> None:
+    from roll_lite.rollout import choose_engine
+
+    try:
+        choose_engine(engine)
+    except (RuntimeError, NotImplementedError, ValueError) as error:
+        raise ConfigError(str(error)) from None
+
+
+def _check_cpus(config: RunConfig) -> None:
+    """A local cluster gets os.cpu_count() CPUs; a cluster joined through ray_address / RAY_ADDRESS is
+    only known once connected, so start_ray checks it there (before any output is written)."""
+    if config.ray_address or os.environ.get("RAY_ADDRESS"):
+        return
+    w = config.workers
+    needed, available = w.actor_cpus * w.actor_dp + w.rollout_cpus, os.cpu_count() or 1
+    if needed > available:
+        raise ConfigError(
+            f"workers.actor_cpus: the workers reserve {needed:g} CPUs (workers.actor_cpus {w.actor_cpus:g} × "
+            f"workers.actor_dp {w.actor_dp} + workers.rollout_cpus {w.rollout_cpus:g}) but this machine has "
+            f"{available}; lower them (fractions are fine)"
+        )

@@ -1,0 +1,134 @@
+"""Bad input a new user meets, reported by `roll-train` in the driver before Ray starts: one line on
+stderr naming the key (or file and line), exit code 2, no output folder, in a few seconds."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from roll_lite.cli import main
+from roll_lite.config import load_config
+from roll_lite.invariance import TINY_MODEL
+from roll_lite.modeling import build_causal_lm
+from roll_lite.preflight import check_run
+from roll_lite.tokenizer import build_char_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+ROLL_TRAIN = str(Path(sys.executable).parent / "roll-train")
+
+
+def _model_folder(folder: Path, vocab_size: int | None = None) -> Path:
+    tokenizer = build_char_tokenizer()
+    build_causal_lm(dict(TINY_MODEL, vocab_size=vocab_size or len(tokenizer)), seed=0).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def _setup(tmp_path: Path, case: str) -> list[str]:
+    """Files the case needs in tmp_path; returns its overrides."""
+    if case == "empty folder":
+        (tmp_path / "m").mkdir()
+        return ["model.pretrained_path=m"]
+    if case == "no weights":
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+        return ["model.pretrained_path=m"]
+    if case == "small vocab":
+        _model_folder(tmp_path / "m", vocab_size=64)
+        return ["model.pretrained_path=m"]
+    if case == "remote code":
+        folder = _model_folder(tmp_path / "m")
+        config = json.loads((folder / "config.json").read_text())
+        config.update(model_type="my_model", auto_map={"AutoConfig": "configuration_my.MyConfig"})
+        (folder / "config.json").write_text(json.dumps(config))
+        return ["model.pretrained_path=m"]
+    if case == "yaml":
+        (tmp_path / "bad.yaml").write_text("steps: 3\nrollout:\n  max_new_tokens: [8\nactor:\n  lr: 1e-4\n")
+        return ["--config", "bad.yaml"]
+    if case == "pipeline syntax":
+        (tmp_path / "my_pipeline.py").write_text("from roll_lite.pipelines.ppo import PPOPipeline\n\nclass Mine(PPOPipeline)\n    pass\n")
+        return ["pipeline=my_pipeline:Mine"]
+    return []
+
+
+# Run as the `roll-train` command: files on disk, stderr exactly one line.
+COMMAND_CASES = [
+    ("missing folder", ["model.pretrained_path=models/nowhere"],
+     "model.pretrained_path: no such folder 'models/nowhere' (and not a hub id of the form org/name)"),
+    ("empty folder", [], "model.pretrained_path: 'm' is a folder but not a model: it has no config.json"),
+    ("no weights", [], "model.pretrained_path: 'm' has a config.json but no weights (model.safetensors"),
+    ("small vocab", [], "model.tokenizer_path: the tokenizer has 91 tokens but the model (model.pretrained_path) has vocab_size 64"),
+    ("remote code", [], "model.pretrained_path: cannot read the model config of the folder 'm': The repository m contains custom code"),
+    ("missing tokenizer", ["model.tokenizer_path=./tok"], "model.tokenizer_path: no such folder './tok'"),
+    ("yaml", [], "--config: bad.yaml:4:6: YAML syntax error: did not find expected ',' or ']'"),
+    ("pipeline syntax", [], "pipeline: cannot import 'my_pipeline:Mine': expected ':' in "),
+]
+# Checks of values alone: main() in this process (the same code path, without a process start each).
+VALUE_CASES = [
+    ("actor.lr=-1", "actor.lr: must be > 0, got -1.0"),
+    ("critic.lr=0", "critic.lr: must be > 0, got 0.0"),
+    ("model.num_attention_heads=3", "model.num_attention_heads: 3 must divide model.hidden_size 128"),
+    ("model.num_key_value_heads=3", "model.num_key_value_heads: 3 must divide model.num_attention_heads 4"),
+    ("model.model_type=gpt5", "model.model_type: 'gpt5' is not a model type of transformers (e.g. qwen2, llama)"),
+    ("sft.batch_size=0", "sft.batch_size: must be >= 1, got 0"),
+    ("sft.lr=0", "sft.lr: must be > 0, got 0.0"),
+    ("rollout.engine=vllm", "rollout.engine=vllm needs"),
+    ("workers.actor_cpus=512", "workers.actor_cpus: the workers reserve 513 CPUs (workers.actor_cpus 512 × workers.actor_dp 1 "
+                               "+ workers.rollout_cpus 1) but this machine has"),
+    ("workers.rollout_cpus=-1", "workers.rollout_cpus: must be >= 0, got -1.0"),
+    ("rollout.max_new_tokens=60", "rollout.max_new_tokens: the longest prompt (9 tokens, task.max_digits=7) + "
+                                  "rollout.max_new_tokens=60 = 69 exceeds model.max_position_embeddings=64"),
+    ("task.max_digits=40", "task.max_digits: the warm start's sequences (up to 83 tokens) exceed model.max_position_embeddings=64"),
+]
+# Exits before anything starts: Ray is never imported.
+NO_RAY = "import sys; from roll_lite.cli import main; code = main(sys.argv[1:]); sys.exit(99 if 'ray' in sys.modules else code)"
+
+
+@pytest.mark.parametrize("case, overrides, expected", COMMAND_CASES, ids=[c[0] for c in COMMAND_CASES])
+def test_roll_train_rejects_bad_input_in_one_line_before_anything_starts(tmp_path, case, overrides, expected):
+    (tmp_path / "models").mkdir()
+    args = _setup(tmp_path, case) + overrides
+    if "--config" not in args:
+        args = ["--config", str(REPO / "configs/ppo.yaml")] + args
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    start = time.perf_counter()
+    result = subprocess.run([ROLL_TRAIN, *args, "output_dir=out"], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path, env=env)
+    elapsed = time.perf_counter() - start
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("roll-train: config error: ") and expected in lines[0], lines
+    if case == "pipeline syntax":
+        assert lines[0].endswith(f"{tmp_path / 'my_pipeline.py'}, line 3")
+    assert not (tmp_path / "out").exists() and result.stdout == ""
+    # ~7 s on a quiet 2-core box, all of it imports (torch, transformers); a Ray start alone is ~5 s
+    # more and the workers 12-60 s; the bound is loose for a box shared with other jobs.
+    assert elapsed < 30, f"{elapsed:.1f} s"
+    if case == "small vocab":  # the last check of a model folder: still no Ray
+        again = subprocess.run([sys.executable, "-c", NO_RAY, *args, "output_dir=out"], capture_output=True, text=True,
+                               timeout=120, cwd=tmp_path, env=env)
+        assert again.returncode == 2, again.stderr[-2000:]
+
+
+@pytest.mark.parametrize("override, expected", VALUE_CASES)
+def test_bad_values_exit_2_with_one_line(tmp_path, monkeypatch, capsys, override, expected):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config", str(REPO / "configs/ppo.yaml"), override, "output_dir=out"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0], lines
+    if override == "rollout.engine=vllm":
+        assert "use rollout.engine=hf" in lines[0] or torch.cuda.is_available()
+    assert not (tmp_path / "out").exists()
+
+
+def test_good_configs_pass(tmp_path):
+    check_run(load_config(REPO / "configs/ppo.yaml"))
+    check_run(load_config(REPO / "configs/grpo.yaml", ["rollout.max_new_tokens=55"]))  # 9 + 55 = 64: at the limit
+    folder = _model_folder(tmp_path / "m")
+    check_run(load_config(None, [f"model.pretrained_path={folder}", "rollout.max_new_tokens=100"]))  # 128 positions
