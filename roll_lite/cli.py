@@ -1,6 +1,7 @@
 """roll-train --config FILE [key=value ...]: validate the config, then run its pipeline.
 
-Config problems print one line naming the key and exit with code 2 before anything starts.
+Config problems, and bad data files (roll_lite/data/), print one line naming the key (and the file,
+row and field) and exit with code 2 before anything starts.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 from typing import Sequence
 
 from roll_lite.config import ConfigError, load_config
+from roll_lite.data import DataError
 from roll_lite.importing import load_object
 
 
@@ -30,7 +32,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("roll_lite").setLevel(logging.INFO)
-    pipeline_class(config).run()
+    pipeline = pipeline_class(config)
+    try:
+        pipeline.prepare_data()  # the data files, checked before Ray starts or the run directory exists
+    except DataError as error:
+        print(f"roll-train: data error: {error}", file=sys.stderr)
+        return 2
+    pipeline.run()
     return 0
 
 
