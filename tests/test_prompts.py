@@ -131,3 +131,15 @@ def test_long_prompts_are_left_out_counted_and_logged(tmp_path, caplog):
     with pytest.raises(DataError, match=r"row 2 \(line 3\): key 'prompt': every prompt is longer than "
                                         r"data.max_prompt_length=2 tokens; the shortest, this one, has 3"):
         prepare_datasets(data_config(path, max_prompt_length=2), build_char_tokenizer())
+
+
+def test_a_saved_dataset_dict_asks_for_one_split(tmp_path):
+    import datasets
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS), "test": datasets.Dataset.from_list(ROWS)}).save_to_disk(
+        str(tmp_path / "dict"))
+    with pytest.raises(DataError, match=r"^data.train_files: '.*dict' holds several splits \(train, test\); name one "
+                                        r"split's folder, e.g. '.*dict/train'$"):
+        prepare_datasets(data_config(tmp_path / "dict"), build_char_tokenizer())
+    prepared = prepare_datasets(data_config(tmp_path / "dict" / "test"), build_char_tokenizer())
+    assert prepared.train.answers == ["21", "543", "6"]

@@ -1,7 +1,8 @@
 """Data: the batch protocol (DataProto) and the prompt datasets a run trains and evaluates on.
 
 Kept light on purpose: importing roll_lite.data must not import `datasets` (tests/test_imports.py).
-The dataset modules are imported where they are used: prompts (load, validate, tokenize), sampler
+The dataset modules are imported where they are used: files (read one file with `datasets`),
+prompts (validate, tokenize, filter), sampler
 (seeded per-epoch order with a saved state), chat (chat templates), digits (the demo's data).
 """
 
