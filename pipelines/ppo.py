@@ -29,13 +29,16 @@ from roll_lite.algorithms import (
 )
 from roll_lite.config import RunConfig, to_yaml
 from roll_lite.data import DataProto
+from roll_lite.data.digits import noisy_demonstration
+from roll_lite.data.prompts import PromptData
+from roll_lite.data.sampler import PromptSampler
 from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, value_loss_func
 from roll_lite.rollout import SamplingParams
 from roll_lite.sequences import build_sequence_batch
-from roll_lite.tasks import ReverseDigitsTask, noisy_demonstration
 from roll_lite.tokenizer import load_tokenizer
 
 logger = logging.getLogger("roll_lite")
+EVAL_CHUNK = 256  # eval prompts per generate call
 
 
 class PPOPipeline:
@@ -43,7 +46,7 @@ class PPOPipeline:
         self.config = config
         self.algorithm = config.algorithm
         self.tokenizer = load_tokenizer(config.model.tokenizer_path)
-        self.task = ReverseDigitsTask(config.task.min_digits, config.task.max_digits, config.task.num_eval_prompts, config.seed)
+        self.train_data = self.eval_data = self.sampler = None  # prepare_data(): in the driver only
         self.seq_len_norm = (self.algorithm.seq_len_norm if self.algorithm.seq_len_norm is not None
                              else config.rollout.max_new_tokens)
         self.use_critic = self.algorithm.advantage == "gae"
@@ -92,30 +95,59 @@ class PPOPipeline:
                 group.wait_ready()
         logger.info(self.rollout.describe())
 
+    def prepare_data(self) -> None:
+        """Load, validate and tokenize the data: files (data.train_files, data.eval_files), and the
+        training sampler. In the driver, before Ray starts; a bad file raises DataError (one line).
+        Idempotent: run() calls it too."""
+        if self.train_data is not None:
+            return
+        from roll_lite.data.prompts import prepare_datasets
+
+        d = self.config.data
+        prepared = prepare_datasets(d, self.tokenizer)
+        self.train_data, self.eval_data = prepared.train, prepared.eval
+        self.sampler = PromptSampler(len(self.train_data), self.data_seed, d.shuffle, d.epochs)
+        for note in prepared.notes:
+            logger.info(note)
+
+    def longest_sequences(self) -> tuple[int, int]:
+        """(tokens of the longest prompt, of the longest warm-start sequence: prompt + answer + <eos>)."""
+        self.prepare_data()
+        rows = [self.train_data] + ([self.eval_data] if self.eval_data is not None else [])
+        longest_prompt = max(len(ids) for data in rows for ids in data.prompt_ids)
+        train = self.train_data
+        longest_demonstration = max(len(ids) + len(self.encode(answer)) + 1 for ids, answer in zip(train.prompt_ids, train.answers))
+        return longest_prompt, longest_demonstration
+
+    @property
+    def data_seed(self) -> int:
+        return self.config.seed if self.config.data.seed is None else self.config.data.seed
+
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def encode_prompt(self, prompt: str) -> list[int]:
-        bos = self.tokenizer.bos_token_id
-        return ([bos] if bos is not None else []) + self.encode(prompt)
-
-    def generate(self, examples, params: SamplingParams) -> DataProto:
-        """Sequences of every (prompt, sample): tensors + response_text, answer, group ids."""
-        prompts = [self.encode_prompt(e.prompt) for e in examples]
-        completions = self.rollout.generate(prompts, params)
-        n = len(completions) // len(examples)
-        batch = build_sequence_batch([p for p in prompts for _ in range(n)], completions, self.tokenizer.pad_token_id)
-        batch.batch["group_ids"] = torch.arange(len(examples)).repeat_interleave(n)
+    def generate(self, prompts: PromptData, params: SamplingParams) -> DataProto:
+        """Sequences of every (prompt, sample): tensors + response_text, group ids, and per row the
+        prompt's answer and extra fields (non_tensor_batch 'answer', 'extra': a dict per row)."""
+        completions = self.rollout.generate(prompts.prompt_ids, params)
+        n = len(completions) // len(prompts)
+        batch = build_sequence_batch([p for p in prompts.prompt_ids for _ in range(n)], completions,
+                                     self.tokenizer.pad_token_id)
+        batch.batch["group_ids"] = torch.arange(len(prompts)).repeat_interleave(n)
         batch.non_tensor_batch["response_text"] = [self.tokenizer.decode(c, skip_special_tokens=True) for c in completions]
-        batch.non_tensor_batch["answer"] = [e.answer for e in examples for _ in range(n)]
+        batch.non_tensor_batch["answer"] = [a for a in prompts.answers for _ in range(n)]
+        batch.non_tensor_batch["extra"] = [e for e in prompts.extras for _ in range(n)]
         return DataProto(batch.batch, batch.non_tensor_batch)
 
     def step(self, step: int) -> dict[str, float]:
         a, r = self.algorithm, self.config.rollout
         start = time.perf_counter()
-        examples = self.task.train_examples(r.prompts_per_step)
+        self.prepare_data()
+        rows = self.sampler.draw(r.prompts_per_step)
+        if not rows:
+            raise RuntimeError(f"step {step}: the training prompts are used up (data.epochs={self.config.data.epochs})")
         params = SamplingParams(r.max_new_tokens, r.num_samples, r.temperature, r.top_p, r.top_k)
-        batch = self.generate(examples, params)
+        batch = self.generate(self.train_data.select(rows), params)
         generated = time.perf_counter()
 
         scores, reward_metrics = self.score(batch)
@@ -196,23 +228,51 @@ class PPOPipeline:
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy decoding on the held-out prompts, scored by the configured rewards."""
-        examples = self.task.eval_examples
-        batch = self.generate(examples, SamplingParams(self.config.rollout.max_new_tokens, greedy=True))
-        scores, per_function = self.score(batch)
-        return {"eval/reward_mean": scores.mean().item(), **{f"eval/{k}": v for k, v in per_function.items()}}
+        """On the held-out prompts (data.eval_files): greedy decoding, scored by the configured
+        rewards (eval/reward_mean); with data.eval_num_samples = k > 0 also k samples per prompt at
+        the rollout's temperature: eval/mean@k (mean score) and eval/pass@k (mean over prompts of
+        the best of k scores; for 0/1 rewards the share of prompts solved at least once)."""
+        self.prepare_data()
+        if self.eval_data is None:
+            return {}
+        r, k = self.config.rollout, self.config.data.eval_num_samples
+        scores, per_function = self._score_in_chunks(SamplingParams(r.max_new_tokens, greedy=True))
+        metrics = {"eval/reward_mean": scores.mean().item(), **{f"eval/{name}": v for name, v in per_function.items()}}
+        if k > 0:
+            sampled, _ = self._score_in_chunks(SamplingParams(r.max_new_tokens, k, r.temperature, r.top_p, r.top_k))
+            sampled = sampled.view(-1, k)  # [prompts, k]: generate returns each prompt's samples together
+            metrics[f"eval/mean@{k}"] = sampled.mean().item()
+            metrics[f"eval/pass@{k}"] = sampled.max(dim=1).values.mean().item()
+        return metrics
+
+    def _score_in_chunks(self, params: SamplingParams) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scores of every eval (prompt, sample) in order, and each reward function's mean."""
+        scores, sums = [], {}
+        for start in range(0, len(self.eval_data), EVAL_CHUNK):
+            chunk = self.eval_data.select(range(start, min(start + EVAL_CHUNK, len(self.eval_data))))
+            batch = self.generate(chunk, params)
+            chunk_scores, means = self.score(batch)
+            scores.append(chunk_scores)
+            for name, mean in means.items():
+                sums[name] = sums.get(name, 0.0) + mean * len(chunk_scores)
+        scores = torch.cat(scores)
+        return scores, {name: total / len(scores) for name, total in sums.items()}
 
     def warm_start(self) -> dict[str, float]:
-        """Supervised steps on a noisy demonstrator through the same strategy (see tasks.py)."""
+        """Supervised steps on the demo's noisy demonstrator (roll_lite/data/digits.py) through the
+        same strategy. Rows come from the training data through a sampler of their own (seeded like
+        the RL one, unbounded epochs), so the RL sampler still starts at epoch 0."""
+        self.prepare_data()
         sft = self.config.sft
         rng = random.Random(self.config.seed)
+        sampler = PromptSampler(len(self.train_data), self.data_seed, shuffle=True)
         self.actor.reset_optimizer(sft.lr)
         metrics, start = {}, time.perf_counter()
         for step in range(1, sft.steps + 1):
-            examples = self.task.train_examples(sft.batch_size)
-            targets = [self.encode(noisy_demonstration(e, sft.correct_fraction, rng)) + [self.tokenizer.eos_token_id]
-                       for e in examples]
-            batch = build_sequence_batch([self.encode_prompt(e.prompt) for e in examples], targets, self.tokenizer.pad_token_id)
+            rows = self.train_data.select(sampler.draw(sft.batch_size))
+            targets = [self.encode(noisy_demonstration(_prompt_text(p), a, sft.correct_fraction, rng))
+                       + [self.tokenizer.eos_token_id] for p, a in zip(rows.prompts, rows.answers)]
+            batch = build_sequence_batch(rows.prompt_ids, targets, self.tokenizer.pad_token_id)
             batch.meta_info["loss_mask_keys"] = ["response_mask"]
             metrics = self.actor.train_step(batch, "sft")
             if step % 100 == 0 or step == sft.steps:
@@ -240,6 +300,7 @@ class PPOPipeline:
         from roll_lite.workers.cluster import start_ray, stop_ray
 
         c = self.config
+        self.prepare_data()  # before the run directory and Ray: a bad file stops here
         run_dir = Path(c.output_dir) / c.run_name
         # Ray first: a joined cluster too small for the workers is reported before anything is written.
         logger.info(start_ray(c.ray_address, c.workers.actor_cpus * c.workers.actor_dp + c.workers.rollout_cpus))
@@ -256,10 +317,13 @@ class PPOPipeline:
             self.sync_from_actor(version=0)
             initial = self.evaluate()
             tracker.log(0, initial)
-            logger.info("step 0 (before RL): held-out %s", _fmt(initial["eval/reward_mean"]))
+            logger.info("step 0 (before RL): held-out %s", _fmt(initial.get("eval/reward_mean")))
             for step in range(1, c.steps + 1):
+                if self.sampler.exhausted:
+                    logger.info("the training prompts are used up (data.epochs=%d) after step %d", c.data.epochs, step - 1)
+                    break
                 metrics = self.step(step)
-                if step % c.eval_every == 0 or step == c.steps:
+                if step % c.eval_every == 0 or step == c.steps or self.sampler.exhausted:
                     metrics.update(self.evaluate())
                 tracker.log(step, metrics)
                 logger.info(_progress_line(step, c.steps, metrics))
@@ -267,11 +331,16 @@ class PPOPipeline:
                 self.save_final(run_dir / "final")
             final = tracker.history[-1].get("eval/reward_mean")
             logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
-                        _fmt(initial["eval/reward_mean"]), _fmt(final), time.perf_counter() - start, run_dir)
+                        _fmt(initial.get("eval/reward_mean")), _fmt(final), time.perf_counter() - start, run_dir)
         finally:
             tracker.finish()
             stop_ray()
         return tracker.history
+
+
+def _prompt_text(prompt) -> str:
+    """A string prompt, or the last message of a chat prompt (what the demonstrator copies)."""
+    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
 
 
 def _fmt(value) -> str:

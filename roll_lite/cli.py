@@ -13,8 +13,9 @@ import sys
 from typing import Sequence
 
 from roll_lite.config import ConfigError, load_config
+from roll_lite.data import DataError
 from roll_lite.importing import load_object
-from roll_lite.preflight import check_run
+from roll_lite.preflight import check_run, check_sequence_lengths
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,8 +35,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("roll_lite").setLevel(logging.INFO)
+    pipeline = pipeline_class(config)
     try:
-        pipeline_class(config).run()
+        pipeline.prepare_data()  # the data files, checked before Ray starts or the run directory exists
+        check_sequence_lengths(config, *pipeline.longest_sequences())
+        pipeline.run()
+    except DataError as error:
+        print(f"roll-train: data error: {error}", file=sys.stderr)
+        return 2
     except ConfigError as error:  # found once connected to a cluster (e.g. too few CPUs); nothing written
         print(f"roll-train: config error: {error}", file=sys.stderr)
         return 2

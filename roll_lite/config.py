@@ -46,18 +46,27 @@ class ModelConfig:
 
 
 @dataclass
-class TaskConfig:
-    name: str = "reverse_digits"
-    min_digits: int = 3
-    max_digits: int = 7
-    num_eval_prompts: int = 64
+class DataConfig:
+    """Prompt datasets (roll_lite/data/): JSONL / JSON, Parquet or Dataset.save_to_disk folders."""
+
+    train_files: Any = field(default_factory=list)  # a path or a list of paths; rows are concatenated in order
+    eval_files: Any = field(default_factory=list)  # held-out prompts for eval (none: no eval)
+    prompt_key: str = "prompt"  # a string, or a list of chat messages [{role, content}, ...]
+    answer_key: str = "answer"  # the ground truth handed to the reward (a string or a number)
+    extra_keys: Optional[list[str]] = None  # fields passed to the reward; null: every other column
+    apply_chat_template: bool = False  # render string prompts with the tokenizer's chat template (messages always are)
+    max_prompt_length: Optional[int] = 1024  # longer prompts (in tokens) are left out, counted and logged; null: no limit
+    shuffle: bool = True  # a new seeded order every epoch
+    seed: Optional[int] = None  # null: the run's seed
+    epochs: Optional[int] = None  # passes over the training prompts; null: unbounded (steps decides)
+    eval_num_samples: int = 0  # k > 0: also sample k responses per eval prompt for eval/mean@k and eval/pass@k
 
 
 @dataclass
 class SFTConfig:
-    """Warm start before RL: supervised steps on a noisy demonstrator (0 steps: none)."""
+    """Warm start before RL: supervised steps on the demo's noisy demonstrator (0 steps: none)."""
 
-    steps: int = 1200
+    steps: int = 0
     batch_size: int = 64
     lr: float = 2e-3
     correct_fraction: float = 0.3  # share of demonstrations with the right answer; the rest copy the digits
@@ -128,7 +137,7 @@ class RunConfig:
     wandb_project: str = "roll_lite"
     save_model: bool = True  # write the trained policy and tokenizer to <output_dir>/<run_name>/final
     model: ModelConfig = field(default_factory=ModelConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -153,9 +162,7 @@ def validate(config: RunConfig) -> None:
     _check(config.eval_every >= 1, "eval_every", f"must be >= 1, got {config.eval_every}")
     _one_of(config.wandb_mode, ("online", "offline", "disabled"), "wandb_mode")
     _one_of(config.model.dtype, ("float32", "bfloat16", "float64"), "model.dtype")
-    _one_of(config.task.name, ("reverse_digits",), "task.name")
-    _check(1 <= config.task.min_digits <= config.task.max_digits, "task.min_digits",
-           "need 1 <= task.min_digits <= task.max_digits")
+    _validate_data(config.data)
     _check(config.sft.steps >= 0, "sft.steps", f"must be >= 0, got {config.sft.steps}")
     _check(config.sft.batch_size >= 1, "sft.batch_size", f"must be >= 1, got {config.sft.batch_size}")
     _check(config.sft.lr > 0, "sft.lr", f"must be > 0, got {config.sft.lr}")
@@ -207,6 +214,29 @@ def _replace_reward_functions(merged, layer) -> None:
     functions = reward.get("functions") if isinstance(reward, DictConfig) else None
     if functions is not None:
         OmegaConf.update(merged, "reward.functions", functions, merge=False)
+
+
+def _file_list(value: Any, key: str) -> list[str]:
+    if value is None:
+        return []
+    files = [value] if isinstance(value, str) else value
+    _check(isinstance(files, list) and all(isinstance(f, str) and f for f in files), key,
+           f"must be a path or a list of paths, got {value!r}")
+    return list(files)
+
+
+def _validate_data(data: DataConfig) -> None:
+    """Values only; the files themselves are checked by roll_lite.data.prompts before anything starts."""
+    data.train_files = _file_list(data.train_files, "data.train_files")
+    data.eval_files = _file_list(data.eval_files, "data.eval_files")
+    _check(bool(data.prompt_key), "data.prompt_key", "must name the prompt column")
+    _check(bool(data.answer_key), "data.answer_key", "must name the answer column")
+    _check(data.answer_key != data.prompt_key, "data.answer_key", f"must differ from data.prompt_key ('{data.prompt_key}')")
+    _check(data.max_prompt_length is None or data.max_prompt_length >= 1, "data.max_prompt_length",
+           f"must be >= 1 or null (no limit), got {data.max_prompt_length}")
+    _check(data.epochs is None or data.epochs >= 1, "data.epochs", f"must be >= 1 or null (unbounded), got {data.epochs}")
+    _check(data.eval_num_samples >= 0, "data.eval_num_samples",
+           f"must be >= 0 (0: greedy eval only), got {data.eval_num_samples}")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:

@@ -27,7 +27,7 @@ def check_run(config: RunConfig) -> None:
             f"(model.pretrained_path) has vocab_size {model_config.vocab_size}; ids from {model_config.vocab_size} "
             "on have no embedding: use the model's own tokenizer"
         )
-    _check_positions(config, model_config, tokenizer)
+    _check_positions(config, model_config, longest_prompt=1)
     _check_rollout_engine(config.rollout.engine)
     _check_cpus(config)
 
@@ -83,27 +83,29 @@ def _check_heads(hidden_size: int, heads: int, kv_heads: int, prefix: str) -> No
         raise ConfigError(f"{prefix}num_key_value_heads: {kv_heads} must divide {prefix}num_attention_heads {heads}")
 
 
-def longest_prompt_tokens(config: RunConfig, tokenizer: PreTrainedTokenizerBase) -> tuple[int, str]:
-    """(tokens in the longest prompt the run can produce, the key that bounds it), <bos> included."""
-    digits = config.task.max_digits  # reverse_digits: '<bos>' + max_digits digits + '='
-    prompt = "9" * digits + "="
-    bos = 1 if tokenizer.bos_token_id is not None else 0
-    return bos + len(tokenizer(prompt, add_special_tokens=False)["input_ids"]), f"task.max_digits={digits}"
-
-
-def _check_positions(config: RunConfig, model_config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> None:
+def _check_positions(config: RunConfig, model_config: PretrainedConfig, longest_prompt: int,
+                     longest_demonstration: int = 0) -> None:
+    """The longest prompt (1 token before the data is read: only max_new_tokens is known) plus
+    rollout.max_new_tokens, and the warm start's longest sequence, fit the model's positions."""
     limit = getattr(model_config, "max_position_embeddings", None)
     if limit is None:
         return
     key = "model.max_position_embeddings" if not config.model.pretrained_path else "the model's max_position_embeddings"
-    prompt, bound = longest_prompt_tokens(config, tokenizer)
     new = config.rollout.max_new_tokens
-    if prompt + new > limit:
-        raise ConfigError(f"rollout.max_new_tokens: the longest prompt ({prompt} tokens, {bound}) + "
-                          f"rollout.max_new_tokens={new} = {prompt + new} exceeds {key}={limit}")
-    demonstration = prompt + config.task.max_digits + 1  # the warm start's target: up to max_digits digits + <eos>
-    if config.sft.steps and demonstration > limit:
-        raise ConfigError(f"task.max_digits: the warm start's sequences (up to {demonstration} tokens) exceed {key}={limit}")
+    if longest_prompt + new > limit:
+        raise ConfigError(f"rollout.max_new_tokens: the longest prompt ({longest_prompt} tokens, data.train_files / "
+                          f"data.eval_files) + rollout.max_new_tokens={new} = {longest_prompt + new} exceeds {key}={limit}")
+    if config.sft.steps and longest_demonstration > limit:
+        raise ConfigError(f"sft.steps: the warm start's sequences (up to {longest_demonstration} tokens: prompt, "
+                          f"answer, <eos>) exceed {key}={limit}")
+
+
+def check_sequence_lengths(config: RunConfig, longest_prompt: int, longest_demonstration: int) -> None:
+    """After the data is read (still before Ray): its longest prompt and warm-start sequence fit."""
+    model_config = _pretrained_config(config.model) if config.model.pretrained_path else None
+    if model_config is None:
+        model_config = _built_config(config.model, len(_tokenizer(config)))
+    _check_positions(config, model_config, longest_prompt, longest_demonstration)
 
 
 def _check_rollout_engine(engine: str) -> None:

@@ -33,6 +33,12 @@ def run_cli(*args, cwd):
         ("algorithm.kl_clamp=0", "algorithm.kl_clamp: must be > 0 or null (null: the exact KL estimate), got 0.0"),
         ("algorithm.kl_clamp=-10", "algorithm.kl_clamp: must be > 0 or null"),
         ("algorithm.kl_clamp=wide", "algorithm.kl_clamp: Value 'wide' of type 'str' could not be converted to Float"),
+        ("data.epochs=0", "data.epochs: must be >= 1 or null (unbounded), got 0"),
+        ("data.max_prompt_length=0", "data.max_prompt_length: must be >= 1 or null (no limit), got 0"),
+        ("data.eval_num_samples=-1", "data.eval_num_samples: must be >= 0 (0: greedy eval only), got -1"),
+        ("data.train_files={a: 1}", "data.train_files: must be a path or a list of paths, got {'a': 1}"),
+        ("data.answer_key=prompt", "data.answer_key: must differ from data.prompt_key ('prompt')"),
+        ("task.name=reverse_digits", "task: Key 'task' not in 'RunConfig'"),
     ],
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):
@@ -54,5 +60,6 @@ def test_yaml_and_overrides_merge_over_defaults(tmp_path):
     assert (config.steps, config.algorithm.advantage, config.rollout.num_samples, config.actor.lr) == (7, "rloo", 4, 3e-4)
     assert config.algorithm.clip_ratio_high == 0.2  # a default
     assert (config.algorithm.whiten_advantages, config.algorithm.kl_clamp) == (None, None)  # by estimator; exact KL
+    assert config.data.train_files == [] and load_config(path, ["data.train_files=a.jsonl"]).data.train_files == ["a.jsonl"]
     with pytest.raises(ConfigError, match="rollout.num_samples: rloo needs >= 2 samples"):
         load_config(path, ["rollout.num_samples=1"])

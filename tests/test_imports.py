@@ -5,7 +5,7 @@ import sys
 def test_import_roll_lite_stays_light():
     code = (
         "import sys, roll_lite, roll_lite.data, roll_lite.loss, roll_lite.strategy, roll_lite.pipelines, roll_lite.workers;"
-        "heavy = [m for m in ('ray', 'vllm', 'flash_attn', 'math_verify') if m in sys.modules]; print(heavy); assert not heavy"
+        "heavy = [m for m in ('ray', 'vllm', 'flash_attn', 'math_verify', 'datasets') if m in sys.modules]; print(heavy); assert not heavy"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -14,9 +14,17 @@ from roll_lite.config import load_config
 REPO = Path(__file__).resolve().parents[1]
 SMALL = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
-    "model.num_key_value_heads=1", "task.num_eval_prompts=8", "sft.steps=0", "workers.torch_threads=1",
+    "model.num_key_value_heads=1", "sft.steps=0", "workers.torch_threads=1",
     "reward.functions={token_accuracy: 1.0}",  # dense: non-zero advantages even from a random model
 ]
+
+
+def small(tmp_path):
+    """SMALL + the demo's training file and 8 of its eval prompts, as absolute paths (a Ray job runs
+    in the job supervisor's directory)."""
+    eval_file = tmp_path / "eval8.jsonl"
+    eval_file.write_text("".join((REPO / "data/reverse_digits/eval.jsonl").read_text().splitlines(keepends=True)[:8]))
+    return SMALL + [f"data.train_files={REPO / 'data/reverse_digits/train.jsonl'}", f"data.eval_files={eval_file}"]
 
 
 @pytest.fixture
@@ -32,20 +40,23 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
 
     # 2 PPO epochs × 2 mini-batches = 4 optimizer steps; with a 4-step warmup the last one runs at
     # the full learning rate, which is how the test sees that all four happened.
-    config = load_config(REPO / "configs/grpo.yaml", SMALL + [
+    config = load_config(REPO / "configs/grpo.yaml", small(tmp_path) + [
         "workers.actor_dp=2", "workers.actor_cpus=0.5", "workers.rollout_cpus=0.5", "actor.use_packing=true",
         "actor.grad_accum_steps=2", "algorithm.kl_coef=0.05", "algorithm.ppo_epochs=2", "algorithm.mini_batches=2",
         "actor.warmup_steps=4", f"output_dir={tmp_path}",
     ])
     ray_session(None, 1.5)
     pipeline = PPOPipeline(config)
+    pipeline.prepare_data()
     pipeline.start_workers()
     pipeline.sync_from_actor(version=0)
     before = pipeline.actor.state_dict()
     version, rollout_before = pipeline.rollout.weights()
     assert version == 0 and all(torch.equal(rollout_before[k], v) for k, v in before.items())
 
+    assert pipeline.sampler.state_dict()["position"] == 0
     metrics = pipeline.step(1)
+    assert pipeline.sampler.state_dict()["position"] == config.rollout.prompts_per_step
     after = pipeline.actor.state_dict()
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(changed) == len(before)  # every tensor moved
@@ -57,7 +68,7 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
     for key in ("reward/mean", "actor/kl", "actor/entropy", "actor/pg_loss", "actor/clipfrac", "perf/tokens_per_s"):
         assert key in metrics, key
     # the reference kept the initial weights: KL is measured against it
-    reference = pipeline.reference.compute_log_probs(pipeline.generate(pipeline.task.eval_examples[:2], _greedy(config)))
+    reference = pipeline.reference.compute_log_probs(pipeline.generate(pipeline.eval_data.select([0, 1]), _greedy(config)))
     assert torch.isfinite(reference["log_probs"]).all()
 
 
@@ -69,7 +80,7 @@ def _greedy(config):
 
 def test_roll_train_writes_the_run_directory(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/ppo.yaml"), *SMALL,
+        [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/ppo.yaml"), *small(tmp_path),
          "steps=2", "eval_every=2", f"output_dir={tmp_path}", "run_name=tiny", "wandb_mode=offline"],
         capture_output=True, text=True, timeout=600, cwd=REPO,
     )
@@ -86,7 +97,7 @@ def test_roll_train_writes_the_run_directory(tmp_path):
     assert list((run_dir / "wandb").glob("offline-run-*")), "wandb offline run missing"
     assert not list(run_dir.glob("*.partial"))
     # The saved policy reloads and reproduces the final greedy held-out reward exactly.
-    config = load_config(REPO / "configs/ppo.yaml", SMALL + [f"model.pretrained_path={run_dir / 'final'}",
+    config = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + [f"model.pretrained_path={run_dir / 'final'}",
                                                              f"model.tokenizer_path={run_dir / 'final'}"])
     from roll_lite.modeling import load_causal_lm
     from roll_lite.pipelines.ppo import PPOPipeline
@@ -97,11 +108,12 @@ def test_roll_train_writes_the_run_directory(tmp_path):
     tokenizer = load_tokenizer(config.model.tokenizer_path)
     engine = HFEngine(load_causal_lm(config.model, len(tokenizer), seed=123), tokenizer.pad_token_id, tokenizer.eos_token_id)
     pipeline = PPOPipeline(config)
-    examples = pipeline.task.eval_examples
-    outputs = engine.generate([pipeline.encode_prompt(e.prompt) for e in examples],
-                              SamplingParams(config.rollout.max_new_tokens, greedy=True))
+    pipeline.prepare_data()
+    examples = pipeline.eval_data
+    assert len(examples) == 8
+    outputs = engine.generate(examples.prompt_ids, SamplingParams(config.rollout.max_new_tokens, greedy=True))
     accuracy = get_reward("token_accuracy")
-    reward = sum(accuracy(tokenizer.decode(o, skip_special_tokens=True), e.answer) for o, e in zip(outputs, examples))
+    reward = sum(accuracy(tokenizer.decode(o, skip_special_tokens=True), a) for o, a in zip(outputs, examples.answers))
     assert reward / len(examples) == pytest.approx(records[-1]["eval/reward_mean"], abs=1e-6)
     assert "held-out reward:" in result.stderr
 
@@ -120,7 +132,7 @@ def test_ray_job_submit_to_a_local_head_runs_the_custom_loss_example(tmp_path):
     assert start.returncode == 0, start.stderr
     try:
         # The example's pipeline class (its loss_func) is imported by the driver and by the workers.
-        command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "examples/custom_loss/config.yaml"), *SMALL,
+        command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "examples/custom_loss/config.yaml"), *small(tmp_path),
                    "steps=2", "eval_every=1", f"output_dir={tmp_path}", "run_name=job"]
         submit = subprocess.run(
             [ray, "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}",

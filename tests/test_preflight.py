@@ -81,9 +81,11 @@ VALUE_CASES = [
     ("workers.actor_cpus=512", "workers.actor_cpus: the workers reserve 513 CPUs (workers.actor_cpus 512 × workers.actor_dp 1 "
                                "+ workers.rollout_cpus 1) but this machine has"),
     ("workers.rollout_cpus=-1", "workers.rollout_cpus: must be >= 0, got -1.0"),
-    ("rollout.max_new_tokens=60", "rollout.max_new_tokens: the longest prompt (9 tokens, task.max_digits=7) + "
-                                  "rollout.max_new_tokens=60 = 69 exceeds model.max_position_embeddings=64"),
-    ("task.max_digits=40", "task.max_digits: the warm start's sequences (up to 83 tokens) exceed model.max_position_embeddings=64"),
+    # After the data is read (still before Ray): the demo's longest prompt is '<bos>' + 7 digits + '='.
+    ("rollout.max_new_tokens=60", "rollout.max_new_tokens: the longest prompt (9 tokens, data.train_files / "
+                                  "data.eval_files) + rollout.max_new_tokens=60 = 69 exceeds model.max_position_embeddings=64"),
+    ("model.max_position_embeddings=16 rollout.max_new_tokens=7",
+     "sft.steps: the warm start's sequences (up to 17 tokens: prompt, answer, <eos>) exceed model.max_position_embeddings=16"),
 ]
 # Exits before anything starts: Ray is never imported.
 NO_RAY = "import sys; from roll_lite.cli import main; code = main(sys.argv[1:]); sys.exit(99 if 'ray' in sys.modules else code)"
@@ -119,7 +121,8 @@ def test_roll_train_rejects_bad_input_in_one_line_before_anything_starts(tmp_pat
 def test_bad_values_exit_2_with_one_line(tmp_path, monkeypatch, capsys, override, expected):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert main(["--config", str(REPO / "configs/ppo.yaml"), override, "output_dir=out"]) == 2
+    data = [f"data.{key}_files={REPO / 'data/reverse_digits' / key}.jsonl" for key in ("train", "eval")]
+    assert main(["--config", str(REPO / "configs/ppo.yaml"), *data, *override.split(), "output_dir=out"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], lines
     if override == "rollout.engine=vllm":

@@ -48,7 +48,7 @@ def test_a_user_reward_module_scores_a_ray_run_and_a_raising_one_is_counted(tmp_
     assert step["reward/my_rewards_for_ray:score"] == 0.25
     assert step["reward/my_rewards_for_ray:score/failed"] == 0 and step["reward/my_rewards_for_ray:score/timed_out"] == 0
     assert step["reward/my_rewards_for_ray:broken/failed"] == rows
-    assert records[0]["eval/reward/my_rewards_for_ray:broken/failed"] == 8  # task.num_eval_prompts in SMALL
+    assert records[0]["eval/reward/my_rewards_for_ray:broken/failed"] == 8  # the 8 eval prompts of the SMALL data
     assert "reward/token_accuracy" not in step  # the override replaced SMALL's reward.functions
     warning = f"reward my_rewards_for_ray:broken: {rows} of {rows} responses scored 0 ({rows} failed, 0 timed out); " \
               "first: RuntimeError: no luck"

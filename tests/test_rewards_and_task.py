@@ -1,22 +1,36 @@
+import json
 import random
+from pathlib import Path
 
 import pytest
 
-from roll_lite.tasks import ReverseDigitsTask, noisy_demonstration
+from roll_lite.data.digits import noisy_demonstration, reverse_digits_rows, write_reverse_digits
 from roll_lite.tokenizer import build_char_tokenizer
 
+REPO = Path(__file__).resolve().parents[1]
 
-def test_task_holds_out_eval_prompts_and_demonstrator_mixes_behaviours():
-    task = ReverseDigitsTask(min_digits=3, max_digits=3, num_eval=200, seed=1)
-    eval_prompts = {e.prompt for e in task.eval_examples}
+
+def test_digit_data_holds_out_eval_prompts_and_demonstrator_mixes_behaviours():
+    train, evaluation = reverse_digits_rows(num_train=2000, num_eval=200, min_digits=3, max_digits=3, seed=1)
+    eval_prompts = {row["prompt"] for row in evaluation}
     assert len(eval_prompts) == 200
-    train = task.train_examples(2000)
-    assert not eval_prompts & {e.prompt for e in train}
-    assert all(e.answer == e.prompt[:-1][::-1] for e in train)
+    assert not eval_prompts & {row["prompt"] for row in train}
+    assert all(row["answer"] == row["prompt"][:-1][::-1] and len(row["answer"]) == 3 for row in train)
     rng = random.Random(0)
-    targets = [noisy_demonstration(e, 0.3, rng) for e in train[:1000]]
-    correct = sum(t == e.answer for t, e in zip(targets, train)) / 1000
+    targets = [noisy_demonstration(row["prompt"], row["answer"], 0.3, rng) for row in train[:1000]]
+    correct = sum(t == row["answer"] for t, row in zip(targets, train)) / 1000
+    copies = sum(t == row["prompt"][:-1] for t, row in zip(targets, train)) / 1000
     assert 0.25 < correct < 0.40  # palindromes count as correct under both behaviours
+    assert 0.65 < copies < 0.80 and all(t in (row["answer"], row["prompt"][:-1]) for t, row in zip(targets, train))
+
+
+def test_the_shipped_digit_files_are_the_generators_output(tmp_path):
+    write_reverse_digits(tmp_path)
+    for name in ("train.jsonl", "eval.jsonl"):
+        assert (tmp_path / name).read_bytes() == (REPO / "data/reverse_digits" / name).read_bytes(), name
+    lines = (REPO / "data/reverse_digits/eval.jsonl").read_text().splitlines()
+    assert len(lines) == 64 and json.loads(lines[0]).keys() == {"prompt", "answer"}
+    assert len((REPO / "data/reverse_digits/train.jsonl").read_text().splitlines()) == 20000
 
 
 def test_char_tokenizer_roundtrip(tmp_path):

@@ -1,0 +1,35 @@
+"""Chat templates: a prompt given as chat messages (or a string, with data.apply_chat_template) is
+rendered by the tokenizer's own template, with the generation prompt appended, into token ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def as_messages(prompt: Any) -> list[dict]:
+    """A string prompt becomes one user message; chat messages stay as they are."""
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+
+
+def message_problem(prompt: Any) -> str | None:
+    """Why `prompt` is not a list of {role, content} chat messages, or None when it is."""
+    if not isinstance(prompt, list):
+        return f"is a {type(prompt).__name__}, not a string or a list of chat messages"
+    if not prompt:
+        return "is an empty list of messages"
+    for i, message in enumerate(prompt):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+                or not isinstance(message.get("content"), str):
+            return f"message {i} is not a {{'role': str, 'content': str}} dict: {str(message)[:80]}"
+    return None
+
+
+def render_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of the messages under the tokenizer's chat template, ending with the generation
+    prompt (the template adds its own special tokens, so no BOS is prepended)."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return list(ids)

@@ -1,0 +1,162 @@
+"""Prompt datasets: load the `data:` files, validate every row, tokenize, filter by length.
+
+Each row gives a prompt (`data.prompt_key`: a string, or a list of chat messages), a ground-truth
+answer (`data.answer_key`) and extra fields for the reward (`data.extra_keys`, default: every other
+column). Chat messages, and string prompts under `data.apply_chat_template`, go through the
+tokenizer's chat template; other string prompts are BOS + their tokens. Prompts longer than
+`data.max_prompt_length` tokens are left out and counted (never truncated); when none is left, or
+a row is bad, a DataError names the config key, the file, the row and the field.
+
+`prepare_datasets` does it all in the driver, before Ray or the run directory exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from roll_lite.data.chat import as_messages, has_chat_template, message_problem, render_chat
+from roll_lite.data.files import DataError, Table, read_table
+
+
+@dataclass
+class PromptData:
+    prompt_ids: list[list[int]]
+    prompts: list[Any]  # as in the file: a string or a list of chat messages
+    answers: list[str]
+    extras: list[dict] = field(default_factory=list)  # per row: the fields handed to the reward
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def select(self, indices: Sequence[int]) -> "PromptData":
+        return PromptData([self.prompt_ids[i] for i in indices], [self.prompts[i] for i in indices],
+                          [self.answers[i] for i in indices], [self.extras[i] for i in indices])
+
+    @staticmethod
+    def concat(parts: Sequence["PromptData"]) -> "PromptData":
+        return PromptData([x for p in parts for x in p.prompt_ids], [x for p in parts for x in p.prompts],
+                          [x for p in parts for x in p.answers], [x for p in parts for x in p.extras])
+
+
+@dataclass
+class PreparedData:
+    train: PromptData
+    eval: Optional[PromptData]
+    notes: list[str]  # what to log once everything is known to be good (rows read, prompts left out)
+
+
+def prepare_datasets(data, tokenizer) -> PreparedData:
+    """Train and eval prompts of a `DataConfig`; raises DataError (one line) on any bad input."""
+    if not data.train_files:
+        raise DataError("data.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)")
+    train, notes = load_prompts(data.train_files, "data.train_files", data, tokenizer)
+    evaluation = None
+    if data.eval_files:
+        evaluation, eval_notes = load_prompts(data.eval_files, "data.eval_files", data, tokenizer)
+        notes += eval_notes
+    return PreparedData(train, evaluation, notes)
+
+
+def load_prompts(files: Sequence[str], config_key: str, data, tokenizer) -> tuple[PromptData, list[str]]:
+    """The rows of `files`, concatenated in order, minus the prompts over max_prompt_length."""
+    parts, notes, too_long, shortest = [], [], 0, None
+    for path in files:
+        table = read_table(path, config_key)
+        prompts = rows_to_prompts(table, data, tokenizer)
+        kept = [i for i, ids in enumerate(prompts.prompt_ids)
+                if data.max_prompt_length is None or len(ids) <= data.max_prompt_length]
+        dropped = len(prompts) - len(kept)
+        if dropped:
+            too_long += dropped
+            first = next(i for i, ids in enumerate(prompts.prompt_ids) if len(ids) > data.max_prompt_length)
+            notes.append(f"{config_key}: {path}: {dropped} of {len(prompts)} prompts are longer than "
+                         f"data.max_prompt_length={data.max_prompt_length} tokens and are left out "
+                         f"(the first: row {first}, {len(prompts.prompt_ids[first])} tokens)")
+            row = min(range(len(prompts)), key=lambda i: len(prompts.prompt_ids[i]))
+            if shortest is None or len(prompts.prompt_ids[row]) < shortest[0]:
+                shortest = (len(prompts.prompt_ids[row]), table.where(row))
+        parts.append(prompts.select(kept))
+        notes.append(f"{config_key}: {path}: {len(kept)} prompts")
+    result = PromptData.concat(parts)
+    if not len(result):
+        raise DataError(f"{shortest[1]}: key '{data.prompt_key}': every prompt is longer than data.max_prompt_length="
+                        f"{data.max_prompt_length} tokens; the shortest, this one, has {shortest[0]}")
+    return result, notes
+
+
+def rows_to_prompts(table: Table, data, tokenizer) -> PromptData:
+    """Validated, tokenized rows of one file (nothing filtered yet)."""
+    prompts, answers, extras = [], [], []
+    chat_rows = []
+    for i, row in enumerate(table.rows):
+        prompt = _prompt(table, i, row, data.prompt_key)
+        use_chat = data.apply_chat_template or not isinstance(prompt, str)
+        if use_chat and not has_chat_template(tokenizer):
+            if isinstance(prompt, str):
+                need, fix = "data.apply_chat_template=true needs", "set data.apply_chat_template=false"
+            else:
+                need, fix = "chat messages need", "give prompts as strings"
+            raise DataError(f"{table.where(i)}: key '{data.prompt_key}': {need} the tokenizer's chat template and the "
+                            f"tokenizer has none (model.tokenizer_path: use one with a chat_template, or {fix})")
+        chat_rows.append(use_chat)
+        prompts.append(prompt)
+        answers.append(_answer(table, i, row, data.answer_key))
+        extras.append(_extras(table, i, row, data))
+    plain = [i for i, chat in enumerate(chat_rows) if not chat]
+    ids: list[list[int]] = [[] for _ in prompts]
+    if plain:
+        bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+        encoded = tokenizer([prompts[i] for i in plain], add_special_tokens=False)["input_ids"]
+        for i, tokens in zip(plain, encoded):
+            ids[i] = bos + list(tokens)
+    for i, chat in enumerate(chat_rows):
+        if chat:
+            try:
+                ids[i] = render_chat(tokenizer, as_messages(prompts[i]))
+            except Exception as error:  # a template may raise on messages it does not accept (e.g. roles)
+                raise DataError(f"{table.where(i)}: key '{data.prompt_key}': the tokenizer's chat template "
+                                f"failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+    return PromptData(ids, prompts, answers, extras)
+
+
+def _missing(table: Table, row: int, key: str, what: str) -> DataError:
+    if key not in table.columns:
+        return DataError(f"{table.where(row)}: key '{key}' ({what}) is missing; the file's columns: {', '.join(table.columns)}")
+    return DataError(f"{table.where(row)}: key '{key}' ({what}) is missing or null")
+
+
+def _prompt(table: Table, i: int, row: dict, key: str) -> Any:
+    prompt = row.get(key)
+    if prompt is None:
+        raise _missing(table, i, key, "data.prompt_key")
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise DataError(f"{table.where(i)}: key '{key}': the prompt is empty")
+        return prompt
+    problem = message_problem(prompt)
+    if problem is not None:
+        raise DataError(f"{table.where(i)}: key '{key}': the prompt {problem}")
+    return prompt
+
+
+def _answer(table: Table, i: int, row: dict, key: str) -> str:
+    answer = row.get(key)
+    if answer is None:
+        raise _missing(table, i, key, "data.answer_key")
+    if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        raise DataError(f"{table.where(i)}: key '{key}': the answer must be a string or a number, got "
+                        f"{type(answer).__name__} (structured ground truth can go in another column: "
+                        f"the reward gets it as an extra field)")
+    if isinstance(answer, float) and answer.is_integer():
+        return str(int(answer))  # arrow reads a column of 2 and 0.5 as floats: 2 stays "2", not "2.0"
+    return answer if isinstance(answer, str) else str(answer)
+
+
+def _extras(table: Table, i: int, row: dict, data) -> dict:
+    if data.extra_keys is None:
+        return {k: v for k, v in row.items() if k not in (data.prompt_key, data.answer_key)}
+    for key in data.extra_keys:
+        if key not in table.columns:
+            raise _missing(table, i, key, "data.extra_keys")
+    return {key: row[key] for key in data.extra_keys}
