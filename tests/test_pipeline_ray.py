@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,11 +135,15 @@ def test_ray_job_submit_to_a_local_head_runs_the_custom_loss_example(tmp_path):
         # The example's pipeline class (its loss_func) is imported by the driver and by the workers.
         command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "examples/custom_loss/config.yaml"), *small(tmp_path),
                    "steps=2", "eval_every=1", f"output_dir={tmp_path}", "run_name=job"]
-        submit = subprocess.run(
-            [ray, "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}",
-             "--runtime-env-json", json.dumps({"env_vars": {"PYTHONPATH": str(REPO)}}), "--", *command],
-            capture_output=True, text=True, timeout=600, env=env, cwd=REPO,
-        )
+        for _ in range(6):  # a loaded box: the head's job agent can come up seconds after `ray start` returns
+            submit = subprocess.run(
+                [ray, "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}",
+                 "--runtime-env-json", json.dumps({"env_vars": {"PYTHONPATH": str(REPO)}}), "--", *command],
+                capture_output=True, text=True, timeout=600, env=env, cwd=REPO,
+            )
+            if "No available agent to submit job" not in submit.stderr:
+                break
+            time.sleep(5)
         assert submit.returncode == 0 and "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-2000:]
         assert "joined the Ray cluster" in submit.stdout
         config_text = (tmp_path / "job" / "config.yaml").read_text()

@@ -23,7 +23,10 @@ CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{%
 
 
 def char_ids(tokenizer, text):
-    return tokenizer.convert_tokens_to_ids(list(text))
+    # The character tokenizer's symbols are byte-level: space is 'Ġ', newline 'Ċ'.
+    from roll_lite.tokenizer import _byte_level
+
+    return tokenizer.convert_tokens_to_ids([_byte_level(c) for c in text])
 
 
 def write_jsonl(path, rows, blank_line_after=None):

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from test_pipeline_ray import SMALL
+from test_pipeline_ray import small
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -35,7 +35,7 @@ def test_a_user_reward_module_scores_a_ray_run_and_a_raising_one_is_counted(tmp_
     user_dir.mkdir()
     (user_dir / "my_rewards_for_ray.py").write_text(textwrap.dedent(USER_REWARDS))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    command = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *SMALL,
+    command = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *small(tmp_path),
                "reward.functions={my_rewards_for_ray:score: 1.0, my_rewards_for_ray:broken: 2.0}",  # replaces SMALL's
                "steps=1", "eval_every=1", "save_model=false", f"output_dir={output}", "run_name=rewards"]
     result = subprocess.run(command, cwd=user_dir, capture_output=True, text=True, timeout=600,

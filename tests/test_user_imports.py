@@ -26,7 +26,9 @@ BIN = Path(sys.executable).parent
 ROLL_LITE = Path(roll_lite_dir())  # the installed tree: an editable install points into this checkout
 INSTALLED_TREE = ROLL_LITE.parent if (ROLL_LITE.parent / "workers").is_dir() else ROLL_LITE
 # Keeps the README's training command to one short step (the README runs 200): a tiny model, no SFT.
-ONE_STEP = [*SMALL, "steps=1", "eval_every=1", "save_model=false", "wandb_mode=disabled"]
+# The demo's data by absolute path: these runs start in other directories.
+DATA = [f"data.{split}_files={REPO / 'data/reverse_digits' / split}.jsonl" for split in ("train", "eval")]
+ONE_STEP = [*SMALL, *DATA, "steps=1", "eval_every=1", "save_model=false", "wandb_mode=disabled"]
 
 
 def readme_commands(program: str) -> list[str]:
