@@ -111,13 +111,16 @@ class PPOPipeline:
             logger.info(note)
 
     def longest_sequences(self) -> tuple[int, int]:
-        """(tokens of the longest prompt, of the longest warm-start sequence: prompt + answer + <eos>)."""
+        """(tokens of the longest prompt, of the longest warm-start sequence: prompt + answer + <eos>;
+        0 when there is no warm start)."""
         self.prepare_data()
         rows = [self.train_data] + ([self.eval_data] if self.eval_data is not None else [])
         longest_prompt = max(len(ids) for data in rows for ids in data.prompt_ids)
+        if not self.config.sft.steps:
+            return longest_prompt, 0
         train = self.train_data
-        longest_demonstration = max(len(ids) + len(self.encode(answer)) + 1 for ids, answer in zip(train.prompt_ids, train.answers))
-        return longest_prompt, longest_demonstration
+        answers = self.tokenizer(list(train.answers), add_special_tokens=False)["input_ids"]  # one batched call
+        return longest_prompt, max(len(ids) + len(answer) + 1 for ids, answer in zip(train.prompt_ids, answers))
 
     @property
     def data_seed(self) -> int:

@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(args.config, args.overrides)
         pipeline_class = load_object(config.pipeline, search_cwd=True)  # like `python -m`, after the installed packages
-        check_run(config)  # the model's config, the tokenizer, this machine: before Ray or any output
+        model_config = check_run(config)  # the model's config, the tokenizer, this machine: before Ray or any output
     except ConfigError as error:
         print(f"roll-train: config error: {error}", file=sys.stderr)
         return 2
@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     pipeline = pipeline_class(config)
     try:
         pipeline.prepare_data()  # the data files, checked before Ray starts or the run directory exists
-        check_sequence_lengths(config, *pipeline.longest_sequences())
+        check_sequence_lengths(config, model_config, *pipeline.longest_sequences())
         pipeline.run()
     except DataError as error:
         print(f"roll-train: data error: {error}", file=sys.stderr)

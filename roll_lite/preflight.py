@@ -1,7 +1,8 @@
 """Checks that need more than the config's own values (the model's config, the tokenizer, this
 machine), made in the driver before Ray starts or any output folder exists.
 
-`check_run(config)` raises ConfigError with one line naming the key. It reads the model's config
+`check_run(config)` (and, once the data is read, `check_sequence_lengths`) raises ConfigError with
+one line naming the key. It reads the model's config
 (AutoConfig: config.json only, never the weights) and loads the tokenizer; both are cheap.
 """
 
@@ -16,7 +17,8 @@ from roll_lite.model_files import first_line, locate
 from roll_lite.tokenizer import load_tokenizer
 
 
-def check_run(config: RunConfig) -> None:
+def check_run(config: RunConfig) -> PretrainedConfig:
+    """The checks, in order; returns the model's config for `check_sequence_lengths`."""
     model_config = _pretrained_config(config.model) if config.model.pretrained_path else None
     tokenizer = _tokenizer(config)
     if model_config is None:
@@ -30,6 +32,7 @@ def check_run(config: RunConfig) -> None:
     _check_positions(config, model_config, longest_prompt=1)
     _check_rollout_engine(config.rollout.engine)
     _check_cpus(config)
+    return model_config
 
 
 def _tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:
@@ -100,11 +103,10 @@ def _check_positions(config: RunConfig, model_config: PretrainedConfig, longest_
                           f"answer, <eos>) exceed {key}={limit}")
 
 
-def check_sequence_lengths(config: RunConfig, longest_prompt: int, longest_demonstration: int) -> None:
-    """After the data is read (still before Ray): its longest prompt and warm-start sequence fit."""
-    model_config = _pretrained_config(config.model) if config.model.pretrained_path else None
-    if model_config is None:
-        model_config = _built_config(config.model, len(_tokenizer(config)))
+def check_sequence_lengths(config: RunConfig, model_config: PretrainedConfig, longest_prompt: int,
+                           longest_demonstration: int) -> None:
+    """After the data is read (still before Ray): its longest prompt and warm-start sequence fit
+    the model (`model_config`: what check_run returned)."""
     _check_positions(config, model_config, longest_prompt, longest_demonstration)
 
 

@@ -40,9 +40,9 @@ from roll_lite.strategy.micro_batches import (
     micro_batch_groups,
     pad_columns,
     pad_to_count,
+    select_micro_batch,
     split_micro_batches,
     train_micro_batches,
-    trim_to_longest_row,
 )
 
 logger = logging.getLogger(__name__)
@@ -206,10 +206,8 @@ class FSDP2Strategy:
             if not group:
                 forward_placeholder(self.model, self.device)
                 continue
-            micro_batch = data.index_select(group)
-            if self.config.trim_padding:
-                micro_batch = trim_to_longest_row(micro_batch)
-            output = forward_micro_batch(self.model, micro_batch.to(self.device), self.config, with_entropy)
+            micro_batch = select_micro_batch(data, group, self.config).to(self.device)
+            output = forward_micro_batch(self.model, micro_batch, self.config, with_entropy)
             width = data["input_ids"].shape[1]  # back to the batch's width: zeros on padding, as untrimmed
             outputs.append(DataProto({name: pad_columns(value.cpu(), width) for name, value in output.items()}))
             order.extend(group)

@@ -83,11 +83,14 @@ def trim_to_longest_row(micro_batch: DataProto) -> DataProto:
     return DataProto(batch, micro_batch.non_tensor_batch, micro_batch.meta_info)
 
 
+def select_micro_batch(data: DataProto, group: list[int], config: StrategyConfig) -> DataProto:
+    """The rows of one micro-batch (trimmed to its longest row when trim_padding is on)."""
+    micro_batch = data.index_select(group)
+    return trim_to_longest_row(micro_batch) if config.trim_padding else micro_batch
+
+
 def split_micro_batches(data: DataProto, config: StrategyConfig) -> list[DataProto]:
-    micro_batches = [data.index_select(group) for group in micro_batch_groups(data, config)]
-    if config.trim_padding:
-        micro_batches = [trim_to_longest_row(micro_batch) for micro_batch in micro_batches]
-    return micro_batches
+    return [select_micro_batch(data, group, config) for group in micro_batch_groups(data, config)]
 
 
 def data_parallel_groups(data: DataProto, world_size: int, balance_tokens: bool) -> list[list[int]]:
