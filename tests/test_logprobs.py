@@ -50,3 +50,20 @@ def test_without_entropy_and_low_precision_inputs_compute_in_float32():
 def test_rejects_bad_shapes():
     with pytest.raises(ValueError, match=r"must be \[N, H\]"):
         chunked_log_probs(torch.zeros(2, 3, 4), torch.zeros(5, 4), torch.zeros(2, dtype=torch.long))
+
+
+def test_an_entropy_no_loss_uses_adds_nothing_to_the_gradient_and_vice_versa():
+    # The training forward always returns the entropy (a metric); backward must skip its part when
+    # the loss does not use it, and give the entropy-only gradient when the log-probs are unused.
+    gen = torch.Generator().manual_seed(2)
+    hidden = torch.randn(11, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(40, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 40, (11,), generator=gen)
+    lp_ref, ent_ref = naive(hidden, weight, targets, 0.9)
+    for uses_log_probs, uses_entropy in ((True, False), (False, True)):
+        lp, ent = chunked_log_probs(hidden, weight, targets, chunk_size=4, temperature=0.9, with_entropy=True)
+        pick = lambda a, b: (a.sum() if uses_log_probs else 0) + ((b ** 2).sum() if uses_entropy else 0)  # noqa: E731
+        got = torch.autograd.grad(pick(lp, ent), (hidden, weight))
+        want = torch.autograd.grad(pick(lp_ref, ent_ref), (hidden, weight), retain_graph=True)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-11, atol=1e-12)
