@@ -19,6 +19,7 @@ import threading
 logger = logging.getLogger("roll_lite")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _received: list[int] = []
+_previous: dict[int, object] = {}  # the handlers ours replaced, put back by restore_signals()
 
 
 def received_signal() -> int | None:
@@ -41,4 +42,11 @@ def stop_on_signals() -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     for signum in STOP_SIGNALS:
-        signal.signal(signum, handler)
+        _previous.setdefault(signum, signal.signal(signum, handler))
+
+
+def restore_signals() -> None:
+    """Put back the handlers stop_on_signals replaced (a notebook or test session goes on after run())."""
+    for signum, previous in _previous.items():
+        signal.signal(signum, previous)
+    _previous.clear()

@@ -8,7 +8,7 @@ import os
 import ray
 
 from roll_lite.config import ConfigError
-from roll_lite.signals import stop_on_signals
+from roll_lite.signals import restore_signals, stop_on_signals
 
 from .process_setup import HOOK
 
@@ -43,3 +43,4 @@ def start_ray(address: str | None, num_cpus_needed: float) -> str:
 def stop_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()
+    restore_signals()
