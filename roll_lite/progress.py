@@ -9,18 +9,29 @@ from __future__ import annotations
 
 import logging
 import sys
+import weakref
 
 from tqdm import tqdm
+
+_bars: "weakref.WeakSet[tqdm]" = weakref.WeakSet()  # every bar made here, to close those an exception left open
 
 
 def on_terminal() -> bool:
     return sys.stderr.isatty()
 
 
-def progress_bar(total: int, description: str, unit: str = "step") -> tqdm:
+def progress_bar(total: int, description: str, unit: str = "step", show: bool = True) -> tqdm:
     """A bar counting to `total` (call .update(), then .close()); does nothing off a terminal."""
-    return tqdm(total=total, desc=description, unit=unit, file=sys.stderr, disable=not on_terminal(),
-                dynamic_ncols=True, leave=False)
+    bar = tqdm(total=total, desc=description, unit=unit, file=sys.stderr, disable=not (show and on_terminal()),
+               dynamic_ncols=True, leave=False)
+    _bars.add(bar)
+    return bar
+
+
+def close_bars() -> None:
+    """Erase the bars still drawn (a run stopped by an error or a signal), before a last message."""
+    for bar in list(_bars):
+        bar.close()
 
 
 class TqdmLogHandler(logging.StreamHandler):
