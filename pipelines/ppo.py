@@ -32,7 +32,9 @@ from roll_lite.data import DataProto
 from roll_lite.data.digits import noisy_demonstration
 from roll_lite.data.prompts import PromptData
 from roll_lite.data.sampler import PromptSampler
+from roll_lite.failures import WorkerError
 from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, value_loss_func
+from roll_lite.progress import on_terminal, progress_bar
 from roll_lite.rollout import SamplingParams
 from roll_lite.sequences import build_sequence_batch
 from roll_lite.tokenizer import load_tokenizer
@@ -68,6 +70,7 @@ class PPOPipeline:
             self._policy_loss = ppo_policy_loss_func(a.loss_agg_mode, seq_len_norm=self.seq_len_norm, **policy_options)
         self._value_loss = value_loss_func(a.loss_agg_mode, a.value_clip, self.seq_len_norm)
         self._shuffle = torch.Generator().manual_seed(config.seed)
+        self.stage = "start-up"  # where run() is: named by a worker failure and by a stop on a signal
 
     # -- losses: run inside the actor / critic workers ------------------------------------------
 
@@ -250,14 +253,20 @@ class PPOPipeline:
 
     def _score_in_chunks(self, params: SamplingParams) -> tuple[torch.Tensor, dict[str, float]]:
         """Scores of every eval (prompt, sample) in order, and each reward function's mean."""
-        scores, sums = [], {}
-        for start in range(0, len(self.eval_data), EVAL_CHUNK):
-            chunk = self.eval_data.select(range(start, min(start + EVAL_CHUNK, len(self.eval_data))))
+        scores, sums, prompts = [], {}, len(self.eval_data)
+        several_chunks = prompts > EVAL_CHUNK  # a long evaluation: show its progress
+        bar = progress_bar(prompts, "evaluation", unit="prompt", show=several_chunks)
+        for start in range(0, prompts, EVAL_CHUNK):
+            chunk = self.eval_data.select(range(start, min(start + EVAL_CHUNK, prompts)))
             batch = self.generate(chunk, params)
             chunk_scores, means = self.score(batch)
             scores.append(chunk_scores)
             for name, mean in means.items():
                 sums[name] = sums.get(name, 0.0) + mean * len(chunk_scores)
+            bar.update(len(chunk))
+            if several_chunks and not on_terminal():
+                logger.info("evaluation: %d/%d prompts", start + len(chunk), prompts)
+        bar.close()
         scores = torch.cat(scores)
         return scores, {name: total / len(scores) for name, total in sums.items()}
 
@@ -271,6 +280,7 @@ class PPOPipeline:
         sampler = PromptSampler(len(self.train_data), self.data_seed, shuffle=True)
         self.actor.reset_optimizer(sft.lr)
         metrics, start = {}, time.perf_counter()
+        bar = progress_bar(sft.steps, "warm start")
         for step in range(1, sft.steps + 1):
             rows = self.train_data.select(sampler.draw(sft.batch_size))
             targets = [self.encode(noisy_demonstration(_prompt_text(p), a, sft.correct_fraction, rng))
@@ -278,9 +288,11 @@ class PPOPipeline:
             batch = build_sequence_batch(rows.prompt_ids, targets, self.tokenizer.pad_token_id)
             batch.meta_info["loss_mask_keys"] = ["response_mask"]
             metrics = self.actor.train_step(batch, "sft")
+            bar.update()
             if step % 100 == 0 or step == sft.steps:
                 logger.info("warm start %d/%d | sft loss %.3f | %.1f s", step, sft.steps, metrics["sft_loss"],
                             time.perf_counter() - start)
+        bar.close()
         self.actor.reset_optimizer()
         return metrics
 
@@ -289,6 +301,12 @@ class PPOPipeline:
         self.actor.save_pretrained(str(path.resolve()))
         self.tokenizer.save_pretrained(path)
         logger.info("saved the policy and tokenizer to %s", path)
+
+    def checkpoint_on_stop(self, completed_step: int) -> None:
+        """Called once when SIGINT / SIGTERM stops run(), before the workers stop: the place to write a
+        checkpoint if one was due at `completed_step` (issue8-checkpoints). The signal abandoned the
+        step after it mid-way, and the workers finish the call they were in before they take a new
+        one: the actor may already hold that step's update. Nothing to do until checkpoints exist."""
 
     def sync_from_actor(self, version: int) -> None:
         state = self.actor.state_dict_ref()
@@ -312,29 +330,48 @@ class PPOPipeline:
         except BaseException:
             stop_ray()
             raise
+        completed = 0  # the last step whose metrics were logged
         try:
             start = time.perf_counter()
+            self.stage = "the start of the workers"
             self.start_workers()
             if c.sft.steps:
+                self.stage = "the warm start"
                 self.warm_start()
+            self.stage = "step 0 (evaluation before RL)"
             self.sync_from_actor(version=0)
             initial = self.evaluate()
             tracker.log(0, initial)
             logger.info("step 0 (before RL): held-out %s", _fmt(initial.get("eval/reward_mean")))
+            bar = progress_bar(c.steps, "RL")
             for step in range(1, c.steps + 1):
                 if self.sampler.exhausted:
                     logger.info("the training prompts are used up (data.epochs=%d) after step %d", c.data.epochs, step - 1)
                     break
+                self.stage = f"step {step}"
                 metrics = self.step(step)
                 if step % c.eval_every == 0 or step == c.steps or self.sampler.exhausted:
+                    self.stage = f"step {step} (evaluation)"
                     metrics.update(self.evaluate())
                 tracker.log(step, metrics)
+                completed = step
+                bar.update()
                 logger.info(_progress_line(step, c.steps, metrics))
+            bar.close()
             if c.save_model:
+                self.stage = "saving the final model"
                 self.save_final(run_dir / "final")
             final = tracker.history[-1].get("eval/reward_mean")
             logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
                         _fmt(initial.get("eval/reward_mean")), _fmt(final), time.perf_counter() - start, run_dir)
+        except WorkerError as error:
+            error.stage = self.stage
+            logger.error("%s; stopping the workers", error.headline())
+            raise
+        except KeyboardInterrupt:  # SIGINT / SIGTERM (roll_lite/signals.py)
+            logger.warning("interrupted during %s; stopping the workers", self.stage)
+            self.checkpoint_on_stop(completed)  # the checkpoint hook (issue8-checkpoints)
+            raise
         finally:
             tracker.finish()
             stop_ray()
