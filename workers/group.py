@@ -50,14 +50,17 @@ def _get(refs, role: str, method: str):
 
 
 def worker_error(error: Exception, role: str, rank: int | None, method: str) -> WorkerError:
-    cause = getattr(error, "cause", None)
-    if isinstance(error, ray.exceptions.OutOfMemoryError) or isinstance(cause, (torch.OutOfMemoryError, MemoryError)):
+    cause, text = getattr(error, "cause", None), str(error)
+    if (isinstance(error, ray.exceptions.OutOfMemoryError) or isinstance(cause, (torch.OutOfMemoryError, MemoryError))
+            or "memory usage threshold" in text):  # Ray's memory monitor killed it (its message on an actor's death)
         kind = "out of memory"
+    elif getattr(error, "actor_init_failed", False):  # raised in its constructor; Ray reports the actor dead
+        kind, method = "raised", "__init__"
     elif isinstance(error, ray.exceptions.RayActorError):
         kind = "died"
     else:
         kind = "raised"
-    return WorkerError(role, rank, method, kind, str(error))
+    return WorkerError(role, rank, method, kind, text)
 
 
 class ModelGroup:
