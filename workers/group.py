@@ -1,7 +1,8 @@
 """Ray actors for the controller: a D-rank FSDP2 model group, and single rollout / reward workers.
 
-The controller calls plain methods; dispatch (token-balanced shares per rank), ray.get with a
-timeout, and reassembly in the original row order happen here.
+The controller calls plain methods; dispatch (token-balanced shares per rank), waiting for the
+results (a worker that raises or dies: WorkerError naming its role and rank), and reassembly in the
+original row order happen here.
 """
 
 from __future__ import annotations
