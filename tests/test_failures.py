@@ -46,6 +46,9 @@ class Misbehaving(PPOPipeline):
             self.misbehave()
         return super().loss_func(batch, output)
 
+    def checkpoint_on_stop(self, completed_step):  # in the driver, when a signal stops run()
+        (MARKS / "checkpoint_on_stop").write_text(str(completed_step))
+
 
 class Raises(Misbehaving):
     kind = "raises"
@@ -212,6 +215,7 @@ def test_sigterm_to_the_driver_abandons_the_step_and_stops_the_workers_with_plai
     returncode, output, seconds = finish(process, run_pids, timeout=60)
     assert returncode == 143, output[-3000:]
     assert "interrupted during step 2; stopping the workers" in output
+    assert (tmp_path / "checkpoint_on_stop").read_text() == "1"  # the hook got the last completed step
     assert "roll-train: stopped by SIGTERM during step 2, which was abandoned; the workers and Ray were stopped" in output
     assert "Aborted" not in output and "SIGTERM received" not in output  # Ray's own handler: a stack dump, exit 134
     assert seconds < 30, seconds
