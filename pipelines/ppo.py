@@ -30,7 +30,9 @@ from roll_lite.config import RunConfig, to_yaml
 from roll_lite.data import DataProto
 from roll_lite.data.prompts import PromptData
 from roll_lite.data.sampler import PromptSampler
+from roll_lite.failures import WorkerError
 from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, value_loss_func
+from roll_lite.progress import on_terminal, progress_bar
 from roll_lite.rollout import SamplingParams
 from roll_lite.sequences import build_sequence_batch
 from roll_lite.tokenizer import load_tokenizer
@@ -70,6 +72,7 @@ class PPOPipeline:
             self._policy_loss = ppo_policy_loss_func(a.loss_agg_mode, seq_len_norm=self.seq_len_norm, **policy_options)
         self._value_loss = value_loss_func(a.loss_agg_mode, a.value_clip, self.seq_len_norm)
         self._shuffle = torch.Generator().manual_seed(config.seed)
+        self.stage = "start-up"  # where run() is: named by a worker failure and by a stop on a signal
 
     # -- losses: run inside the actor / critic workers ------------------------------------------
 
@@ -251,15 +254,21 @@ class PPOPipeline:
 
     def _score_in_chunks(self, params: SamplingParams) -> tuple[torch.Tensor, dict[str, float], list[str]]:
         """Scores and response texts of every eval (prompt, sample) in order, and each reward function's mean."""
-        scores, sums, responses = [], {}, []
-        for start in range(0, len(self.eval_data), EVAL_CHUNK):
-            chunk = self.eval_data.select(range(start, min(start + EVAL_CHUNK, len(self.eval_data))))
+        scores, sums, responses, prompts = [], {}, [], len(self.eval_data)
+        several_chunks = prompts > EVAL_CHUNK  # a long evaluation: show its progress
+        bar = progress_bar(prompts, "evaluation", unit="prompt", show=several_chunks)
+        for start in range(0, prompts, EVAL_CHUNK):
+            chunk = self.eval_data.select(range(start, min(start + EVAL_CHUNK, prompts)))
             batch = self.generate(chunk, params)
             chunk_scores, means = self.score(batch)
             scores.append(chunk_scores)
             responses.extend(batch.non_tensor_batch["response_text"])
             for name, mean in means.items():
                 sums[name] = sums.get(name, 0.0) + mean * len(chunk_scores)
+            bar.update(len(chunk))
+            if several_chunks and not on_terminal():
+                logger.info("evaluation: %d/%d prompts", start + len(chunk), prompts)
+        bar.close()
         scores = torch.cat(scores)
         return scores, {name: total / len(scores) for name, total in sums.items()}, responses
 
@@ -276,6 +285,12 @@ class PPOPipeline:
         self.actor.save_pretrained(str(path.resolve()))
         self.tokenizer.save_pretrained(path)
         logger.info("saved the policy and tokenizer to %s", path)
+
+    def checkpoint_on_stop(self, completed_step: int) -> None:
+        """Called once when SIGINT / SIGTERM stops run(), before the workers stop: the place to write a
+        checkpoint if one was due at `completed_step` (issue8-checkpoints). The signal abandoned the
+        step after it mid-way, and the workers finish the call they were in before they take a new
+        one: the actor may already hold that step's update. Nothing to do until checkpoints exist."""
 
     def sync_from_actor(self, version: int) -> None:
         state = self.actor.state_dict_ref()
@@ -299,31 +314,50 @@ class PPOPipeline:
         except BaseException:
             stop_ray()
             raise
+        completed = 0  # the last step whose metrics were logged
         try:
             start = time.perf_counter()
+            self.stage = "the start of the workers"
             self.start_workers()
             if c.sft.steps:
+                self.stage = "the warm start"
                 self.warm_start()
+            self.stage = "step 0 (evaluation before RL)"
             self.sync_from_actor(version=0)
             initial = self.evaluate()
             tracker.log(0, initial, self.eval_samples)
             logger.info("step 0 (before RL): held-out %s", _fmt(initial.get("eval/reward_mean")))
+            bar = progress_bar(c.steps, "RL")
             for step in range(1, c.steps + 1):
                 if self.sampler.exhausted:
                     logger.info("the training prompts are used up (data.epochs=%d) after step %d", c.data.epochs, step - 1)
                     break
+                self.stage = f"step {step}"
                 metrics = self.step(step)
                 samples = None
                 if step % c.eval_every == 0 or step == c.steps or self.sampler.exhausted:
+                    self.stage = f"step {step} (evaluation)"
                     metrics.update(self.evaluate())
                     samples = self.eval_samples
                 tracker.log(step, metrics, samples)
+                completed = step
+                bar.update()
                 logger.info(_progress_line(step, c.steps, metrics))
+            bar.close()
             if c.save_model:
+                self.stage = "saving the final model"
                 self.save_final(run_dir / "final")
             final = tracker.history[-1].get("eval/reward_mean")
             logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
                         _fmt(initial.get("eval/reward_mean")), _fmt(final), time.perf_counter() - start, run_dir)
+        except WorkerError as error:
+            error.stage = self.stage
+            logger.error("%s; stopping the workers", error.headline())
+            raise
+        except KeyboardInterrupt:  # SIGINT / SIGTERM (roll_lite/signals.py)
+            logger.warning("interrupted during %s; stopping the workers", self.stage)
+            self.checkpoint_on_stop(completed)  # the checkpoint hook (issue8-checkpoints)
+            raise
         finally:
             tracker.finish()
             stop_ray()

@@ -22,7 +22,9 @@ import torch
 from roll_lite.config import ConfigError, RunConfig, to_yaml
 from roll_lite.data import DataProto
 from roll_lite.data.sampler import PromptSampler
+from roll_lite.failures import WorkerError
 from roll_lite.loss_funcs import sft_loss_func
+from roll_lite.progress import progress_bar
 from roll_lite.sequences import build_target_batch
 from roll_lite.tokenizer import load_tokenizer
 
@@ -38,6 +40,7 @@ class SFTPipeline:
         self.actor = None
         self.train_loss = "policy"  # the actor workers' name for this pipeline's loss_func; "sft" in a warm start
         self._loss = sft_loss_func("response_mask")
+        self.stage = "start-up"  # where run() is: named by a worker failure and by a stop on a signal
 
     def loss_func(self, batch: DataProto, output: dict) -> tuple[torch.Tensor, dict]:
         """Token-mean NLL of the batch's target tokens (response_mask), with the global token count."""
@@ -104,11 +107,14 @@ class SFTPipeline:
         `log(step, metrics)` gets each step's metrics. Returns the last step's."""
         sft, metrics, start = self.sft, {}, time.perf_counter()
         self.actor.reset_optimizer(sft.lr)
+        bar = progress_bar(sft.steps, "warm start" if self.train_loss == "sft" else "SFT")
         for step in range(1, sft.steps + 1):
             if self.sampler.exhausted:
                 logger.info("sft: the training rows are used up (sft.epochs=%d) after step %d", sft.epochs, step - 1)
                 break
+            self.stage = f"sft step {step}"
             metrics = self.step(step)
+            bar.update()
             evaluated = step % sft.eval_every == 0 or step == sft.steps or self.sampler.exhausted
             if evaluated:
                 metrics.update(self.evaluate())
@@ -118,6 +124,7 @@ class SFTPipeline:
                 held_out = f" | held-out loss {metrics['eval/sft_loss']:.3f}" if "eval/sft_loss" in metrics else ""
                 logger.info("sft step %d/%d | loss %.3f%s | %.1f s", step, sft.steps, metrics.get("sft/loss", float("nan")), held_out,
                             time.perf_counter() - start)
+        bar.close()
         return metrics
 
     def save_final(self, path: Path) -> None:
@@ -142,14 +149,24 @@ class SFTPipeline:
             raise
         try:
             start = time.perf_counter()
+            self.stage = "the start of the workers"
             self.start_workers()
+            self.stage = "step 0 (evaluation)"
             initial = self.evaluate()
             if initial:
                 tracker.log(0, initial)
             self.train(log=tracker.log)
             if c.save_model:
+                self.stage = "saving the final model"
                 self.save_final(run_dir / "final")
             logger.info("sft: %.1f s in all; run dir %s", time.perf_counter() - start, run_dir)
+        except WorkerError as error:
+            error.stage = self.stage
+            logger.error("%s; stopping the workers", error.headline())
+            raise
+        except KeyboardInterrupt:  # SIGINT / SIGTERM (roll_lite/signals.py)
+            logger.warning("interrupted during %s; stopping the workers", self.stage)
+            raise
         finally:
             tracker.finish()
             stop_ray()

@@ -2,20 +2,25 @@
 
 Config problems print one line naming the key and exit with code 2 before anything starts: the
 config's own values (config.py), then what needs the model's config, the tokenizer or this machine
-(preflight.py).
+(preflight.py). A worker that raises, dies or runs out of memory: its role, rank and step, then its
+traceback, exit code 1. SIGINT / SIGTERM: the step is abandoned, the workers stop, exit code 130 / 143.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from typing import Sequence
 
 from roll_lite.config import ConfigError, load_config
 from roll_lite.data import DataError
+from roll_lite.failures import WorkerError
 from roll_lite.importing import load_object
 from roll_lite.preflight import check_run, check_sequence_lengths
+from roll_lite.progress import close_bars, use_terminal_logging
+from roll_lite.signals import received_signal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ImportError, AttributeError, ValueError) as error:
         print(f"roll-train: config error: pipeline: {error}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    use_terminal_logging(logging.INFO, "%(asctime)s %(message)s", "%H:%M:%S")
     logging.getLogger("roll_lite").setLevel(logging.INFO)
     pipeline = pipeline_class(config)
     try:
@@ -46,6 +51,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:  # found once connected to a cluster (e.g. too few CPUs); nothing written
         print(f"roll-train: config error: {error}", file=sys.stderr)
         return 2
+    except WorkerError as error:
+        close_bars()
+        print(f"roll-train: worker failure: {error.headline()}\n{error.detail}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # SIGINT or SIGTERM (roll_lite/signals.py), or Ctrl-C before Ray started
+        signum = received_signal() or signal.SIGINT
+        close_bars()
+        print(f"roll-train: stopped by {signal.Signals(signum).name} during {pipeline.stage}, which was abandoned; "
+              "the workers and Ray were stopped", file=sys.stderr)
+        return 128 + signum
     return 0
 
 

@@ -8,6 +8,7 @@ import os
 import ray
 
 from roll_lite.config import ConfigError
+from roll_lite.signals import restore_signals, stop_on_signals
 
 from .process_setup import HOOK
 
@@ -28,6 +29,7 @@ def start_ray(address: str | None, num_cpus_needed: float) -> str:
             object_store_memory=512 * 1024**2, logging_level=logging.WARNING, runtime_env=runtime_env,
         )
         where = "started a local Ray cluster"
+    stop_on_signals()  # after ray.init: it replaces Ray's SIGTERM handler (a stack dump, then abort)
     available = ray.cluster_resources().get("CPU", 0)
     if num_cpus_needed > available:
         ray.shutdown()
@@ -41,3 +43,4 @@ def start_ray(address: str | None, num_cpus_needed: float) -> str:
 def stop_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()
+    restore_signals()

@@ -1,10 +1,13 @@
 """Ray actors for the controller: a D-rank FSDP2 model group, and single rollout / reward workers.
 
-The controller calls plain methods; dispatch (token-balanced shares per rank), ray.get with a
-timeout, and reassembly in the original row order happen here.
+The controller calls plain methods; dispatch (token-balanced shares per rank), waiting for the
+results (a worker that raises or dies: WorkerError naming its role and rank), and reassembly in the
+original row order happen here.
 """
 
 from __future__ import annotations
+
+import time
 
 import ray
 import torch
@@ -13,6 +16,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_lite.config import RunConfig
 from roll_lite.data import DataProto, undo_permutation
+from roll_lite.failures import WorkerError
 from roll_lite.importing import import_root, roll_lite_dir
 from roll_lite.rollout import SamplingParams
 from roll_lite.weights import unflatten_state_dict
@@ -22,11 +26,42 @@ from .model_worker import ModelWorker
 from .reward_worker import RewardWorker
 from .rollout_worker import RolloutWorker
 
-TIMEOUT_S = 1800
+TIMEOUT_S = 1800  # a worker that is alive but does not answer (a hang); a dead one is seen at once
+WAIT_S = 1.0  # ray.wait in short slices: a signal to the driver is handled within this time
 
 
-def _get(refs):
-    return ray.get(refs, timeout=TIMEOUT_S)
+def _get(refs, role: str, method: str):
+    """ray.get of one call per rank (a list, in rank order) or of one call (a single ref). The first
+    call that fails raises WorkerError naming the role, the rank and the method, with the worker's
+    traceback; Ray reports a dead worker process as soon as it is gone, not after TIMEOUT_S."""
+    single = isinstance(refs, ray.ObjectRef)
+    ranks = {ref: (None if single else rank) for rank, ref in enumerate([refs] if single else refs)}
+    pending, values = list(ranks), {}
+    deadline = time.monotonic() + TIMEOUT_S
+    while pending:
+        if time.monotonic() > deadline:
+            raise WorkerError(role, ranks[pending[0]], method, "timed out", f"no answer within {TIMEOUT_S} s")
+        ready, pending = ray.wait(pending, num_returns=1, timeout=WAIT_S)
+        for ref in ready:
+            try:
+                values[ref] = ray.get(ref)
+            except ray.exceptions.RayError as error:
+                raise worker_error(error, role, ranks[ref], method) from None
+    return values[refs] if single else [values[ref] for ref in refs]
+
+
+def worker_error(error: Exception, role: str, rank: int | None, method: str) -> WorkerError:
+    cause, text = getattr(error, "cause", None), str(error)
+    if (isinstance(error, ray.exceptions.OutOfMemoryError) or isinstance(cause, (torch.OutOfMemoryError, MemoryError))
+            or "memory usage threshold" in text):  # Ray's memory monitor killed it (its message on an actor's death)
+        kind = "out of memory"
+    elif getattr(error, "actor_init_failed", False):  # raised in its constructor; Ray reports the actor dead
+        kind, method = "raised", "__init__"
+    elif isinstance(error, ray.exceptions.RayActorError):
+        kind = "died"
+    else:
+        kind = "raised"
+    return WorkerError(role, rank, method, kind, text)
 
 
 class ModelGroup:
@@ -50,8 +85,8 @@ class ModelGroup:
 
     def wait_ready(self) -> "ModelGroup":
         """Form the torch.distributed group and build the models (blocks)."""
-        master_addr, master_port = _get(self._address)
-        _get([worker.setup.remote(master_addr, master_port) for worker in self.workers])
+        master_addr, master_port = _get([self._address], self.role, "address")[0]
+        _get([worker.setup.remote(master_addr, master_port) for worker in self.workers], self.role, "setup")
         return self
 
     def _scatter(self, data: DataProto) -> list[list[int]]:
@@ -59,7 +94,8 @@ class ModelGroup:
 
     def _forward(self, method: str, data: DataProto, **kwargs) -> DataProto:
         groups = self._scatter(data)
-        parts = _get([getattr(w, method).remote(data.index_select(g), **kwargs) for w, g in zip(self.workers, groups)])
+        parts = _get([getattr(w, method).remote(data.index_select(g), **kwargs) for w, g in zip(self.workers, groups)],
+                     self.role, method)
         order = [i for group in groups for i in group]
         return undo_permutation(DataProto.concat([p for p in parts if len(p)]), order)
 
@@ -72,27 +108,28 @@ class ModelGroup:
     def train_step(self, data: DataProto, loss: str) -> dict[str, float]:
         """One optimizer step over `data` (the global batch of this step); metrics from rank 0."""
         groups = self._scatter(data)
-        return _get([w.train_step.remote(data.index_select(g), loss) for w, g in zip(self.workers, groups)])[0]
+        return _get([w.train_step.remote(data.index_select(g), loss) for w, g in zip(self.workers, groups)], self.role,
+                    "train_step")[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return unflatten_state_dict(_get(self.state_dict_ref()))
+        return unflatten_state_dict(ray.get(self.state_dict_ref()))
 
     def state_dict_ref(self) -> ray.ObjectRef:
         """Rank 0's full state dict as FlatWeights, left in the object store: a worker can take it
         from there without a hop through the controller. Every rank takes part in the gather."""
-        refs = [w.state_dict.remote() for w in self.workers]
-        ray.wait(refs, num_returns=len(refs), timeout=TIMEOUT_S)
-        return refs[0]
+        # Rank 0 puts the weights into the object store and returns the small ref to them, so a
+        # failed gather is reported here, naming its rank, without fetching the weights.
+        return _get([w.state_dict.remote() for w in self.workers], self.role, "state_dict")[0]
 
     def save_pretrained(self, path: str) -> None:
-        _get([w.save_pretrained.remote(path) for w in self.workers])
+        _get([w.save_pretrained.remote(path) for w in self.workers], self.role, "save_pretrained")
 
     def reset_optimizer(self, lr: float | None = None) -> None:
-        _get([w.reset_optimizer.remote(lr) for w in self.workers])
+        _get([w.reset_optimizer.remote(lr) for w in self.workers], self.role, "reset_optimizer")
 
     def load_state_dict(self, weights: ray.ObjectRef) -> None:
         """Load FlatWeights (an object ref from `state_dict_ref`) on every rank."""
-        _get([w.load_state_dict.remote(weights) for w in self.workers])
+        _get([w.load_state_dict.remote(weights) for w in self.workers], self.role, "load_state_dict")
 
     def shutdown(self) -> None:
         for worker in self.workers:
@@ -106,17 +143,17 @@ class RolloutClient:
         self.worker = ray.remote(RolloutWorker).options(num_cpus=config.workers.rollout_cpus).remote(config)
 
     def describe(self) -> str:
-        return _get(self.worker.describe.remote())
+        return _get(self.worker.describe.remote(), "rollout", "describe")
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-        return _get(self.worker.generate.remote(prompts, params))
+        return _get(self.worker.generate.remote(prompts, params), "rollout", "generate")
 
     def update_weights(self, weights: ray.ObjectRef, version: int) -> None:
         """Load FlatWeights (an object ref from `ModelGroup.state_dict_ref`) into the engine."""
-        _get(self.worker.update_weights.remote(weights, version))
+        _get(self.worker.update_weights.remote(weights, version), "rollout", "update_weights")
 
     def weights(self):
-        return _get(self.worker.weights.remote())
+        return _get(self.worker.weights.remote(), "rollout", "weights")
 
 
 class RewardClient:
@@ -131,4 +168,4 @@ class RewardClient:
 
     def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None):
         """(scores, metrics); `extras`: each row's extra dataset fields, None when there are none."""
-        return _get(self.worker.score.remote(responses, answers, extras))
+        return _get(self.worker.score.remote(responses, answers, extras), "reward", "score")

@@ -34,6 +34,9 @@ class ModelWorker:
         enter_import_root(pipeline_root, driver_roll_lite)
         self.strategy = None
 
+    def __repr__(self) -> str:  # Ray names the worker by it in tracebacks and log prefixes
+        return f"ModelWorker({self.role} rank {self.rank})"
+
     def address(self) -> tuple[str, int]:
         import ray
 
@@ -66,9 +69,12 @@ class ModelWorker:
         loss_func = getattr(self.pipeline, loss_funcs[loss]) if loss in loss_funcs else sft_loss_func()
         return self.strategy.train_step(data, loss_func)
 
-    def state_dict(self) -> FlatWeights | None:
+    def state_dict(self):
+        """Rank 0: a ref to its full state dict as FlatWeights in the object store; other ranks: None."""
+        import ray
+
         state = self.strategy.full_state_dict()  # a collective: every rank calls it
-        return flatten_state_dict(state) if self.rank == 0 else None
+        return ray.put(flatten_state_dict(state)) if self.rank == 0 else None
 
     def load_state_dict(self, weights: FlatWeights) -> None:
         self.strategy.load_full_state_dict(unflatten_state_dict(weights))

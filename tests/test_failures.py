@@ -1,0 +1,238 @@
+"""How roll-train fails: a worker that raises, dies or runs out of memory, and SIGINT / SIGTERM on the
+driver. Each run is a real `roll-train` in a subprocess with a tiny model and a pipeline (written to
+tmp_path) whose loss_func misbehaves on its second call, i.e. at step 2. Each test checks the
+message, the exit code, and that none of the run's own processes (the descendants of that roll-train:
+Ray's GCS, raylet, workers) outlive it; other Ray clusters on the machine are not looked at.
+"""
+
+import fcntl
+import os
+import pty
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from test_pipeline_ray import REPO, small
+
+PIPELINES = '''
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from roll_lite.pipelines.ppo import PPOPipeline
+
+MARKS = Path(__file__).parent
+
+
+class Misbehaving(PPOPipeline):
+    """On its second call (step 2) the loss_func of the last actor rank writes its pid to <kind>.pid,
+    then misbehaves; the other ranks go on into the gradient all-reduce and wait there."""
+
+    kind = None
+
+    def loss_func(self, batch, output):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 2 and int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1:
+            (MARKS / f"{self.kind}.pid").write_text(str(os.getpid()))
+            self.misbehave()
+        return super().loss_func(batch, output)
+
+    def checkpoint_on_stop(self, completed_step):  # in the driver, when a signal stops run()
+        (MARKS / "checkpoint_on_stop").write_text(str(completed_step))
+
+
+class Raises(Misbehaving):
+    kind = "raises"
+
+    def misbehave(self):
+        raise ValueError("this loss_func fails on purpose")
+
+
+class OutOfMemory(Misbehaving):
+    kind = "oom"
+
+    def misbehave(self):  # what torch raises when an allocation fails on the GPU
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
+
+
+class Hangs(Misbehaving):
+    kind = "hangs"  # the test kills the worker or signals the driver meanwhile
+
+    def misbehave(self):
+        time.sleep(120)
+'''
+
+
+def start(tmp_path, pipeline: str, *overrides: str, terminal: bool = False) -> subprocess.Popen:
+    """roll-train with a pipeline of PIPELINES, in a session of its own (its own process group); its
+    output goes to a pipe, or with `terminal` to a pseudo-terminal (read into process.output)."""
+    (tmp_path / "failing_pipelines.py").write_text(PIPELINES)
+    command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/grpo.yaml"), *small(tmp_path),
+               f"pipeline=failing_pipelines:{pipeline}", "steps=50", "eval_every=100", "save_model=false",
+               "algorithm.track_kl=false",  # no reference worker: one process less to start
+               f"output_dir={tmp_path}", "run_name=run", *overrides]
+    options = dict(cwd=tmp_path, start_new_session=True)
+    if not terminal:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **options)
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide
+    process = subprocess.Popen(command, stdout=child, stderr=child, **options)
+    os.close(child)
+    process.output = []
+    threading.Thread(target=_read_terminal, args=(main, process.output), daemon=True).start()
+    return process
+
+
+def _read_terminal(fd: int, chunks: list[str]) -> None:
+    while True:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:  # EIO: every process holding the terminal has exited
+            data = b""
+        if not data:
+            os.close(fd)
+            return
+        chunks.append(data.decode(errors="replace"))
+
+
+def _output(process: subprocess.Popen) -> str:
+    return "".join(process.output) if hasattr(process, "output") else ""
+
+
+def wait_for_file(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, (process.stdout.read() if process.stdout else _output(process))[-3000:]
+        assert time.monotonic() < deadline, f"{path.name} did not appear"
+        time.sleep(0.1)
+    time.sleep(0.2)  # the pid is written before the file is closed
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process under `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    """The pids that still run (zombies excluded)."""
+    running = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            running.add(pid)
+    return running
+
+
+def finish(process: subprocess.Popen, run_pids: set[int], timeout: float = 60) -> tuple[int, str, float]:
+    """(exit code, output, seconds until it exited); checks that the run's processes are gone."""
+    start = time.monotonic()
+    output, _ = process.communicate(timeout=timeout)
+    exited = time.monotonic() - start
+    if output is None:  # on a terminal
+        deadline = time.monotonic() + 5
+        while "roll-train:" not in _output(process) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        output = _output(process)
+    deadline = time.monotonic() + 10  # the raylet and GCS notice that their driver is gone
+    while alive(run_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in alive(run_pids)}
+    assert not left, f"processes of the run left behind: {left}"
+    return process.returncode, output, exited
+
+
+def test_a_worker_that_raises_stops_the_run_with_its_role_rank_step_and_traceback(tmp_path):
+    process = start(tmp_path, "Raises")
+    wait_for_file(tmp_path / "raises.pid", process)
+    code, output, _ = finish(process, descendants(process.pid))
+    assert code == 1, output[-3000:]
+    assert "roll-train: worker failure: actor rank 0 raised an error in train_step at step 2" in output, output[-3000:]
+    assert "ValueError: this loss_func fails on purpose" in output  # the worker's traceback
+    assert "failing_pipelines.py" in output and "in misbehave" in output
+    assert "Traceback" not in output.split("roll-train: worker failure")[0][-2000:]  # no driver stack dump before it
+
+
+def test_a_worker_out_of_memory_names_the_config_keys_to_lower(tmp_path):
+    # Simulated: the loss_func raises torch.OutOfMemoryError (no GPU here, and a real CPU OOM would
+    # take the machine down); Ray's memory monitor kills (ray.exceptions.OutOfMemoryError) take the same path.
+    process = start(tmp_path, "OutOfMemory")
+    wait_for_file(tmp_path / "oom.pid", process)
+    code, output, _ = finish(process, descendants(process.pid))
+    assert code == 1, output[-3000:]
+    assert "actor rank 0 ran out of memory in train_step at step 2: lower rollout.prompts_per_step, " in output, output[-3000:]
+    for key in ("rollout.num_samples", "rollout.max_new_tokens", "actor.grad_accum_steps",
+                "actor.max_tokens_per_micro_batch", "model.gradient_checkpointing=true"):
+        assert key in output, key
+    assert "OutOfMemoryError: CUDA out of memory" in output
+
+
+def test_a_killed_worker_is_reported_within_seconds(tmp_path):
+    # Two actor ranks: rank 0 waits in the gradient all-reduce for rank 1, which is killed.
+    process = start(tmp_path, "Hangs", "workers.actor_dp=2", "workers.actor_cpus=0.5", "workers.rollout_cpus=0.5")
+    wait_for_file(tmp_path / "hangs.pid", process)
+    run_pids = descendants(process.pid)
+    worker = int((tmp_path / "hangs.pid").read_text())
+    assert worker in run_pids
+    os.kill(worker, signal.SIGKILL)
+    code, output, seconds = finish(process, run_pids, timeout=60)
+    assert code == 1, output[-3000:]
+    assert "roll-train: worker failure: actor rank 1 died during train_step at step 2" in output, output[-3000:]
+    assert f"pid: {worker}" in output  # Ray's account of the death follows
+    assert seconds < 30, seconds  # detection + shutdown; Ray reports the death at once (TIMEOUT_S is 30 min)
+
+
+def test_sigterm_to_the_driver_abandons_the_step_and_stops_the_workers_with_plain_log_lines(tmp_path):
+    # `kill PID`: the driver alone gets SIGTERM. Its output is a pipe: log lines, no progress bar.
+    process = start(tmp_path, "Hangs")
+    wait_for_file(tmp_path / "hangs.pid", process)
+    run_pids = descendants(process.pid)
+    process.send_signal(signal.SIGTERM)
+    returncode, output, seconds = finish(process, run_pids, timeout=60)
+    assert returncode == 143, output[-3000:]
+    assert "interrupted during step 2; stopping the workers" in output
+    assert (tmp_path / "checkpoint_on_stop").read_text() == "1"  # the hook got the last completed step
+    assert "roll-train: stopped by SIGTERM during step 2, which was abandoned; the workers and Ray were stopped" in output
+    assert "Aborted" not in output and "SIGTERM received" not in output  # Ray's own handler: a stack dump, exit 134
+    assert seconds < 30, seconds
+    assert "step 1/50 | reward" in output and "\r" not in output and "RL:" not in output
+
+
+def test_ctrl_c_in_a_terminal_stops_the_run_and_the_progress_bar_was_shown(tmp_path):
+    # Ctrl-C in a terminal sends SIGINT to the whole foreground process group: the driver and the
+    # Ray processes it started. The output is a terminal: a progress bar, the step lines above it.
+    process = start(tmp_path, "Hangs", terminal=True)
+    wait_for_file(tmp_path / "hangs.pid", process)
+    run_pids = descendants(process.pid)
+    os.killpg(process.pid, signal.SIGINT)
+    returncode, output, seconds = finish(process, run_pids, timeout=60)
+    assert returncode == 130, output[-3000:]
+    assert "roll-train: stopped by SIGINT during step 2, which was abandoned; the workers and Ray were stopped" in output
+    assert seconds < 30, seconds
+    assert "RL:" in output and "1/50" in output  # tqdm's bar after step 1
+    assert "step 1/50 | reward" in output  # the log line, written above the bar
+    assert "\rroll-train: stopped by SIGINT" in output  # the bar was erased before the last message

@@ -1,0 +1,63 @@
+"""Progress bars: drawn on a terminal, absent elsewhere; log lines printed above a bar, not into it.
+(tests/test_failures.py sees the same through roll-train in a pseudo-terminal and in a pipe.)"""
+
+import io
+import logging
+import sys
+
+import pytest
+
+from roll_lite.progress import TqdmLogHandler, close_bars, progress_bar
+
+
+@pytest.fixture(autouse=True)
+def no_bars_left():
+    yield
+    close_bars()
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_no_bar_when_stderr_is_not_a_terminal(monkeypatch):
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    bar = progress_bar(3, "RL")
+    for _ in range(3):
+        bar.update()
+    bar.close()
+    assert stream.getvalue() == ""
+
+
+def test_a_bar_on_a_terminal_counts_and_log_lines_go_above_it(monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    logger = logging.getLogger("test_progress")
+    logger.addHandler(TqdmLogHandler(terminal))
+    try:
+        bar = progress_bar(3, "RL")
+        bar.update()
+        bar.refresh()  # tqdm redraws at most every 0.1 s by itself
+        logger.warning("step 1/3 | reward 0.5")
+        bar.update()
+        bar.refresh()
+    finally:
+        logger.handlers.clear()
+    text = terminal.getvalue()
+    assert "RL:" in text and "1/3" in text
+    # the bar is erased ("\r" + blanks + "\r"), the line is written whole, then the bar is drawn again
+    before, after = text.split("step 1/3 | reward 0.5\n")
+    assert before.endswith("\r") and "RL:" in after and "2/3" in after
+
+
+def test_close_bars_erases_a_bar_an_exception_left_open(monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    bar = progress_bar(5, "warm start")
+    bar.update()
+    bar.refresh()
+    close_bars()
+    assert bar.disable  # tqdm marks a closed bar disabled
+    assert terminal.getvalue().endswith("\r")  # the line was blanked: a last message starts at its beginning

@@ -1,0 +1,49 @@
+"""WorkerError from the errors Ray raises in the driver (no cluster needed: the exceptions are built
+as Ray builds them). tests/test_failures.py sees them through real runs."""
+
+import ray
+import torch
+
+from roll_lite.failures import WorkerError
+from roll_lite.workers.group import worker_error
+
+
+def task_error(cause: Exception, as_cause: bool = True) -> Exception:
+    """What ray.get raises for an exception in an actor method: a RayTaskError that is also an
+    instance of the cause's class."""
+    traceback = f'Traceback (most recent call last):\n  File "loss.py", line 3, in loss_func\n{type(cause).__name__}: {cause}'
+    error = ray.exceptions.RayTaskError("train_step", traceback, cause)
+    return error.as_instanceof_cause() if as_cause else error
+
+
+def test_an_exception_in_a_worker_names_role_rank_method_and_step_and_keeps_the_traceback():
+    error = worker_error(task_error(ValueError("bad batch")), "actor", 1, "train_step")
+    assert isinstance(error, WorkerError) and error.kind == "raised"
+    error.stage = "step 7"
+    assert error.headline() == "actor rank 1 raised an error in train_step at step 7"
+    assert 'File "loss.py", line 3, in loss_func' in str(error) and "ValueError: bad batch" in str(error)
+
+
+def test_out_of_memory_from_torch_python_or_ray_names_the_keys_to_lower():
+    errors = [task_error(torch.OutOfMemoryError("CUDA out of memory")), task_error(MemoryError()),
+              ray.exceptions.OutOfMemoryError("Memory on the node was 23 GB / 24 GB, which exceeds the memory usage "
+                                              "threshold of 0.95. Ray killed this worker")]
+    for raised in errors:
+        error = worker_error(raised, "critic", 0, "train_step")
+        assert error.kind == "out of memory", raised
+        assert error.headline().startswith("critic rank 0 ran out of memory in train_step: lower rollout.prompts_per_step, "
+                                           "rollout.num_samples, rollout.max_new_tokens; use smaller micro-batches: "
+                                           "raise critic.grad_accum_steps, or with critic.use_packing=true lower "
+                                           "critic.max_tokens_per_micro_batch; or set model.gradient_checkpointing=true")
+    rollout = worker_error(task_error(torch.OutOfMemoryError("CUDA out of memory")), "rollout", None, "generate")
+    assert rollout.headline() == ("rollout ran out of memory in generate: lower rollout.prompts_per_step, "
+                                  "rollout.num_samples, rollout.max_new_tokens")
+
+
+def test_a_dead_worker_and_one_that_failed_to_start():
+    died = worker_error(ray.exceptions.ActorDiedError(), "actor", 0, "state_dict")
+    assert died.kind == "died" and died.headline() == "actor rank 0 died during state_dict"
+    not_started = worker_error(ray.exceptions.ActorDiedError(task_error(ImportError("no module x"), as_cause=False)), "rollout", None,
+                               "describe")
+    assert not_started.headline() == "rollout raised an error in __init__"
+    assert "ImportError: no module x" in str(not_started)
