@@ -299,29 +299,31 @@ class PPOPipeline:
 
     def run(self) -> list[dict]:
         """The whole job: workers, warm start, step-0 eval, training steps, plots. Returns the history."""
+        from roll_lite.checkpoint import Checkpointer
         from roll_lite.tracking import RunLogger
         from roll_lite.workers.cluster import start_ray, stop_ray
 
         c = self.config
         self.prepare_data()  # before the run directory and Ray: a bad file stops here
         run_dir = Path(c.output_dir) / c.run_name
-        # Ray first: a joined cluster too small for the workers is reported before anything is written.
-        logger.info(start_ray(c.ray_address, c.workers.actor_cpus * c.workers.actor_dp + c.workers.rollout_cpus))
+        claim = self.claim_run_dir(run_dir)  # the lock; fresh, resumed or refused, before anything changes
+        tracker = None
         try:
-            tracker = RunLogger(run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name)
-        except BaseException:
-            stop_ray()
-            raise
-        try:
+            # Ray first: a joined cluster too small for the workers is reported before anything is written.
+            logger.info(start_ray(c.ray_address, c.workers.actor_cpus * c.workers.actor_dp + c.workers.rollout_cpus))
             start = time.perf_counter()
             self.start_workers()
-            if c.sft.steps:
-                self.warm_start()
-            self.sync_from_actor(version=0)
-            initial = self.evaluate()
-            tracker.log(0, initial)
-            logger.info("step 0 (before RL): held-out %s", _fmt(initial.get("eval/reward_mean")))
-            for step in range(1, c.steps + 1):
+            resumed_step, history = self.resume(claim.resume_from) if claim.resume_from else (0, None)
+            tracker = RunLogger(run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name, history)
+            self.checkpointer = Checkpointer(run_dir, c.checkpoint, to_yaml(c), self, tracker)
+            if claim.resume_from is None:
+                if c.sft.steps:
+                    self.warm_start()
+                self.sync_from_actor(version=0)
+                initial = self.evaluate()
+                tracker.log(0, initial)
+                logger.info("step 0 (before RL): held-out %s", _fmt(initial.get("eval/reward_mean")))
+            for step in range(resumed_step + 1, c.steps + 1):
                 if self.sampler.exhausted:
                     logger.info("the training prompts are used up (data.epochs=%d) after step %d", c.data.epochs, step - 1)
                     break
@@ -330,15 +332,54 @@ class PPOPipeline:
                     metrics.update(self.evaluate())
                 tracker.log(step, metrics)
                 logger.info(_progress_line(step, c.steps, metrics))
+                self.checkpointer.maybe_save(step, last=step == c.steps or self.sampler.exhausted)
             if c.save_model:
                 self.save_final(run_dir / "final")
-            final = tracker.history[-1].get("eval/reward_mean")
+            initial, final = (tracker.history[i].get("eval/reward_mean") for i in (0, -1))
             logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
-                        _fmt(initial.get("eval/reward_mean")), _fmt(final), time.perf_counter() - start, run_dir)
+                        _fmt(initial), _fmt(final), time.perf_counter() - start, run_dir)
         finally:
-            tracker.finish()
+            if tracker is not None:
+                tracker.finish()
             stop_ray()
+            claim.release()
         return tracker.history
+
+    # -- checkpoints (roll_lite/checkpoint/) ------------------------------------------------------
+
+    def claim_run_dir(self, run_dir: Path):
+        """Lock the run directory and pick the checkpoint to resume (config `resume`); checked
+        against this run's config. Raises CheckpointError (one line) before anything changes."""
+        from roll_lite.checkpoint import claim_run_dir
+        from roll_lite.checkpoint.compat import check_compatible
+
+        claim = claim_run_dir(run_dir, self.config.resume)
+        if claim.resume_from is not None:
+            try:
+                check_compatible(claim.resume_from, self.config)
+            except BaseException:
+                claim.release()
+                raise
+        return claim
+
+    def resume(self, checkpoint: Path) -> tuple[int, list[dict]]:
+        """Every worker, the sampler and the generators as they were at the checkpoint; no warm start.
+        Returns (its step, the metrics records up to it)."""
+        from roll_lite.checkpoint.pipeline_state import load_pipeline_state
+        from roll_lite.checkpoint.run_dir import discard_after, read_history
+
+        step = load_pipeline_state(self, checkpoint)
+        history = read_history(checkpoint)
+        run_dir = Path(self.config.output_dir) / self.config.run_name
+        removed = discard_after(run_dir, step)
+        logger.info("resumed from %s (step %d)%s", checkpoint, step,
+                    f"; removed what came after it: {', '.join(removed)}" if removed else "")
+        return step, history
+
+    def save_checkpoint(self, step: int) -> None:
+        """Write a checkpoint of the state after `step` now (e.g. on SIGTERM); `self.checkpointer.due(step,
+        last)` tells whether one is due."""
+        self.checkpointer.save(step)
 
 
 def _prompt_text(prompt) -> str:
