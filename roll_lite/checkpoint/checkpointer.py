@@ -13,8 +13,8 @@ from roll_lite.checkpoint import layout
 from roll_lite.checkpoint.pipeline_state import save_pipeline_state
 
 logger = logging.getLogger("roll_lite")
-# Tests only: sleep this many seconds after the parts are written, before the commit (a window to kill in).
-PAUSE_BEFORE_COMMIT = "ROLL_LITE_TEST_PAUSE_BEFORE_CHECKPOINT_COMMIT_S"
+# Tests only: at this step, wait 10 minutes after the parts are written, before the commit (a window to kill in).
+PAUSE_BEFORE_COMMIT = "ROLL_LITE_TEST_PAUSE_BEFORE_COMMIT_AT_STEP"
 
 
 class Checkpointer:
@@ -41,9 +41,9 @@ class Checkpointer:
         manifest = save_pipeline_state(self.pipeline, partial, step)
         (partial / "config.yaml").write_text(self.config_yaml)
         shutil.copyfile(self.tracker.metrics_path, partial / "metrics.jsonl")
-        if os.environ.get(PAUSE_BEFORE_COMMIT):
+        if os.environ.get(PAUSE_BEFORE_COMMIT) == str(step):
             logger.info("checkpoint step_%d: parts written, pausing before the commit (test)", step)
-            time.sleep(float(os.environ[PAUSE_BEFORE_COMMIT]))
+            time.sleep(600)
         (partial / layout.MARKER).write_text(json.dumps(manifest, indent=1))
         layout.commit(partial, target)
         pruned = layout.prune(self.run_dir, self.config.keep_last)
