@@ -7,7 +7,7 @@ AdamW steps on fixed random token batches, then decodes greedily. Printed per se
 final weights equal the baseline's bit for bit, the largest weight difference, and how many of the
 greedy tokens differ.
 
-    python benchmarks/determinism.py [--steps 100]
+    python benchmarks/determinism.py [--steps 30]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def train_and_decode(steps: int, threads: int) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, foreach=True)
     batches = torch.Generator().manual_seed(1)
     for _ in range(steps):
-        tokens = torch.randint(0, 16, (64, 24), generator=batches)
+        tokens = torch.randint(0, 16, (16, 24), generator=batches)
         loss = model(input_ids=tokens, labels=tokens, use_cache=False).loss
         optimizer.zero_grad()
         loss.backward()
@@ -53,7 +53,7 @@ def train_and_decode(steps: int, threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:

@@ -304,6 +304,9 @@ class PPOPipeline:
         from roll_lite.workers.cluster import start_ray, stop_ray
 
         c = self.config
+        # The driver's own reductions (advantages, whitening) split work like the workers', whatever
+        # this machine's core count: part of what makes a run reproducible on another machine.
+        torch.set_num_threads(c.workers.torch_threads)
         self.prepare_data()  # before the run directory and Ray: a bad file stops here
         run_dir = Path(c.output_dir) / c.run_name
         claim = self.claim_run_dir(run_dir)  # the lock; fresh, resumed or refused, before anything changes
@@ -371,7 +374,7 @@ class PPOPipeline:
         step = load_pipeline_state(self, checkpoint)
         history = read_history(checkpoint)
         run_dir = Path(self.config.output_dir) / self.config.run_name
-        removed = discard_after(run_dir, step)
+        removed = discard_after(run_dir, step, trains_on=step < self.config.steps)
         logger.info("resumed from %s (step %d)%s", checkpoint, step,
                     f"; removed what came after it: {', '.join(removed)}" if removed else "")
         return step, history

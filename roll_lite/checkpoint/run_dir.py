@@ -110,14 +110,15 @@ def read_history(checkpoint: Path) -> list[dict]:
     return [json.loads(line) for line in (checkpoint / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-def discard_after(run_dir: Path, step: int) -> list[str]:
+def discard_after(run_dir: Path, step: int, trains_on: bool) -> list[str]:
     """Before continuing from `step`: what the run directory holds from later (checkpoints of an
-    abandoned trajectory, the final policy of an earlier end) is removed; returns what, for the log."""
+    abandoned trajectory; when training goes on, the final policy of an earlier end) is removed;
+    returns what, for the log."""
     removed = []
     for later in [s for s in layout.committed_steps(run_dir) if s > step]:
         shutil.rmtree(layout.step_dir(run_dir, later))
         removed.append(f"checkpoints/step_{later}")
-    if (run_dir / "final").exists():
+    if trains_on and (run_dir / "final").exists():
         shutil.rmtree(run_dir / "final")
         removed.append("final/")
     layout.remove_partials(run_dir)
