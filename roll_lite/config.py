@@ -147,7 +147,7 @@ class RunConfig:
     save_model: bool = True  # write the trained policy and tokenizer to <output_dir>/<run_name>/final
     # auto: continue from the run directory's latest checkpoint, start fresh when the directory is new;
     # none: start fresh (refused when the run directory already holds a run); or a checkpoint folder.
-    resume: str = "auto"
+    resume: Optional[str] = "auto"
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
