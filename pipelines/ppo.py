@@ -380,9 +380,18 @@ class PPOPipeline:
         return step, history
 
     def save_checkpoint(self, step: int) -> None:
-        """Write a checkpoint of the state after `step` now (e.g. on SIGTERM); `self.checkpointer.due(step,
-        last)` tells whether one is due."""
+        """Write a checkpoint of the workers' state now, labelled `step`: call it only between steps."""
         self.checkpointer.save(step)
+
+    def checkpoint_on_stop(self, completed_step: int) -> None:
+        """On SIGINT / SIGTERM: write the checkpoint of `completed_step` if it was due and is not
+        written yet. run() saves right after logging a step, so a due checkpoint still missing means
+        the signal came before the next step began: the workers hold exactly `completed_step`'s state.
+        Once the next step has begun, the actor may hold part of it, and nothing is written."""
+        checkpointer = getattr(self, "checkpointer", None)
+        last = completed_step == self.config.steps or self.sampler.exhausted
+        if checkpointer is not None and completed_step > 0 and checkpointer.due(completed_step, last):
+            checkpointer.save(completed_step)
 
 
 def _prompt_text(prompt) -> str:
