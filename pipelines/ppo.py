@@ -286,12 +286,6 @@ class PPOPipeline:
         self.tokenizer.save_pretrained(path)
         logger.info("saved the policy and tokenizer to %s", path)
 
-    def checkpoint_on_stop(self, completed_step: int) -> None:
-        """Called once when SIGINT / SIGTERM stops run(), before the workers stop: the place to write a
-        checkpoint if one was due at `completed_step` (issue8-checkpoints). The signal abandoned the
-        step after it mid-way, and the workers finish the call they were in before they take a new
-        one: the actor may already hold that step's update. Nothing to do until checkpoints exist."""
-
     def sync_from_actor(self, version: int) -> None:
         state = self.actor.state_dict_ref()
         self.rollout.update_weights(state, version)
@@ -301,34 +295,44 @@ class PPOPipeline:
 
     def run(self) -> list[dict]:
         """The whole job: workers, warm start, step-0 eval, training steps, plots. Returns the history."""
+        from roll_lite.checkpoint import Checkpointer
         from roll_lite.tracking import RunLogger
         from roll_lite.workers.cluster import start_ray, stop_ray
 
         c = self.config
+        # The driver's own reductions (advantages, whitening) split work like the workers', whatever
+        # this machine's core count: part of what makes a run reproducible on another machine.
+        torch.set_num_threads(c.workers.torch_threads)
         self.prepare_data()  # before the run directory and Ray: a bad file stops here
         run_dir = Path(c.output_dir) / c.run_name
-        # Ray first: a joined cluster too small for the workers is reported before anything is written.
-        logger.info(start_ray(c.ray_address, c.workers.actor_cpus * c.workers.actor_dp + c.workers.rollout_cpus))
-        try:
-            tracker = RunLogger(run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name)
-        except BaseException:
-            stop_ray()
-            raise
+        claim = self.claim_run_dir(run_dir)  # the lock; fresh, resumed or refused, before anything changes
+        tracker = None
         completed = 0  # the last step whose metrics were logged
         try:
+            # Ray first: a joined cluster too small for the workers is reported before anything is written.
+            logger.info(start_ray(c.ray_address, c.workers.actor_cpus * c.workers.actor_dp + c.workers.rollout_cpus))
             start = time.perf_counter()
             self.stage = "the start of the workers"
             self.start_workers()
-            if c.sft.steps:
-                self.stage = "the warm start"
-                self.warm_start()
-            self.stage = "step 0 (evaluation before RL)"
-            self.sync_from_actor(version=0)
-            initial = self.evaluate()
-            tracker.log(0, initial, self.eval_samples)
-            logger.info("step 0 (before RL): held-out %s", _fmt(initial.get("eval/reward_mean")))
-            bar = progress_bar(c.steps, "RL")
-            for step in range(1, c.steps + 1):
+            resumed_step = 0
+            history = None
+            if claim.resume_from:
+                self.stage = f"resuming from {claim.resume_from}"
+                resumed_step, history = self.resume(claim.resume_from)
+                completed = resumed_step
+            tracker = RunLogger(run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name, history)
+            self.checkpointer = Checkpointer(run_dir, c.checkpoint, to_yaml(c), self, tracker)
+            if claim.resume_from is None:
+                if c.sft.steps:
+                    self.stage = "the warm start"
+                    self.warm_start()
+                self.stage = "step 0 (evaluation before RL)"
+                self.sync_from_actor(version=0)
+                initial = self.evaluate()
+                tracker.log(0, initial, self.eval_samples)
+                logger.info("step 0 (before RL): held-out %s", _fmt(initial.get("eval/reward_mean")))
+            bar = progress_bar(c.steps - resumed_step, "RL")
+            for step in range(resumed_step + 1, c.steps + 1):
                 if self.sampler.exhausted:
                     logger.info("the training prompts are used up (data.epochs=%d) after step %d", c.data.epochs, step - 1)
                     break
@@ -343,25 +347,73 @@ class PPOPipeline:
                 completed = step
                 bar.update()
                 logger.info(_progress_line(step, c.steps, metrics))
+                self.checkpointer.maybe_save(step, last=step == c.steps or self.sampler.exhausted)
             bar.close()
             if c.save_model:
                 self.stage = "saving the final model"
                 self.save_final(run_dir / "final")
-            final = tracker.history[-1].get("eval/reward_mean")
+            initial, final = (tracker.history[i].get("eval/reward_mean") for i in (0, -1))
             logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
-                        _fmt(initial.get("eval/reward_mean")), _fmt(final), time.perf_counter() - start, run_dir)
+                        _fmt(initial), _fmt(final), time.perf_counter() - start, run_dir)
         except WorkerError as error:
             error.stage = self.stage
             logger.error("%s; stopping the workers", error.headline())
             raise
         except KeyboardInterrupt:  # SIGINT / SIGTERM (roll_lite/signals.py)
             logger.warning("interrupted during %s; stopping the workers", self.stage)
-            self.checkpoint_on_stop(completed)  # the checkpoint hook (issue8-checkpoints)
+            self.checkpoint_on_stop(completed)
             raise
         finally:
-            tracker.finish()
+            if tracker is not None:
+                tracker.finish()
             stop_ray()
+            claim.release()
         return tracker.history
+
+    # -- checkpoints (roll_lite/checkpoint/) ------------------------------------------------------
+
+    def claim_run_dir(self, run_dir: Path):
+        """Lock the run directory and pick the checkpoint to resume (config `resume`); checked
+        against this run's config. Raises CheckpointError (one line) before anything changes."""
+        from roll_lite.checkpoint import claim_run_dir
+        from roll_lite.checkpoint.compat import check_compatible
+
+        claim = claim_run_dir(run_dir, self.config.resume)
+        if claim.resume_from is not None:
+            try:
+                check_compatible(claim.resume_from, self.config)
+            except BaseException:
+                claim.release()
+                raise
+        return claim
+
+    def resume(self, checkpoint: Path) -> tuple[int, list[dict]]:
+        """Every worker, the sampler and the generators as they were at the checkpoint; no warm start.
+        Returns (its step, the metrics records up to it)."""
+        from roll_lite.checkpoint.pipeline_state import load_pipeline_state
+        from roll_lite.checkpoint.run_dir import discard_after, read_history
+
+        step = load_pipeline_state(self, checkpoint)
+        history = read_history(checkpoint)
+        run_dir = Path(self.config.output_dir) / self.config.run_name
+        removed = discard_after(run_dir, step, trains_on=step < self.config.steps)
+        logger.info("resumed from %s (step %d)%s", checkpoint, step,
+                    f"; removed what came after it: {', '.join(removed)}" if removed else "")
+        return step, history
+
+    def save_checkpoint(self, step: int) -> None:
+        """Write a checkpoint of the workers' state now, labelled `step`: call it only between steps."""
+        self.checkpointer.save(step)
+
+    def checkpoint_on_stop(self, completed_step: int) -> None:
+        """On SIGINT / SIGTERM: write the checkpoint of `completed_step` if it was due and is not
+        written yet. run() saves right after logging a step, so a due checkpoint still missing means
+        the signal came before the next step began: the workers hold exactly `completed_step`'s state.
+        Once the next step has begun, the actor may hold part of it, and nothing is written."""
+        checkpointer = getattr(self, "checkpointer", None)
+        last = completed_step == self.config.steps or self.sampler.exhausted
+        if checkpointer is not None and completed_step > 0 and checkpointer.due(completed_step, last):
+            checkpointer.save(completed_step)
 
 
 def _fmt(value) -> str:

@@ -141,13 +141,11 @@ class SFTPipeline:
         c = self.config
         self.prepare_data()  # before the run directory and Ray: a bad file stops here
         run_dir = Path(c.output_dir) / c.run_name
-        logger.info(start_ray(c.ray_address, c.workers.actor_cpus * c.workers.actor_dp))
+        claim = self.claim_run_dir(run_dir)
+        tracker = None
         try:
+            logger.info(start_ray(c.ray_address, c.workers.actor_cpus * c.workers.actor_dp))
             tracker = RunLogger(run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name)
-        except BaseException:
-            stop_ray()
-            raise
-        try:
             start = time.perf_counter()
             self.stage = "the start of the workers"
             self.start_workers()
@@ -168,6 +166,24 @@ class SFTPipeline:
             logger.warning("interrupted during %s; stopping the workers", self.stage)
             raise
         finally:
-            tracker.finish()
+            if tracker is not None:
+                tracker.finish()
             stop_ray()
+            claim.release()
         return tracker.history
+
+    def claim_run_dir(self, run_dir: Path):
+        """The run directory's lock (roll_lite/checkpoint/run_dir.py). SFT runs write no checkpoints
+        yet, so a directory that already holds a run is refused, never overwritten."""
+        from roll_lite.checkpoint import claim_run_dir
+        from roll_lite.checkpoint.errors import CheckpointError
+
+        if self.config.resume not in ("auto", "none"):
+            raise CheckpointError(f"resume={self.config.resume}: the SFT pipeline writes no checkpoints to resume from")
+        try:
+            return claim_run_dir(run_dir, "none")
+        except CheckpointError as error:
+            if "already holds a run" not in str(error):
+                raise
+            raise CheckpointError(f"run_name: {run_dir} already holds a run; the SFT pipeline does not resume: "
+                                  "choose another run_name= (nothing was changed)") from None

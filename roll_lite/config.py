@@ -135,6 +135,15 @@ class WorkersConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoints under <output_dir>/<run_name>/checkpoints/step_N (roll_lite/checkpoint/)."""
+
+    every: int = 50  # save every this many steps, and after the last one; 0: only after the last one
+    keep_last: Optional[int] = 2  # keep this many newest checkpoints; null: all
+    enabled: bool = True  # false: never save (resume=auto then has nothing to resume from)
+
+
+@dataclass
 class RunConfig:
     pipeline: str = "roll_lite.pipelines.ppo:PPOPipeline"  # import path of the pipeline class
     run_name: str = "ppo_reverse_digits"
@@ -146,6 +155,10 @@ class RunConfig:
     wandb_mode: str = "disabled"  # online | offline | disabled
     wandb_project: str = "roll_lite"
     save_model: bool = True  # write the trained policy and tokenizer to <output_dir>/<run_name>/final
+    # auto: continue from the run directory's latest checkpoint, start fresh when the directory is new;
+    # none: start fresh (refused when the run directory already holds a run); or a checkpoint folder.
+    resume: Optional[str] = "auto"
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
@@ -171,6 +184,12 @@ def validate(config: RunConfig) -> None:
     _check(config.steps >= 0, "steps", f"must be >= 0, got {config.steps}")
     _check(config.eval_every >= 1, "eval_every", f"must be >= 1, got {config.eval_every}")
     _one_of(config.wandb_mode, ("online", "offline", "disabled"), "wandb_mode")
+    _check(bool(config.run_name) and "/" not in config.run_name and config.run_name not in (".", ".."), "run_name",
+           f"must be a folder name (no '/'), got {config.run_name!r}")
+    _check(bool(config.resume), "resume", "must be auto, none or the path of a checkpoint folder")
+    _check(config.checkpoint.every >= 0, "checkpoint.every", f"must be >= 0 (0: only at the end), got {config.checkpoint.every}")
+    _check(config.checkpoint.keep_last is None or config.checkpoint.keep_last >= 1, "checkpoint.keep_last",
+           f"must be >= 1 or null (keep all), got {config.checkpoint.keep_last}")
     _one_of(config.model.dtype, ("float32", "bfloat16", "float64"), "model.dtype")
     _validate_data(config.data)
     _validate_sft(config.sft)

@@ -79,6 +79,13 @@ class HFEngine:
             completions.append(row)
         return completions
 
+    def state_dict(self) -> dict:
+        """Where sampling stands: every generate call reseeds torch with (seed + calls so far)."""
+        return {"seed": self.generator_seed, "calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator_seed, self.calls = int(state["seed"]), int(state["calls"])
+
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
         tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()

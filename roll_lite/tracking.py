@@ -15,13 +15,18 @@ PLOTTED = ("reward/mean", "eval/reward_mean", "sft/loss", "eval/sft_loss", "acto
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, config_yaml: str, wandb_mode: str, wandb_project: str, run_name: str):
+    def __init__(self, run_dir: Path, config_yaml: str, wandb_mode: str, wandb_project: str, run_name: str,
+                 history: list[dict] | None = None):
+        """`history`: the records of a resumed run up to its checkpoint; metrics.jsonl is rewritten
+        with them (dropping records logged after the checkpoint) and continued."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(config_yaml)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        self.metrics_path.write_text("")
-        self.history: list[dict] = []
+        self.history: list[dict] = list(history or [])
+        temporary = self.run_dir / ".metrics.jsonl.tmp"
+        temporary.write_text("".join(json.dumps(record) + "\n" for record in self.history))
+        temporary.replace(self.metrics_path)
         self.wandb_run = None
         if wandb_mode != "disabled":
             import wandb

@@ -39,6 +39,11 @@ def run_cli(*args, cwd):
         ("data.train_files={a: 1}", "data.train_files: must be a path or a list of paths, got {'a': 1}"),
         ("data.answer_key=prompt", "data.answer_key: must differ from data.prompt_key ('prompt')"),
         ("task.name=reverse_digits", "task: Key 'task' not in 'RunConfig'"),
+        ("checkpoint.every=-1", "checkpoint.every: must be >= 0 (0: only at the end), got -1"),
+        ("checkpoint.keep_last=0", "checkpoint.keep_last: must be >= 1 or null (keep all), got 0"),
+        ("checkpoint.evry=5", "checkpoint.evry: Key 'evry' not in 'CheckpointConfig'"),
+        ("resume=", "resume: must be auto, none or the path of a checkpoint folder"),
+        ("run_name=a/b", "run_name: must be a folder name (no '/'), got 'a/b'"),
     ],
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):

@@ -124,6 +124,13 @@ class ModelGroup:
     def save_pretrained(self, path: str) -> None:
         _get([w.save_pretrained.remote(path) for w in self.workers], self.role, "save_pretrained")
 
+    def save_checkpoint(self, path: str) -> None:
+        """Every rank writes its shards into `path` (a folder all ranks see)."""
+        _get([w.save_checkpoint.remote(path) for w in self.workers])
+
+    def load_checkpoint(self, path: str) -> None:
+        _get([w.load_checkpoint.remote(path) for w in self.workers])
+
     def reset_optimizer(self, lr: float | None = None) -> None:
         _get([w.reset_optimizer.remote(lr) for w in self.workers], self.role, "reset_optimizer")
 
@@ -151,6 +158,12 @@ class RolloutClient:
     def update_weights(self, weights: ray.ObjectRef, version: int) -> None:
         """Load FlatWeights (an object ref from `ModelGroup.state_dict_ref`) into the engine."""
         _get(self.worker.update_weights.remote(weights, version), "rollout", "update_weights")
+
+    def save_checkpoint(self, path: str) -> None:
+        _get(self.worker.save_checkpoint.remote(path))
+
+    def load_checkpoint(self, path: str) -> None:
+        _get(self.worker.load_checkpoint.remote(path))
 
     def weights(self):
         return _get(self.worker.weights.remote(), "rollout", "weights")

@@ -102,5 +102,22 @@ class ModelWorker:
         shutil.rmtree(target, ignore_errors=True)
         partial.rename(target)
 
+    def save_checkpoint(self, path: str) -> None:
+        """This rank's shards (a collective over the group) and its random generators."""
+        from roll_lite.checkpoint.rng import save_rng
+
+        self.strategy.save_checkpoint(path)
+        save_rng(Path(path) / f"rng_rank{self.rank}.pkl")
+
+    def load_checkpoint(self, path: str) -> None:
+        """From a checkpoint written by any number of ranks; a rank the writer did not have keeps its
+        seeded generators (training draws no random numbers in the workers today: no dropout)."""
+        from roll_lite.checkpoint.rng import load_rng
+
+        self.strategy.load_checkpoint(path)
+        rng_file = Path(path) / f"rng_rank{self.rank}.pkl"
+        if rng_file.exists():
+            load_rng(rng_file)
+
     def reset_optimizer(self, lr: float | None = None) -> None:
         self.strategy.reset_optimizer(lr)

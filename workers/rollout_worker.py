@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
@@ -34,6 +35,18 @@ class RolloutWorker:
     def update_weights(self, weights: FlatWeights, version: int) -> None:
         self.engine.update_weights(unflatten_state_dict(weights))
         self.weight_version = version
+
+    def save_checkpoint(self, path: str) -> None:
+        """The engine's sampling position and this process's random generators."""
+        from roll_lite.checkpoint.rng import save_rng
+
+        save_rng(Path(path), {"engine": self.engine.state_dict(), "weight_version": self.weight_version})
+
+    def load_checkpoint(self, path: str) -> None:
+        from roll_lite.checkpoint.rng import load_rng
+
+        state = load_rng(Path(path))
+        self.engine.load_state_dict(state["engine"])
 
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
         """(version, a copy of the engine's weights): lets tests check the sync."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -214,6 +215,18 @@ class FSDP2Strategy:
         if not outputs:
             return DataProto()
         return undo_permutation(DataProto.concat(outputs), order)
+
+    def save_checkpoint(self, folder) -> None:
+        """Model and optimizer shards (DCP), LR schedule: a collective (roll_lite/strategy/checkpoint.py)."""
+        from roll_lite.strategy.checkpoint import save_sharded
+
+        save_sharded(self, Path(folder))
+
+    def load_checkpoint(self, folder) -> None:
+        """Load what save_checkpoint wrote, from any number of ranks (DCP reshards)."""
+        from roll_lite.strategy.checkpoint import load_sharded
+
+        load_sharded(self, Path(folder))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full (unsharded) HF state dict on CPU, on every rank (weight sync, export)."""

@@ -1,0 +1,55 @@
+"""Sharded checkpoints of a strategy's model and optimizer through torch.distributed.checkpoint (DCP).
+
+Every rank writes its own shards into one folder (on a filesystem every rank sees), rank 0 the
+metadata. A folder written by D ranks loads on any number of ranks: DCP reads into each rank's
+shards the slices it needs (resharding). The LR schedule and the count of skipped steps in a row are
+the same on every rank: rank 0 writes them beside the shards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+SCHEDULE_FILE = "schedule.pt"
+
+
+def _sharded_state(strategy) -> dict:
+    """The model's (and optimizer's) state as DCP sees it: sharded DTensors, keyed by parameter name."""
+    if strategy.optimizer is None:
+        return {"model": get_model_state_dict(strategy.model)}
+    model, optimizer = get_state_dict(strategy.model, strategy.optimizer)
+    return {"model": model, "optimizer": optimizer}
+
+
+def save_sharded(strategy, folder: Path) -> None:
+    """A collective: every rank calls it with the same folder."""
+    folder.mkdir(parents=True, exist_ok=True)
+    dcp.save(_sharded_state(strategy), checkpoint_id=str(folder))
+    if strategy.rank == 0 and strategy.optimizer is not None:
+        torch.save({"scheduler": strategy.scheduler.state_dict(), "skipped_in_a_row": strategy.skipped_in_a_row},
+                   folder / SCHEDULE_FILE)
+    dist.barrier()
+
+
+def load_sharded(strategy, folder: Path) -> None:
+    """A collective; the folder may have been written by another number of ranks."""
+    state = _sharded_state(strategy)  # the targets: this run's shapes and sharding
+    dcp.load(state, checkpoint_id=str(folder))
+    if strategy.optimizer is None:
+        set_model_state_dict(strategy.model, state["model"])
+        return
+    set_state_dict(strategy.model, strategy.optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"])
+    schedule = torch.load(folder / SCHEDULE_FILE, weights_only=True)
+    strategy.scheduler.load_state_dict(schedule["scheduler"])
+    strategy.skipped_in_a_row = schedule["skipped_in_a_row"]

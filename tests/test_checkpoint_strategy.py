@@ -1,0 +1,93 @@
+"""DCP checkpoints of the FSDP2 strategy: written by 2 gloo ranks, loaded by 1 (resharding) and by 2.
+
+After the load, the model, the AdamW moments and the LR schedule equal the saved ones exactly, and
+the next step equals the next step of the run that wrote the checkpoint (bit for bit on the same D;
+to float64 rounding on another D, whose reduction order differs)."""
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from distributed_harness import MASK_KEYS, global_batch, make_loss
+
+from roll_lite.invariance import TINY_MODEL
+from roll_lite.modeling import build_causal_lm
+from roll_lite.strategy.distributed import close_distributed, free_port
+
+LOSS = ("ppo", "token-mean")
+SETTINGS = dict(lr=1e-2, warmup_steps=5, weight_decay=0.1, param_dtype="float64")
+
+
+def _full_state(strategy):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    optimizer = get_optimizer_state_dict(strategy.model, strategy.optimizer, options=StateDictOptions(full_state_dict=True))
+    moments = {f"{name}.{key}": value.clone() for name, state in optimizer["state"].items() for key, value in state.items()}
+    model = {name: value.clone() for name, value in strategy.full_state_dict().items()}  # on 1 rank: views of the parameters
+    return {"model": model, "optimizer": moments, "lr": strategy.scheduler.get_last_lr()[0],
+            "scheduler_step": strategy.scheduler.last_epoch}
+
+
+def _rank(rank: int, world_size: int, port: int, mode: str, folder: str, out_path: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)
+    from roll_lite.strategy import FSDP2Strategy, StrategyConfig
+    from roll_lite.strategy.micro_batches import split_for_data_parallel
+
+    data = global_batch(torch.float64)
+    data.meta_info["loss_mask_keys"] = MASK_KEYS[LOSS[0]]
+    share = split_for_data_parallel(data, world_size, balance_tokens=True)[rank]
+    seed = 0 if mode == "save" else 1  # a loading run starts from other weights: the load must replace them
+    strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=seed), StrategyConfig(**SETTINGS))
+    if mode == "save":
+        for _ in range(2):
+            strategy.train_step(share, make_loss(*LOSS))
+        strategy.save_checkpoint(folder)
+    else:
+        strategy.load_checkpoint(folder)
+    loaded = _full_state(strategy)
+    metrics = strategy.train_step(share, make_loss(*LOSS))
+    after = _full_state(strategy)
+    if rank == 0:
+        torch.save((loaded, metrics, after), out_path)
+    close_distributed()
+
+
+def _spawn(world_size: int, mode: str, folder: str, out_path: str):
+    mp.spawn(_rank, args=(world_size, free_port(), mode, folder, out_path), nprocs=world_size, join=True)
+    return torch.load(out_path, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def saved_by_two_ranks():
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = os.path.join(tmp, "actor")
+        yield folder, _spawn(2, "save", folder, os.path.join(tmp, "saved.pt"))
+
+
+def _assert_equal_states(a, b):
+    assert a["lr"] == b["lr"] and a["scheduler_step"] == b["scheduler_step"]
+    for part in ("model", "optimizer"):
+        assert set(a[part]) == set(b[part])
+        for name in a[part]:
+            assert torch.equal(a[part][name], b[part][name]), f"{part} {name}"
+
+
+@pytest.mark.parametrize("world_size", [2, 1])
+def test_a_checkpoint_of_two_ranks_loads_exactly_on_two_and_on_one(saved_by_two_ranks, world_size, tmp_path):
+    folder, (saved, saved_metrics, saved_after) = saved_by_two_ranks
+    assert sorted(os.listdir(folder)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "schedule.pt"]
+    loaded, metrics, after = _spawn(world_size, "load", folder, str(tmp_path / "loaded.pt"))
+    _assert_equal_states(loaded, saved)
+    assert saved["scheduler_step"] == 2 and saved["lr"] == pytest.approx(SETTINGS["lr"] * 3 / 5)  # mid-warmup
+    kinds = [name.rsplit(".", 1)[1] for name in saved["optimizer"]]
+    assert kinds.count("step") == kinds.count("exp_avg") == kinds.count("exp_avg_sq") == len(kinds) / 3 > 0
+    if world_size == 2:  # the same ranks: the continued step is the same step, bit for bit
+        assert metrics["loss"] == saved_metrics["loss"] and metrics["grad_norm"] == saved_metrics["grad_norm"]
+        _assert_equal_states(after, saved_after)
+    else:
+        assert metrics["loss"] == pytest.approx(saved_metrics["loss"], rel=1e-12)
+        for name, value in saved_after["model"].items():
+            torch.testing.assert_close(after["model"][name], value, rtol=1e-10, atol=1e-13)

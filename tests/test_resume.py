@@ -1,0 +1,143 @@
+"""Real roll-train processes, tiny model: killed with SIGKILL and resumed, killed while writing a
+checkpoint, run twice, resumed on another D. The metrics trajectory of a run is compared, key by
+key and bit for bit, with an uninterrupted run's (perf/* timings aside: they are wall-clock times).
+
+The training file has 8 prompts and a step draws 2: steps 4 and 8 end an epoch, so the checkpoint
+of step 4 sits on an epoch boundary (sampler epoch 1, position 0)."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from roll_lite.checkpoint import layout
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 6
+TINY = [
+    "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
+    "model.num_key_value_heads=1", "sft.steps=0", "workers.torch_threads=1", "reward.functions={token_accuracy: 1.0}",
+    "rollout.prompts_per_step=2", "rollout.num_samples=4", f"steps={STEPS}", "eval_every=2", "checkpoint.every=2",
+    "checkpoint.keep_last=null", "save_model=false",
+]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    for name, rows in (("train", 8), ("eval", 8)):
+        lines = (REPO / f"data/reverse_digits/{name}.jsonl").read_text().splitlines(keepends=True)[:rows]
+        (folder / f"{name}.jsonl").write_text("".join(lines))
+    return [f"data.train_files={folder / 'train.jsonl'}", f"data.eval_files={folder / 'eval.jsonl'}"]
+
+
+def command(data, output: Path, run_name: str, *extra) -> list[str]:
+    return [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/ppo.yaml"), *TINY, *data,
+            f"output_dir={output}", f"run_name={run_name}", *extra]
+
+
+def run(args, env=None) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def run_until(args, line_part: str, env=None) -> str:
+    """Start roll-train in a process group of its own, SIGKILL the group (the driver and the Ray head
+    it started) as soon as a log line contains `line_part`; returns the log up to there."""
+    process = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
+                               env=env, start_new_session=True)
+    log = []
+    try:
+        for line in process.stderr:
+            log.append(line)
+            if line_part in line:
+                os.killpg(process.pid, signal.SIGKILL)
+                break
+        else:
+            pytest.fail(f"roll-train ended before '{line_part}':\n" + "".join(log[-30:]))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    assert process.returncode == -signal.SIGKILL
+    return "".join(log)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def without_timings(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in records]
+
+
+def assert_same_trajectory(records, reference):
+    assert [r["step"] for r in records] == [r["step"] for r in reference]
+    for got, expected in zip(without_timings(records), without_timings(reference)):
+        differing = {k: (got.get(k), expected.get(k)) for k in set(got) | set(expected) if got.get(k) != expected.get(k)}
+        assert not differing, f"step {got['step']}: {differing}"
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory):
+    """An uninterrupted run: its run directory."""
+    output = tmp_path_factory.mktemp("reference")
+    run(command(data, output, "ref"))
+    return output / "ref"
+
+
+def test_two_runs_of_one_config_give_the_same_metrics_bit_for_bit(data, reference, tmp_path):
+    run(command(data, tmp_path, "again"))
+    records = metrics(tmp_path / "again")
+    assert len(records) == STEPS + 1 and records[-1]["eval/reward_mean"] is not None
+    assert_same_trajectory(records, metrics(reference))
+
+
+def test_killed_at_a_random_step_and_resumed_the_metrics_equal_an_uninterrupted_run(data, reference, tmp_path):
+    kill_after = random.randint(3, STEPS - 1)
+    print(f"SIGKILL after step {kill_after}")
+    run_dir = tmp_path / "killed"
+    run_until(command(data, tmp_path, "killed"), f"step {kill_after}/{STEPS} |")
+    saved = layout.committed_steps(run_dir)
+    assert saved and max(saved) <= kill_after
+    resumed = run(command(data, tmp_path, "killed"))  # resume=auto, the default
+    assert f"resumed from {run_dir / 'checkpoints' / f'step_{max(saved)}'}" in resumed.stderr
+    assert_same_trajectory(metrics(run_dir), metrics(reference))  # continued: no record lost or repeated
+    assert layout.committed_steps(run_dir) == [2, 4, 6]
+
+
+def test_killed_while_writing_a_checkpoint_the_previous_one_loads(data, reference, tmp_path):
+    run_dir = tmp_path / "torn"
+    env = {**os.environ, "ROLL_LITE_TEST_PAUSE_BEFORE_COMMIT_AT_STEP": "4"}
+    run_until(command(data, tmp_path, "torn"), "checkpoint step_4: parts written, pausing", env=env)
+    assert layout.partial_dir(run_dir, 4).is_dir() and (layout.partial_dir(run_dir, 4) / "actor" / ".metadata").exists()
+    assert layout.latest(run_dir) == layout.step_dir(run_dir, 2) and layout.committed_steps(run_dir) == [2]
+    resumed = run(command(data, tmp_path, "torn"))
+    assert "resumed from" in resumed.stderr and "step_2 (step 2)" in resumed.stderr
+    assert_same_trajectory(metrics(run_dir), metrics(reference))
+    assert not list(layout.checkpoints_dir(run_dir).glob(".*.partial"))
+
+
+def test_resume_from_an_epoch_boundary_on_another_actor_d(data, reference, tmp_path):
+    """resume=PATH of the reference's step 4 (the end of epoch 0) into a new run with 2 actor ranks
+    instead of 1: DCP reshards, training goes on into epoch 1."""
+    checkpoint = layout.step_dir(reference, 4)
+    assert json.loads((checkpoint / layout.MARKER).read_text())["sampler"]["epoch"] == 1
+    run(command(data, tmp_path, "wider", f"resume={checkpoint}", "workers.actor_dp=2", "workers.actor_cpus=0.5",
+                "workers.rollout_cpus=0.5"))
+    records, expected = metrics(tmp_path / "wider"), metrics(reference)
+    assert_same_trajectory(records[:5], expected[:5])  # steps 0-4 come from the checkpoint
+    assert [r["step"] for r in records] == list(range(STEPS + 1))
+    final = json.loads((layout.step_dir(tmp_path / "wider", 6) / layout.MARKER).read_text())
+    assert final["sampler"]["epoch"] == 1 and final["sampler"]["position"] == 4
+    # Two ranks sum the gradient in another order: the next steps agree to float32 rounding, not bit for bit.
+    for got, want in zip(records[5:], expected[5:]):
+        for key in ("reward/mean", "actor/pg_loss", "critic/vf_loss", "actor/grad_norm"):
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (got["step"], key)
