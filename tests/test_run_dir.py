@@ -3,7 +3,6 @@ clobbered; bad `resume` values and incompatible checkpoints stop roll-train with
 code 2 before Ray starts, leaving nothing behind. Checkpoint layout: commit, latest, keep_last."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
