@@ -126,10 +126,10 @@ class ModelGroup:
 
     def save_checkpoint(self, path: str) -> None:
         """Every rank writes its shards into `path` (a folder all ranks see)."""
-        _get([w.save_checkpoint.remote(path) for w in self.workers])
+        _get([w.save_checkpoint.remote(path) for w in self.workers], self.role, "save_checkpoint")
 
     def load_checkpoint(self, path: str) -> None:
-        _get([w.load_checkpoint.remote(path) for w in self.workers])
+        _get([w.load_checkpoint.remote(path) for w in self.workers], self.role, "load_checkpoint")
 
     def reset_optimizer(self, lr: float | None = None) -> None:
         _get([w.reset_optimizer.remote(lr) for w in self.workers], self.role, "reset_optimizer")
@@ -160,10 +160,10 @@ class RolloutClient:
         _get(self.worker.update_weights.remote(weights, version), "rollout", "update_weights")
 
     def save_checkpoint(self, path: str) -> None:
-        _get(self.worker.save_checkpoint.remote(path))
+        _get(self.worker.save_checkpoint.remote(path), "rollout", "save_checkpoint")
 
     def load_checkpoint(self, path: str) -> None:
-        _get(self.worker.load_checkpoint.remote(path))
+        _get(self.worker.load_checkpoint.remote(path), "rollout", "load_checkpoint")
 
     def weights(self):
         return _get(self.worker.weights.remote(), "rollout", "weights")
