@@ -1,5 +1,5 @@
 """Worst relative error of the step's loss and gradients vs one global forward/backward, per agg
-mode, model and dtype, over the whole test matrix (actor: 3 policy losses; critic: the value loss
+mode, model and dtype, over the whole test matrix (actor: 3 policy losses and, token-mean, the SFT loss; critic: the value loss
 through FSDP2Strategy(head='value'); D ∈ {1,2} × A ∈ {1,2,3} × padded/packed, plus token-budget
 micro-batches and one-row batches that leave a rank empty), with the real FSDP2 strategy on gloo ranks.
 

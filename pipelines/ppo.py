@@ -11,7 +11,6 @@ actor / critic worker to serve `loss_func` and `critic_loss_func`, so `__init__`
 from __future__ import annotations
 
 import logging
-import random
 import time
 from pathlib import Path
 
@@ -29,13 +28,14 @@ from roll_lite.algorithms import (
 )
 from roll_lite.config import RunConfig, to_yaml
 from roll_lite.data import DataProto
-from roll_lite.data.digits import noisy_demonstration
 from roll_lite.data.prompts import PromptData
 from roll_lite.data.sampler import PromptSampler
 from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, value_loss_func
 from roll_lite.rollout import SamplingParams
 from roll_lite.sequences import build_sequence_batch
 from roll_lite.tokenizer import load_tokenizer
+
+from .sft import SFTPipeline
 
 logger = logging.getLogger("roll_lite")
 EVAL_CHUNK = 256  # eval prompts per generate call
@@ -47,6 +47,8 @@ class PPOPipeline:
         self.algorithm = config.algorithm
         self.tokenizer = load_tokenizer(config.model.tokenizer_path)
         self.train_data = self.eval_data = self.sampler = None  # prepare_data(): in the driver only
+        self.warm_start_sft = None  # an SFTPipeline when sft.steps > 0 (prepare_data)
+        self.eval_samples: list[dict] = []  # the last evaluate()'s greedy answers
         self.seq_len_norm = (self.algorithm.seq_len_norm if self.algorithm.seq_len_norm is not None
                              else config.rollout.max_new_tokens)
         self.use_critic = self.algorithm.advantage == "gae"
@@ -109,25 +111,21 @@ class PPOPipeline:
         self.sampler = PromptSampler(len(self.train_data), self.data_seed, d.shuffle, d.epochs)
         for note in prepared.notes:
             logger.info(note)
+        if self.config.sft.steps:
+            self.warm_start_sft = SFTPipeline(self.config, self.tokenizer)
+            self.warm_start_sft.train_loss = "sft"  # the built-in SFT loss, not this pipeline's loss_func
+            self.warm_start_sft.prepare_data()
 
     def longest_sequences(self) -> tuple[int, int]:
-        """(tokens of the longest prompt, of the longest warm-start sequence: prompt + answer + <eos>;
-        0 when there is no warm start)."""
+        """(tokens of the longest prompt, of the longest warm-start SFT sequence; 0 without a warm start)."""
         self.prepare_data()
         rows = [self.train_data] + ([self.eval_data] if self.eval_data is not None else [])
         longest_prompt = max(len(ids) for data in rows for ids in data.prompt_ids)
-        if not self.config.sft.steps:
-            return longest_prompt, 0
-        train = self.train_data
-        answers = self.tokenizer(list(train.answers), add_special_tokens=False)["input_ids"]  # one batched call
-        return longest_prompt, max(len(ids) + len(answer) + 1 for ids, answer in zip(train.prompt_ids, answers))
+        return longest_prompt, self.warm_start_sft.longest_sequences()[1] if self.config.sft.steps else 0
 
     @property
     def data_seed(self) -> int:
         return self.config.seed if self.config.data.seed is None else self.config.data.seed
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def generate(self, prompts: PromptData, params: SamplingParams) -> DataProto:
         """Sequences of every (prompt, sample): tensors + response_text, group ids, and per row the
@@ -239,48 +237,37 @@ class PPOPipeline:
         if self.eval_data is None:
             return {}
         r, k = self.config.rollout, self.config.data.eval_num_samples
-        scores, per_function = self._score_in_chunks(SamplingParams(r.max_new_tokens, greedy=True))
+        scores, per_function, responses = self._score_in_chunks(SamplingParams(r.max_new_tokens, greedy=True))
+        # The greedy answers, for the run directory (eval_samples/): what a reload of final/ must reproduce.
+        self.eval_samples = [{"prompt": p, "response": text, "answer": a, "score": s}
+                             for p, text, a, s in zip(self.eval_data.prompts, responses, self.eval_data.answers, scores.tolist())]
         metrics = {"eval/reward_mean": scores.mean().item(), **{f"eval/{name}": v for name, v in per_function.items()}}
         if k > 0:
-            sampled, _ = self._score_in_chunks(SamplingParams(r.max_new_tokens, k, r.temperature, r.top_p, r.top_k))
+            sampled, _, _ = self._score_in_chunks(SamplingParams(r.max_new_tokens, k, r.temperature, r.top_p, r.top_k))
             sampled = sampled.view(-1, k)  # [prompts, k]: generate returns each prompt's samples together
             metrics[f"eval/mean@{k}"] = sampled.mean().item()
             metrics[f"eval/pass@{k}"] = sampled.max(dim=1).values.mean().item()
         return metrics
 
-    def _score_in_chunks(self, params: SamplingParams) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scores of every eval (prompt, sample) in order, and each reward function's mean."""
-        scores, sums = [], {}
+    def _score_in_chunks(self, params: SamplingParams) -> tuple[torch.Tensor, dict[str, float], list[str]]:
+        """Scores and response texts of every eval (prompt, sample) in order, and each reward function's mean."""
+        scores, sums, responses = [], {}, []
         for start in range(0, len(self.eval_data), EVAL_CHUNK):
             chunk = self.eval_data.select(range(start, min(start + EVAL_CHUNK, len(self.eval_data))))
             batch = self.generate(chunk, params)
             chunk_scores, means = self.score(batch)
             scores.append(chunk_scores)
+            responses.extend(batch.non_tensor_batch["response_text"])
             for name, mean in means.items():
                 sums[name] = sums.get(name, 0.0) + mean * len(chunk_scores)
         scores = torch.cat(scores)
-        return scores, {name: total / len(scores) for name, total in sums.items()}
+        return scores, {name: total / len(scores) for name, total in sums.items()}, responses
 
     def warm_start(self) -> dict[str, float]:
-        """Supervised steps on the demo's noisy demonstrator (roll_lite/data/digits.py) through the
-        same strategy. Rows come from the training data through a sampler of their own (seeded like
-        the RL one, unbounded epochs), so the RL sampler still starts at epoch 0."""
-        self.prepare_data()
-        sft = self.config.sft
-        rng = random.Random(self.config.seed)
-        sampler = PromptSampler(len(self.train_data), self.data_seed, shuffle=True)
-        self.actor.reset_optimizer(sft.lr)
-        metrics, start = {}, time.perf_counter()
-        for step in range(1, sft.steps + 1):
-            rows = self.train_data.select(sampler.draw(sft.batch_size))
-            targets = [self.encode(noisy_demonstration(_prompt_text(p), a, sft.correct_fraction, rng))
-                       + [self.tokenizer.eos_token_id] for p, a in zip(rows.prompts, rows.answers)]
-            batch = build_sequence_batch(rows.prompt_ids, targets, self.tokenizer.pad_token_id)
-            batch.meta_info["loss_mask_keys"] = ["response_mask"]
-            metrics = self.actor.train_step(batch, "sft")
-            if step % 100 == 0 or step == sft.steps:
-                logger.info("warm start %d/%d | sft loss %.3f | %.1f s", step, sft.steps, metrics["sft_loss"],
-                            time.perf_counter() - start)
+        """sft.steps SFT steps on the actor before RL (pipelines/sft.py on sft.train_files), then the
+        actor's optimizer starts afresh at actor.lr."""
+        self.warm_start_sft.actor = self.actor
+        metrics = self.warm_start_sft.train()
         self.actor.reset_optimizer()
         return metrics
 
@@ -319,16 +306,18 @@ class PPOPipeline:
                 self.warm_start()
             self.sync_from_actor(version=0)
             initial = self.evaluate()
-            tracker.log(0, initial)
+            tracker.log(0, initial, self.eval_samples)
             logger.info("step 0 (before RL): held-out %s", _fmt(initial.get("eval/reward_mean")))
             for step in range(1, c.steps + 1):
                 if self.sampler.exhausted:
                     logger.info("the training prompts are used up (data.epochs=%d) after step %d", c.data.epochs, step - 1)
                     break
                 metrics = self.step(step)
+                samples = None
                 if step % c.eval_every == 0 or step == c.steps or self.sampler.exhausted:
                     metrics.update(self.evaluate())
-                tracker.log(step, metrics)
+                    samples = self.eval_samples
+                tracker.log(step, metrics, samples)
                 logger.info(_progress_line(step, c.steps, metrics))
             if c.save_model:
                 self.save_final(run_dir / "final")
@@ -339,11 +328,6 @@ class PPOPipeline:
             tracker.finish()
             stop_ray()
         return tracker.history
-
-
-def _prompt_text(prompt) -> str:
-    """A string prompt, or the last message of a chat prompt (what the demonstrator copies)."""
-    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
 
 
 def _fmt(value) -> str:

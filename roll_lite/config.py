@@ -64,12 +64,22 @@ class DataConfig:
 
 @dataclass
 class SFTConfig:
-    """Warm start before RL: supervised steps on the demo's noisy demonstrator (0 steps: none)."""
+    """Supervised fine-tuning (roll_lite/data/sft.py): the SFT pipeline (configs/sft.yaml), or, in an RL
+    config, a warm start of `steps` SFT steps on the actor before RL (0: none)."""
 
-    steps: int = 0
-    batch_size: int = 64
+    train_files: Any = field(default_factory=list)  # a path or a list of paths (formats as data.train_files)
+    eval_files: Any = field(default_factory=list)  # for eval/sft_loss (the SFT pipeline)
+    prompt_key: str = "prompt"  # a string, or chat messages
+    response_key: Optional[str] = "response"  # the target string; null: prompt_key holds whole conversations,
+    # and the loss is on every assistant turn
+    apply_chat_template: bool = False  # render string prompts + responses with the chat template (messages always are)
+    max_length: Optional[int] = None  # longer sequences (in tokens) are left out, counted and logged; null: no limit
+    shuffle: bool = True
+    epochs: Optional[int] = None  # passes over the training rows; null: unbounded (steps decides)
+    steps: int = 0  # optimizer steps (the SFT pipeline needs >= 1)
+    batch_size: int = 64  # sequences per step; the loss is the mean over all their target tokens
     lr: float = 2e-3
-    correct_fraction: float = 0.3  # share of demonstrations with the right answer; the rest copy the digits
+    eval_every: int = 100  # the SFT pipeline: eval/sft_loss every this many steps and at the end
 
 
 @dataclass
@@ -163,10 +173,7 @@ def validate(config: RunConfig) -> None:
     _one_of(config.wandb_mode, ("online", "offline", "disabled"), "wandb_mode")
     _one_of(config.model.dtype, ("float32", "bfloat16", "float64"), "model.dtype")
     _validate_data(config.data)
-    _check(config.sft.steps >= 0, "sft.steps", f"must be >= 0, got {config.sft.steps}")
-    _check(config.sft.batch_size >= 1, "sft.batch_size", f"must be >= 1, got {config.sft.batch_size}")
-    _check(config.sft.lr > 0, "sft.lr", f"must be > 0, got {config.sft.lr}")
-    _check(0.0 <= config.sft.correct_fraction <= 1.0, "sft.correct_fraction", "must be in [0, 1]")
+    _validate_sft(config.sft)
     rollout = config.rollout
     _one_of(rollout.engine, ("hf", "vllm"), "rollout.engine")
     _check(rollout.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
@@ -237,6 +244,22 @@ def _validate_data(data: DataConfig) -> None:
     _check(data.epochs is None or data.epochs >= 1, "data.epochs", f"must be >= 1 or null (unbounded), got {data.epochs}")
     _check(data.eval_num_samples >= 0, "data.eval_num_samples",
            f"must be >= 0 (0: greedy eval only), got {data.eval_num_samples}")
+
+
+def _validate_sft(sft: SFTConfig) -> None:
+    sft.train_files = _file_list(sft.train_files, "sft.train_files")
+    sft.eval_files = _file_list(sft.eval_files, "sft.eval_files")
+    _check(sft.steps >= 0, "sft.steps", f"must be >= 0, got {sft.steps}")
+    _check(sft.batch_size >= 1, "sft.batch_size", f"must be >= 1, got {sft.batch_size}")
+    _check(sft.lr > 0, "sft.lr", f"must be > 0, got {sft.lr}")
+    _check(sft.eval_every >= 1, "sft.eval_every", f"must be >= 1, got {sft.eval_every}")
+    _check(bool(sft.prompt_key), "sft.prompt_key", "must name the prompt (or conversation) column")
+    _check(sft.response_key != sft.prompt_key, "sft.response_key", f"must differ from sft.prompt_key ('{sft.prompt_key}')")
+    _check(sft.max_length is None or sft.max_length >= 2, "sft.max_length",
+           f"must be >= 2 or null (no limit), got {sft.max_length}")
+    _check(sft.epochs is None or sft.epochs >= 1, "sft.epochs", f"must be >= 1 or null (unbounded), got {sft.epochs}")
+    _check(not sft.steps or bool(sft.train_files), "sft.train_files",
+           f"sft.steps={sft.steps} needs training files (the warm start's or the SFT pipeline's data)")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:

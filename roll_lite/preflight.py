@@ -89,7 +89,7 @@ def _check_heads(hidden_size: int, heads: int, kv_heads: int, prefix: str) -> No
 def _check_positions(config: RunConfig, model_config: PretrainedConfig, longest_prompt: int,
                      longest_demonstration: int = 0) -> None:
     """The longest prompt (1 token before the data is read: only max_new_tokens is known) plus
-    rollout.max_new_tokens, and the warm start's longest sequence, fit the model's positions."""
+    rollout.max_new_tokens, and the longest SFT sequence (warm start or SFT pipeline), fit the model's positions."""
     limit = getattr(model_config, "max_position_embeddings", None)
     if limit is None:
         return
@@ -99,8 +99,8 @@ def _check_positions(config: RunConfig, model_config: PretrainedConfig, longest_
         raise ConfigError(f"rollout.max_new_tokens: the longest prompt ({longest_prompt} tokens, data.train_files / "
                           f"data.eval_files) + rollout.max_new_tokens={new} = {longest_prompt + new} exceeds {key}={limit}")
     if config.sft.steps and longest_demonstration > limit:
-        raise ConfigError(f"sft.steps: the warm start's sequences (up to {longest_demonstration} tokens: prompt, "
-                          f"answer, <eos>) exceed {key}={limit}")
+        raise ConfigError(f"sft.train_files: the SFT sequences (up to {longest_demonstration} tokens: prompt, response, "
+                          f"<eos>) exceed {key}={limit}; sft.max_length={limit} leaves the longer ones out")
 
 
 def check_sequence_lengths(config: RunConfig, model_config: PretrainedConfig, longest_prompt: int,

@@ -27,3 +27,20 @@ def build_sequence_batch(prompts: Sequence[Sequence[int]], responses: Sequence[S
         attention_mask[i, :total] = 1
         response_mask[i, len(prompt):total] = 1
     return DataProto({"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask})
+
+
+def build_target_batch(sequences: Sequence[Sequence[int]], target_masks: Sequence[Sequence[int]], pad_token_id: int) -> DataProto:
+    """SFT rows, right-padded: input_ids, attention_mask, and response_mask (1 on the target tokens:
+    the response, or every assistant turn). The first token of a row is never a target."""
+    width = max(len(ids) for ids in sequences)
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros(len(sequences), width, dtype=torch.long)
+    response_mask = torch.zeros(len(sequences), width, dtype=torch.long)
+    for i, (ids, mask) in enumerate(zip(sequences, target_masks)):
+        if len(ids) != len(mask) or not ids or mask[0]:
+            raise ValueError(f"build_target_batch: row {i} has {len(ids)} tokens, {len(mask)} mask entries and "
+                             f"{'a target' if mask and mask[0] else 'no target'} at position 0")
+        input_ids[i, :len(ids)] = torch.tensor(list(ids), dtype=torch.long)
+        attention_mask[i, :len(ids)] = 1
+        response_mask[i, :len(ids)] = torch.tensor(list(mask), dtype=torch.long)
+    return DataProto({"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask})

@@ -1,4 +1,5 @@
-"""The run directory: resolved config, metrics.jsonl, PNG plots, and wandb (online/offline/disabled)."""
+"""The run directory: resolved config, metrics.jsonl, the held-out answers of each eval
+(eval_samples/), PNG plots, and wandb (online/offline/disabled)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-PLOTTED = ("reward/mean", "eval/reward_mean", "actor/kl", "actor/entropy", "actor/pg_loss", "actor/grad_norm",
+PLOTTED = ("reward/mean", "eval/reward_mean", "sft/loss", "eval/sft_loss", "actor/kl", "actor/entropy", "actor/pg_loss", "actor/grad_norm",
            "actor/clipfrac", "perf/step_s")
 
 
@@ -27,11 +28,18 @@ class RunLogger:
 
             self.wandb_run = wandb.init(project=wandb_project, name=run_name, mode=wandb_mode, dir=str(self.run_dir))
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: dict[str, float], eval_samples: list[dict] | None = None) -> None:
+        """A metrics.jsonl record; with `eval_samples` (one dict per held-out prompt: prompt,
+        response, answer, score) also eval_samples/step_<step>.jsonl."""
         record = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
         self.history.append(record)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if eval_samples:
+            folder = self.run_dir / "eval_samples"
+            folder.mkdir(exist_ok=True)
+            lines = "".join(json.dumps(sample, ensure_ascii=False) + "\n" for sample in eval_samples)
+            (folder / f"step_{step}.jsonl").write_text(lines, encoding="utf-8")
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=step)
 

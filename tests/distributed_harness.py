@@ -18,7 +18,13 @@ import torch.multiprocessing as mp
 
 from roll_lite.invariance import TINY_MODEL, random_rl_batch, relative_deviation
 from roll_lite.loss import AGG_MODES
-from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, sequence_policy_loss_func, value_loss_func
+from roll_lite.loss_funcs import (
+    kl_regularized_loss_func,
+    ppo_policy_loss_func,
+    sequence_policy_loss_func,
+    sft_loss_func,
+    value_loss_func,
+)
 from roll_lite.modeling import build_causal_lm
 from roll_lite.strategy.distributed import close_distributed, free_port
 
@@ -27,6 +33,7 @@ BUDGET = 29  # tokens per micro-batch in the token-budget cases: the two ranks n
 MASK_KEYS = {
     "ppo": ["response_mask"], "sequence": ["response_mask"], "ppo_kl": ["response_mask", "kl_mask"],
     "value": ["response_mask"],  # the critic: FSDP2Strategy(head='value')
+    "sft": ["kl_mask"],  # a target mask with holes, like a conversation's assistant turns (token-mean only)
 }
 CRITIC_LOSSES = {"value"}
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32"}
@@ -37,6 +44,8 @@ def make_loss(name: str, mode: str):
         return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01)
     if name == "sequence":
         return sequence_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN)
+    if name == "sft":
+        return sft_loss_func(MASK_KEYS["sft"][0])
     if name == "value":
         # With the head below, about a third of the response tokens take the clipped branch.
         return value_loss_func(mode, clip_range=0.5, seq_len_norm=SEQ_LEN)
@@ -70,7 +79,7 @@ def all_cases() -> list[Case]:
     cases = []
     for world_size in (1, 2):
         for loss in MASK_KEYS:
-            for mode in AGG_MODES:
+            for mode in ("token-mean",) if loss == "sft" else AGG_MODES:
                 for a in (1, 2, 3):
                     for micro_batching in ("padded", "packed"):
                         cases.append(Case(loss, mode, world_size, a, micro_batching))

@@ -85,7 +85,8 @@ VALUE_CASES = [
     ("rollout.max_new_tokens=60", "rollout.max_new_tokens: the longest prompt (9 tokens, data.train_files / "
                                   "data.eval_files) + rollout.max_new_tokens=60 = 69 exceeds model.max_position_embeddings=64"),
     ("model.max_position_embeddings=16 rollout.max_new_tokens=7",
-     "sft.steps: the warm start's sequences (up to 17 tokens: prompt, answer, <eos>) exceed model.max_position_embeddings=16"),
+     "sft.train_files: the SFT sequences (up to 17 tokens: prompt, response, <eos>) exceed model.max_position_embeddings=16; "
+     "sft.max_length=16 leaves the longer ones out"),
 ]
 # Exits before anything starts: Ray is never imported.
 NO_RAY = "import sys; from roll_lite.cli import main; code = main(sys.argv[1:]); sys.exit(99 if 'ray' in sys.modules else code)"
@@ -122,6 +123,7 @@ def test_bad_values_exit_2_with_one_line(tmp_path, monkeypatch, capsys, override
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.chdir(tmp_path)
     data = [f"data.{key}_files={REPO / 'data/reverse_digits' / key}.jsonl" for key in ("train", "eval")]
+    data.append(f"sft.train_files={REPO / 'data/reverse_digits/train.jsonl'}")
     assert main(["--config", str(REPO / "configs/ppo.yaml"), *data, *override.split(), "output_dir=out"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], lines

@@ -30,6 +30,9 @@ def test_the_shipped_digit_files_are_the_generators_output(tmp_path):
         assert (tmp_path / name).read_bytes() == (REPO / "data/reverse_digits" / name).read_bytes(), name
     lines = (REPO / "data/reverse_digits/eval.jsonl").read_text().splitlines()
     assert len(lines) == 64 and json.loads(lines[0]).keys() == {"prompt", "answer"}
+    train = [json.loads(line) for line in (REPO / "data/reverse_digits/train.jsonl").read_text().splitlines()]
+    assert all(row["demonstration"] in (row["answer"], row["prompt"][:-1]) for row in train)  # the warm start's targets
+    assert 0.28 < sum(row["demonstration"] == row["answer"] for row in train) / len(train) < 0.36
     assert len((REPO / "data/reverse_digits/train.jsonl").read_text().splitlines()) == 20000
 
 

@@ -62,8 +62,9 @@ class ModelWorker:
         return self.strategy.compute_values(data)
 
     def train_step(self, data: DataProto, loss: str) -> dict[str, float]:
-        loss_funcs = {"policy": self.pipeline.loss_func, "critic": self.pipeline.critic_loss_func, "sft": sft_loss_func()}
-        return self.strategy.train_step(data, loss_funcs[loss])
+        loss_funcs = {"policy": "loss_func", "critic": "critic_loss_func"}  # methods of the pipeline class
+        loss_func = getattr(self.pipeline, loss_funcs[loss]) if loss in loss_funcs else sft_loss_func()
+        return self.strategy.train_step(data, loss_func)
 
     def state_dict(self) -> FlatWeights | None:
         state = self.strategy.full_state_dict()  # a collective: every rank calls it

@@ -2,7 +2,9 @@
 
 Verifiable, tiny, and hard enough for a 1 M-parameter model that RL has something to do. The files
 the demo configs read (data/reverse_digits/{train,eval}.jsonl) are this module's output, shipped in
-the repository; regenerate them, byte for byte, with
+the repository. Training rows also carry a `demonstration`: the response of a noisy demonstrator
+that the demo's SFT warm start imitates (sft.response_key: demonstration). Regenerate the files,
+byte for byte, with
 
     python -m roll_lite.data.digits data/reverse_digits
 
@@ -18,6 +20,7 @@ import random
 from pathlib import Path
 
 NUM_TRAIN, NUM_EVAL, MIN_DIGITS, MAX_DIGITS, SEED = 20000, 64, 3, 7, 0
+CORRECT_FRACTION = 0.3  # the demonstrator's share of right answers
 
 
 def make_row(digits: str) -> dict[str, str]:
@@ -31,7 +34,8 @@ def _draw(rng: random.Random, min_digits: int, max_digits: int) -> dict[str, str
 
 def reverse_digits_rows(num_train: int = NUM_TRAIN, num_eval: int = NUM_EVAL, min_digits: int = MIN_DIGITS,
                         max_digits: int = MAX_DIGITS, seed: int = SEED) -> tuple[list[dict], list[dict]]:
-    """(train rows, eval rows): eval prompts are distinct and never appear in train."""
+    """(train rows, eval rows): eval prompts are distinct and never appear in train; train rows
+    carry the noisy demonstrator's response ('demonstration')."""
     if not 1 <= min_digits <= max_digits:
         raise ValueError(f"reverse_digits_rows: need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
     eval_rng, eval_rows, held_out = random.Random(f"eval-{seed}"), [], set()
@@ -45,6 +49,9 @@ def reverse_digits_rows(num_train: int = NUM_TRAIN, num_eval: int = NUM_EVAL, mi
         row = _draw(train_rng, min_digits, max_digits)
         if row["prompt"] not in held_out:
             train_rows.append(row)
+    demonstrator = random.Random(f"demonstration-{seed}")
+    for row in train_rows:
+        row["demonstration"] = noisy_demonstration(row["prompt"], row["answer"], CORRECT_FRACTION, demonstrator)
     return train_rows, eval_rows
 
 
@@ -62,7 +69,7 @@ def write_reverse_digits(out_dir: str | Path, **options) -> tuple[Path, Path]:
 
 
 def noisy_demonstration(prompt: str, answer: str, correct_fraction: float, rng: random.Random) -> str:
-    """SFT target of the demo's noisy demonstrator: the right answer with probability
+    """The demo's noisy demonstrator: the right answer with probability
     `correct_fraction`, otherwise a simpler wrong behaviour (copying the digits, i.e. the prompt
     without its trailing '='). It gives a sharp policy with low reward that RL can improve (see
     ../shared/PLATFORM.md: a pure-task SFT samples too broadly)."""

@@ -1,0 +1,156 @@
+"""SFTPipeline: supervised fine-tuning through the same FSDP2 strategy and actor workers as RL.
+
+`roll-train --config configs/sft.yaml` trains `sft.steps` steps on `sft.train_files` (roll_lite/data/sft.py:
+prompt + response, or whole conversations with the loss on assistant turns), reports eval/sft_loss on
+`sft.eval_files`, and writes <output_dir>/<run_name>/final/, a HF folder an RL config starts from
+(`model.pretrained_path`). An RL config with `sft.steps > 0` runs the same loop on its actor first
+(a warm start; PPOPipeline.warm_start).
+
+The loss (`loss_func`, overridable like the RL pipeline's) is the token-mean negative log-likelihood
+of the target tokens, normalised by the target-token count of the whole step's batch: the strategy
+gathers it over ranks and micro-batches, so D, A and packing do not change the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from roll_lite.config import ConfigError, RunConfig, to_yaml
+from roll_lite.data import DataProto
+from roll_lite.data.sampler import PromptSampler
+from roll_lite.loss_funcs import sft_loss_func
+from roll_lite.sequences import build_target_batch
+from roll_lite.tokenizer import load_tokenizer
+
+logger = logging.getLogger("roll_lite")
+EVAL_CHUNK = 256  # eval sequences per forward call
+
+
+class SFTPipeline:
+    def __init__(self, config: RunConfig, tokenizer=None):
+        self.config, self.sft = config, config.sft
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model.tokenizer_path)
+        self.train_data = self.eval_data = self.sampler = None  # prepare_data(): in the driver only
+        self.actor = None
+        self.train_loss = "policy"  # the actor workers' name for this pipeline's loss_func; "sft" in a warm start
+        self._loss = sft_loss_func("response_mask")
+
+    def loss_func(self, batch: DataProto, output: dict) -> tuple[torch.Tensor, dict]:
+        """Token-mean NLL of the batch's target tokens (response_mask), with the global token count."""
+        return self._loss(batch, output)
+
+    def prepare_data(self) -> None:
+        """Load, validate and tokenize sft.train_files / sft.eval_files (in the driver, before Ray;
+        DataError on a bad file). Idempotent."""
+        if self.train_data is not None:
+            return
+        from roll_lite.data.sft import prepare_sft_datasets
+
+        if self.config.sft.steps < 1 and self.config.pipeline.endswith(":SFTPipeline"):
+            raise ConfigError("sft.steps: the SFT pipeline trains sft.steps steps; set it >= 1")
+        prepared = prepare_sft_datasets(self.sft, self.tokenizer)
+        self.train_data, self.eval_data = prepared.train, prepared.eval
+        seed = self.config.seed if self.config.data.seed is None else self.config.data.seed
+        self.sampler = PromptSampler(len(self.train_data), seed, self.sft.shuffle, self.sft.epochs)
+        for note in prepared.notes:
+            logger.info(note)
+
+    def longest_sequences(self) -> tuple[int, int]:
+        """(1: no prompts are generated from, tokens of the longest SFT sequence): for the position check."""
+        self.prepare_data()
+        parts = [self.train_data] + ([self.eval_data] if self.eval_data is not None else [])
+        return 1, max(len(ids) for data in parts for ids in data.input_ids)
+
+    def start_workers(self) -> None:
+        from roll_lite.workers.group import ModelGroup
+
+        w = self.config.workers
+        self.actor = ModelGroup("actor", w.actor_dp, w.actor_cpus, self.config).wait_ready()
+
+    def step(self, step: int) -> dict[str, float]:
+        start = time.perf_counter()
+        rows = self.train_data.select(self.sampler.draw(self.sft.batch_size))
+        batch = build_target_batch(rows.input_ids, rows.target_masks, self.tokenizer.pad_token_id)
+        batch.meta_info["loss_mask_keys"] = ["response_mask"]
+        metrics = self.actor.train_step(batch, self.train_loss)
+        elapsed = time.perf_counter() - start
+        return {
+            **{f"sft/{'loss' if name == 'sft_loss' else name}": value for name, value in metrics.items()},
+            "sft/target_tokens": float(batch["response_mask"].sum()),
+            "perf/step_s": elapsed,
+            "perf/tokens_per_s": float(batch["attention_mask"].sum()) / elapsed,
+        }
+
+    def evaluate(self) -> dict[str, float]:
+        """eval/sft_loss: the NLL per target token over all of sft.eval_files (one forward, no grad)."""
+        if self.eval_data is None:
+            return {}
+        total, tokens = 0.0, 0
+        for start in range(0, len(self.eval_data), EVAL_CHUNK):
+            chunk = self.eval_data.select(range(start, min(start + EVAL_CHUNK, len(self.eval_data))))
+            batch = build_target_batch(chunk.input_ids, chunk.target_masks, self.tokenizer.pad_token_id)
+            mask = batch["response_mask"].bool()
+            log_probs = self.actor.compute_log_probs(batch)["log_probs"]
+            total -= torch.where(mask, log_probs, 0.0).double().sum().item()
+            tokens += int(mask.sum())
+        return {"eval/sft_loss": total / tokens}
+
+    def train(self, log=None) -> dict[str, float]:
+        """sft.steps steps at sft.lr (fewer when sft.epochs runs out), eval every sft.eval_every;
+        `log(step, metrics)` gets each step's metrics. Returns the last step's."""
+        sft, metrics, start = self.sft, {}, time.perf_counter()
+        self.actor.reset_optimizer(sft.lr)
+        for step in range(1, sft.steps + 1):
+            if self.sampler.exhausted:
+                logger.info("sft: the training rows are used up (sft.epochs=%d) after step %d", sft.epochs, step - 1)
+                break
+            metrics = self.step(step)
+            evaluated = step % sft.eval_every == 0 or step == sft.steps or self.sampler.exhausted
+            if evaluated:
+                metrics.update(self.evaluate())
+            if log is not None:
+                log(step, metrics)
+            if evaluated or step % 100 == 0:
+                held_out = f" | held-out loss {metrics['eval/sft_loss']:.3f}" if "eval/sft_loss" in metrics else ""
+                logger.info("sft step %d/%d | loss %.3f%s | %.1f s", step, sft.steps, metrics.get("sft/loss", float("nan")), held_out,
+                            time.perf_counter() - start)
+        return metrics
+
+    def save_final(self, path: Path) -> None:
+        """The model as a HF folder (+ tokenizer, generation_config); an RL config starts from it."""
+        self.actor.save_pretrained(str(path.resolve()))
+        self.tokenizer.save_pretrained(path)
+        logger.info("saved the model and tokenizer to %s", path)
+
+    def run(self) -> list[dict]:
+        """Workers, step-0 eval, sft.steps steps, final/. Returns the metrics history."""
+        from roll_lite.tracking import RunLogger
+        from roll_lite.workers.cluster import start_ray, stop_ray
+
+        c = self.config
+        self.prepare_data()  # before the run directory and Ray: a bad file stops here
+        run_dir = Path(c.output_dir) / c.run_name
+        logger.info(start_ray(c.ray_address, c.workers.actor_cpus * c.workers.actor_dp))
+        try:
+            tracker = RunLogger(run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name)
+        except BaseException:
+            stop_ray()
+            raise
+        try:
+            start = time.perf_counter()
+            self.start_workers()
+            initial = self.evaluate()
+            if initial:
+                tracker.log(0, initial)
+            self.train(log=tracker.log)
+            if c.save_model:
+                self.save_final(run_dir / "final")
+            logger.info("sft: %.1f s in all; run dir %s", time.perf_counter() - start, run_dir)
+        finally:
+            tracker.finish()
+            stop_ray()
+        return tracker.history

@@ -1,0 +1,192 @@
+"""SFT datasets: load the `sft:` files, validate every row, tokenize into (token ids, target mask).
+
+A row is either a prompt and a response (`sft.prompt_key`, `sft.response_key`), or, with
+`sft.response_key: null`, a whole conversation of chat messages in `sft.prompt_key`. The targets are
+the response tokens (+ <eos>), or every assistant turn of the conversation.
+
+Tokenized as RL sees the same text, so an SFT model starts RL on familiar prompts:
+- a string prompt without a chat template: BOS + prompt tokens, then the response tokens + <eos>
+  (prompt and response tokenized separately, as the rollout generates the response after the prompt);
+- chat messages, or a string prompt under `sft.apply_chat_template`: the tokenizer's chat template.
+  Each assistant turn's targets are the tokens the template adds between "the messages before it +
+  the generation prompt" and "the messages up to and including it" (e.g. ChatML: the content,
+  <|im_end|> and the newline). The template must render each such prefix as a prefix of the whole.
+
+Sequences longer than `sft.max_length` tokens are left out and counted, never truncated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from roll_lite.data.chat import as_messages, has_chat_template, message_problem
+from roll_lite.data.files import DataError, Table, read_table
+
+
+@dataclass
+class SFTData:
+    input_ids: list[list[int]]
+    target_masks: list[list[int]]  # 1 on the tokens the loss is on
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def select(self, indices: Sequence[int]) -> "SFTData":
+        return SFTData([self.input_ids[i] for i in indices], [self.target_masks[i] for i in indices])
+
+    @staticmethod
+    def concat(parts: Sequence["SFTData"]) -> "SFTData":
+        return SFTData([x for p in parts for x in p.input_ids], [x for p in parts for x in p.target_masks])
+
+    @property
+    def num_targets(self) -> int:
+        return sum(sum(mask) for mask in self.target_masks)
+
+
+@dataclass
+class PreparedSFT:
+    train: SFTData
+    eval: Optional[SFTData]
+    notes: list[str]
+
+
+def prepare_sft_datasets(sft, tokenizer) -> PreparedSFT:
+    """Train and eval sequences of an `SFTConfig`; raises DataError (one line) on any bad input."""
+    if not sft.train_files:
+        raise DataError("sft.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)")
+    train, notes = load_sft_files(sft.train_files, "sft.train_files", sft, tokenizer)
+    evaluation = None
+    if sft.eval_files:
+        evaluation, eval_notes = load_sft_files(sft.eval_files, "sft.eval_files", sft, tokenizer)
+        notes += eval_notes
+    return PreparedSFT(train, evaluation, notes)
+
+
+def load_sft_files(files: Sequence[str], config_key: str, sft, tokenizer) -> tuple[SFTData, list[str]]:
+    parts, notes, shortest = [], [], None
+    for path in files:
+        table = read_table(path, config_key)
+        data = rows_to_sequences(table, sft, tokenizer)
+        kept = [i for i, ids in enumerate(data.input_ids) if sft.max_length is None or len(ids) <= sft.max_length]
+        if len(kept) < len(data):
+            first = next(i for i, ids in enumerate(data.input_ids) if len(ids) > sft.max_length)
+            notes.append(f"{config_key}: {path}: {len(data) - len(kept)} of {len(data)} sequences are longer than "
+                         f"sft.max_length={sft.max_length} tokens and are left out (the first: row {first}, "
+                         f"{len(data.input_ids[first])} tokens)")
+            row = min(range(len(data)), key=lambda i: len(data.input_ids[i]))
+            if shortest is None or len(data.input_ids[row]) < shortest[0]:
+                shortest = (len(data.input_ids[row]), table.where(row))
+        parts.append(data.select(kept))
+        notes.append(f"{config_key}: {path}: {len(kept)} sequences")
+    result = SFTData.concat(parts)
+    if not len(result):
+        raise DataError(f"{shortest[1]}: every sequence is longer than sft.max_length={sft.max_length} tokens; "
+                        f"the shortest, this one, has {shortest[0]}")
+    return result, notes
+
+
+def rows_to_sequences(table: Table, sft, tokenizer) -> SFTData:
+    """Validated, tokenized rows of one file (nothing filtered yet)."""
+    pairs, chats = [], []  # (row, prompt, response) / (row, messages)
+    for i, row in enumerate(table.rows):
+        prompt = _field(table, i, row, sft.prompt_key, "sft.prompt_key")
+        if sft.response_key is None:
+            if isinstance(prompt, str):
+                raise DataError(f"{table.where(i)}: key '{sft.prompt_key}': sft.response_key is null, so the column must "
+                                f"hold whole conversations (chat messages), got a string")
+            chats.append((i, _conversation(table, i, prompt, sft.prompt_key)))
+            continue
+        response = _field(table, i, row, sft.response_key, "sft.response_key")
+        if not isinstance(response, str):
+            raise DataError(f"{table.where(i)}: key '{sft.response_key}': the response must be a string, got "
+                            f"{type(response).__name__}")
+        if isinstance(prompt, str) and not sft.apply_chat_template:
+            pairs.append((i, prompt, response))
+        else:
+            chats.append((i, as_messages(prompt) + [{"role": "assistant", "content": response}]))
+    if chats and not has_chat_template(tokenizer):
+        i = chats[0][0]
+        raise DataError(f"{table.where(i)}: key '{sft.prompt_key}': chat messages (or sft.apply_chat_template=true) need the "
+                        f"tokenizer's chat template and the tokenizer has none (model.tokenizer_path)")
+    input_ids: list[list[int]] = [[] for _ in table.rows]
+    masks: list[list[int]] = [[] for _ in table.rows]
+    if pairs:
+        for (i, _, _), (ids, mask) in zip(pairs, plain_sequences(tokenizer, [p for _, p, _ in pairs],
+                                                                   [r for _, _, r in pairs])):
+            input_ids[i], masks[i] = ids, mask
+    for i, messages in chats:
+        try:
+            input_ids[i], masks[i] = conversation_sequence(tokenizer, messages)
+        except ValueError as error:
+            raise DataError(f"{table.where(i)}: key '{sft.prompt_key}': {error}") from None
+    return SFTData(input_ids, masks)
+
+
+def plain_sequences(tokenizer, prompts: list[str], responses: list[str]) -> list[tuple[list[int], list[int]]]:
+    """BOS + prompt, then response + <eos> as the targets (one batched tokenizer call per side)."""
+    if tokenizer.eos_token_id is None:
+        raise DataError("model.tokenizer_path: the tokenizer has no eos token; SFT ends every response with it")
+    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    response_ids = tokenizer(responses, add_special_tokens=False)["input_ids"]
+    sequences = []
+    for prompt, response in zip(prompt_ids, response_ids):
+        prompt, targets = bos + list(prompt), list(response) + [tokenizer.eos_token_id]
+        sequences.append((prompt + targets, [0] * len(prompt) + [1] * len(targets)))
+    return sequences
+
+
+def conversation_sequence(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """(token ids, target mask) of a conversation under the chat template: targets on every
+    assistant turn. ValueError when the template does not render turns as prefixes of the whole."""
+    full = _render(tokenizer, messages, generation_prompt=False)
+    mask = [0] * len(full)
+    for turn, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:turn], generation_prompt=True) if turn else []
+        through = _render(tokenizer, messages[:turn + 1], generation_prompt=False)
+        if full[:len(before)] != before or full[:len(through)] != through or len(through) <= len(before):
+            raise ValueError(f"the chat template does not render message {turn} (assistant) as a continuation of the "
+                             f"messages before it, so its tokens cannot be told apart")
+        if not before:
+            raise ValueError("the conversation starts with an assistant message: the first target token needs "
+                             "at least one token before it")
+        mask[len(before):len(through)] = [1] * (len(through) - len(before))
+    return full, mask
+
+
+def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> list[int]:
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True,
+                                            return_dict=False)
+    except Exception as error:  # a template may raise on messages it does not accept (e.g. roles)
+        raise ValueError(f"the tokenizer's chat template failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+    return list(ids)
+
+
+def _field(table: Table, i: int, row: dict, key: str, config_key: str):
+    value = row.get(key)
+    if value is None:
+        if key not in table.columns:
+            raise DataError(f"{table.where(i)}: key '{key}' ({config_key}) is missing; the file's columns: "
+                            f"{', '.join(table.columns)}")
+        raise DataError(f"{table.where(i)}: key '{key}' ({config_key}) is missing or null")
+    if isinstance(value, str) and not value.strip() and config_key == "sft.prompt_key":
+        raise DataError(f"{table.where(i)}: key '{key}': the prompt is empty")
+    if not isinstance(value, str) and config_key == "sft.prompt_key":
+        problem = message_problem(value)
+        if problem is not None:
+            raise DataError(f"{table.where(i)}: key '{key}': the prompt {problem}")
+    return value
+
+
+def _conversation(table: Table, i: int, messages: list[dict], key: str) -> list[dict]:
+    roles = [m["role"] for m in messages]
+    if "assistant" not in roles:
+        raise DataError(f"{table.where(i)}: key '{key}': the conversation has no assistant message to train on")
+    if roles[-1] != "assistant":
+        raise DataError(f"{table.where(i)}: key '{key}': the conversation ends with a '{roles[-1]}' message; the loss is "
+                        f"on assistant turns, so end it with the assistant's (or drop the trailing turns)")
+    return messages
