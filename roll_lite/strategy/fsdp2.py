@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from roll_lite.attention import packed_attention_path
@@ -92,6 +92,12 @@ class FSDP2Strategy:
     def reset_optimizer(self, lr: float | None = None) -> None:
         """A fresh AdamW (no moments) and LR schedule, at `lr` or the configured one."""
         config = self.config
+        # After a no_grad forward (compute_log_probs) the root module keeps its parameters unsharded
+        # (FSDP2 reshards the root only after backward) and model.parameters() would hand the
+        # optimizer those transient tensors: the embeddings and final norm would never train.
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
         # foreach: one fused op per step instead of a Python loop of DTensor ops (torch only
         # picks it by default for CUDA tensors; on CPU the loop was ~35 % of a tiny train step).
         self.optimizer = torch.optim.AdamW(
