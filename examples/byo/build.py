@@ -79,7 +79,7 @@ def write_rows(rows: list[dict], stem: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows), stem.with_suffix(".parquet"))
 
 
-def build(out_dir: Path, train_rows: int = 20000, eval_rows: int = 128, size: str = "small", vocab_size: int = 512,
+def build(out_dir: Path, train_rows: int = 5000, eval_rows: int = 128, size: str = "small", vocab_size: int = 512,
           seed: int = 0) -> dict:
     """Writes the data, tokenizer and model into `out_dir` (which must not exist); returns a summary."""
     if size not in MODEL_SIZES:
@@ -106,7 +106,7 @@ def build(out_dir: Path, train_rows: int = 20000, eval_rows: int = 128, size: st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m examples.byo.build", description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path, help="folder to create (e.g. outputs/byo)")
-    parser.add_argument("--train-rows", type=int, default=20000)
+    parser.add_argument("--train-rows", type=int, default=5000)
     parser.add_argument("--eval-rows", type=int, default=128)
     parser.add_argument("--size", choices=sorted(MODEL_SIZES), default="small")
     parser.add_argument("--vocab-size", type=int, default=512)
