@@ -146,3 +146,25 @@ def test_a_saved_dataset_dict_asks_for_one_split(tmp_path):
         prepare_datasets(data_config(tmp_path / "dict"), build_char_tokenizer())
     prepared = prepare_datasets(data_config(tmp_path / "dict" / "test"), build_char_tokenizer())
     assert prepared.train.answers == ["21", "543", "6"]
+
+
+def test_a_dotted_answer_key_reads_a_nested_field_as_verl_parquet_files_keep_it(tmp_path):
+    import datasets
+
+    # verl's GSM8K preprocessing: chat-message prompts, the answer in reward_model.ground_truth
+    rows = [{"prompt": [{"role": "user", "content": "1+1="}], "reward_model": {"style": "rule", "ground_truth": "2"}},
+            {"prompt": [{"role": "user", "content": "2+2="}], "reward_model": {"style": "rule", "ground_truth": "4"}}]
+    datasets.Dataset.from_list(rows).to_parquet(str(tmp_path / "train.parquet"))
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = data_config(tmp_path / "train.parquet", answer_key="reward_model.ground_truth")
+    prepared = prepare_datasets(config, tokenizer)
+    assert prepared.train.answers == ["2", "4"]
+    assert prepared.train.extras[0] == {"reward_model": {"style": "rule", "ground_truth": "2"}}
+    config.answer_key = "reward_model.answer"
+    with pytest.raises(DataError, match=r"row 0: key 'reward_model.answer' \(data.answer_key\) is missing or null$"):
+        prepare_datasets(config, tokenizer)
+    config.answer_key = "solution.answer"
+    with pytest.raises(DataError, match=r"row 0: key 'solution.answer' \(data.answer_key\) is missing; the file's "
+                                        r"columns: prompt, reward_model$"):
+        prepare_datasets(config, tokenizer)

@@ -121,7 +121,7 @@ def rows_to_prompts(table: Table, data, tokenizer) -> PromptData:
 
 
 def _missing(table: Table, row: int, key: str, what: str) -> DataError:
-    if key not in table.columns:
+    if key not in table.columns and key.split(".")[0] not in table.columns:
         return DataError(f"{table.where(row)}: key '{key}' ({what}) is missing; the file's columns: {', '.join(table.columns)}")
     return DataError(f"{table.where(row)}: key '{key}' ({what}) is missing or null")
 
@@ -140,8 +140,21 @@ def _prompt(table: Table, i: int, row: dict, key: str) -> Any:
     return prompt
 
 
+def _nested(row: dict, key: str) -> Any:
+    """row[key]; for a dotted key that is not a column, the field inside nested dicts, e.g.
+    'reward_model.ground_truth' (verl's Parquet files keep the answer there)."""
+    if key in row or "." not in key:
+        return row.get(key)
+    value: Any = row
+    for part in key.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
+
+
 def _answer(table: Table, i: int, row: dict, key: str) -> str:
-    answer = row.get(key)
+    answer = _nested(row, key)
     if answer is None:
         raise _missing(table, i, key, "data.answer_key")
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
