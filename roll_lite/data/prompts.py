@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from roll_lite.data.chat import as_messages, has_chat_template, message_problem, render_chat
-from roll_lite.data.files import DataError, Table, read_table
+from roll_lite.data.files import DataError, Table
+from roll_lite.data.lengths import load_within_limit
 
 
 @dataclass
@@ -60,29 +61,12 @@ def prepare_datasets(data, tokenizer) -> PreparedData:
 
 def load_prompts(files: Sequence[str], config_key: str, data, tokenizer) -> tuple[PromptData, list[str]]:
     """The rows of `files`, concatenated in order, minus the prompts over max_prompt_length."""
-    parts, notes, too_long, shortest = [], [], 0, None
-    for path in files:
-        table = read_table(path, config_key)
-        prompts = rows_to_prompts(table, data, tokenizer)
-        kept = [i for i, ids in enumerate(prompts.prompt_ids)
-                if data.max_prompt_length is None or len(ids) <= data.max_prompt_length]
-        dropped = len(prompts) - len(kept)
-        if dropped:
-            too_long += dropped
-            first = next(i for i, ids in enumerate(prompts.prompt_ids) if len(ids) > data.max_prompt_length)
-            notes.append(f"{config_key}: {path}: {dropped} of {len(prompts)} prompts are longer than "
-                         f"data.max_prompt_length={data.max_prompt_length} tokens and are left out "
-                         f"(the first: row {first}, {len(prompts.prompt_ids[first])} tokens)")
-            row = min(range(len(prompts)), key=lambda i: len(prompts.prompt_ids[i]))
-            if shortest is None or len(prompts.prompt_ids[row]) < shortest[0]:
-                shortest = (len(prompts.prompt_ids[row]), table.where(row))
-        parts.append(prompts.select(kept))
-        notes.append(f"{config_key}: {path}: {len(kept)} prompts")
-    result = PromptData.concat(parts)
-    if not len(result):
-        raise DataError(f"{shortest[1]}: key '{data.prompt_key}': every prompt is longer than data.max_prompt_length="
-                        f"{data.max_prompt_length} tokens; the shortest, this one, has {shortest[0]}")
-    return result, notes
+    return load_within_limit(
+        files, config_key,
+        to_rows=lambda table: rows_to_prompts(table, data, tokenizer),
+        lengths=lambda prompts: [len(ids) for ids in prompts.prompt_ids],
+        limit=data.max_prompt_length, limit_key="data.max_prompt_length", noun=("prompt", "prompts"),
+        concat=PromptData.concat, error_prefix=f"key '{data.prompt_key}': ")
 
 
 def rows_to_prompts(table: Table, data, tokenizer) -> PromptData:

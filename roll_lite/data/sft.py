@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from roll_lite.data.chat import as_messages, has_chat_template, message_problem
-from roll_lite.data.files import DataError, Table, read_table
+from roll_lite.data.files import DataError, Table
+from roll_lite.data.lengths import load_within_limit
 
 
 @dataclass
@@ -64,26 +65,12 @@ def prepare_sft_datasets(sft, tokenizer) -> PreparedSFT:
 
 
 def load_sft_files(files: Sequence[str], config_key: str, sft, tokenizer) -> tuple[SFTData, list[str]]:
-    parts, notes, shortest = [], [], None
-    for path in files:
-        table = read_table(path, config_key)
-        data = rows_to_sequences(table, sft, tokenizer)
-        kept = [i for i, ids in enumerate(data.input_ids) if sft.max_length is None or len(ids) <= sft.max_length]
-        if len(kept) < len(data):
-            first = next(i for i, ids in enumerate(data.input_ids) if len(ids) > sft.max_length)
-            notes.append(f"{config_key}: {path}: {len(data) - len(kept)} of {len(data)} sequences are longer than "
-                         f"sft.max_length={sft.max_length} tokens and are left out (the first: row {first}, "
-                         f"{len(data.input_ids[first])} tokens)")
-            row = min(range(len(data)), key=lambda i: len(data.input_ids[i]))
-            if shortest is None or len(data.input_ids[row]) < shortest[0]:
-                shortest = (len(data.input_ids[row]), table.where(row))
-        parts.append(data.select(kept))
-        notes.append(f"{config_key}: {path}: {len(kept)} sequences")
-    result = SFTData.concat(parts)
-    if not len(result):
-        raise DataError(f"{shortest[1]}: every sequence is longer than sft.max_length={sft.max_length} tokens; "
-                        f"the shortest, this one, has {shortest[0]}")
-    return result, notes
+    """The rows of `files`, concatenated in order, minus the sequences over sft.max_length."""
+    return load_within_limit(
+        files, config_key,
+        to_rows=lambda table: rows_to_sequences(table, sft, tokenizer),
+        lengths=lambda sequences: [len(ids) for ids in sequences.input_ids],
+        limit=sft.max_length, limit_key="sft.max_length", noun=("sequence", "sequences"), concat=SFTData.concat)
 
 
 def rows_to_sequences(table: Table, sft, tokenizer) -> SFTData:
