@@ -53,7 +53,7 @@ class SFTPipeline:
             return
         from roll_lite.data.sft import prepare_sft_datasets
 
-        if self.config.sft.steps < 1 and self.config.pipeline.endswith(":SFTPipeline"):
+        if self.sft.steps < 1:  # a warm start is built only with sft.steps > 0: this is the SFT pipeline itself
             raise ConfigError("sft.steps: the SFT pipeline trains sft.steps steps; set it >= 1")
         prepared = prepare_sft_datasets(self.sft, self.tokenizer)
         self.train_data, self.eval_data = prepared.train, prepared.eval
