@@ -26,17 +26,17 @@ from roll_lite.algorithms import (
     rloo_advantages,
     whitens_advantages,
 )
-from roll_lite.config import RunConfig, to_yaml
+from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
 from roll_lite.data.prompts import PromptData
 from roll_lite.data.sampler import PromptSampler
-from roll_lite.failures import WorkerError
 from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, value_loss_func
 from roll_lite.progress import on_terminal, progress_bar
 from roll_lite.rollout import SamplingParams
 from roll_lite.sequences import build_sequence_batch
 from roll_lite.tokenizer import load_tokenizer
 
+from .session import RunSession
 from .sft import SFTPipeline
 
 logger = logging.getLogger("roll_lite")
@@ -295,41 +295,22 @@ class PPOPipeline:
 
     def run(self) -> list[dict]:
         """The whole job: workers, warm start, step-0 eval, training steps, plots. Returns the history."""
-        from roll_lite.checkpoint import Checkpointer
-        from roll_lite.tracking import RunLogger
-        from roll_lite.workers.cluster import start_ray, stop_ray
-
         c = self.config
-        # The driver's own reductions (advantages, whitening) split work like the workers', whatever
-        # this machine's core count: part of what makes a run reproducible on another machine.
-        torch.set_num_threads(c.workers.torch_threads)
         self.prepare_data()  # before the run directory and Ray: a bad file stops here
-        run_dir = Path(c.output_dir) / c.run_name
-        claim = self.claim_run_dir(run_dir)  # the lock; fresh, resumed or refused, before anything changes
-        tracker = None
-        completed = 0  # the last step whose metrics were logged
-        try:
-            # Ray first: a joined cluster too small for the workers is reported before anything is written.
-            logger.info(start_ray(c.ray_address, c.workers.actor_cpus * c.workers.actor_dp + c.workers.rollout_cpus))
+        w = c.workers
+        with RunSession(self, w.actor_cpus * w.actor_dp + w.rollout_cpus) as session:
             start = time.perf_counter()
             self.stage = "the start of the workers"
             self.start_workers()
-            resumed_step = 0
-            history = None
-            if claim.resume_from:
-                self.stage = f"resuming from {claim.resume_from}"
-                resumed_step, history = self.resume(claim.resume_from)
-                completed = resumed_step
-            tracker = RunLogger(run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name, history)
-            self.checkpointer = Checkpointer(run_dir, c.checkpoint, to_yaml(c), self, tracker)
-            if claim.resume_from is None:
+            resumed_step = session.begin()
+            if not resumed_step:
                 if c.sft.steps:
                     self.stage = "the warm start"
                     self.warm_start()
                 self.stage = "step 0 (evaluation before RL)"
                 self.sync_from_actor(version=0)
                 initial = self.evaluate()
-                tracker.log(0, initial, self.eval_samples)
+                session.log(0, initial, self.eval_samples)
                 logger.info("step 0 (before RL): held-out %s", _fmt(initial.get("eval/reward_mean")))
             bar = progress_bar(c.steps - resumed_step, "RL")
             for step in range(resumed_step + 1, c.steps + 1):
@@ -343,77 +324,47 @@ class PPOPipeline:
                     self.stage = f"step {step} (evaluation)"
                     metrics.update(self.evaluate())
                     samples = self.eval_samples
-                tracker.log(step, metrics, samples)
-                completed = step
                 bar.update()
                 logger.info(_progress_line(step, c.steps, metrics))
-                self.checkpointer.maybe_save(step, last=step == c.steps or self.sampler.exhausted)
+                session.end_step(step, metrics, samples, last=step == c.steps or self.sampler.exhausted)
             bar.close()
             if c.save_model:
                 self.stage = "saving the final model"
-                self.save_final(run_dir / "final")
-            initial, final = (tracker.history[i].get("eval/reward_mean") for i in (0, -1))
+                self.save_final(session.run_dir / "final")
+            initial, final = (session.tracker.history[i].get("eval/reward_mean") for i in (0, -1))
             logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
-                        _fmt(initial), _fmt(final), time.perf_counter() - start, run_dir)
-        except WorkerError as error:
-            error.stage = self.stage
-            logger.error("%s; stopping the workers", error.headline())
-            raise
-        except KeyboardInterrupt:  # SIGINT / SIGTERM (roll_lite/signals.py)
-            logger.warning("interrupted during %s; stopping the workers", self.stage)
-            self.checkpoint_on_stop(completed)
-            raise
-        finally:
-            if tracker is not None:
-                tracker.finish()
-            stop_ray()
-            claim.release()
-        return tracker.history
+                        _fmt(initial), _fmt(final), time.perf_counter() - start, session.run_dir)
+        return session.tracker.history
 
-    # -- checkpoints (roll_lite/checkpoint/) ------------------------------------------------------
+    # -- checkpoints (pipelines/session.py, roll_lite/checkpoint/) -----------------------------------
 
-    def claim_run_dir(self, run_dir: Path):
-        """Lock the run directory and pick the checkpoint to resume (config `resume`); checked
-        against this run's config. Raises CheckpointError (one line) before anything changes."""
-        from roll_lite.checkpoint import claim_run_dir
-        from roll_lite.checkpoint.compat import check_compatible
+    checkpoint_kind = "rl"
+    # Besides the model's: the keys that decide which prompts the sampler's saved position refers to.
+    checkpoint_compat_keys = ("algorithm.advantage", "data.train_files", "data.shuffle")
 
-        claim = claim_run_dir(run_dir, self.config.resume)
-        if claim.resume_from is not None:
-            try:
-                check_compatible(claim.resume_from, self.config)
-            except BaseException:
-                claim.release()
-                raise
-        return claim
+    @property
+    def total_steps(self) -> int:
+        return self.config.steps
 
-    def resume(self, checkpoint: Path) -> tuple[int, list[dict]]:
-        """Every worker, the sampler and the generators as they were at the checkpoint; no warm start.
-        Returns (its step, the metrics records up to it)."""
-        from roll_lite.checkpoint.pipeline_state import load_pipeline_state
-        from roll_lite.checkpoint.run_dir import discard_after, read_history
+    def checkpoint_groups(self) -> dict:
+        """The model groups a checkpoint holds. The reference too: after a warm start it holds the
+        warm-started policy, not the build."""
+        groups = {"actor": self.actor, "critic": self.critic, "reference": self.reference}
+        return {name: group for name, group in groups.items() if group is not None}
 
-        step = load_pipeline_state(self, checkpoint)
-        history = read_history(checkpoint)
-        run_dir = Path(self.config.output_dir) / self.config.run_name
-        removed = discard_after(run_dir, step, trains_on=step < self.config.steps)
-        logger.info("resumed from %s (step %d)%s", checkpoint, step,
-                    f"; removed what came after it: {', '.join(removed)}" if removed else "")
-        return step, history
+    def save_driver_state(self, folder: Path) -> None:
+        """The rollout engine's sampling position and generators; the mini-batch shuffle's generator."""
+        from roll_lite.checkpoint.rng import save_rng
 
-    def save_checkpoint(self, step: int) -> None:
-        """Write a checkpoint of the workers' state now, labelled `step`: call it only between steps."""
-        self.checkpointer.save(step)
+        self.rollout.save_checkpoint(str(folder / "rng_rollout.pkl"))
+        save_rng(folder / "rng_driver.pkl", {"minibatch_shuffle": self._shuffle.get_state()})
 
-    def checkpoint_on_stop(self, completed_step: int) -> None:
-        """On SIGINT / SIGTERM: write the checkpoint of `completed_step` if it was due and is not
-        written yet. run() saves right after logging a step, so a due checkpoint still missing means
-        the signal came before the next step began: the workers hold exactly `completed_step`'s state.
-        Once the next step has begun, the actor may hold part of it, and nothing is written."""
-        checkpointer = getattr(self, "checkpointer", None)
-        last = completed_step == self.config.steps or self.sampler.exhausted
-        if checkpointer is not None and completed_step > 0 and checkpointer.due(completed_step, last):
-            checkpointer.save(completed_step)
+    def load_driver_state(self, folder: Path, step: int) -> None:
+        from roll_lite.checkpoint.rng import load_rng
+
+        self.rollout.update_weights(self.actor.state_dict_ref(), version=step)
+        self.rollout.load_checkpoint(str(folder / "rng_rollout.pkl"))
+        self._shuffle.set_state(load_rng(folder / "rng_driver.pkl")["minibatch_shuffle"])
 
 
 def _fmt(value) -> str:

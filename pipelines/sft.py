@@ -19,14 +19,15 @@ from pathlib import Path
 
 import torch
 
-from roll_lite.config import ConfigError, RunConfig, to_yaml
+from roll_lite.config import ConfigError, RunConfig
 from roll_lite.data import DataProto
 from roll_lite.data.sampler import PromptSampler
-from roll_lite.failures import WorkerError
 from roll_lite.loss_funcs import sft_loss_func
 from roll_lite.progress import progress_bar
 from roll_lite.sequences import build_target_batch
 from roll_lite.tokenizer import load_tokenizer
+
+from .session import RunSession
 
 logger = logging.getLogger("roll_lite")
 EVAL_CHUNK = 256  # eval sequences per forward call
@@ -102,28 +103,32 @@ class SFTPipeline:
             tokens += int(mask.sum())
         return {"eval/sft_loss": total / tokens}
 
-    def train(self, log=None) -> dict[str, float]:
-        """sft.steps steps at sft.lr (fewer when sft.epochs runs out), eval every sft.eval_every;
-        `log(step, metrics)` gets each step's metrics. Returns the last step's."""
+    def train(self, first_step: int = 1, end_step=None) -> dict[str, float]:
+        """Steps first_step..sft.steps at sft.lr (fewer when sft.epochs runs out), eval every
+        sft.eval_every; `end_step(step, metrics, last)` gets each step's metrics. A fresh optimizer at
+        sft.lr when starting at step 1; a resumed run keeps the one its checkpoint restored.
+        Returns the last step's metrics."""
         sft, metrics, start = self.sft, {}, time.perf_counter()
-        self.actor.reset_optimizer(sft.lr)
-        bar = progress_bar(sft.steps, "warm start" if self.train_loss == "sft" else "SFT")
-        for step in range(1, sft.steps + 1):
+        if first_step == 1:
+            self.actor.reset_optimizer(sft.lr)
+        bar = progress_bar(sft.steps - first_step + 1, "warm start" if self.train_loss == "sft" else "SFT")
+        for step in range(first_step, sft.steps + 1):
             if self.sampler.exhausted:
                 logger.info("sft: the training rows are used up (sft.epochs=%d) after step %d", sft.epochs, step - 1)
                 break
             self.stage = f"sft step {step}"
             metrics = self.step(step)
             bar.update()
-            evaluated = step % sft.eval_every == 0 or step == sft.steps or self.sampler.exhausted
+            last = step == sft.steps or self.sampler.exhausted
+            evaluated = step % sft.eval_every == 0 or last
             if evaluated:
                 metrics.update(self.evaluate())
-            if log is not None:
-                log(step, metrics)
             if evaluated or step % 100 == 0:
                 held_out = f" | held-out loss {metrics['eval/sft_loss']:.3f}" if "eval/sft_loss" in metrics else ""
                 logger.info("sft step %d/%d | loss %.3f%s | %.1f s", step, sft.steps, metrics.get("sft/loss", float("nan")), held_out,
                             time.perf_counter() - start)
+            if end_step is not None:
+                end_step(step, metrics, last=last)
         bar.close()
         return metrics
 
@@ -134,56 +139,43 @@ class SFTPipeline:
         logger.info("saved the model and tokenizer to %s", path)
 
     def run(self) -> list[dict]:
-        """Workers, step-0 eval, sft.steps steps, final/. Returns the metrics history."""
-        from roll_lite.tracking import RunLogger
-        from roll_lite.workers.cluster import start_ray, stop_ray
-
+        """Workers, step-0 eval, sft.steps steps (checkpoints as configured; resumed as `resume` says),
+        final/. Returns the metrics history."""
         c = self.config
         self.prepare_data()  # before the run directory and Ray: a bad file stops here
-        run_dir = Path(c.output_dir) / c.run_name
-        claim = self.claim_run_dir(run_dir)
-        tracker = None
-        try:
-            logger.info(start_ray(c.ray_address, c.workers.actor_cpus * c.workers.actor_dp))
-            tracker = RunLogger(run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name)
+        with RunSession(self, c.workers.actor_cpus * c.workers.actor_dp) as session:
             start = time.perf_counter()
             self.stage = "the start of the workers"
             self.start_workers()
-            self.stage = "step 0 (evaluation)"
-            initial = self.evaluate()
-            if initial:
-                tracker.log(0, initial)
-            self.train(log=tracker.log)
+            resumed_step = session.begin()
+            if not resumed_step:
+                self.stage = "step 0 (evaluation)"
+                initial = self.evaluate()
+                if initial:
+                    session.log(0, initial)
+            self.train(first_step=resumed_step + 1, end_step=session.end_step)
             if c.save_model:
                 self.stage = "saving the final model"
-                self.save_final(run_dir / "final")
-            logger.info("sft: %.1f s in all; run dir %s", time.perf_counter() - start, run_dir)
-        except WorkerError as error:
-            error.stage = self.stage
-            logger.error("%s; stopping the workers", error.headline())
-            raise
-        except KeyboardInterrupt:  # SIGINT / SIGTERM (roll_lite/signals.py)
-            logger.warning("interrupted during %s; stopping the workers", self.stage)
-            raise
-        finally:
-            if tracker is not None:
-                tracker.finish()
-            stop_ray()
-            claim.release()
-        return tracker.history
+                self.save_final(session.run_dir / "final")
+            logger.info("sft: %.1f s in all; run dir %s", time.perf_counter() - start, session.run_dir)
+        return session.tracker.history
 
-    def claim_run_dir(self, run_dir: Path):
-        """The run directory's lock (roll_lite/checkpoint/run_dir.py). SFT runs write no checkpoints
-        yet, so a directory that already holds a run is refused, never overwritten."""
-        from roll_lite.checkpoint import claim_run_dir
-        from roll_lite.checkpoint.errors import CheckpointError
+    # -- checkpoints (pipelines/session.py, roll_lite/checkpoint/) -----------------------------------
 
-        if self.config.resume not in ("auto", "none"):
-            raise CheckpointError(f"resume={self.config.resume}: the SFT pipeline writes no checkpoints to resume from")
-        try:
-            return claim_run_dir(run_dir, "none")
-        except CheckpointError as error:
-            if "already holds a run" not in str(error):
-                raise
-            raise CheckpointError(f"run_name: {run_dir} already holds a run; the SFT pipeline does not resume: "
-                                  "choose another run_name= (nothing was changed)") from None
+    checkpoint_kind = "sft"
+    # Besides the model's: the keys that decide which rows the sampler's saved position refers to.
+    checkpoint_compat_keys = ("sft.train_files", "sft.shuffle", "sft.prompt_key", "sft.response_key",
+                              "sft.apply_chat_template", "sft.max_length")
+
+    @property
+    def total_steps(self) -> int:
+        return self.sft.steps
+
+    def checkpoint_groups(self) -> dict:
+        return {"actor": self.actor}
+
+    def save_driver_state(self, folder: Path) -> None:
+        """Nothing: the driver draws no random numbers (the sampler's position is in the manifest)."""
+
+    def load_driver_state(self, folder: Path, step: int) -> None:
+        """Nothing (see save_driver_state)."""

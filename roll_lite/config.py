@@ -132,6 +132,10 @@ class WorkersConfig:
     actor_cpus: float = 1.0  # Ray CPUs reserved per actor rank (placement group bundle)
     rollout_cpus: float = 1.0
     torch_threads: int = 2  # torch threads per worker process
+    # A worker call (a step's generate, train_step, ...) that has not answered after call_timeout_s stops
+    # the run (a worker that is alive but stuck); a warning names the waiting ranks every stall_warning_s.
+    call_timeout_s: float = 1800.0
+    stall_warning_s: float = 300.0
 
 
 @dataclass
@@ -228,6 +232,8 @@ def validate(config: RunConfig) -> None:
             getattr(config, name).validate(f"{name}.")
         except ValueError as error:
             raise ConfigError(str(error)) from None
+    for key in ("call_timeout_s", "stall_warning_s"):
+        _check(getattr(config.workers, key) > 0, f"workers.{key}", f"must be > 0 seconds, got {getattr(config.workers, key)}")
     for key in ("actor_dp", "critic_dp", "reference_dp", "torch_threads"):
         _check(getattr(config.workers, key) >= 1, f"workers.{key}", "must be >= 1")
     for key in ("actor_cpus", "rollout_cpus"):

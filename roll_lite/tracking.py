@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import secrets
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -14,24 +15,56 @@ PLOTTED = ("reward/mean", "eval/reward_mean", "sft/loss", "eval/sft_loss", "acto
            "actor/clipfrac", "perf/step_s")
 
 
+WANDB_ID_FILE = "wandb_run_id"  # in the run directory: the wandb run a resumed run continues
+
+
 class RunLogger:
     def __init__(self, run_dir: Path, config_yaml: str, wandb_mode: str, wandb_project: str, run_name: str,
                  history: list[dict] | None = None):
         """`history`: the records of a resumed run up to its checkpoint; metrics.jsonl is rewritten
-        with them (dropping records logged after the checkpoint) and continued."""
+        with them (dropping records logged after the checkpoint) and continued, and so is the run
+        directory's wandb run."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(config_yaml)
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        logged_before = _last_step(self.metrics_path) if history is not None else None
         self.history: list[dict] = list(history or [])
         temporary = self.run_dir / ".metrics.jsonl.tmp"
         temporary.write_text("".join(json.dumps(record) + "\n" for record in self.history))
         temporary.replace(self.metrics_path)
         self.wandb_run = None
+        self.wandb_from_step = 0  # wandb gets the steps from this one on (a resumed run: the steps it has not seen)
         if wandb_mode != "disabled":
-            import wandb
+            self.wandb_run = self._start_wandb(wandb_mode, wandb_project, run_name, logged_before)
 
-            self.wandb_run = wandb.init(project=wandb_project, name=run_name, mode=wandb_mode, dir=str(self.run_dir))
+    def _start_wandb(self, mode: str, project: str, run_name: str, logged_before: int | None):
+        """A fresh run gets a new wandb run, its id kept in the run directory; a resumed run continues
+        that wandb run (resume="allow"; offline, a new segment with the same id, which `wandb sync`
+        puts after the first). wandb cannot take back steps it has (rewinding a run is a private
+        preview), so the steps the killed run logged after its checkpoint are not sent again: wandb
+        keeps those first values, metrics.jsonl has the resumed run's."""
+        import wandb
+
+        id_file = self.run_dir / WANDB_ID_FILE
+        resumed = logged_before is not None and id_file.is_file()
+        if resumed:
+            run_id = id_file.read_text().strip()
+        else:
+            run_id = secrets.token_hex(6)  # wandb run ids: letters, digits, - and _
+            temporary = id_file.with_name(f".{WANDB_ID_FILE}.tmp")
+            temporary.write_text(run_id + "\n")
+            temporary.replace(id_file)
+        run = wandb.init(project=project, name=run_name, mode=mode, dir=str(self.run_dir), id=run_id,
+                         resume="allow" if resumed else None)
+        if resumed:
+            self.wandb_from_step = max(logged_before, run.step - 1) + 1  # run.step: the next step wandb expects
+            checkpoint_step = self.history[-1]["step"] if self.history else -1
+            redone = (f"; steps {checkpoint_step + 1}-{self.wandb_from_step - 1}, logged by the run before it "
+                      "stopped, are not sent again (wandb keeps the first values; metrics.jsonl has this run's)"
+                      if self.wandb_from_step > checkpoint_step + 1 else "")
+            logger.info("wandb: continuing run %s from step %d%s", run_id, self.wandb_from_step, redone)
+        return run
 
     def log(self, step: int, metrics: dict[str, float], eval_samples: list[dict] | None = None) -> None:
         """A metrics.jsonl record; with `eval_samples` (one dict per held-out prompt: prompt,
@@ -45,7 +78,7 @@ class RunLogger:
             folder.mkdir(exist_ok=True)
             lines = "".join(json.dumps(sample, ensure_ascii=False) + "\n" for sample in eval_samples)
             (folder / f"step_{step}.jsonl").write_text(lines, encoding="utf-8")
-        if self.wandb_run is not None:
+        if self.wandb_run is not None and step >= self.wandb_from_step:
             self.wandb_run.log(metrics, step=step)
 
     def finish(self) -> list[Path]:
@@ -79,3 +112,16 @@ class RunLogger:
         figure.savefig(path, dpi=80)
         plt.close(figure)
         return [path]
+
+
+def _last_step(metrics_path: Path) -> int:
+    """The highest step metrics.jsonl holds (-1: none): what a stopped run logged, checkpoint or not."""
+    if not metrics_path.is_file():
+        return -1
+    steps = []
+    for line in metrics_path.read_text().splitlines():
+        try:
+            steps.append(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):  # a line cut short by the kill
+            continue
+    return max(steps, default=-1)

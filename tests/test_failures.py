@@ -45,9 +45,6 @@ class Misbehaving(PPOPipeline):
             self.misbehave()
         return super().loss_func(batch, output)
 
-    def checkpoint_on_stop(self, completed_step):  # in the driver, when a signal stops run()
-        (MARKS / "checkpoint_on_stop").write_text(str(completed_step))
-
 
 class Raises(Misbehaving):
     kind = "raises"
@@ -214,7 +211,8 @@ def test_sigterm_to_the_driver_abandons_the_step_and_stops_the_workers_with_plai
     returncode, output, seconds = finish(process, run_pids, timeout=60)
     assert returncode == 143, output[-3000:]
     assert "interrupted during step 2; stopping the workers" in output
-    assert (tmp_path / "checkpoint_on_stop").read_text() == "1"  # the hook got the last completed step
+    # Step 1 was the last completed one; checkpoint.every=50: nothing was due.
+    assert "no checkpoint written on stop: the last completed step, 1, was not due (checkpoint.every=50)" in output
     assert "roll-train: stopped by SIGTERM during step 2, which was abandoned; the workers and Ray were stopped" in output
     assert "Aborted" not in output and "SIGTERM received" not in output  # Ray's own handler: a stack dump, exit 134
     assert seconds < 30, seconds
@@ -235,3 +233,19 @@ def test_ctrl_c_in_a_terminal_stops_the_run_and_the_progress_bar_was_shown(tmp_p
     assert "RL:" in output and "1/50" in output  # tqdm's bar after step 1
     assert "step 1/50 | reward" in output  # the log line, written above the bar
     assert "\rroll-train: stopped by SIGINT" in output  # the bar was erased before the last message
+
+
+def test_a_worker_that_is_alive_but_stuck_is_warned_about_then_stops_the_run_after_call_timeout_s(tmp_path):
+    # Two actor ranks: rank 1 sleeps inside its loss_func (alive, stuck); rank 0 waits for it in the
+    # gradient all-reduce. Neither answers; the warnings and the final error name both.
+    process = start(tmp_path, "Hangs", "workers.actor_dp=2", "workers.actor_cpus=0.5", "workers.rollout_cpus=0.5",
+                    "workers.call_timeout_s=8", "workers.stall_warning_s=3")
+    wait_for_file(tmp_path / "hangs.pid", process)
+    run_pids = descendants(process.pid)
+    code, output, seconds = finish(process, run_pids, timeout=60)
+    assert code == 1, output[-3000:]
+    assert ("still waiting for actor ranks 0, 1 to answer train_step after 3 s; the run stops after 8 s "
+            "(workers.call_timeout_s)") in output, output[-3000:]
+    assert "roll-train: worker failure: actor rank 0 did not answer train_step at step 2" in output, output[-3000:]
+    assert "no answer from actor ranks 0, 1 within 8 s (workers.call_timeout_s): alive but stuck" in output
+    assert seconds < 40, seconds  # the sleeping worker would take 120 s

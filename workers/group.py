@@ -7,6 +7,7 @@ original row order happen here.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import ray
@@ -14,7 +15,7 @@ import torch
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from roll_lite.config import RunConfig
+from roll_lite.config import RunConfig, WorkersConfig
 from roll_lite.data import DataProto, undo_permutation
 from roll_lite.failures import WorkerError
 from roll_lite.importing import import_root, roll_lite_dir
@@ -26,28 +27,66 @@ from .model_worker import ModelWorker
 from .reward_worker import RewardWorker
 from .rollout_worker import RolloutWorker
 
-TIMEOUT_S = 1800  # a worker that is alive but does not answer (a hang); a dead one is seen at once
+logger = logging.getLogger("roll_lite")
+
 WAIT_S = 1.0  # ray.wait in short slices: a signal to the driver is handled within this time
+# The start of a worker (its process, imports, model build or load) may take long by design: these
+# calls wait at least STARTUP_TIMEOUT_S, whatever workers.call_timeout_s says.
+STARTUP_CALLS = ("address", "setup", "describe")
+STARTUP_TIMEOUT_S = 1800.0
 
 
-def _get(refs, role: str, method: str):
-    """ray.get of one call per rank (a list, in rank order) or of one call (a single ref). The first
-    call that fails raises WorkerError naming the role, the rank and the method, with the worker's
-    traceback; Ray reports a dead worker process as soon as it is gone, not after TIMEOUT_S."""
-    single = isinstance(refs, ray.ObjectRef)
-    ranks = {ref: (None if single else rank) for rank, ref in enumerate([refs] if single else refs)}
-    pending, values = list(ranks), {}
-    deadline = time.monotonic() + TIMEOUT_S
-    while pending:
-        if time.monotonic() > deadline:
-            raise WorkerError(role, ranks[pending[0]], method, "timed out", f"no answer within {TIMEOUT_S} s")
-        ready, pending = ray.wait(pending, num_returns=1, timeout=WAIT_S)
-        for ref in ready:
-            try:
-                values[ref] = ray.get(ref)
-            except ray.exceptions.RayError as error:
-                raise worker_error(error, role, ranks[ref], method) from None
-    return values[refs] if single else [values[ref] for ref in refs]
+class WorkerCalls:
+    """Waiting for the calls to one role's workers (one call per rank, or a single one). The first call
+    that fails raises WorkerError naming the role, the rank and the method, with the worker's
+    traceback; Ray reports a dead worker process as soon as it is gone. A worker that is alive but
+    does not answer (a hang, e.g. in a collective another rank never joined) is named in a warning
+    every workers.stall_warning_s, and stops the run after workers.call_timeout_s."""
+
+    def __init__(self, role: str, workers: WorkersConfig):
+        self.role, self.timeout_s, self.warn_every_s = role, workers.call_timeout_s, workers.stall_warning_s
+
+    def get(self, refs, method: str):
+        single = isinstance(refs, ray.ObjectRef)
+        ranks = {ref: (None if single else rank) for rank, ref in enumerate([refs] if single else refs)}
+        pending, values, answered = list(ranks), {}, {}
+        timeout_s, limit = self.timeout_s, "workers.call_timeout_s"
+        if method in STARTUP_CALLS and self.timeout_s < STARTUP_TIMEOUT_S:
+            timeout_s, limit = STARTUP_TIMEOUT_S, "the limit for the start of a worker"
+        start = time.monotonic()
+        warn_at = start + self.warn_every_s
+        while pending:
+            now = time.monotonic()
+            if now - start > timeout_s:
+                raise WorkerError(self.role, ranks[pending[0]], method, "timed out",
+                                  f"no answer from {self._names(ranks, pending)} within {timeout_s:g} s ({limit}): "
+                                  f"alive but stuck{self._others(ranks, answered, start)}. If its calls are this slow "
+                                  "by design, raise workers.call_timeout_s")
+            if now >= warn_at:
+                logger.warning("still waiting for %s to answer %s after %.0f s%s; the run stops after %g s (%s)",
+                               self._names(ranks, pending), method, now - start, self._others(ranks, answered, start),
+                               timeout_s, limit)
+                warn_at += self.warn_every_s
+            ready, pending = ray.wait(pending, num_returns=1, timeout=WAIT_S)
+            for ref in ready:
+                answered[ref] = time.monotonic()
+                try:
+                    values[ref] = ray.get(ref)
+                except ray.exceptions.RayError as error:
+                    raise worker_error(error, self.role, ranks[ref], method) from None
+        return values[refs] if single else [values[ref] for ref in refs]
+
+    def _names(self, ranks: dict, refs: list) -> str:
+        if ranks[refs[0]] is None:
+            return self.role
+        return f"{self.role} rank{'s' if len(refs) > 1 else ''} {', '.join(str(ranks[ref]) for ref in refs)}"
+
+    def _others(self, ranks: dict, answered: dict, start: float) -> str:
+        """What the ranks that did answer say about the stuck one: they were done, it was not."""
+        if not answered:
+            return ""
+        first = min(answered.values())
+        return f" ({self._names(ranks, list(answered))} answered after {first - start:.1f} s)"
 
 
 def worker_error(error: Exception, role: str, rank: int | None, method: str) -> WorkerError:
@@ -69,6 +108,7 @@ class ModelGroup:
 
     def __init__(self, role: str, world_size: int, cpus_per_rank: float, config: RunConfig):
         self.role, self.world_size = role, world_size
+        self._get = WorkerCalls(role, config.workers).get
         self.balance_tokens = (config.critic if role == "critic" else config.actor).use_packing
         remote = ray.remote(ModelWorker)
         self.placement_group = None
@@ -85,8 +125,8 @@ class ModelGroup:
 
     def wait_ready(self) -> "ModelGroup":
         """Form the torch.distributed group and build the models (blocks)."""
-        master_addr, master_port = _get([self._address], self.role, "address")[0]
-        _get([worker.setup.remote(master_addr, master_port) for worker in self.workers], self.role, "setup")
+        master_addr, master_port = self._get([self._address], "address")[0]
+        self._get([worker.setup.remote(master_addr, master_port) for worker in self.workers], "setup")
         return self
 
     def _scatter(self, data: DataProto) -> list[list[int]]:
@@ -94,8 +134,8 @@ class ModelGroup:
 
     def _forward(self, method: str, data: DataProto, **kwargs) -> DataProto:
         groups = self._scatter(data)
-        parts = _get([getattr(w, method).remote(data.index_select(g), **kwargs) for w, g in zip(self.workers, groups)],
-                     self.role, method)
+        parts = self._get([getattr(w, method).remote(data.index_select(g), **kwargs) for w, g in zip(self.workers, groups)],
+                          method)
         order = [i for group in groups for i in group]
         return undo_permutation(DataProto.concat([p for p in parts if len(p)]), order)
 
@@ -108,8 +148,7 @@ class ModelGroup:
     def train_step(self, data: DataProto, loss: str) -> dict[str, float]:
         """One optimizer step over `data` (the global batch of this step); metrics from rank 0."""
         groups = self._scatter(data)
-        return _get([w.train_step.remote(data.index_select(g), loss) for w, g in zip(self.workers, groups)], self.role,
-                    "train_step")[0]
+        return self._get([w.train_step.remote(data.index_select(g), loss) for w, g in zip(self.workers, groups)], "train_step")[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return unflatten_state_dict(ray.get(self.state_dict_ref()))
@@ -119,24 +158,24 @@ class ModelGroup:
         from there without a hop through the controller. Every rank takes part in the gather."""
         # Rank 0 puts the weights into the object store and returns the small ref to them, so a
         # failed gather is reported here, naming its rank, without fetching the weights.
-        return _get([w.state_dict.remote() for w in self.workers], self.role, "state_dict")[0]
+        return self._get([w.state_dict.remote() for w in self.workers], "state_dict")[0]
 
     def save_pretrained(self, path: str) -> None:
-        _get([w.save_pretrained.remote(path) for w in self.workers], self.role, "save_pretrained")
+        self._get([w.save_pretrained.remote(path) for w in self.workers], "save_pretrained")
 
     def save_checkpoint(self, path: str) -> None:
         """Every rank writes its shards into `path` (a folder all ranks see)."""
-        _get([w.save_checkpoint.remote(path) for w in self.workers], self.role, "save_checkpoint")
+        self._get([w.save_checkpoint.remote(path) for w in self.workers], "save_checkpoint")
 
     def load_checkpoint(self, path: str) -> None:
-        _get([w.load_checkpoint.remote(path) for w in self.workers], self.role, "load_checkpoint")
+        self._get([w.load_checkpoint.remote(path) for w in self.workers], "load_checkpoint")
 
     def reset_optimizer(self, lr: float | None = None) -> None:
-        _get([w.reset_optimizer.remote(lr) for w in self.workers], self.role, "reset_optimizer")
+        self._get([w.reset_optimizer.remote(lr) for w in self.workers], "reset_optimizer")
 
     def load_state_dict(self, weights: ray.ObjectRef) -> None:
         """Load FlatWeights (an object ref from `state_dict_ref`) on every rank."""
-        _get([w.load_state_dict.remote(weights) for w in self.workers], self.role, "load_state_dict")
+        self._get([w.load_state_dict.remote(weights) for w in self.workers], "load_state_dict")
 
     def shutdown(self) -> None:
         for worker in self.workers:
@@ -147,26 +186,27 @@ class ModelGroup:
 
 class RolloutClient:
     def __init__(self, config: RunConfig):
+        self._get = WorkerCalls("rollout", config.workers).get
         self.worker = ray.remote(RolloutWorker).options(num_cpus=config.workers.rollout_cpus).remote(config)
 
     def describe(self) -> str:
-        return _get(self.worker.describe.remote(), "rollout", "describe")
+        return self._get(self.worker.describe.remote(), "describe")
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-        return _get(self.worker.generate.remote(prompts, params), "rollout", "generate")
+        return self._get(self.worker.generate.remote(prompts, params), "generate")
 
     def update_weights(self, weights: ray.ObjectRef, version: int) -> None:
         """Load FlatWeights (an object ref from `ModelGroup.state_dict_ref`) into the engine."""
-        _get(self.worker.update_weights.remote(weights, version), "rollout", "update_weights")
+        self._get(self.worker.update_weights.remote(weights, version), "update_weights")
 
     def save_checkpoint(self, path: str) -> None:
-        _get(self.worker.save_checkpoint.remote(path), "rollout", "save_checkpoint")
+        self._get(self.worker.save_checkpoint.remote(path), "save_checkpoint")
 
     def load_checkpoint(self, path: str) -> None:
-        _get(self.worker.load_checkpoint.remote(path), "rollout", "load_checkpoint")
+        self._get(self.worker.load_checkpoint.remote(path), "load_checkpoint")
 
     def weights(self):
-        return _get(self.worker.weights.remote(), "rollout", "weights")
+        return self._get(self.worker.weights.remote(), "weights")
 
 
 class RewardClient:
@@ -176,9 +216,10 @@ class RewardClient:
         reward = config.reward
         # The worker imports the user's reward modules from where the driver found them.
         roots = sorted({import_root(spec) for spec in reward.functions if is_import_path(spec)} - {None})
+        self._get = WorkerCalls("reward", config.workers).get
         self.worker = ray.remote(RewardWorker).options(num_cpus=0).remote(
             dict(reward.functions), reward.timeout_s, roots, roll_lite_dir())
 
     def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None):
         """(scores, metrics); `extras`: each row's extra dataset fields, None when there are none."""
-        return _get(self.worker.score.remote(responses, answers, extras), "reward", "score")
+        return self._get(self.worker.score.remote(responses, answers, extras), "score")

@@ -1,10 +1,11 @@
-"""What a PPO pipeline's checkpoint holds, part by part, and how it is put back.
+"""What a pipeline's checkpoint holds, part by part, and how it is put back.
 
-    actor/, critic/      model + optimizer shards (DCP), LR schedule, each rank's random generators
-    reference/           the reference's weights (it holds the policy of the warm start, not the build)
-    rng_rollout.pkl      the rollout engine's sampling position and its process's random generators
-    rng_driver.pkl       the driver's generators and the mini-batch shuffle's torch.Generator
-    checkpoint.json      the step, the prompt sampler's position, the parts (written last)
+    <group>/             for each of the pipeline's checkpoint_groups() (PPO: actor, critic, reference;
+                         SFT: actor): model + optimizer shards (DCP), LR schedule, each rank's generators
+    ...                  whatever the pipeline's save_driver_state(folder) writes (PPO: the rollout
+                         engine's sampling position and generators, the driver's generators)
+    checkpoint.json      the pipeline's checkpoint_kind ("rl", "sft"), the step, the sampler's position,
+                         the groups (written last)
 """
 
 from __future__ import annotations
@@ -14,37 +15,37 @@ from pathlib import Path
 
 from roll_lite.checkpoint.errors import CheckpointError
 from roll_lite.checkpoint.layout import MARKER
-from roll_lite.checkpoint.rng import load_rng, save_rng
 
 FORMAT = 1
 
 
-def model_groups(pipeline) -> dict:
-    groups = {"actor": pipeline.actor, "critic": pipeline.critic, "reference": pipeline.reference}
-    return {name: group for name, group in groups.items() if group is not None}
-
-
 def save_pipeline_state(pipeline, folder: Path, step: int) -> dict:
     """Write every part into `folder`; returns the manifest (checkpoint.json's content)."""
-    groups = model_groups(pipeline)
+    groups = pipeline.checkpoint_groups()
     for name, group in groups.items():
         group.save_checkpoint(str(folder / name))
-    pipeline.rollout.save_checkpoint(str(folder / "rng_rollout.pkl"))
-    save_rng(folder / "rng_driver.pkl", {"minibatch_shuffle": pipeline._shuffle.get_state()})
-    return {"format": FORMAT, "step": step, "sampler": pipeline.sampler.state_dict(), "parts": sorted(groups)}
+    pipeline.save_driver_state(folder)
+    return {"format": FORMAT, "kind": pipeline.checkpoint_kind, "step": step, "sampler": pipeline.sampler.state_dict(), "parts": sorted(groups)}
 
 
 def read_manifest(folder: Path) -> dict:
-    return json.loads((folder / MARKER).read_text())
+    try:
+        return json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"resume: {folder / MARKER} cannot be read ({type(error).__name__})") from None
+
+
+def checkpoint_kind(manifest: dict) -> str:
+    return manifest.get("kind", "rl")  # checkpoints written before SFT ones existed are all of RL runs
 
 
 def load_pipeline_state(pipeline, folder: Path) -> int:
     """Put every part back (workers started, nothing else done yet); returns the checkpoint's step."""
     manifest = read_manifest(folder)
-    groups = model_groups(pipeline)
+    groups = pipeline.checkpoint_groups()
     if sorted(groups) != manifest["parts"]:
         raise CheckpointError(f"resume: {folder} holds {', '.join(manifest['parts'])}; this run has "
-                              f"{', '.join(sorted(groups))} (algorithm.advantage, algorithm.kl_coef / track_kl differ)")
+                              f"{', '.join(sorted(groups))} (another pipeline, or algorithm.advantage, algorithm.kl_coef / track_kl differ)")
     for name, group in groups.items():
         try:
             group.load_checkpoint(str(folder / name))
@@ -53,8 +54,6 @@ def load_pipeline_state(pipeline, folder: Path) -> int:
             first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[-1][:300]
             raise CheckpointError(f"resume: {folder / name} does not load into this run's {name}: {first_line}") from None
     step = manifest["step"]
-    pipeline.rollout.update_weights(pipeline.actor.state_dict_ref(), version=step)
-    pipeline.rollout.load_checkpoint(str(folder / "rng_rollout.pkl"))
+    pipeline.load_driver_state(folder, step)
     pipeline.sampler.load_state_dict(manifest["sampler"])
-    pipeline._shuffle.set_state(load_rng(folder / "rng_driver.pkl")["minibatch_shuffle"])
     return step

@@ -1,0 +1,146 @@
+"""RunSession: what every pipeline's run() does around its own loop, in one place.
+
+    with RunSession(pipeline, ray_cpus) as session:
+        pipeline.start_workers()
+        resumed_step = session.begin()          # from the checkpoint `resume` picked, or 0: a fresh run
+        ... session.end_step(step, metrics, last=...) after each step (log, then a due checkpoint)
+
+Entering claims the run directory (roll_lite/checkpoint/run_dir.py: the lock; fresh, resumed or
+refused before anything in it changes) and starts Ray. Leaving, whatever happened: a WorkerError is
+given the pipeline's stage and logged; on SIGINT / SIGTERM a checkpoint that was due is written; the
+tracker is finished (plots, wandb), Ray stopped and the lock released.
+
+A pipeline provides: `config`, `stage` (a phrase: where run() is), `sampler` (its position is saved),
+`total_steps`, and for its checkpoints `checkpoint_groups()`, `save_driver_state(folder)`,
+`load_driver_state(folder, step)` and `checkpoint_compat_keys` (roll_lite/checkpoint/pipeline_state.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from roll_lite.config import to_yaml
+from roll_lite.failures import WorkerError
+
+logger = logging.getLogger("roll_lite")
+
+
+class RunSession:
+    def __init__(self, pipeline, ray_cpus: float):
+        self.pipeline, self.config, self.ray_cpus = pipeline, pipeline.config, ray_cpus
+        self.run_dir = Path(self.config.output_dir) / self.config.run_name
+        self.claim = self.tracker = self.checkpointer = None
+        self.completed = 0  # the last step whose metrics were logged
+
+    # -- entering and leaving -----------------------------------------------------------------------
+
+    def __enter__(self) -> RunSession:
+        from roll_lite.workers.cluster import start_ray
+
+        # The driver's own reductions (advantages, whitening) split work like the workers', whatever
+        # this machine's core count: part of what makes a run reproducible on another machine.
+        torch.set_num_threads(self.config.workers.torch_threads)
+        self.claim = self.claim_run_dir()
+        try:
+            # Ray first: a joined cluster too small for the workers is reported before anything is written.
+            logger.info(start_ray(self.config.ray_address, self.ray_cpus))
+        except BaseException:
+            self.claim.release()
+            raise
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        from roll_lite.workers.cluster import stop_ray
+
+        stage = self.pipeline.stage
+        try:
+            if isinstance(error, WorkerError):
+                error.stage = stage
+                logger.error("%s; stopping the workers", error.headline())
+            elif isinstance(error, KeyboardInterrupt):  # SIGINT / SIGTERM (roll_lite/signals.py)
+                logger.warning("interrupted during %s; stopping the workers", stage)
+                self.checkpoint_on_stop()
+        finally:
+            if self.tracker is not None:
+                self.tracker.finish()
+            stop_ray()
+            self.claim.release()
+        return False
+
+    def claim_run_dir(self):
+        """Lock the run directory and pick the checkpoint to resume (config `resume`), checked against
+        this run's config. Raises CheckpointError (one line) before anything changes."""
+        from roll_lite.checkpoint import claim_run_dir
+        from roll_lite.checkpoint.compat import check_compatible
+
+        claim = claim_run_dir(self.run_dir, self.config.resume)
+        if claim.resume_from is not None:
+            try:
+                check_compatible(claim.resume_from, self.config, self.pipeline.checkpoint_kind,
+                                 self.pipeline.checkpoint_compat_keys)
+            except BaseException:
+                claim.release()
+                raise
+        return claim
+
+    # -- the run --------------------------------------------------------------------------------------
+
+    def begin(self) -> int:
+        """After the workers started: put them back as the claimed checkpoint left them (if any), open
+        the tracker (metrics.jsonl continued from the checkpoint's records) and the checkpointer.
+        Returns the checkpoint's step, 0 for a fresh run."""
+        from roll_lite.checkpoint import Checkpointer
+        from roll_lite.tracking import RunLogger
+
+        c, resumed_step, history = self.config, 0, None
+        if self.claim.resume_from is not None:
+            self.pipeline.stage = f"resuming from {self.claim.resume_from}"
+            resumed_step, history = self.resume(self.claim.resume_from)
+            self.completed = resumed_step
+        self.tracker = RunLogger(self.run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name, history)
+        self.checkpointer = Checkpointer(self.run_dir, c.checkpoint, to_yaml(c), self.pipeline, self.tracker)
+        return resumed_step
+
+    def resume(self, checkpoint: Path) -> tuple[int, list[dict]]:
+        """The workers, the sampler and the generators as they were at `checkpoint`. Returns (its step,
+        the metrics records up to it)."""
+        from roll_lite.checkpoint.pipeline_state import load_pipeline_state
+        from roll_lite.checkpoint.run_dir import discard_after, read_history
+
+        step = load_pipeline_state(self.pipeline, checkpoint)
+        history = read_history(checkpoint)
+        removed = discard_after(self.run_dir, step, trains_on=step < self.pipeline.total_steps)
+        logger.info("resumed from %s (step %d)%s", checkpoint, step,
+                    f"; removed what came after it: {', '.join(removed)}" if removed else "")
+        return step, history
+
+    def log(self, step: int, metrics: dict[str, float], eval_samples: list[dict] | None = None) -> None:
+        self.tracker.log(step, metrics, eval_samples)
+        self.completed = step
+
+    def end_step(self, step: int, metrics: dict[str, float], eval_samples: list[dict] | None = None,
+                 last: bool = False) -> None:
+        """After a training step: its metrics, then its checkpoint when one is due (`last`: no step follows)."""
+        self.log(step, metrics, eval_samples)
+        self.checkpointer.maybe_save(step, last)
+
+    def checkpoint_on_stop(self) -> None:
+        """On SIGINT / SIGTERM: write the checkpoint of the last completed step if it was due and is not
+        written yet. end_step() saves right after logging a step, so a due checkpoint still missing
+        means the signal came before the next step began: the workers hold exactly that step's state.
+        Once the next step has begun, the actor may hold part of it, and nothing is written."""
+        step, checkpointer = self.completed, self.checkpointer
+        if checkpointer is None or step == 0:
+            logger.info("no checkpoint written on stop: no step was completed")
+            return
+        last = step == self.pipeline.total_steps or self.pipeline.sampler.exhausted
+        if checkpointer.due(step, last):
+            checkpointer.save(step)
+        elif checkpointer.last_saved == step:
+            logger.info("the checkpoint of the last completed step, %d, is written", step)
+        else:
+            logger.info("no checkpoint written on stop: the last completed step, %d, was not due (checkpoint.every=%d)",
+                        step, self.config.checkpoint.every)

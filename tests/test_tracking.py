@@ -1,0 +1,41 @@
+"""RunLogger (roll_lite/tracking.py) on resume: metrics.jsonl is cut back to the checkpoint and
+continued, and the run directory's wandb run (real wandb, offline) is continued under the same id,
+without sending again the steps the stopped run had already logged."""
+
+import json
+
+from roll_lite.tracking import WANDB_ID_FILE, RunLogger
+
+
+def test_a_resumed_run_continues_metrics_jsonl_and_its_wandb_run(tmp_path):
+    run_dir = tmp_path / "run"
+    first = RunLogger(run_dir, "seed: 1\n", "offline", "roll_lite_test", "run")
+    for step in range(5):  # steps 0-4 logged; say the checkpoint was at step 2 when it was killed
+        first.log(step, {"x": float(step)})
+    first.wandb_run.finish()
+    run_id = (run_dir / WANDB_ID_FILE).read_text().strip()
+    assert first.wandb_run.id == run_id
+
+    resumed = RunLogger(run_dir, "seed: 1\n", "offline", "roll_lite_test", "run", history=first.history[:3])
+    sent = []
+    real_log = resumed.wandb_run.log
+    resumed.wandb_run.log = lambda metrics, step: (sent.append(step), real_log(metrics, step=step))
+    for step in range(3, 7):
+        resumed.log(step, {"x": 10.0 + step})
+    resumed.finish()
+
+    assert resumed.wandb_run.id == run_id and resumed.wandb_from_step == 5
+    assert sent == [5, 6]  # 3 and 4 are in the wandb run already (from the stopped run)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records == [{"step": s, "x": float(s)} for s in range(3)] + [{"step": s, "x": 10.0 + s} for s in range(3, 7)]
+    segments = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
+    assert len(segments) == 2 and all(name.endswith(f"-{run_id}") for name in segments)
+
+
+def test_a_fresh_run_in_another_directory_gets_its_own_wandb_run(tmp_path):
+    one = RunLogger(tmp_path / "one", "seed: 1\n", "offline", "roll_lite_test", "one")
+    one.finish()
+    two = RunLogger(tmp_path / "two", "seed: 1\n", "offline", "roll_lite_test", "two")
+    two.finish()
+    assert one.wandb_run.id != two.wandb_run.id
+    assert two.wandb_from_step == 0
