@@ -1,20 +1,22 @@
 """roll-train on bad data: one line naming the config key, the file, the row and the field; exit
-code 2; nothing started (no run directory), checked in the driver before Ray starts."""
+code 2; nothing started (no run directory), checked in the driver before Ray starts.
+
+The cases call roll-train's main() in this process (the same code path, without a process start
+each); one case runs the real command to check what a user sees."""
 
 import subprocess
 import sys
 
 import pytest
 
+from roll_lite.cli import main
+
 GOOD = '{"prompt": "12=", "answer": "21"}\n'
 
 
-def roll_train(tmp_path, *overrides):
+def command_line(tmp_path, *overrides) -> list[str]:
     (tmp_path / "config.yaml").write_text("steps: 1\n")
-    return subprocess.run(
-        [sys.executable, "-m", "roll_lite.cli", "--config", "config.yaml", f"output_dir={tmp_path / 'out'}", *overrides],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )
+    return ["--config", "config.yaml", f"output_dir={tmp_path / 'out'}", *overrides]
 
 
 CASES = {
@@ -56,13 +58,27 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_bad_data_exits_2_with_one_line_and_starts_nothing(tmp_path, case):
-    files, overrides, expected = CASES[case]
+def write_files(tmp_path, files: dict) -> None:
     for name, content in files.items():
         (tmp_path / name).write_bytes(content if isinstance(content, bytes) else content.encode())
-    result = roll_train(tmp_path, *overrides)
-    lines = result.stderr.strip().splitlines()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_data_exits_2_with_one_line_and_starts_nothing(tmp_path, monkeypatch, capsys, case):
+    files, overrides, expected = CASES[case]
+    write_files(tmp_path, files)
+    monkeypatch.chdir(tmp_path)  # the config's paths are relative to where roll-train runs
+    assert main(command_line(tmp_path, *overrides)) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"roll-train: data error: {expected}"]
+    assert not (tmp_path / "out").exists()
+    assert "ray" not in sys.modules or not __import__("ray").is_initialized()
+
+
+def test_the_command_itself_prints_one_line_and_exits_2(tmp_path):
+    files, overrides, expected = CASES["missing prompt"]
+    write_files(tmp_path, files)
+    result = subprocess.run([sys.executable, "-m", "roll_lite.cli", *command_line(tmp_path, *overrides)],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert lines == [f"roll-train: data error: {expected}"], lines
+    assert result.stderr.strip().splitlines() == [f"roll-train: data error: {expected}"]
     assert not (tmp_path / "out").exists()

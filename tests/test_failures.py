@@ -56,8 +56,8 @@ class Raises(Misbehaving):
 class OutOfMemory(Misbehaving):
     kind = "oom"
 
-    def misbehave(self):  # what torch raises when an allocation fails on the GPU
-        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
+    def misbehave(self):  # a real allocation that fails: 100 TB
+        torch.empty(10**14, dtype=torch.uint8)
 
 
 class Hangs(Misbehaving):
@@ -174,8 +174,9 @@ def test_a_worker_that_raises_stops_the_run_with_its_role_rank_step_and_tracebac
 
 
 def test_a_worker_out_of_memory_names_the_config_keys_to_lower(tmp_path):
-    # Simulated: the loss_func raises torch.OutOfMemoryError (no GPU here, and a real CPU OOM would
-    # take the machine down); Ray's memory monitor kills (ray.exceptions.OutOfMemoryError) take the same path.
+    # A real failed allocation (100 TB) in the worker; torch's CPU allocator raises a plain RuntimeError.
+    # CUDA's torch.OutOfMemoryError and Ray's memory monitor kills are classified in tests/test_worker_errors.py
+    # (no GPU here, and filling the 24 GiB until the monitor kills a worker would take the machine down).
     process = start(tmp_path, "OutOfMemory")
     wait_for_file(tmp_path / "oom.pid", process)
     code, output, _ = finish(process, descendants(process.pid))
@@ -184,7 +185,7 @@ def test_a_worker_out_of_memory_names_the_config_keys_to_lower(tmp_path):
     for key in ("rollout.num_samples", "rollout.max_new_tokens", "actor.grad_accum_steps",
                 "actor.max_tokens_per_micro_batch", "model.gradient_checkpointing=true"):
         assert key in output, key
-    assert "OutOfMemoryError: CUDA out of memory" in output
+    assert "DefaultCPUAllocator: can't allocate memory: you tried to allocate 100000000000000 bytes" in output
 
 
 def test_a_killed_worker_is_reported_within_seconds(tmp_path):

@@ -25,7 +25,11 @@ def test_an_exception_in_a_worker_names_role_rank_method_and_step_and_keeps_the_
 
 
 def test_out_of_memory_from_torch_python_or_ray_names_the_keys_to_lower():
-    errors = [task_error(torch.OutOfMemoryError("CUDA out of memory")), task_error(MemoryError()),
+    try:  # a real failed allocation on CPU: torch raises a plain RuntimeError
+        torch.empty(10**14, dtype=torch.uint8)
+    except RuntimeError as cpu_allocation_failure:
+        cpu_oom = task_error(cpu_allocation_failure)
+    errors = [task_error(torch.OutOfMemoryError("CUDA out of memory")), task_error(MemoryError()), cpu_oom,
               ray.exceptions.OutOfMemoryError("Memory on the node was 23 GB / 24 GB, which exceeds the memory usage "
                                               "threshold of 0.95. Ray killed this worker")]
     for raised in errors:

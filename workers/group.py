@@ -89,10 +89,15 @@ class WorkerCalls:
         return f" ({self._names(ranks, list(answered))} answered after {first - start:.1f} s)"
 
 
+# torch's CPU allocator reports a failed allocation as a plain RuntimeError with this text.
+CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
+
+
 def worker_error(error: Exception, role: str, rank: int | None, method: str) -> WorkerError:
     cause, text = getattr(error, "cause", None), str(error)
     if (isinstance(error, ray.exceptions.OutOfMemoryError) or isinstance(cause, (torch.OutOfMemoryError, MemoryError))
-            or "memory usage threshold" in text):  # Ray's memory monitor killed it (its message on an actor's death)
+            or "memory usage threshold" in text  # Ray's memory monitor killed it (its message on an actor's death)
+            or CPU_ALLOCATION_FAILED in text):
         kind = "out of memory"
     elif getattr(error, "actor_init_failed", False):  # raised in its constructor; Ray reports the actor dead
         kind, method = "raised", "__init__"
