@@ -87,13 +87,16 @@ class PPOPipeline:
 
     def start_workers(self) -> None:
         from roll_lite.workers.group import ModelGroup, RewardClient, RolloutClient
+        from roll_lite.workers.placement import Placement
 
         w = self.config.workers
+        # On GPUs, rank i of every model group and the rollout worker (on bundle 0) share one GPU.
+        placement = Placement(self.config, roles_on_a_gpu=2 + self.use_reference + self.use_critic)
         # All worker processes start at once; wait_ready then builds their models.
-        self.actor = ModelGroup("actor", w.actor_dp, w.actor_cpus, self.config)
-        self.reference = ModelGroup("reference", w.reference_dp, 0, self.config) if self.use_reference else None
-        self.critic = ModelGroup("critic", w.critic_dp, 0, self.config) if self.use_critic else None
-        self.rollout = RolloutClient(self.config)
+        self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)
+        self.reference = ModelGroup("reference", w.reference_dp, placement, self.config) if self.use_reference else None
+        self.critic = ModelGroup("critic", w.critic_dp, placement, self.config) if self.use_critic else None
+        self.rollout = RolloutClient(self.config, placement)
         self.reward = RewardClient(self.config)
         for group in (self.actor, self.reference, self.critic):
             if group is not None:

@@ -31,6 +31,7 @@ logger = logging.getLogger("roll_lite")
 class RunSession:
     def __init__(self, pipeline, ray_cpus: float):
         self.pipeline, self.config, self.ray_cpus = pipeline, pipeline.config, ray_cpus
+        self.ray_gpus = self.config.workers.gpus_per_rank * self.config.workers.actor_dp  # the roles share them
         self.run_dir = Path(self.config.output_dir) / self.config.run_name
         self.claim = self.tracker = self.checkpointer = None
         self.completed = 0  # the last step whose metrics were logged
@@ -46,7 +47,7 @@ class RunSession:
         self.claim = self.claim_run_dir()
         try:
             # Ray first: a joined cluster too small for the workers is reported before anything is written.
-            logger.info(start_ray(self.config.ray_address, self.ray_cpus))
+            logger.info(start_ray(self.config.ray_address, self.ray_cpus, self.ray_gpus))
         except BaseException:
             self.claim.release()
             raise

@@ -71,9 +71,10 @@ class SFTPipeline:
 
     def start_workers(self) -> None:
         from roll_lite.workers.group import ModelGroup
+        from roll_lite.workers.placement import Placement
 
-        w = self.config.workers
-        self.actor = ModelGroup("actor", w.actor_dp, w.actor_cpus, self.config).wait_ready()
+        placement = Placement(self.config, roles_on_a_gpu=1)
+        self.actor = ModelGroup("actor", self.config.workers.actor_dp, placement, self.config).wait_ready()
 
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()

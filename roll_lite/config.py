@@ -132,6 +132,10 @@ class WorkersConfig:
     actor_cpus: float = 1.0  # Ray CPUs reserved per actor rank (placement group bundle)
     rollout_cpus: float = 1.0
     torch_threads: int = 2  # torch threads per worker process
+    # GPUs (workers/placement.py): 1 gives each actor rank a GPU, with rank i of the reference and the
+    # critic, and the rollout worker, colocated on the same GPUs; 0: CPU only.
+    gpus_per_rank: float = 0.0
+    placement: str = "pack"  # the actor's bundles: pack (fill a node first) | spread (one per node where possible)
     # A worker call (a step's generate, train_step, ...) that has not answered after call_timeout_s stops
     # the run (a worker that is alive but stuck); a warning names the waiting ranks every stall_warning_s.
     call_timeout_s: float = 1800.0
@@ -232,6 +236,14 @@ def validate(config: RunConfig) -> None:
             getattr(config, name).validate(f"{name}.")
         except ValueError as error:
             raise ConfigError(str(error)) from None
+    w = config.workers
+    _check(w.gpus_per_rank in (0, 1), "workers.gpus_per_rank",
+           f"must be 0 (CPU) or 1 (a GPU per rank: nccl needs one device per rank), got {w.gpus_per_rank}")
+    _check(w.placement in ("pack", "spread"), "workers.placement", f"must be pack or spread, got '{w.placement}'")
+    if w.gpus_per_rank:
+        for key in ("reference_dp", "critic_dp"):
+            _check(getattr(w, key) == w.actor_dp, f"workers.{key}",
+                   f"with workers.gpus_per_rank=1 the roles share the actor's GPUs: set it to workers.actor_dp={w.actor_dp}")
     for key in ("call_timeout_s", "stall_warning_s"):
         _check(getattr(config.workers, key) > 0, f"workers.{key}", f"must be > 0 seconds, got {getattr(config.workers, key)}")
     for key in ("actor_dp", "critic_dp", "reference_dp", "torch_threads"):

@@ -15,7 +15,7 @@ from .process_setup import HOOK
 logger = logging.getLogger(__name__)
 
 
-def start_ray(address: str | None, num_cpus_needed: float) -> str:
+def start_ray(address: str | None, num_cpus_needed: float, num_gpus_needed: float = 0) -> str:
     """Join `address` (or $RAY_ADDRESS), else start a local cluster; returns a description."""
     address = address or os.environ.get("RAY_ADDRESS")
     # Workers import roll_lite before Ray puts the driver's directory first on their sys.path.
@@ -30,14 +30,21 @@ def start_ray(address: str | None, num_cpus_needed: float) -> str:
         )
         where = "started a local Ray cluster"
     stop_on_signals()  # after ray.init: it replaces Ray's SIGTERM handler (a stack dump, then abort)
-    available = ray.cluster_resources().get("CPU", 0)
+    resources = ray.cluster_resources()
+    available, gpus = resources.get("CPU", 0), resources.get("GPU", 0)
     if num_cpus_needed > available:
-        ray.shutdown()
+        stop_ray()  # and our signal handlers go too: a caller that goes on (a notebook, a test) gets its own back
         raise ConfigError(
             f"workers.actor_cpus: the workers reserve {num_cpus_needed:g} CPUs (workers.actor_cpus × workers.actor_dp + "
             f"workers.rollout_cpus) but the cluster has {available:g}; lower them"
         )
-    return f"{where} ({available:g} CPUs)"
+    if num_gpus_needed > gpus:
+        stop_ray()  # and our signal handlers go too: a caller that goes on (a notebook, a test) gets its own back
+        raise ConfigError(
+            f"workers.gpus_per_rank: the workers need {num_gpus_needed:g} GPUs (workers.gpus_per_rank × workers.actor_dp) "
+            f"but the cluster has {gpus:g}; lower workers.actor_dp, or set workers.gpus_per_rank=0 to run on CPU"
+        )
+    return f"{where} ({available:g} CPUs, {gpus:g} GPUs)"
 
 
 def stop_ray() -> None:

@@ -12,8 +12,6 @@ import time
 
 import ray
 import torch
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_lite.config import RunConfig, WorkersConfig
 from roll_lite.data import DataProto, undo_permutation
@@ -24,6 +22,7 @@ from roll_lite.weights import unflatten_state_dict
 from roll_lite.strategy.micro_batches import data_parallel_groups
 
 from .model_worker import ModelWorker
+from .placement import Placement
 from .reward_worker import RewardWorker
 from .rollout_worker import RolloutWorker
 
@@ -111,21 +110,15 @@ def worker_error(error: Exception, role: str, rank: int | None, method: str) -> 
 class ModelGroup:
     """D ranks of one role (actor, reference, critic) forming one torch.distributed group."""
 
-    def __init__(self, role: str, world_size: int, cpus_per_rank: float, config: RunConfig):
+    def __init__(self, role: str, world_size: int, placement: Placement, config: RunConfig):
         self.role, self.world_size = role, world_size
         self._get = WorkerCalls(role, config.workers).get
         self.balance_tokens = (config.critic if role == "critic" else config.actor).use_packing
         remote = ray.remote(ModelWorker)
-        self.placement_group = None
-        if cpus_per_rank > 0:
-            self.placement_group = placement_group([{"CPU": cpus_per_rank}] * world_size, strategy="PACK")
-        self.workers = []
         pipeline_root, driver_roll_lite = import_root(config.pipeline), roll_lite_dir()
-        for rank in range(world_size):
-            options = {"num_cpus": cpus_per_rank}
-            if self.placement_group is not None:
-                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank)
-            self.workers.append(remote.options(**options).remote(role, rank, world_size, config, pipeline_root, driver_roll_lite))
+        self.workers = [remote.options(**placement.model_rank(role, rank)).remote(role, rank, world_size, config,
+                                                                                  pipeline_root, driver_roll_lite)
+                        for rank in range(world_size)]
         self._address = self.workers[0].address.remote()  # worker processes start in the background
 
     def wait_ready(self) -> "ModelGroup":
@@ -182,20 +175,22 @@ class ModelGroup:
         """Load FlatWeights (an object ref from `state_dict_ref`) on every rank."""
         self._get([w.load_state_dict.remote(weights) for w in self.workers], "load_state_dict")
 
-    def shutdown(self) -> None:
-        for worker in self.workers:
-            ray.kill(worker)
-        if self.placement_group is not None:
-            remove_placement_group(self.placement_group)
+    def where(self) -> list[dict]:
+        """Each rank's node and assigned GPU ids (workers/placement.py), in rank order."""
+        return self._get([w.where.remote() for w in self.workers], "where")
 
 
 class RolloutClient:
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig, placement: Placement):
         self._get = WorkerCalls("rollout", config.workers).get
-        self.worker = ray.remote(RolloutWorker).options(num_cpus=config.workers.rollout_cpus).remote(config)
+        self.worker = ray.remote(RolloutWorker).options(**placement.rollout()).remote(config)
 
     def describe(self) -> str:
         return self._get(self.worker.describe.remote(), "describe")
+
+    def where(self) -> dict:
+        """The rollout worker's node and assigned GPU ids (workers/placement.py)."""
+        return self._get(self.worker.where.remote(), "where")
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
         return self._get(self.worker.generate.remote(prompts, params), "generate")

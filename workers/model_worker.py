@@ -20,6 +20,8 @@ from roll_lite.strategy.distributed import free_port
 from roll_lite.tokenizer import load_tokenizer
 from roll_lite.weights import FlatWeights, flatten_state_dict, unflatten_state_dict
 
+from .placement import local_gpu_index, where_am_i
+
 ROLES = {"actor": ("log_probs", True), "reference": ("log_probs", False), "critic": ("value", True)}
 
 
@@ -42,9 +44,12 @@ class ModelWorker:
 
         return ray.util.get_node_ip_address(), free_port()
 
+    def where(self) -> dict:
+        return where_am_i()
+
     def setup(self, master_addr: str, master_port: int) -> None:
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
-                          WORLD_SIZE=str(self.world_size), LOCAL_RANK="0")
+                          WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_gpu_index(self.config.workers.gpus_per_rank)))
         torch.set_num_threads(self.config.workers.torch_threads)
         from roll_lite.strategy import FSDP2Strategy
 

@@ -13,6 +13,8 @@ from roll_lite.rollout import HFEngine, SamplingParams, choose_engine
 from roll_lite.tokenizer import load_tokenizer
 from roll_lite.weights import FlatWeights, unflatten_state_dict
 
+from .placement import local_gpu_index, where_am_i
+
 logger = logging.getLogger(__name__)
 
 
@@ -23,11 +25,16 @@ class RolloutWorker:
         self.engine_description = f"rollout engine: {engine} ({why})"
         tokenizer = load_tokenizer(config.model.tokenizer_path)
         model = load_causal_lm(config.model, len(tokenizer), seed=config.seed)
+        if config.workers.gpus_per_rank and torch.cuda.is_available():  # the GPU Ray assigned (workers/placement.py)
+            model.to(torch.device("cuda", local_gpu_index(config.workers.gpus_per_rank)))
         self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed)
         self.weight_version = -1
 
     def describe(self) -> str:
         return self.engine_description
+
+    def where(self) -> dict:
+        return where_am_i()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
         return self.engine.generate(prompts, params)

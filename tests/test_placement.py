@@ -1,0 +1,131 @@
+"""GPU placement on Ray, checked on a CPU machine with logical GPUs (Ray hands out GPU ids it is told
+exist; the workers then run on CPU since torch sees no CUDA). workers/placement.py: each actor rank a
+GPU of its own, rank i of the reference and the critic and the rollout worker colocated on the same
+GPU, ranks spread over two nodes when asked; too few GPUs is one line before any worker starts."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from roll_lite.cli import main
+from roll_lite.config import ConfigError, load_config
+from roll_lite.strategy.distributed import free_port
+from test_pipeline_ray import REPO, small
+
+GPUS = ["workers.gpus_per_rank=1", "workers.actor_dp=2", "workers.reference_dp=2", "workers.critic_dp=2",
+        "workers.actor_cpus=0.5", "workers.rollout_cpus=0", "algorithm.track_kl=true"]
+
+
+def test_gpu_settings_are_checked_with_the_key_named(tmp_path):
+    cases = {"workers.gpus_per_rank=2": "workers.gpus_per_rank: must be 0 (CPU) or 1",
+             "workers.placement=random": "workers.placement: must be pack or spread",
+             "workers.reference_dp=1": "workers.reference_dp: with workers.gpus_per_rank=1 the roles share the actor's GPUs"}
+    for override, expected in cases.items():
+        with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+            load_config(REPO / "configs/ppo.yaml", GPUS + [override])
+
+
+def test_too_few_gpus_stops_roll_train_in_one_line_before_any_worker(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code = main(["--config", str(REPO / "configs/ppo.yaml"), *small(tmp_path), *GPUS, f"output_dir={tmp_path}",
+                 "run_name=gpu"])
+    assert code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "roll-train: config error: workers.gpus_per_rank: the workers need 2 GPUs (workers.gpus_per_rank × "
+        "workers.actor_dp) but the cluster has 0; lower workers.actor_dp, or set workers.gpus_per_rank=0 to run on CPU"]
+    assert not (tmp_path / "gpu").exists()
+
+
+@pytest.fixture
+def four_logical_gpus():
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, object_store_memory=256 * 1024**2,
+             logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+def test_each_actor_rank_gets_its_own_gpu_and_the_other_roles_share_it(tmp_path, four_logical_gpus):
+    from roll_lite.pipelines.ppo import PPOPipeline
+
+    config = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + [f"output_dir={tmp_path}"])
+    pipeline = PPOPipeline(config)
+    pipeline.prepare_data()
+    pipeline.start_workers()  # actor, reference, critic (GAE) with 2 ranks each, the rollout worker
+    actor, reference, critic = (group.where() for group in (pipeline.actor, pipeline.reference, pipeline.critic))
+    gpu = [rank["gpu_ids"] for rank in actor]
+    assert all(len(ids) == 1 for ids in gpu) and gpu[0] != gpu[1]  # no two actor ranks on one GPU
+    assert [rank["gpu_ids"] for rank in reference] == gpu and [rank["gpu_ids"] for rank in critic] == gpu
+    assert pipeline.rollout.where()["gpu_ids"] == gpu[0]
+    # The colocated layout trains (here on CPU, torch sees no CUDA): one full PPO step.
+    metrics = pipeline.step(1)
+    assert metrics["actor/grad_norm"] > 0 and metrics["critic/grad_norm"] > 0
+
+
+@pytest.fixture
+def two_nodes_with_two_logical_gpus_each(monkeypatch):
+    """A head and a second node (a second raylet on this machine), each with 2 logical GPUs; yields
+    the head's address."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    ray_cli, port = str(Path(sys.executable).parent / "ray"), free_port()
+    address = f"127.0.0.1:{port}"
+    common = ["--block", "--num-cpus=1", "--num-gpus=2", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
+    nodes = [subprocess.Popen([ray_cli, "start", "--head", f"--port={port}", "--include-dashboard=false", *common],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
+    try:
+        deadline = time.monotonic() + 120
+        while subprocess.run([ray_cli, "status", f"--address={address}"], capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline and nodes[0].poll() is None, "the head did not start"
+            time.sleep(1)
+        nodes.append(subprocess.Popen([ray_cli, "start", f"--address={address}", *common], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, start_new_session=True))
+        status = lambda: subprocess.run([ray_cli, "status", f"--address={address}"], capture_output=True, text=True).stdout  # noqa: E731
+        while status().count("node_") < 2:  # "Active:" lists one line per node
+            assert time.monotonic() < deadline and nodes[1].poll() is None, "the second node did not join"
+            time.sleep(1)
+        yield address
+    finally:
+        for node in reversed(nodes):  # SIGTERM to `ray start --block` stops that node only
+            node.terminate()
+        for node in nodes:
+            try:
+                node.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(node.pid, signal.SIGKILL)
+
+
+# A driver of its own (as roll-train is): places a 2-rank actor group with each placement, prints where.
+DRIVER = """
+import json, sys
+import ray
+from roll_lite.config import load_config
+from roll_lite.workers.group import ModelGroup
+from roll_lite.workers.placement import Placement
+
+address, config_path, *overrides = sys.argv[1:]
+ray.init(address=address, logging_level="WARNING")
+found = {}
+for placement in ("spread", "pack"):
+    config = load_config(config_path, overrides + [f"workers.placement={placement}"])
+    layout = Placement(config, roles_on_a_gpu=1)
+    found[placement] = ModelGroup("actor", 2, layout, config).where()
+    layout.remove()
+print(json.dumps(found))
+"""
+
+
+def test_spread_puts_the_actor_ranks_on_two_nodes_and_pack_on_one(tmp_path, two_nodes_with_two_logical_gpus_each):
+    result = subprocess.run([sys.executable, "-c", DRIVER, two_nodes_with_two_logical_gpus_each,
+                             str(REPO / "configs/ppo.yaml"), *small(tmp_path), *GPUS],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    spread, pack = found["spread"], found["pack"]
+    assert spread[0]["node_id"] != spread[1]["node_id"]
+    assert pack[0]["node_id"] == pack[1]["node_id"] and pack[0]["gpu_ids"] != pack[1]["gpu_ids"]

@@ -1,0 +1,73 @@
+"""Where each worker runs: Ray resource requests and placement groups.
+
+On CPU (`workers.gpus_per_rank=0`, the default) the actor's ranks reserve `workers.actor_cpus` each
+in a placement group of their own; the reference, the critic and the rollout worker take what is left.
+
+On GPUs (`workers.gpus_per_rank=1`) the roles are colocated, as in verl's hybrid engine: one placement
+group of `workers.actor_dp` bundles, one GPU each, packed onto as few nodes as possible
+(`workers.placement=pack`) or one bundle per node where it can (`spread`). Rank i of the actor, the
+reference and the critic all run on bundle i, and the rollout worker on bundle 0; each takes an equal
+share of the bundle's GPU, so Ray gives them the same GPU (CUDA_VISIBLE_DEVICES) and no two ranks of
+one group share a GPU (nccl needs one device per rank).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from roll_lite.config import RunConfig
+
+
+class Placement:
+    def __init__(self, config: RunConfig, roles_on_a_gpu: int):
+        """`roles_on_a_gpu`: how many workers share the busiest GPU (actor + reference + critic + rollout)."""
+        w = config.workers
+        self.gpus = w.gpus_per_rank > 0
+        self.gpu_share = 1.0 / roles_on_a_gpu
+        self.actor_cpus, self.rollout_cpus = w.actor_cpus, w.rollout_cpus
+        bundle = {name: amount for name, amount in (("GPU", 1.0 if self.gpus else 0), ("CPU", w.actor_cpus)) if amount > 0}
+        self.group = placement_group([bundle] * w.actor_dp, strategy=w.placement.upper()) if bundle else None
+
+    def model_rank(self, role: str, rank: int) -> dict:
+        """Ray actor options for rank `rank` of a model group."""
+        if not self.gpus:
+            if role != "actor" or self.group is None:
+                return {"num_cpus": 0}
+            return {"num_cpus": self.actor_cpus, "scheduling_strategy": self._bundle(rank)}
+        cpus = self.actor_cpus if role == "actor" else 0
+        return {"num_cpus": cpus, "num_gpus": self.gpu_share, "scheduling_strategy": self._bundle(rank)}
+
+    def rollout(self) -> dict:
+        if not self.gpus:
+            return {"num_cpus": self.rollout_cpus}
+        return {"num_cpus": 0, "num_gpus": self.gpu_share, "scheduling_strategy": self._bundle(0)}
+
+    def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
+
+    def remove(self) -> None:
+        if self.group is not None:
+            remove_placement_group(self.group)
+            self.group = None
+
+
+def local_gpu_index(gpus_per_rank: float) -> int:
+    """The index, among the GPUs this process sees, of the one Ray assigned it (Ray sets
+    CUDA_VISIBLE_DEVICES to the assigned ids, so it is 0 unless something else widened it)."""
+    if gpus_per_rank == 0:
+        return 0
+    assigned = [str(i) for i in ray.get_gpu_ids()]
+    if not assigned:
+        raise RuntimeError("workers.gpus_per_rank > 0 but Ray assigned this worker no GPU")
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    return visible.index(assigned[0]) if assigned[0] in visible else 0
+
+
+def where_am_i() -> dict:
+    """In a worker: the node and the GPU ids Ray assigned it (logical ids on a machine without CUDA)."""
+    context = ray.get_runtime_context()
+    return {"node_id": context.get_node_id(), "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
