@@ -3,8 +3,6 @@ math-verify; and configs/grpo_gsm8k.yaml loads through the config validation."""
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
