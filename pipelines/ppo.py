@@ -26,7 +26,7 @@ from roll_lite.algorithms import (
     rloo_advantages,
     whitens_advantages,
 )
-from roll_lite.config import RunConfig
+from roll_lite.config import RunConfig, rollout_dtype
 from roll_lite.data import DataProto
 from roll_lite.data.prompts import PromptData
 from roll_lite.data.sampler import PromptSampler
@@ -180,7 +180,7 @@ class PPOPipeline:
         actor_metrics = self.train(self.actor, batch, "policy")
         critic_metrics = self.train(self.critic, batch, "critic") if self.critic is not None else {}
         trained = time.perf_counter()
-        self.rollout.update_weights(self.actor.state_dict_ref(), version=step)
+        self.rollout.update_weights(self.actor.state_dict_ref(rollout_dtype(self.config)), version=step)
 
         elapsed = time.perf_counter() - start
         tokens = int(batch["attention_mask"].sum())
@@ -365,7 +365,7 @@ class PPOPipeline:
     def load_driver_state(self, folder: Path, step: int) -> None:
         from roll_lite.checkpoint.rng import load_rng
 
-        self.rollout.update_weights(self.actor.state_dict_ref(), version=step)
+        self.rollout.update_weights(self.actor.state_dict_ref(rollout_dtype(self.config)), version=step)
         self.rollout.load_checkpoint(str(folder / "rng_rollout.pkl"))
         self._shuffle.set_state(load_rng(folder / "rng_driver.pkl")["minibatch_shuffle"])
 

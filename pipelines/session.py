@@ -47,7 +47,8 @@ class RunSession:
         self.claim = self.claim_run_dir()
         try:
             # Ray first: a joined cluster too small for the workers is reported before anything is written.
-            logger.info(start_ray(self.config.ray_address, self.ray_cpus, self.ray_gpus))
+            logger.info(start_ray(self.config.ray_address, self.ray_cpus, self.ray_gpus,
+                                  self.config.workers.object_store_mb))
         except BaseException:
             self.claim.release()
             raise

@@ -91,6 +91,9 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     max_new_tokens: int = 10
+    # the engine's weights: null = actor.param_dtype, the dtype the actor computes log-probs in (bfloat16
+    # on GPU); the actor's weights are cast to it before each sync, which halves what travels for bf16
+    dtype: Optional[str] = None
 
 
 @dataclass
@@ -140,6 +143,9 @@ class WorkersConfig:
     # the run (a worker that is alive but stuck); a warning names the waiting ranks every stall_warning_s.
     call_timeout_s: float = 1800.0
     stall_warning_s: float = 300.0
+    # shared memory of a local Ray cluster's object store (weight sync, batches); a cluster joined with
+    # ray.address keeps its own. Weight sync puts one copy of the weights in it: give a 0.5 B model >= 2048.
+    object_store_mb: int = 512
 
 
 @dataclass
@@ -203,6 +209,8 @@ def validate(config: RunConfig) -> None:
     _validate_sft(config.sft)
     rollout = config.rollout
     _one_of(rollout.engine, ("hf", "vllm"), "rollout.engine")
+    if rollout.dtype is not None:
+        _one_of(rollout.dtype, ("float32", "bfloat16", "float64"), "rollout.dtype")
     _check(rollout.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
     _check(rollout.num_samples >= 1, "rollout.num_samples", "must be >= 1")
     _check(rollout.temperature > 0, "rollout.temperature", "must be > 0 (greedy decoding is used for eval)")
@@ -250,6 +258,7 @@ def validate(config: RunConfig) -> None:
         _check(getattr(config.workers, key) >= 1, f"workers.{key}", "must be >= 1")
     for key in ("actor_cpus", "rollout_cpus"):
         _check(getattr(config.workers, key) >= 0, f"workers.{key}", f"must be >= 0, got {getattr(config.workers, key)}")
+    _check(w.object_store_mb >= 64, "workers.object_store_mb", f"must be >= 64, got {w.object_store_mb}")
 
 
 def _replace_reward_functions(merged, layer) -> None:
@@ -297,6 +306,11 @@ def _validate_sft(sft: SFTConfig) -> None:
     _check(sft.epochs is None or sft.epochs >= 1, "sft.epochs", f"must be >= 1 or null (unbounded), got {sft.epochs}")
     _check(not sft.steps or bool(sft.train_files), "sft.train_files",
            f"sft.steps={sft.steps} needs training files (the warm start's or the SFT pipeline's data)")
+
+
+def rollout_dtype(config: "RunConfig") -> str:
+    """The rollout engine's weight dtype: rollout.dtype, else the actor's compute dtype."""
+    return config.rollout.dtype or config.actor.param_dtype
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:

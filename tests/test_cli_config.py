@@ -44,6 +44,8 @@ def run_cli(*args, cwd):
         ("checkpoint.evry=5", "checkpoint.evry: Key 'evry' not in 'CheckpointConfig'"),
         ("resume=", "resume: must be auto, none or the path of a checkpoint folder"),
         ("run_name=a/b", "run_name: must be a folder name (no '/'), got 'a/b'"),
+        ("rollout.dtype=fp8", "rollout.dtype: 'fp8' is not one of float32, bfloat16, float64"),
+        ("workers.object_store_mb=10", "workers.object_store_mb: must be >= 64, got 10"),
     ],
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):

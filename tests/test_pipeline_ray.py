@@ -46,6 +46,7 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
         "workers.actor_dp=2", "workers.actor_cpus=0.5", "workers.rollout_cpus=0.5", "actor.use_packing=true",
         "actor.grad_accum_steps=2", "algorithm.kl_coef=0.05", "algorithm.ppo_epochs=2", "algorithm.mini_batches=2",
         "actor.warmup_steps=4", f"output_dir={tmp_path}",
+        "rollout.dtype=bfloat16",  # the engine samples in bf16 (as on a GPU); the actor's weights are cast for it
     ])
     ray_session(None, 1.5)
     pipeline = PPOPipeline(config)
@@ -54,7 +55,8 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
     pipeline.sync_from_actor(version=0)
     before = pipeline.actor.state_dict()
     version, rollout_before = pipeline.rollout.weights()
-    assert version == 0 and all(torch.equal(rollout_before[k], v) for k, v in before.items())
+    assert {v.dtype for v in rollout_before.values()} == {torch.bfloat16}
+    assert version == 0 and all(torch.equal(rollout_before[k], v.to(torch.bfloat16)) for k, v in before.items())
 
     assert pipeline.sampler.state_dict()["position"] == 0
     metrics = pipeline.step(1)
@@ -63,7 +65,7 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert len(changed) == len(before)  # every tensor moved
     version, rollout_after = pipeline.rollout.weights()
-    assert version == 1 and all(torch.equal(rollout_after[k], v) for k, v in after.items())
+    assert version == 1 and all(torch.equal(rollout_after[k], v.to(torch.bfloat16)) for k, v in after.items())
     assert metrics["actor/grad_norm"] > 0 and metrics["actor/num_micro_batches"] == 2
     assert metrics["actor/lr"] == pytest.approx(config.actor.lr)
     assert not pipeline.on_policy  # several optimizer steps per rollout: old log-probs were computed

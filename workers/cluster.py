@@ -15,7 +15,7 @@ from .process_setup import HOOK
 logger = logging.getLogger(__name__)
 
 
-def start_ray(address: str | None, num_cpus_needed: float, num_gpus_needed: float = 0) -> str:
+def start_ray(address: str | None, num_cpus_needed: float, num_gpus_needed: float = 0, object_store_mb: int = 512) -> str:
     """Join `address` (or $RAY_ADDRESS), else start a local cluster; returns a description."""
     address = address or os.environ.get("RAY_ADDRESS")
     # Workers import roll_lite before Ray puts the driver's directory first on their sys.path.
@@ -26,7 +26,7 @@ def start_ray(address: str | None, num_cpus_needed: float, num_gpus_needed: floa
     else:
         ray.init(
             address="local", num_cpus=max(os.cpu_count() or 1, 1), include_dashboard=False,
-            object_store_memory=512 * 1024**2, logging_level=logging.WARNING, runtime_env=runtime_env,
+            object_store_memory=object_store_mb * 1024**2, logging_level=logging.WARNING, runtime_env=runtime_env,
         )
         where = "started a local Ray cluster"
     stop_on_signals()  # after ray.init: it replaces Ray's SIGTERM handler (a stack dump, then abort)

@@ -151,12 +151,13 @@ class ModelGroup:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return unflatten_state_dict(ray.get(self.state_dict_ref()))
 
-    def state_dict_ref(self) -> ray.ObjectRef:
-        """Rank 0's full state dict as FlatWeights, left in the object store: a worker can take it
-        from there without a hop through the controller. Every rank takes part in the gather."""
+    def state_dict_ref(self, dtype: str | None = None) -> ray.ObjectRef:
+        """Rank 0's full state dict as FlatWeights (cast to `dtype` if given), left in the object
+        store: a worker can take it from there without a hop through the controller. Every rank
+        takes part in the gather."""
         # Rank 0 puts the weights into the object store and returns the small ref to them, so a
         # failed gather is reported here, naming its rank, without fetching the weights.
-        return self._get([w.state_dict.remote() for w in self.workers], "state_dict")[0]
+        return self._get([w.state_dict.remote(dtype) for w in self.workers], "state_dict")[0]
 
     def save_pretrained(self, path: str) -> None:
         self._get([w.save_pretrained.remote(path) for w in self.workers], "save_pretrained")

@@ -74,12 +74,18 @@ class ModelWorker:
         loss_func = getattr(self.pipeline, loss_funcs[loss]) if loss in loss_funcs else sft_loss_func()
         return self.strategy.train_step(data, loss_func)
 
-    def state_dict(self):
-        """Rank 0: a ref to its full state dict as FlatWeights in the object store; other ranks: None."""
+    def state_dict(self, dtype: str | None = None):
+        """Rank 0: a ref to its full state dict as FlatWeights in the object store, floating-point
+        tensors cast to `dtype` if given (the rollout engine's); other ranks: None."""
         import ray
 
         state = self.strategy.full_state_dict()  # a collective: every rank calls it
-        return ray.put(flatten_state_dict(state)) if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        if dtype is not None:
+            cast = getattr(torch, dtype)
+            state = {name: value.to(cast) if value.is_floating_point() else value for name, value in state.items()}
+        return ray.put(flatten_state_dict(state))
 
     def load_state_dict(self, weights: FlatWeights) -> None:
         self.strategy.load_full_state_dict(unflatten_state_dict(weights))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from roll_lite.config import RunConfig
+from roll_lite.config import RunConfig, rollout_dtype
 from roll_lite.modeling import load_causal_lm
 from roll_lite.rollout import HFEngine, SamplingParams, choose_engine
 from roll_lite.tokenizer import load_tokenizer
@@ -24,7 +24,7 @@ class RolloutWorker:
         engine, why = choose_engine(config.rollout.engine)
         self.engine_description = f"rollout engine: {engine} ({why})"
         tokenizer = load_tokenizer(config.model.tokenizer_path)
-        model = load_causal_lm(config.model, len(tokenizer), seed=config.seed)
+        model = load_causal_lm(config.model, len(tokenizer), seed=config.seed).to(getattr(torch, rollout_dtype(config)))
         if config.workers.gpus_per_rank and torch.cuda.is_available():  # the GPU Ray assigned (workers/placement.py)
             model.to(torch.device("cuda", local_gpu_index(config.workers.gpus_per_rank)))
         self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed)

@@ -169,7 +169,15 @@ class FSDP2Strategy:
 
         metrics = reduce_metrics(self._gather_records(records))
         metrics.update(grad_norm=grad_norm, lr=lr, num_micro_batches=num_micro_batches, skipped_step=float(skipped))
+        if self.device.type == "cuda":
+            metrics["peak_memory_gib"] = self._peak_memory_gib()
         return metrics
+
+    def _peak_memory_gib(self) -> float:
+        """The most GPU memory this process's tensors held since the last call, largest over ranks."""
+        peak = torch.tensor([torch.cuda.max_memory_allocated(self.device) / 2**30], dtype=torch.float64)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return float(self._all_reduce(peak, dist.ReduceOp.MAX).item())
 
     def _skip_step(self, grad_norm: float, data: DataProto, mask_keys: list[str]) -> None:
         self.skipped_in_a_row += 1
