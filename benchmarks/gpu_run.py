@@ -10,7 +10,9 @@ MFU counts 6 · N · T FLOPs per train step (N parameters, LM head included once
 trained: prompt + response), over perf/train_s, against the GPU's dense bf16 peak (--peak-tflops).
 It leaves out attention's own FLOPs, which are small at these lengths. GPU memory: the actor's peak
 allocated by torch (actor/peak_memory_gib, the largest step) and the whole device's peak use
-(nvidia-smi, every process on the GPU, sampled every 0.5 s).
+(nvidia-smi, every process on the GPU, sampled every 0.5 s). The train / inference gap: |Δ log p|
+between the engine's log-prob of each sampled token and the actor's (median over steps of the token
+mean, and the largest).
 """
 
 from __future__ import annotations
@@ -92,14 +94,17 @@ def main() -> None:
     print(f"\n{name}; {n_params / 1e6:.1f} M parameters; {len(steps)} steps after the first; "
           f"{' '.join(args.overrides) or 'no overrides'}\n")
     print("| step s | generate s | prepare s | train s | weight sync s | tokens/step | tokens/s | train TFLOP/s | "
-          "train MFU | actor peak GiB | GPU peak GiB (all processes) | held-out reward | wall s |")
-    print("|" + "---|" * 13)
+          "train MFU | actor peak GiB | GPU peak GiB (all processes) | engine vs actor |Δ log p| mean / max | "
+          "held-out reward | wall s |")
+    print("|" + "---|" * 14)
     reward = f"{evals[0]:.3f} → {evals[-1]:.3f}" if evals else "no eval"
+    gap = (f"{median('actor/rollout_logp_gap'):.4f} / {max(r['actor/rollout_logp_gap_max'] for r in steps):.3f}"
+           if "actor/rollout_logp_gap" in steps[0] else "-")
     actor_peak = max((r.get("actor/peak_memory_gib", float("nan")) for r in steps), default=float("nan"))
     print(f"| {median('perf/step_s'):.3f} | {median('perf/generate_s'):.3f} | {median('perf/prepare_s'):.3f} | "
           f"{median('perf/train_s'):.3f} | {median('perf/weight_sync_s'):.3f} | {tokens:,.0f} | "
           f"{median('perf/tokens_per_s'):,.0f} | {train_tflops:.1f} | {train_tflops / peak:.1%} | {actor_peak:.2f} | "
-          f"{sampler.peak_mib / 1024:.2f} | {reward} | {wall:.0f} |")
+          f"{sampler.peak_mib / 1024:.2f} | {gap} | {reward} | {wall:.0f} |")
 
 
 if __name__ == "__main__":

@@ -61,7 +61,8 @@ class PPOPipeline:
         )
         a = self.algorithm
         policy_options = dict(clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
-                              dual_clip_c=a.dual_clip_c, entropy_coef=a.entropy_coef)
+                              dual_clip_c=a.dual_clip_c, entropy_coef=a.entropy_coef,
+                              rollout_is=a.rollout_is, rollout_is_cap=a.rollout_is_cap)
         if self.use_reference:
             self._policy_loss = kl_regularized_loss_func(
                 a.loss_agg_mode, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_estimator=a.kl_estimator,
@@ -135,11 +136,13 @@ class PPOPipeline:
 
     def generate(self, prompts: PromptData, params: SamplingParams) -> DataProto:
         """Sequences of every (prompt, sample): tensors + response_text, group ids, and per row the
-        prompt's answer and extra fields (non_tensor_batch 'answer', 'extra': a dict per row)."""
-        completions = self.rollout.generate(prompts.prompt_ids, params)
+        prompt's answer and extra fields (non_tensor_batch 'answer', 'extra': a dict per row). When
+        sampling, also the engine's log-prob of each response token ('rollout_log_probs')."""
+        generated = self.rollout.generate(prompts.prompt_ids, params)
+        completions = generated.token_ids
         n = len(completions) // len(prompts)
         batch = build_sequence_batch([p for p in prompts.prompt_ids for _ in range(n)], completions,
-                                     self.tokenizer.pad_token_id)
+                                     self.tokenizer.pad_token_id, generated.log_probs)
         batch.batch["group_ids"] = torch.arange(len(prompts)).repeat_interleave(n)
         batch.non_tensor_batch["response_text"] = [self.tokenizer.decode(c, skip_special_tokens=True) for c in completions]
         batch.non_tensor_batch["answer"] = [a for a in prompts.answers for _ in range(n)]

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from roll_lite.algorithms import ADVANTAGE_ESTIMATORS
-from roll_lite.loss import AGG_MODES
+from roll_lite.loss import AGG_MODES, ROLLOUT_IS_LEVELS
 from roll_lite.rewards.checks import check_reward_config
 from roll_lite.strategy.config import StrategyConfig
 
@@ -125,6 +125,12 @@ class AlgorithmConfig:
     # Conventions that differ between frameworks (README: "Algorithm options side by side with verl and ROLL").
     whiten_advantages: Optional[bool] = None  # null: whiten for gae and reinforce_pp, not for grpo, dr_grpo, rloo
     kl_clamp: Optional[float] = None  # null: the exact KL estimate; c > 0: clamp it to [-c, c] (verl: k3 to 10)
+    # Truncated importance sampling on the rollout engine's log-probs (train / inference mismatch):
+    # null: off; token: weight each token's loss by min(π_actor / π_rollout, cap); sequence: by the
+    # capped product over the response. π_actor is always the actor's own (old_log_probs, or the
+    # training forward's when on-policy), never the engine's.
+    rollout_is: Optional[str] = None
+    rollout_is_cap: float = 2.0
 
 
 @dataclass
@@ -233,6 +239,9 @@ def validate(config: RunConfig) -> None:
     _check(algorithm.mini_batches >= 1, "algorithm.mini_batches", "must be >= 1")
     _check(algorithm.kl_clamp is None or algorithm.kl_clamp > 0, "algorithm.kl_clamp",
            f"must be > 0 or null (null: the exact KL estimate), got {algorithm.kl_clamp}")
+    if algorithm.rollout_is is not None:
+        _one_of(algorithm.rollout_is, ROLLOUT_IS_LEVELS, "algorithm.rollout_is")
+    _check(algorithm.rollout_is_cap > 0, "algorithm.rollout_is_cap", f"must be > 0, got {algorithm.rollout_is_cap}")
     batch_size = rollout.prompts_per_step * rollout.num_samples
     _check(algorithm.mini_batches <= batch_size, "algorithm.mini_batches",
            f"must be <= the rollout batch ({batch_size} sequences)")

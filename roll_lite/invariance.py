@@ -120,6 +120,7 @@ def random_rl_batch(
             "advantages": noise(),
             "values": noise(),
             "returns": noise(),
+            "rollout_log_probs": base_log_prob + 0.3 * noise(),  # the engine's: the policy losses report the gap
         },
         meta_info={"loss_mask_keys": list(dict.fromkeys(mask_keys))},
     )

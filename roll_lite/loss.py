@@ -178,6 +178,33 @@ def sequence_ratio_loss(
     return row_loss.unsqueeze(-1).expand_as(log_probs)
 
 
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+
+
+def rollout_importance_weights(
+    behaviour_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor, level: str, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance sampling (TIS) for the gap between the engine that sampled and the actor.
+
+    The rollout engine (another kernel, dtype or copy of the weights) samples from π_rollout, while
+    the loss's ratio is taken against the actor's own π_old. Each token's loss is weighted by
+    min(π_old / π_rollout, cap), or per sequence by min(Π_t π_old / π_rollout, cap) over the
+    row's masked tokens. Returns (weights, capped): detached, 0 outside the mask; capped is 1.0
+    where the cap was hit.
+    """
+    if level not in ROLLOUT_IS_LEVELS:
+        raise ValueError(f"rollout importance sampling level '{level}' is not one of {', '.join(ROLLOUT_IS_LEVELS)}")
+    if cap <= 0:
+        raise ValueError(f"rollout importance sampling cap must be > 0, got {cap}")
+    zero = torch.zeros((), dtype=behaviour_log_probs.dtype, device=mask.device)
+    log_ratio = torch.where(mask.bool(), (behaviour_log_probs - rollout_log_probs).detach(), zero)
+    if level == "sequence":
+        log_ratio = log_ratio.sum(-1, keepdim=True).expand_as(log_ratio)
+    ratio = torch.exp(log_ratio)
+    keep = mask.to(ratio.dtype)
+    return ratio.clamp(max=cap) * keep, (ratio > cap).to(ratio.dtype) * keep
+
+
 def kl_penalty(
     log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str = "k3", clamp: float | None = None
 ) -> torch.Tensor:

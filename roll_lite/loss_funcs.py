@@ -19,6 +19,7 @@ from roll_lite.loss import (
     mask_stats,
     masked_sum,
     ppo_clipped_loss,
+    rollout_importance_weights,
     sequence_ratio_loss,
     token_mean_metric,
     zero_outside,
@@ -36,6 +37,29 @@ def old_log_probs(batch, output):
     raise KeyError("the batch has no 'old_log_probs' and meta_info['on_policy'] is not set")
 
 
+def rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is: str | None, rollout_is_cap: float):
+    """(TIS weights or None, metrics) for the gap between the rollout engine and the actor.
+
+    With the engine's log-probs in the batch ('rollout_log_probs') it reports |Δ log p| between the
+    actor's old log-probs and the engine's (token mean and max); with `rollout_is` ('token' or
+    'sequence') it also returns the truncated importance weights (roll_lite.loss) to multiply the
+    per-token loss by."""
+    if "rollout_log_probs" not in batch.batch:
+        if rollout_is:
+            raise KeyError("algorithm.rollout_is needs the rollout engine's log-probs (batch 'rollout_log_probs')")
+        return None, {}
+    (rollout_log_probs,) = zero_outside(mask, batch["rollout_log_probs"].to(behaviour_log_probs.dtype))
+    gap = (behaviour_log_probs - rollout_log_probs).detach().abs()
+    metrics = {"rollout_logp_gap@sum": token_mean_metric(gap, mask, stats["batch_num_tokens"]),
+               "rollout_logp_gap_max@max": gap.max() if gap.numel() else gap.new_zeros(())}
+    if not rollout_is:
+        return None, metrics
+    weights, capped = rollout_importance_weights(behaviour_log_probs, rollout_log_probs, mask, rollout_is, rollout_is_cap)
+    metrics["rollout_is_weight@sum"] = token_mean_metric(weights, mask, stats["batch_num_tokens"])
+    metrics["rollout_is_capped@sum"] = token_mean_metric(capped, mask, stats["batch_num_tokens"])
+    return weights, metrics
+
+
 def ppo_policy_loss_func(
     loss_agg_mode: str = "token-mean",
     clip_ratio_low: float = 0.2,
@@ -44,9 +68,12 @@ def ppo_policy_loss_func(
     entropy_coef: float = 0.0,
     seq_len_norm: float | None = None,
     mask_key: str = "response_mask",
+    rollout_is: str | None = None,
+    rollout_is_cap: float = 2.0,
 ):
     """Token-level PPO clipped surrogate (+ optional entropy bonus). Needs batch tensors
-    old_log_probs and advantages, and `mask_key` in loss_mask_keys."""
+    old_log_probs and advantages, and `mask_key` in loss_mask_keys. rollout_is: truncated importance
+    sampling on the engine's log-probs (rollout_correction)."""
 
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
@@ -56,12 +83,16 @@ def ppo_policy_loss_func(
         loss_mat, clipped = ppo_clipped_loss(
             log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high, dual_clip_c
         )
+        is_weights, correction_metrics = rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is, rollout_is_cap)
+        if is_weights is not None:
+            loss_mat = loss_mat * is_weights
         pg_loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
         loss = pg_loss
         metrics = {
             "pg_loss@sum": pg_loss.detach(),
             "clipfrac@sum": token_mean_metric(clipped, mask, stats["batch_num_tokens"]),
             "approx_kl@sum": token_mean_metric(behaviour_log_probs - log_probs, mask, stats["batch_num_tokens"]),
+            **correction_metrics,
         }
         if "entropy" in output:
             (entropy,) = zero_outside(mask, output["entropy"])
@@ -82,9 +113,11 @@ def sequence_policy_loss_func(
     clip_ratio_high: float = 4e-4,
     seq_len_norm: float | None = None,
     mask_key: str = "response_mask",
+    rollout_is: str | None = None,
+    rollout_is_cap: float = 2.0,
 ):
     """Sequence-level (GSPO-style) clipped loss: one importance ratio per sequence. The sequence's
-    advantage is the mean of `advantages` over its masked tokens."""
+    advantage is the mean of `advantages` over its masked tokens. rollout_is: as for the PPO loss."""
 
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
@@ -96,8 +129,11 @@ def sequence_policy_loss_func(
         loss_mat = sequence_ratio_loss(
             log_probs, behaviour_log_probs, seq_advantages, mask, clip_ratio_low, clip_ratio_high
         )
+        is_weights, correction_metrics = rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is, rollout_is_cap)
+        if is_weights is not None:
+            loss_mat = loss_mat * is_weights
         loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
-        return loss, {"seq_pg_loss@sum": loss.detach()}
+        return loss, {"seq_pg_loss@sum": loss.detach(), **correction_metrics}
 
     return loss_func
 

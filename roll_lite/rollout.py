@@ -1,9 +1,10 @@
 """Rollout engines behind one small interface.
 
 `generate(prompts, params)` takes token-id lists and returns, prompt-major, `params.num_samples`
-completions per prompt (token ids, ending with EOS when the model stopped); `update_weights` loads
-the actor's latest weights in memory. `hf` (transformers generate) runs anywhere; a `vllm` engine
-implements the same two methods on GPU.
+completions per prompt (token ids, ending with EOS when the model stopped) and, when sampling, each
+sampled token's log-prob under the engine's own weights; `update_weights` loads the actor's latest
+weights in memory. `hf` (transformers generate) runs anywhere; a `vllm` engine implements the same
+two methods on GPU.
 """
 
 from __future__ import annotations
@@ -29,8 +30,18 @@ class SamplingParams:
     greedy: bool = False
 
 
+@dataclass
+class Completions:
+    """Prompt-major: `num_samples` completions per prompt."""
+
+    token_ids: list[list[int]]
+    # per sampled token, log softmax(logits / temperature) before top-k / top-p, the quantity the actor
+    # computes; None for greedy decoding
+    log_probs: list[list[float]] | None = None
+
+
 class RolloutEngine(Protocol):
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]: ...
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions: ...
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
@@ -39,15 +50,20 @@ class HFEngine:
     """transformers `generate`, batched over all prompts × samples, left-padded."""
 
     def __init__(self, model: nn.Module, pad_token_id: int, eos_token_id: int, seed: int = 0):
+        from transformers import GenerationConfig
+
         self.model = model.eval()
         self.model.set_attn_implementation("sdpa")
+        # A model folder's generation_config.json (repetition_penalty, top_k, ...) would silently
+        # change what is sampled: generate() fills every setting we leave unset from it.
+        self.model.generation_config = GenerationConfig(pad_token_id=pad_token_id, eos_token_id=eos_token_id)
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.device = next(model.parameters()).device
         self.generator_seed = seed
         self.calls = 0
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
         width = max(len(p) for p in prompts)
@@ -57,27 +73,31 @@ class HFEngine:
             input_ids[i, width - len(prompt):] = torch.tensor(prompt)
             attention_mask[i, width - len(prompt):] = 1
         options = dict(max_new_tokens=params.max_new_tokens, pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
+        recorder = None
         if params.greedy:
             if params.num_samples != 1:
                 raise ValueError("greedy decoding gives one completion per prompt; set num_samples=1")
             options.update(do_sample=False, num_return_sequences=1)
         else:
             # top_k=0 turns top-k off (transformers' default would be 50)
+            recorder = SampledLogProbs(params.temperature)
             options.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                           num_return_sequences=params.num_samples)
+                           num_return_sequences=params.num_samples, logits_processor=[recorder])
         torch.manual_seed(self.generator_seed + self.calls)  # reproducible, different every call
         self.calls += 1
         output = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **options
         )
-        completions = []
-        for row in output[:, width:].tolist():
-            if self.eos_token_id in row:
-                row = row[: row.index(self.eos_token_id) + 1]
-            else:
-                row = [t for t in row if t != self.pad_token_id]
-            completions.append(row)
-        return completions
+        new_tokens = output[:, width:]
+        log_probs = recorder.finish(new_tokens).tolist() if recorder is not None else None
+        token_ids, token_log_probs = [], []
+        for i, row in enumerate(new_tokens.tolist()):
+            # transformers pads a finished row; a row without EOS ran to max_new_tokens and has no padding
+            length = row.index(self.eos_token_id) + 1 if self.eos_token_id in row else len(row)
+            token_ids.append(row[:length])
+            if log_probs is not None:
+                token_log_probs.append(log_probs[i][:length])
+        return Completions(token_ids, token_log_probs if log_probs is not None else None)
 
     def state_dict(self) -> dict:
         """Where sampling stands: every generate call reseeds torch with (seed + calls so far)."""
@@ -91,6 +111,35 @@ class HFEngine:
         tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
         if set(missing) - tied or unexpected:
             raise KeyError(f"rollout weight sync: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+
+
+class SampledLogProbs:
+    """A transformers logits processor that records the log-prob of each sampled token.
+
+    Custom processors run before temperature / top-k / top-p, so it sees the model's raw logits; the
+    token sampled from them shows up as the last input id of the next call (or, for the last step,
+    in `finish`). It keeps one step's log-softmax, not the whole [rows, steps, vocab] logits.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.previous: torch.Tensor | None = None
+        self.collected: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self.collected.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """[rows, new tokens] log-probs, given generate's new tokens."""
+        if self.previous is not None:
+            self.collected.append(self.previous.gather(1, new_tokens[:, -1:]).squeeze(1))
+            self.previous = None
+        if len(self.collected) != new_tokens.shape[1]:
+            raise RuntimeError(f"recorded {len(self.collected)} log-probs for {new_tokens.shape[1]} generated tokens")
+        return torch.stack(self.collected, dim=1).cpu()
 
 
 def choose_engine(requested: str) -> tuple[str, str]:

@@ -9,9 +9,11 @@ import torch
 from roll_lite.data import DataProto
 
 
-def build_sequence_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_token_id: int) -> DataProto:
+def build_sequence_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_token_id: int,
+                         response_log_probs: Sequence[Sequence[float]] | None = None) -> DataProto:
     """Rows = prompt + response, right-padded: input_ids, attention_mask, and response_mask
-    (1 on the response tokens, the ones the policy generated and is trained on)."""
+    (1 on the response tokens, the ones the policy generated and is trained on). With the rollout
+    engine's log-probs of the response tokens, also `rollout_log_probs` (token-aligned, 0 elsewhere)."""
     if len(prompts) != len(responses):
         raise ValueError(f"build_sequence_batch: {len(prompts)} prompts but {len(responses)} responses")
     width = max(len(p) + len(r) for p, r in zip(prompts, responses))
@@ -26,7 +28,15 @@ def build_sequence_batch(prompts: Sequence[Sequence[int]], responses: Sequence[S
         input_ids[i, :total] = torch.tensor(list(prompt) + list(response), dtype=torch.long)
         attention_mask[i, :total] = 1
         response_mask[i, len(prompt):total] = 1
-    return DataProto({"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask})
+    batch = DataProto({"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask})
+    if response_log_probs is not None:
+        rollout_log_probs = torch.zeros(rows, width, dtype=torch.float32)
+        for i, (prompt, response, log_probs) in enumerate(zip(prompts, responses, response_log_probs, strict=True)):
+            if len(log_probs) != len(response):
+                raise ValueError(f"build_sequence_batch: row {i} has {len(response)} response tokens but {len(log_probs)} log-probs")
+            rollout_log_probs[i, len(prompt):len(prompt) + len(response)] = torch.tensor(list(log_probs), dtype=torch.float32)
+        batch.batch["rollout_log_probs"] = rollout_log_probs
+    return batch
 
 
 def build_target_batch(sequences: Sequence[Sequence[int]], target_masks: Sequence[Sequence[int]], pad_token_id: int) -> DataProto:

@@ -41,9 +41,13 @@ DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32"}
 
 def make_loss(name: str, mode: str):
     if name == "ppo":
-        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01)
+        # truncated importance sampling on: a token's weight depends on that token alone
+        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01, rollout_is="token",
+                                    rollout_is_cap=1.2)
     if name == "sequence":
-        return sequence_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN)
+        # and per sequence: on the whole row, which a micro-batch always holds
+        return sequence_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN,
+                                         rollout_is="sequence", rollout_is_cap=1.5)
     if name == "sft":
         return sft_loss_func(MASK_KEYS["sft"][0])
     if name == "value":

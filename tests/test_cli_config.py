@@ -46,6 +46,8 @@ def run_cli(*args, cwd):
         ("run_name=a/b", "run_name: must be a folder name (no '/'), got 'a/b'"),
         ("rollout.dtype=fp8", "rollout.dtype: 'fp8' is not one of float32, bfloat16, float64"),
         ("workers.object_store_mb=10", "workers.object_store_mb: must be >= 64, got 10"),
+        ("algorithm.rollout_is=batch", "algorithm.rollout_is: 'batch' is not one of token, sequence"),
+        ("algorithm.rollout_is_cap=0", "algorithm.rollout_is_cap: must be > 0, got 0.0"),
     ],
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):

@@ -38,7 +38,7 @@ class Recording:
 
     def generate(self, prompts, params):
         completions = self.engine.generate(prompts, params)
-        self.calls.append((params, completions))
+        self.calls.append((params, completions.token_ids))
         return completions
 
 

@@ -114,7 +114,7 @@ def test_a_pretrained_folder_feeds_actor_reference_critic_and_the_export(tmp_pat
     # defaults) against the run's own engine, built and synced as the rollout worker does it.
     engine = HFEngine(load_causal_lm(config.model, len(tokenizer), seed=0), tokenizer.pad_token_id, tokenizer.eos_token_id)
     engine.update_weights(trained)
-    run_outputs = [engine.generate([p], SamplingParams(12, greedy=True))[0] for p in prompts]
+    run_outputs = [engine.generate([p], SamplingParams(12, greedy=True)).token_ids[0] for p in prompts]
     assert sum(tokenizer.eos_token_id in o for o in run_outputs) >= 2  # stopping at EOS is part of the comparison
     script = (
         "import json, sys, torch\n"

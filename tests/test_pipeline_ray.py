@@ -47,6 +47,7 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
         "actor.grad_accum_steps=2", "algorithm.kl_coef=0.05", "algorithm.ppo_epochs=2", "algorithm.mini_batches=2",
         "actor.warmup_steps=4", f"output_dir={tmp_path}",
         "rollout.dtype=bfloat16",  # the engine samples in bf16 (as on a GPU); the actor's weights are cast for it
+        "algorithm.rollout_is=token",  # and truncated importance sampling corrects for it
     ])
     ray_session(None, 1.5)
     pipeline = PPOPipeline(config)
@@ -71,6 +72,9 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
     assert not pipeline.on_policy  # several optimizer steps per rollout: old log-probs were computed
     for key in ("reward/mean", "actor/kl", "actor/entropy", "actor/pg_loss", "actor/clipfrac", "perf/tokens_per_s"):
         assert key in metrics, key
+    # a bf16 engine against a float32 actor: a small, non-zero gap, and weights near 1
+    assert 0 < metrics["actor/rollout_logp_gap"] <= metrics["actor/rollout_logp_gap_max"] < 1
+    assert metrics["actor/rollout_is_weight"] == pytest.approx(1.0, abs=0.1)
     # the reference kept the initial weights: KL is measured against it
     reference = pipeline.reference.compute_log_probs(pipeline.generate(pipeline.eval_data.select([0, 1]), _greedy(config)))
     assert torch.isfinite(reference["log_probs"]).all()
@@ -115,7 +119,7 @@ def test_roll_train_writes_the_run_directory(tmp_path):
     pipeline.prepare_data()
     examples = pipeline.eval_data
     assert len(examples) == 8
-    outputs = engine.generate(examples.prompt_ids, SamplingParams(config.rollout.max_new_tokens, greedy=True))
+    outputs = engine.generate(examples.prompt_ids, SamplingParams(config.rollout.max_new_tokens, greedy=True)).token_ids
     accuracy = get_reward("token_accuracy")
     reward = sum(accuracy(tokenizer.decode(o, skip_special_tokens=True), a) for o, a in zip(outputs, examples.answers))
     assert reward / len(examples) == pytest.approx(records[-1]["eval/reward_mean"], abs=1e-6)

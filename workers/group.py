@@ -17,7 +17,7 @@ from roll_lite.config import RunConfig, WorkersConfig
 from roll_lite.data import DataProto, undo_permutation
 from roll_lite.failures import WorkerError
 from roll_lite.importing import import_root, roll_lite_dir
-from roll_lite.rollout import SamplingParams
+from roll_lite.rollout import Completions, SamplingParams
 from roll_lite.weights import unflatten_state_dict
 from roll_lite.strategy.micro_batches import data_parallel_groups
 
@@ -193,7 +193,7 @@ class RolloutClient:
         """The rollout worker's node and assigned GPU ids (workers/placement.py)."""
         return self._get(self.worker.where.remote(), "where")
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
         return self._get(self.worker.generate.remote(prompts, params), "generate")
 
     def update_weights(self, weights: ray.ObjectRef, version: int) -> None:

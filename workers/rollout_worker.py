@@ -9,7 +9,7 @@ import torch
 
 from roll_lite.config import RunConfig, rollout_dtype
 from roll_lite.modeling import load_causal_lm
-from roll_lite.rollout import HFEngine, SamplingParams, choose_engine
+from roll_lite.rollout import Completions, HFEngine, SamplingParams, choose_engine
 from roll_lite.tokenizer import load_tokenizer
 from roll_lite.weights import FlatWeights, unflatten_state_dict
 
@@ -36,7 +36,7 @@ class RolloutWorker:
     def where(self) -> dict:
         return where_am_i()
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
         return self.engine.generate(prompts, params)
 
     def update_weights(self, weights: FlatWeights, version: int) -> None:
