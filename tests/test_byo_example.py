@@ -122,3 +122,11 @@ def test_the_gsm8k_config_passes_validation():
     assert config.model.pretrained_path == config.model.tokenizer_path == "Qwen/Qwen2.5-0.5B-Instruct"
     assert config.reward.functions == {"math": 1.0} and config.algorithm.advantage == "grpo"
     assert config.data.answer_key == "reward_model.ground_truth" and config.rollout.num_samples == 8
+
+
+def test_the_gpu_configs_ask_for_gpus_and_bf16_mixed_precision():
+    """configs/grpo_gpu.yaml ran on an H100 (README); here only its settings can be checked."""
+    for name in ("grpo_gpu.yaml", "grpo_gsm8k.yaml"):
+        config = load_config(REPO / "configs" / name)
+        assert config.workers.gpus_per_rank == 1, name
+        assert (config.model.dtype, config.actor.param_dtype) == ("float32", "bfloat16"), name
