@@ -136,8 +136,10 @@ class AlgorithmConfig:
 @dataclass
 class WorkersConfig:
     actor_dp: int = 1  # D: actor ranks (one torch.distributed group)
-    critic_dp: int = 1
-    reference_dp: int = 1
+    # null: workers.actor_dp on GPUs (rank i of each role shares the actor rank i's GPU, so they must be
+    # equal), 1 on CPU
+    critic_dp: Optional[int] = None
+    reference_dp: Optional[int] = None
     actor_cpus: float = 1.0  # Ray CPUs reserved per actor rank (placement group bundle)
     rollout_cpus: float = 1.0
     torch_threads: int = 2  # torch threads per worker process
@@ -346,6 +348,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         key = getattr(error, "full_key", None) or "config"
         message = str(error).splitlines()[0]
         raise ConfigError(f"{key}: {message}") from None
+    for key in ("critic_dp", "reference_dp"):
+        if getattr(config.workers, key) is None:
+            setattr(config.workers, key, config.workers.actor_dp if config.workers.gpus_per_rank else 1)
     validate(config)
     if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
         config.model.tokenizer_path = config.model.pretrained_path

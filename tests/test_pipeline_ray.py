@@ -2,6 +2,7 @@
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -127,7 +128,13 @@ def test_roll_train_writes_the_run_directory(tmp_path):
 
 
 def test_ray_job_submit_to_a_local_head_runs_the_custom_loss_example(tmp_path):
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    """The README's cluster recipe, token authentication on: the head, `ray job submit` and the job's
+    workers read the token from RAY_AUTH_TOKEN_PATH; a client without it is turned away."""
+    token_file = tmp_path / "ray_auth_token"
+    token_file.write_text(secrets.token_hex(32))
+    token_file.chmod(0o600)
+    env = {key: value for key, value in os.environ.items() if key != "RAY_AUTH_TOKEN"}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
     ray = str(Path(sys.executable).parent / "ray")
     from roll_lite.strategy.distributed import free_port
 
@@ -155,6 +162,10 @@ def test_ray_job_submit_to_a_local_head_runs_the_custom_loss_example(tmp_path):
             time.sleep(5)
         assert submit.returncode == 0 and "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-2000:]
         assert "joined the Ray cluster" in submit.stdout
+        for wrong in ({"RAY_AUTH_TOKEN": "not-the-token"}, {"RAY_AUTH_MODE": "disabled"}):
+            refused = subprocess.run([ray, "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}", "--", "echo", "in"],
+                                     capture_output=True, text=True, timeout=120, env={**env, **wrong})
+            assert refused.returncode != 0 and "AuthenticationError" in refused.stderr, (wrong, refused.stderr[-2000:])
         config_text = (tmp_path / "job" / "config.yaml").read_text()
         assert "pipeline: examples.custom_loss.pipeline:CappedAdvantagePipeline" in config_text
         records = (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()

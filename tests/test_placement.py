@@ -19,7 +19,7 @@ from roll_lite.config import ConfigError, load_config
 from roll_lite.strategy.distributed import free_port
 from test_pipeline_ray import REPO, small
 
-GPUS = ["workers.gpus_per_rank=1", "workers.actor_dp=2", "workers.reference_dp=2", "workers.critic_dp=2",
+GPUS = ["workers.gpus_per_rank=1", "workers.actor_dp=2",  # reference_dp and critic_dp follow actor_dp on GPUs
         "workers.actor_cpus=0.5", "workers.rollout_cpus=0", "algorithm.track_kl=true"]
 
 
@@ -30,6 +30,10 @@ def test_gpu_settings_are_checked_with_the_key_named(tmp_path):
     for override, expected in cases.items():
         with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
             load_config(REPO / "configs/ppo.yaml", GPUS + [override])
+    config = load_config(REPO / "configs/ppo.yaml", GPUS)
+    assert (config.workers.reference_dp, config.workers.critic_dp) == (2, 2)
+    config = load_config(REPO / "configs/ppo.yaml", ["workers.actor_dp=2"])  # on CPU: one rank each, as before
+    assert (config.workers.reference_dp, config.workers.critic_dp) == (1, 1)
 
 
 def test_too_few_gpus_stops_roll_train_in_one_line_before_any_worker(tmp_path, monkeypatch, capsys):
