@@ -9,7 +9,11 @@
 3. the FSDP2 strategy on one nccl rank: a step's loss and gradients vs one float64
    forward/backward of the global batch, for 3 policy losses and the critic's value loss × 4 agg modes, in float32 and in bfloat16
    mixed precision (float32 master weights and gradient reduction);
-4. train-step throughput and peak memory of a 201 M-parameter Qwen2 in bf16, per path.
+4. train-step throughput and peak memory of a 201 M-parameter Qwen2 in bf16, per path;
+5. offload (workers.offload): what moving the shards and AdamW state to CPU frees, what it costs,
+   and that training after offload / onload follows the same trajectory as without.
+
+    python benchmarks/cuda_check.py --sections offload   # one section (kernels, log_probs, strategy, speed, offload)
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from distributed_harness import (  # noqa: E402
     BUDGET, CRITIC_LOSSES, MASK_KEYS, deviations, global_batch, make_loss, reference, value_head_weights,
 )
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: E402
+from torch.distributed.fsdp import FSDPModule  # noqa: E402
 
 import roll_lite.attention as attention  # noqa: E402
 from roll_lite.invariance import TINY_MODEL, random_rl_batch  # noqa: E402
@@ -205,10 +210,60 @@ def time_train_steps(device: torch.device, smoke: bool) -> None:
     table(["micro-batching", "micro-batches", "s/step", "real tokens/s", "peak GiB"], rows)
 
 
+def check_offload(device: torch.device, smoke: bool) -> None:
+    if device.type != "cuda":
+        print("## offload: nothing to move on CPU (FSDP2Strategy.offload is a no-op there)\n")
+        return
+    model_config = dict(model_type="qwen2", vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                        num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
+                        max_position_embeddings=2048, tie_word_embeddings=False)
+    data = random_rl_batch(num_rows=16, seq_len=512, vocab_size=32000, seed=2, dtype=torch.float32)
+    config = StrategyConfig(param_dtype="bfloat16", lr=1e-4, use_packing=True, max_tokens_per_micro_batch=4096)
+    runs = {}
+    for offload in (False, True):
+        strategy = FSDP2Strategy(build_causal_lm(model_config, dtype=torch.float32, seed=0), config, device=device)
+        norms, moves = [], []
+        for _ in range(3):
+            norms.append(strategy.train_step(data, ppo_policy_loss_func("token-mean"))["grad_norm"])
+            if offload:
+                torch.cuda.synchronize()
+                before, start = torch.cuda.memory_allocated(device), time.perf_counter()
+                strategy.offload()
+                after, offloaded = torch.cuda.memory_allocated(device), time.perf_counter()
+                strategy.onload()
+                torch.cuda.synchronize()
+                moves.append((before / 2**30, after / 2**30, offloaded - start, time.perf_counter() - offloaded))
+        log_probs = strategy.compute_log_probs(data)["log_probs"]
+        for module in strategy.model.modules():  # a no-grad forward leaves the root unsharded: plain tensors
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        params = {n: p.full_tensor().float().cpu() for n, p in strategy.model.named_parameters()}
+        runs[offload] = (norms, log_probs, params, moves)
+        del strategy
+        torch.cuda.empty_cache()
+    (norms, log_probs, params, _), (o_norms, o_log_probs, o_params, moves) = runs[False], runs[True]
+    param_diff = max(float((params[n] - o_params[n]).abs().max()) for n in params)
+    before, after, out_s, in_s = (sum(m[i] for m in moves) / len(moves) for i in range(4))
+    print("## offload / onload between steps (201 M-param Qwen2, float32 master weights + AdamW), 3 steps\n")
+    table(["allocated before offload GiB", "after GiB", "offload s", "onload s", "grad norms, without / with",
+           "max |Δ param| after 3 steps", "max |Δ log-prob|"],
+          [[f"{before:.2f}", f"{after:.2f}", f"{out_s:.3f}", f"{in_s:.3f}",
+            " ".join(f"{a:.6g}/{b:.6g}" for a, b in zip(norms, o_norms)), param_diff,
+            float((log_probs - o_log_probs).abs().max())]])
+
+
+SECTIONS = ("kernels", "log_probs", "strategy", "speed", "offload")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes; runs on CPU too")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
     args = parser.parse_args()
+    sections = args.sections.split(",")
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 rows compare float32 arithmetic
@@ -220,10 +275,16 @@ def main():
         path, why = attention.packed_attention_path(device, dtype)
         print(f"packed attention for {str(dtype).removeprefix('torch.')}: {path} ({why})")
     print()
-    check_kernels(device, [1, 7, 64, 300] if args.smoke else [1, 7, 64, 300, 1000, 2048])
-    check_packed_vs_padded(device, num_rows=6 if args.smoke else 16, seq_len=32 if args.smoke else 512)
-    check_strategy_exactness(device)
-    time_train_steps(device, args.smoke)
+    if "kernels" in sections:
+        check_kernels(device, [1, 7, 64, 300] if args.smoke else [1, 7, 64, 300, 1000, 2048])
+    if "log_probs" in sections:
+        check_packed_vs_padded(device, num_rows=6 if args.smoke else 16, seq_len=32 if args.smoke else 512)
+    if "strategy" in sections:
+        check_strategy_exactness(device)
+    if "speed" in sections:
+        time_train_steps(device, args.smoke)
+    if "offload" in sections:
+        check_offload(device, args.smoke)
 
 
 if __name__ == "__main__":

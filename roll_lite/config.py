@@ -154,6 +154,10 @@ class WorkersConfig:
     # shared memory of a local Ray cluster's object store (weight sync, batches); a cluster joined with
     # ray.address keeps its own. Weight sync puts one copy of the weights in it: give a 0.5 B model >= 2048.
     object_store_mb: int = 512
+    # GPUs: between its calls each model worker keeps its parameter shards and optimizer state on CPU,
+    # and the rollout worker returns its cached GPU memory, so colocated roles fit a model a GPU could
+    # not hold for all of them at once; costs a CPU <-> GPU copy of the weights per call. No effect on CPU.
+    offload: bool = False
 
 
 @dataclass

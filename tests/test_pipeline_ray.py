@@ -49,6 +49,7 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
         "actor.warmup_steps=4", f"output_dir={tmp_path}",
         "rollout.dtype=bfloat16",  # the engine samples in bf16 (as on a GPU); the actor's weights are cast for it
         "algorithm.rollout_is=token",  # and truncated importance sampling corrects for it
+        "workers.offload=true",  # a no-op on CPU; the calls go through the workers' onload / offload wrapper
     ])
     ray_session(None, 1.5)
     pipeline = PPOPipeline(config)

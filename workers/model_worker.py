@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -60,26 +61,42 @@ class ModelWorker:
         if trainable and self.config.model.gradient_checkpointing:
             enable_gradient_checkpointing(lm)
         self.strategy = FSDP2Strategy(lm, strategy_config, head=head, trainable=trainable)
+        if self.config.workers.offload:
+            self.strategy.offload()
         # The pipeline class owns the loss functions; a light instance (no workers) serves them here.
         self.pipeline = load_object(self.config.pipeline)(self.config)
 
+    @contextmanager
+    def on_device(self):
+        """The model (and optimizer) on the GPU for one call; back on CPU after it with workers.offload."""
+        self.strategy.onload()
+        try:
+            yield
+        finally:
+            if self.config.workers.offload:
+                self.strategy.offload()
+
     def compute_log_probs(self, data: DataProto, with_entropy: bool = False) -> DataProto:
-        return self.strategy.compute_log_probs(data, with_entropy)
+        with self.on_device():
+            return self.strategy.compute_log_probs(data, with_entropy)
 
     def compute_values(self, data: DataProto) -> DataProto:
-        return self.strategy.compute_values(data)
+        with self.on_device():
+            return self.strategy.compute_values(data)
 
     def train_step(self, data: DataProto, loss: str) -> dict[str, float]:
         loss_funcs = {"policy": "loss_func", "critic": "critic_loss_func"}  # methods of the pipeline class
         loss_func = getattr(self.pipeline, loss_funcs[loss]) if loss in loss_funcs else sft_loss_func()
-        return self.strategy.train_step(data, loss_func)
+        with self.on_device():
+            return self.strategy.train_step(data, loss_func)
 
     def state_dict(self, dtype: str | None = None):
         """Rank 0: a ref to its full state dict as FlatWeights in the object store, floating-point
         tensors cast to `dtype` if given (the rollout engine's); other ranks: None."""
         import ray
 
-        state = self.strategy.full_state_dict()  # a collective: every rank calls it
+        with self.on_device():
+            state = self.strategy.full_state_dict()  # a collective: every rank calls it
         if self.rank != 0:
             return None
         if dtype is not None:
@@ -88,13 +105,15 @@ class ModelWorker:
         return ray.put(flatten_state_dict(state))
 
     def load_state_dict(self, weights: FlatWeights) -> None:
-        self.strategy.load_full_state_dict(unflatten_state_dict(weights))
+        with self.on_device():
+            self.strategy.load_full_state_dict(unflatten_state_dict(weights))
 
     def save_pretrained(self, path: str) -> None:
         """Write the model as a HF folder (config.json, safetensors, generation_config.json with the
         tokenizer's bos / eos / pad ids) from rank 0; every rank takes part in gathering the weights.
         Written to a temporary folder first, then renamed."""
-        state = self.strategy.full_state_dict()
+        with self.on_device():
+            state = self.strategy.full_state_dict()
         if self.rank != 0:
             return
         from transformers import AutoModelForCausalLM
@@ -117,7 +136,8 @@ class ModelWorker:
         """This rank's shards (a collective over the group) and its random generators."""
         from roll_lite.checkpoint.rng import save_rng
 
-        self.strategy.save_checkpoint(path)
+        with self.on_device():
+            self.strategy.save_checkpoint(path)
         save_rng(Path(path) / f"rng_rank{self.rank}.pkl")
 
     def load_checkpoint(self, path: str) -> None:
@@ -125,10 +145,12 @@ class ModelWorker:
         seeded generators (training draws no random numbers in the workers today: no dropout)."""
         from roll_lite.checkpoint.rng import load_rng
 
-        self.strategy.load_checkpoint(path)
+        with self.on_device():
+            self.strategy.load_checkpoint(path)
         rng_file = Path(path) / f"rng_rank{self.rank}.pkl"
         if rng_file.exists():
             load_rng(rng_file)
 
     def reset_optimizer(self, lr: float | None = None) -> None:
-        self.strategy.reset_optimizer(lr)
+        with self.on_device():
+            self.strategy.reset_optimizer(lr)

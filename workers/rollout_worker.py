@@ -29,6 +29,7 @@ class RolloutWorker:
             model.to(torch.device("cuda", local_gpu_index(config.workers.gpus_per_rank)))
         self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed)
         self.weight_version = -1
+        self.offload = config.workers.offload and torch.cuda.is_available()
 
     def describe(self) -> str:
         return self.engine_description
@@ -37,7 +38,10 @@ class RolloutWorker:
         return where_am_i()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
-        return self.engine.generate(prompts, params)
+        completions = self.engine.generate(prompts, params)
+        if self.offload:  # the KV cache's memory goes back to the GPU for the colocated model workers
+            torch.cuda.empty_cache()
+        return completions
 
     def update_weights(self, weights: FlatWeights, version: int) -> None:
         self.engine.update_weights(unflatten_state_dict(weights))

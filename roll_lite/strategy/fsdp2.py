@@ -81,6 +81,7 @@ class FSDP2Strategy:
         self.model = self._shard(model)
         self.optimizer = self.scheduler = None
         self.skipped_in_a_row = 0
+        self.offloaded = False
         if trainable:
             self.reset_optimizer()
         self.attention_path, why = packed_attention_path(self.device, DTYPES[config.param_dtype])
@@ -106,6 +107,38 @@ class FSDP2Strategy:
             eps=config.adam_eps, weight_decay=config.weight_decay, foreach=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config))
+
+    # -- memory between phases (colocated roles) ----------------------------------------------
+
+    def offload(self) -> None:
+        """Move this rank's parameter shards and AdamW state to CPU, drop the gradients, and hand
+        the freed GPU memory back to the driver, so a colocated role (the rollout engine, the
+        reference) can use it. On CPU there is nothing to do. `onload` undoes it; nothing else
+        may touch the model in between."""
+        if self.device.type != "cuda" or self.offloaded:
+            return
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)  # the step's gradients are spent by now
+        self.model.to("cpu")  # FSDP2 moves the sharded parameters (DTensor local shards)
+        self._move_optimizer_state(torch.device("cpu"))
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        self.offloaded = True
+
+    def onload(self) -> None:
+        if not self.offloaded:
+            return
+        self.model.to(self.device)
+        self._move_optimizer_state(self.device)
+        self.offloaded = False
+
+    def _move_optimizer_state(self, device: torch.device) -> None:
+        if self.optimizer is None:
+            return
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and key != "step":  # AdamW keeps its step count on CPU
+                    state[key] = value.to(device, non_blocking=True)
 
     def _shard(self, model: nn.Module) -> nn.Module:
         # Every rank must start from the same weights: take rank 0's.
