@@ -301,10 +301,11 @@ class PPOPipeline:
 
     def run(self) -> list[dict]:
         """The whole job: workers, warm start, step-0 eval, training steps, plots. Returns the history."""
+        from roll_lite.workers.placement import reservation
+
         c = self.config
         self.prepare_data()  # before the run directory and Ray: a bad file stops here
-        w = c.workers
-        with RunSession(self, w.actor_cpus * w.actor_dp + w.rollout_cpus) as session:
+        with RunSession(self, reservation(c)) as session:
             start = time.perf_counter()
             self.stage = "the start of the workers"
             self.start_workers()

@@ -1,6 +1,6 @@
 """RunSession: what every pipeline's run() does around its own loop, in one place.
 
-    with RunSession(pipeline, ray_cpus) as session:
+    with RunSession(pipeline, reservation(config)) as session:
         pipeline.start_workers()
         resumed_step = session.begin()          # from the checkpoint `resume` picked, or 0: a fresh run
         ... session.end_step(step, metrics, last=...) after each step (log, then a due checkpoint)
@@ -19,19 +19,22 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from roll_lite.config import to_yaml
 from roll_lite.failures import WorkerError
 
+if TYPE_CHECKING:
+    from roll_lite.workers.placement import Reservation
+
 logger = logging.getLogger("roll_lite")
 
 
 class RunSession:
-    def __init__(self, pipeline, ray_cpus: float):
-        self.pipeline, self.config, self.ray_cpus = pipeline, pipeline.config, ray_cpus
-        self.ray_gpus = self.config.workers.gpus_per_rank * self.config.workers.actor_dp  # the roles share them
+    def __init__(self, pipeline, reserved: Reservation):
+        self.pipeline, self.config, self.reserved = pipeline, pipeline.config, reserved
         self.run_dir = Path(self.config.output_dir) / self.config.run_name
         self.claim = self.tracker = self.checkpointer = None
         self.completed = 0  # the last step whose metrics were logged
@@ -47,8 +50,7 @@ class RunSession:
         self.claim = self.claim_run_dir()
         try:
             # Ray first: a joined cluster too small for the workers is reported before anything is written.
-            logger.info(start_ray(self.config.ray_address, self.ray_cpus, self.ray_gpus,
-                                  self.config.workers.object_store_mb))
+            logger.info(start_ray(self.config.ray_address, self.reserved, self.config.workers.object_store_mb))
         except BaseException:
             self.claim.release()
             raise

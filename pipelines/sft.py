@@ -142,9 +142,11 @@ class SFTPipeline:
     def run(self) -> list[dict]:
         """Workers, step-0 eval, sft.steps steps (checkpoints as configured; resumed as `resume` says),
         final/. Returns the metrics history."""
+        from roll_lite.workers.placement import reservation
+
         c = self.config
         self.prepare_data()  # before the run directory and Ray: a bad file stops here
-        with RunSession(self, c.workers.actor_cpus * c.workers.actor_dp) as session:
+        with RunSession(self, reservation(c, with_rollout=False)) as session:
             start = time.perf_counter()
             self.stage = "the start of the workers"
             self.start_workers()

@@ -124,11 +124,11 @@ def _check_cpus(config: RunConfig) -> None:
     only known once connected, so start_ray checks it there (before any output is written)."""
     if config.ray_address or os.environ.get("RAY_ADDRESS"):
         return
-    w = config.workers
-    needed, available = w.actor_cpus * w.actor_dp + w.rollout_cpus, os.cpu_count() or 1
-    if needed > available:
+    from roll_lite.workers.placement import reservation
+
+    needed, available = reservation(config), os.cpu_count() or 1
+    if needed.cpus > available:
         raise ConfigError(
-            f"workers.actor_cpus: the workers reserve {needed:g} CPUs (workers.actor_cpus {w.actor_cpus:g} × "
-            f"workers.actor_dp {w.actor_dp} + workers.rollout_cpus {w.rollout_cpus:g}) but this machine has "
+            f"workers.actor_cpus: the workers reserve {needed.cpus:g} CPUs ({needed.cpus_from}) but this machine has "
             f"{available}; lower them (fractions are fine)"
         )

@@ -40,6 +40,7 @@ def ray_session():
 
 def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_path, ray_session):
     from roll_lite.pipelines.ppo import PPOPipeline
+    from roll_lite.workers.placement import reservation
 
     # 2 PPO epochs × 2 mini-batches = 4 optimizer steps; with a 4-step warmup the last one runs at
     # the full learning rate, which is how the test sees that all four happened.
@@ -51,7 +52,7 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
         "algorithm.rollout_is=token",  # and truncated importance sampling corrects for it
         "workers.offload=true",  # a no-op on CPU; the calls go through the workers' onload / offload wrapper
     ])
-    ray_session(None, 1.5)
+    ray_session(None, reservation(config))
     pipeline = PPOPipeline(config)
     pipeline.prepare_data()
     pipeline.start_workers()

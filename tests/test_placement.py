@@ -36,6 +36,16 @@ def test_gpu_settings_are_checked_with_the_key_named(tmp_path):
     assert (config.workers.reference_dp, config.workers.critic_dp) == (1, 1)
 
 
+def test_the_capacity_checks_count_what_the_placement_reserves():
+    from roll_lite.workers.placement import reservation
+
+    on_gpus = reservation(load_config(REPO / "configs/ppo.yaml", GPUS))  # the rollout takes a GPU share, no CPU
+    assert (on_gpus.cpus, on_gpus.gpus, on_gpus.cpus_from) == (1.0, 2, "workers.actor_cpus 0.5 × workers.actor_dp 2")
+    on_cpu = reservation(load_config(REPO / "configs/ppo.yaml", ["workers.actor_dp=2", "workers.rollout_cpus=0.25"]))
+    assert (on_cpu.cpus, on_cpu.gpus) == (2.25, 0)
+    assert reservation(load_config(REPO / "configs/ppo.yaml", ["workers.actor_dp=2"]), with_rollout=False).cpus == 2  # SFT
+
+
 def test_too_few_gpus_stops_roll_train_in_one_line_before_any_worker(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code = main(["--config", str(REPO / "configs/ppo.yaml"), *small(tmp_path), *GPUS, f"output_dir={tmp_path}",

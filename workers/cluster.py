@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import ray
 
@@ -12,10 +13,13 @@ from roll_lite.signals import restore_signals, stop_on_signals
 
 from .process_setup import HOOK
 
+if TYPE_CHECKING:
+    from .placement import Reservation
+
 logger = logging.getLogger(__name__)
 
 
-def start_ray(address: str | None, num_cpus_needed: float, num_gpus_needed: float = 0, object_store_mb: int = 512) -> str:
+def start_ray(address: str | None, needed: Reservation, object_store_mb: int = 512) -> str:
     """Join `address` (or $RAY_ADDRESS), else start a local cluster; returns a description."""
     address = address or os.environ.get("RAY_ADDRESS")
     # Workers import roll_lite before Ray puts the driver's directory first on their sys.path.
@@ -32,16 +36,16 @@ def start_ray(address: str | None, num_cpus_needed: float, num_gpus_needed: floa
     stop_on_signals()  # after ray.init: it replaces Ray's SIGTERM handler (a stack dump, then abort)
     resources = ray.cluster_resources()
     available, gpus = resources.get("CPU", 0), resources.get("GPU", 0)
-    if num_cpus_needed > available:
+    if needed.cpus > available:
         stop_ray()  # and our signal handlers go too: a caller that goes on (a notebook, a test) gets its own back
         raise ConfigError(
-            f"workers.actor_cpus: the workers reserve {num_cpus_needed:g} CPUs (workers.actor_cpus × workers.actor_dp + "
-            f"workers.rollout_cpus) but the cluster has {available:g}; lower them"
+            f"workers.actor_cpus: the workers reserve {needed.cpus:g} CPUs ({needed.cpus_from}) but the cluster has "
+            f"{available:g}; lower them"
         )
-    if num_gpus_needed > gpus:
+    if needed.gpus > gpus:
         stop_ray()  # and our signal handlers go too: a caller that goes on (a notebook, a test) gets its own back
         raise ConfigError(
-            f"workers.gpus_per_rank: the workers need {num_gpus_needed:g} GPUs (workers.gpus_per_rank × workers.actor_dp) "
+            f"workers.gpus_per_rank: the workers need {needed.gpus:g} GPUs (workers.gpus_per_rank × workers.actor_dp) "
             f"but the cluster has {gpus:g}; lower workers.actor_dp, or set workers.gpus_per_rank=0 to run on CPU"
         )
     return f"{where} ({available:g} CPUs, {gpus:g} GPUs)"

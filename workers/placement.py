@@ -14,12 +14,31 @@ one group share a GPU (nccl needs one device per rank).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_lite.config import RunConfig
+
+
+@dataclass(frozen=True)
+class Reservation:
+    cpus: float
+    gpus: float
+    cpus_from: str  # how the CPUs add up, with the config keys, for error messages
+
+
+def reservation(config: RunConfig, with_rollout: bool = True) -> Reservation:
+    """What the workers ask Ray for (`Placement` below), for the capacity checks: preflight on this
+    machine, start_ray on a joined cluster. On GPUs the reference, the critic and the rollout worker
+    take GPU shares of the actor's bundles and no CPU."""
+    w = config.workers
+    cpus, cpus_from = w.actor_cpus * w.actor_dp, f"workers.actor_cpus {w.actor_cpus:g} × workers.actor_dp {w.actor_dp}"
+    if with_rollout and not w.gpus_per_rank:
+        cpus, cpus_from = cpus + w.rollout_cpus, f"{cpus_from} + workers.rollout_cpus {w.rollout_cpus:g}"
+    return Reservation(cpus, w.gpus_per_rank * w.actor_dp, cpus_from)
 
 
 class Placement:
