@@ -10,4 +10,4 @@ RUN pip install --no-cache-dir torch==2.13.0
 COPY . .
 RUN pip install --no-cache-dir -c constraints-cpu.txt -e ".[gpu]" --no-build-isolation
 ENTRYPOINT ["roll-train"]
-CMD ["--config", "configs/ppo.yaml"]
+CMD ["--config", "configs/grpo_gpu.yaml"]

@@ -91,6 +91,8 @@ def test_the_hf_engine_returns_the_log_prob_of_every_sampled_token(params):
     assert any(ids[-1] != 1 for ids in out.token_ids)  # rows that ran to max_new_tokens
     if params.temperature == 1.0:
         assert any(len(ids) < 12 for ids in out.token_ids)  # and rows that stopped at EOS, padded by transformers
+        # a sampled token that happens to be the pad id stays: it is part of what was sampled (and scored below)
+        assert any(0 in ids and len(ids) == 12 for ids in out.token_ids)
     for row, (ids, log_probs) in enumerate(zip(out.token_ids, out.log_probs)):
         prompt = prompts[row // params.num_samples]
         sequence = torch.tensor([prompt + ids])
