@@ -26,7 +26,7 @@ from roll_lite.algorithms import (
     rloo_advantages,
     whitens_advantages,
 )
-from roll_lite.config import RunConfig, rollout_dtype
+from roll_lite.config import ConfigError, RunConfig, rollout_dtype
 from roll_lite.data import DataProto
 from roll_lite.data.prompts import PromptData
 from roll_lite.data.sampler import PromptSampler
@@ -235,7 +235,19 @@ class PPOPipeline:
             order = torch.randperm(len(batch), generator=self._shuffle)
             for rows in torch.tensor_split(order, self.algorithm.mini_batches):
                 metrics = group.train_step(batch.index_select(rows), loss)
+        if loss == "policy":
+            self.check_rollout_is_applied(metrics)
         return metrics
+
+    def check_rollout_is_applied(self, metrics: dict[str, float]) -> None:
+        """algorithm.rollout_is asks for importance weights; a loss_func of one's own that ignores them
+        would leave the asked-for correction silently undone."""
+        if self.algorithm.rollout_is and "rollout_is_weight" not in metrics:
+            raise ConfigError(
+                f"algorithm.rollout_is={self.algorithm.rollout_is}: {type(self).__name__}.loss_func applied no importance "
+                "weights (it reported no 'rollout_is_weight@sum'); weight its per-token loss with "
+                "roll_lite.loss_funcs.rollout_correction, or set algorithm.rollout_is=null"
+            )
 
     def evaluate(self) -> dict[str, float]:
         """On the held-out prompts (data.eval_files): greedy decoding, scored by the configured

@@ -107,3 +107,15 @@ def test_greedy_decoding_returns_no_log_probs():
     model = build_causal_lm(dict(TINY_MODEL, vocab_size=40), seed=1)
     out = HFEngine(model, pad_token_id=0, eos_token_id=1).generate([[5, 6]], SamplingParams(4, greedy=True))
     assert out.log_probs is None and len(out.token_ids) == 1
+
+
+def test_a_loss_func_of_ones_own_that_ignores_tis_stops_the_run():
+    from examples.custom_loss.pipeline import CappedAdvantagePipeline
+    from roll_lite.config import ConfigError, load_config
+    from roll_lite.pipelines.ppo import PPOPipeline
+
+    config = load_config(None, ["algorithm.rollout_is=token"])
+    PPOPipeline(config).check_rollout_is_applied({"rollout_is_weight": 1.0, "pg_loss": 0.1})  # the built-in loss applies them
+    with pytest.raises(ConfigError, match="algorithm.rollout_is=token: CappedAdvantagePipeline.loss_func applied no importance"):
+        CappedAdvantagePipeline(config).check_rollout_is_applied({"pg_loss": 0.1})
+    CappedAdvantagePipeline(load_config(None, [])).check_rollout_is_applied({"pg_loss": 0.1})  # not asked for: fine
