@@ -48,8 +48,10 @@ def rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is: str 
         if rollout_is:
             raise KeyError("algorithm.rollout_is needs the rollout engine's log-probs (batch 'rollout_log_probs')")
         return None, {}
-    (rollout_log_probs,) = zero_outside(mask, batch["rollout_log_probs"].to(behaviour_log_probs.dtype))
-    gap = (behaviour_log_probs - rollout_log_probs).detach().abs()
+    # zeroed outside the mask here too: a user's loss may hand in its inputs as they came
+    behaviour_log_probs, rollout_log_probs = zero_outside(
+        mask, behaviour_log_probs.detach(), batch["rollout_log_probs"].to(behaviour_log_probs.dtype))
+    gap = (behaviour_log_probs - rollout_log_probs).abs()
     metrics = {"rollout_logp_gap@sum": token_mean_metric(gap, mask, stats["batch_num_tokens"]),
                "rollout_logp_gap_max@max": gap.max() if gap.numel() else gap.new_zeros(())}
     if not rollout_is:

@@ -110,12 +110,15 @@ def test_greedy_decoding_returns_no_log_probs():
 
 
 def test_a_loss_func_of_ones_own_that_ignores_tis_stops_the_run():
-    from examples.custom_loss.pipeline import CappedAdvantagePipeline
     from roll_lite.config import ConfigError, load_config
     from roll_lite.pipelines.ppo import PPOPipeline
 
+    class PlainPolicyGradient(PPOPipeline):
+        def loss_func(self, batch, output):  # never looks at batch["rollout_log_probs"]
+            return ppo_policy_loss_func()(batch, output)
+
     config = load_config(None, ["algorithm.rollout_is=token"])
     PPOPipeline(config).check_rollout_is_applied({"rollout_is_weight": 1.0, "pg_loss": 0.1})  # the built-in loss applies them
-    with pytest.raises(ConfigError, match="algorithm.rollout_is=token: CappedAdvantagePipeline.loss_func applied no importance"):
-        CappedAdvantagePipeline(config).check_rollout_is_applied({"pg_loss": 0.1})
-    CappedAdvantagePipeline(load_config(None, [])).check_rollout_is_applied({"pg_loss": 0.1})  # not asked for: fine
+    with pytest.raises(ConfigError, match="algorithm.rollout_is=token: PlainPolicyGradient.loss_func applied no importance"):
+        PlainPolicyGradient(config).check_rollout_is_applied({"pg_loss": 0.1})
+    PlainPolicyGradient(load_config(None, [])).check_rollout_is_applied({"pg_loss": 0.1})  # not asked for: fine
