@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from roll_lite.algorithms import ADVANTAGE_ESTIMATORS
 from roll_lite.loss import AGG_MODES, ROLLOUT_IS_LEVELS
 from roll_lite.rewards.checks import check_reward_config
-from roll_lite.strategy.config import StrategyConfig
+from roll_lite.strategy.config import PARAM_DTYPES, StrategyConfig
 
 
 class ConfigError(ValueError):
@@ -216,13 +216,13 @@ def validate(config: RunConfig) -> None:
     _check(config.checkpoint.every >= 0, "checkpoint.every", f"must be >= 0 (0: only at the end), got {config.checkpoint.every}")
     _check(config.checkpoint.keep_last is None or config.checkpoint.keep_last >= 1, "checkpoint.keep_last",
            f"must be >= 1 or null (keep all), got {config.checkpoint.keep_last}")
-    _one_of(config.model.dtype, ("float32", "bfloat16", "float64"), "model.dtype")
+    _one_of(config.model.dtype, PARAM_DTYPES, "model.dtype")
     _validate_data(config.data)
     _validate_sft(config.sft)
     rollout = config.rollout
     _one_of(rollout.engine, ("hf", "vllm"), "rollout.engine")
     if rollout.dtype is not None:
-        _one_of(rollout.dtype, ("float32", "bfloat16", "float64"), "rollout.dtype")
+        _one_of(rollout.dtype, PARAM_DTYPES, "rollout.dtype")
     _check(rollout.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
     _check(rollout.num_samples >= 1, "rollout.num_samples", "must be >= 1")
     _check(rollout.temperature > 0, "rollout.temperature", "must be > 0 (greedy decoding is used for eval)")
