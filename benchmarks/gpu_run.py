@@ -65,7 +65,9 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of the GPU; default: by name")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/gpu_run.py needs a CUDA GPU (torch sees none); on CPU use benchmarks/pipeline_step.py")
+    name = torch.cuda.get_device_name(0)
     peak = args.peak_tflops or next((v for k, v in DENSE_BF16_TFLOPS.items() if k in name), None)
     if peak is None:
         sys.exit(f"{name}: pass --peak-tflops (the GPU's dense bf16 TFLOP/s)")
