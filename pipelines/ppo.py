@@ -1,7 +1,9 @@
 """PPOPipeline: the controller of PPO, GRPO, Dr. GRPO, RLOO and REINFORCE++ (algorithm.advantage).
 
 `step()` reads top to bottom: rollout -> rewards -> reference / old log-probs (+ values) -> KL ->
-advantages -> loss_mask_keys -> actor (+ critic) train_step -> weight sync -> metrics.
+advantages -> loss_mask_keys -> actor (+ critic) train_step -> weight sync -> metrics. With
+rollout.async_steps = N > 0 the rollout of the next N steps runs while a step trains
+(roll_lite/rollout/ahead.py).
 
 Subclass it and override `loss_func(batch, output)` to change the policy loss; nothing else has to
 change (see examples/custom_loss/). The class is also instantiated, without workers, inside every
@@ -10,6 +12,7 @@ actor / critic worker to serve `loss_func` and `critic_loss_func`, so `__init__`
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -32,7 +35,8 @@ from roll_lite.data.prompts import PromptData
 from roll_lite.data.sampler import PromptSampler
 from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, value_loss_func
 from roll_lite.progress import on_terminal, progress_bar
-from roll_lite.rollout import SamplingParams
+from roll_lite.rollout import Completions, SamplingParams
+from roll_lite.rollout.ahead import RolloutQueue, staleness
 from roll_lite.sequences import build_sequence_batch
 from roll_lite.tokenizer import load_tokenizer
 
@@ -41,6 +45,7 @@ from .sft import SFTPipeline
 
 logger = logging.getLogger("roll_lite")
 EVAL_CHUNK = 256  # eval prompts per generate call
+ROLLOUTS_AHEAD = "rollouts_ahead.json"  # in a checkpoint: the generations launched for later steps
 
 
 class PPOPipeline:
@@ -73,6 +78,8 @@ class PPOPipeline:
             self._policy_loss = ppo_policy_loss_func(a.loss_agg_mode, seq_len_norm=self.seq_len_norm, **policy_options)
         self._value_loss = value_loss_func(a.loss_agg_mode, a.value_clip, self.seq_len_norm)
         self._shuffle = torch.Generator().manual_seed(config.seed)
+        self.rollouts = RolloutQueue(config.rollout.async_steps)  # generations launched, by step
+        self._weight_sync = None  # the rollout's weight update not confirmed yet (async_steps > 0)
         self.stage = "start-up"  # where run() is: named by a worker failure and by a stop on a signal
 
     # -- losses: run inside the actor / critic workers ------------------------------------------
@@ -103,6 +110,8 @@ class PPOPipeline:
             if group is not None:
                 group.wait_ready()
         logger.info(self.rollout.describe())
+        if self.config.rollout.async_steps:
+            logger.info(describe_async_rollout(self.config.rollout.async_steps, self.algorithm.rollout_is))
 
     def prepare_data(self) -> None:
         """Load, validate and tokenize the data: files (data.train_files, data.eval_files), and the
@@ -134,11 +143,65 @@ class PPOPipeline:
     def data_seed(self) -> int:
         return self.config.seed if self.config.data.seed is None else self.config.data.seed
 
+    @property
+    def data_used_up(self) -> bool:
+        """data.epochs ended: no prompts left to draw, and every step they were drawn for has run."""
+        return self.sampler.exhausted and not len(self.rollouts)
+
+    def sampling_params(self) -> SamplingParams:
+        r = self.config.rollout
+        return SamplingParams(r.max_new_tokens, r.num_samples, r.temperature, r.top_p, r.top_k)
+
     def generate(self, prompts: PromptData, params: SamplingParams) -> DataProto:
+        """Generate now, with the actor's latest weights (see build_batch)."""
+        self.wait_weight_sync()
+        return self.build_batch(prompts, self.rollout.generate(prompts.prompt_ids, params))
+
+    def launch_rollouts(self, step: int) -> None:
+        """Start the generations due at the start of `step`: its own and, with rollout.async_steps = N,
+        those of the next N steps, each on the next prompts of the sampler, with the weights the rollout
+        worker holds now (the actor's after step - 1)."""
+        for later in self.rollouts.steps_to_launch(step, self.total_steps):
+            rows = self.sampler.draw(self.config.rollout.prompts_per_step)
+            if not rows:
+                break
+            prompt_ids = self.train_data.select(rows).prompt_ids
+            self.rollouts.add(later, rows, self.rollout.start_generate(prompt_ids, self.sampling_params()))
+
+    def collect_rollout(self, step: int) -> tuple[DataProto, int]:
+        """(the batch of `step`, how many steps older than the actor its sampling weights are)."""
+        if step not in self.rollouts.launched:
+            raise RuntimeError(f"step {step}: the training prompts are used up (data.epochs={self.config.data.epochs})")
+        launched = self.rollouts.pop(step)
+        completions = self._fetched(launched.result)
+        return self.build_batch(self.train_data.select(launched.rows), completions), staleness(step, completions)
+
+    def fetch_rollouts(self) -> None:
+        """Wait for every launched generation (a checkpoint saves them: their weights are gone)."""
+        for launched in self.rollouts.launched.values():
+            launched.result = self._fetched(launched.result)
+
+    def _fetched(self, result) -> Completions:
+        return result if isinstance(result, Completions) else self.rollout.wait(result, "generate")
+
+    def sync_rollout_weights(self, version: int) -> None:
+        """The actor's weights to the rollout engine. With rollout.async_steps > 0 the load queues
+        behind the generations in flight and the step goes on; what needs the new weights (the next
+        sync, an evaluation, a checkpoint) waits for it first."""
+        self.wait_weight_sync()
+        self._weight_sync = self.rollout.start_update_weights(self.actor.state_dict_ref(rollout_dtype(self.config)), version)
+        if not self.config.rollout.async_steps:
+            self.wait_weight_sync()
+
+    def wait_weight_sync(self) -> None:
+        if self._weight_sync is not None:
+            ref, self._weight_sync = self._weight_sync, None
+            self.rollout.wait(ref, "update_weights")
+
+    def build_batch(self, prompts: PromptData, generated: Completions) -> DataProto:
         """Sequences of every (prompt, sample): tensors + response_text, group ids, and per row the
         prompt's answer and extra fields (non_tensor_batch 'answer', 'extra': a dict per row). When
         sampling, also the engine's log-prob of each response token ('rollout_log_probs')."""
-        generated = self.rollout.generate(prompts.prompt_ids, params)
         completions = generated.token_ids
         n = len(completions) // len(prompts)
         batch = build_sequence_batch([p for p in prompts.prompt_ids for _ in range(n)], completions,
@@ -150,14 +213,11 @@ class PPOPipeline:
         return DataProto(batch.batch, batch.non_tensor_batch)
 
     def step(self, step: int) -> dict[str, float]:
-        a, r = self.algorithm, self.config.rollout
+        a = self.algorithm
         start = time.perf_counter()
         self.prepare_data()
-        rows = self.sampler.draw(r.prompts_per_step)
-        if not rows:
-            raise RuntimeError(f"step {step}: the training prompts are used up (data.epochs={self.config.data.epochs})")
-        params = SamplingParams(r.max_new_tokens, r.num_samples, r.temperature, r.top_p, r.top_k)
-        batch = self.generate(self.train_data.select(rows), params)
+        self.launch_rollouts(step)
+        batch, weights_behind = self.collect_rollout(step)
         generated = time.perf_counter()
 
         scores, reward_metrics = self.score(batch)
@@ -183,7 +243,7 @@ class PPOPipeline:
         actor_metrics = self.train(self.actor, batch, "policy")
         critic_metrics = self.train(self.critic, batch, "critic") if self.critic is not None else {}
         trained = time.perf_counter()
-        self.rollout.update_weights(self.actor.state_dict_ref(rollout_dtype(self.config)), version=step)
+        self.sync_rollout_weights(version=step)
 
         elapsed = time.perf_counter() - start
         tokens = int(batch["attention_mask"].sum())
@@ -193,6 +253,7 @@ class PPOPipeline:
             **{f"actor/{k}": v for k, v in actor_metrics.items()},
             **{f"critic/{k}": v for k, v in critic_metrics.items()},
             "response_length/mean": mask.sum(-1).float().mean().item(),
+            "rollout/staleness": weights_behind,  # steps between the sampling weights and the actor's
             "perf/step_s": elapsed,
             "perf/generate_s": generated - start,
             "perf/prepare_s": prepared - generated,  # rewards, reference / old log-probs, values, advantages
@@ -257,6 +318,7 @@ class PPOPipeline:
         self.prepare_data()
         if self.eval_data is None:
             return {}
+        self.wait_weight_sync()
         r, k = self.config.rollout, self.config.data.eval_num_samples
         scores, per_function, responses = self._score_in_chunks(SamplingParams(r.max_new_tokens, greedy=True))
         # The greedy answers, for the run directory (eval_samples/): what a reload of final/ must reproduce.
@@ -333,19 +395,19 @@ class PPOPipeline:
                 logger.info("step 0 (before RL): held-out %s", _fmt(initial.get("eval/reward_mean")))
             bar = progress_bar(c.steps - resumed_step, "RL")
             for step in range(resumed_step + 1, c.steps + 1):
-                if self.sampler.exhausted:
+                if self.data_used_up:
                     logger.info("the training prompts are used up (data.epochs=%d) after step %d", c.data.epochs, step - 1)
                     break
                 self.stage = f"step {step}"
                 metrics = self.step(step)
                 samples = None
-                if step % c.eval_every == 0 or step == c.steps or self.sampler.exhausted:
+                if step % c.eval_every == 0 or step == c.steps or self.data_used_up:
                     self.stage = f"step {step} (evaluation)"
                     metrics.update(self.evaluate())
                     samples = self.eval_samples
                 bar.update()
                 logger.info(_progress_line(step, c.steps, metrics))
-                session.end_step(step, metrics, samples, last=step == c.steps or self.sampler.exhausted)
+                session.end_step(step, metrics, samples, last=step == c.steps or self.data_used_up)
             bar.close()
             if c.save_model:
                 self.stage = "saving the final model"
@@ -372,9 +434,13 @@ class PPOPipeline:
         return {name: group for name, group in groups.items() if group is not None}
 
     def save_driver_state(self, folder: Path) -> None:
-        """The rollout engine's sampling position and generators; the mini-batch shuffle's generator."""
+        """The rollout engine's sampling position and generators; the mini-batch shuffle's generator;
+        the generations launched ahead (rollout.async_steps), fetched first."""
         from roll_lite.checkpoint.rng import save_rng
 
+        self.wait_weight_sync()
+        self.fetch_rollouts()
+        (folder / ROLLOUTS_AHEAD).write_text(json.dumps(self.rollouts.state_dict()))
         self.rollout.save_checkpoint(str(folder / "rng_rollout.pkl"))
         save_rng(folder / "rng_driver.pkl", {"minibatch_shuffle": self._shuffle.get_state()})
 
@@ -383,7 +449,18 @@ class PPOPipeline:
 
         self.rollout.update_weights(self.actor.state_dict_ref(rollout_dtype(self.config)), version=step)
         self.rollout.load_checkpoint(str(folder / "rng_rollout.pkl"))
+        # checkpoints written before rollout.async_steps existed have no such file: nothing was ahead
+        ahead = folder / ROLLOUTS_AHEAD
+        self.rollouts.load_state_dict(json.loads(ahead.read_text()) if ahead.exists() else [])
         self._shuffle.set_state(load_rng(folder / "rng_driver.pkl")["minibatch_shuffle"])
+
+
+def describe_async_rollout(async_steps: int, rollout_is: str | None) -> str:
+    correction = (f"algorithm.rollout_is={rollout_is} weights the loss by the ratio to the sampling weights"
+                  if rollout_is else "nothing corrects the gap to the sampling weights (algorithm.rollout_is=null)")
+    return (f"rollout.async_steps={async_steps}: the next steps' batches are generated while a step trains, with "
+            f"weights up to {async_steps} step(s) older than the actor (rollout/staleness); the actor recomputes the "
+            f"old log-probs, and {correction}")
 
 
 def _fmt(value) -> str:

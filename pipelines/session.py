@@ -11,7 +11,8 @@ given the pipeline's stage and logged; on SIGINT / SIGTERM a checkpoint that was
 tracker is finished (plots, wandb), Ray stopped and the lock released.
 
 A pipeline provides: `config`, `stage` (a phrase: where run() is), `sampler` (its position is saved),
-`total_steps`, and for its checkpoints `checkpoint_groups()`, `save_driver_state(folder)`,
+`total_steps`, `data_used_up` (its data.epochs / sft.epochs ended), and for its checkpoints
+`checkpoint_groups()`, `save_driver_state(folder)`,
 `load_driver_state(folder, step)` and `checkpoint_compat_keys` (roll_lite/checkpoint/pipeline_state.py).
 """
 
@@ -140,7 +141,7 @@ class RunSession:
         if checkpointer is None or step == 0:
             logger.info("no checkpoint written on stop: no step was completed")
             return
-        last = step == self.pipeline.total_steps or self.pipeline.sampler.exhausted
+        last = step == self.pipeline.total_steps or self.pipeline.data_used_up
         if checkpointer.due(step, last):
             checkpointer.save(step)
         elif checkpointer.last_saved == step:

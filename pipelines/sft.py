@@ -114,13 +114,13 @@ class SFTPipeline:
             self.actor.reset_optimizer(sft.lr)
         bar = progress_bar(sft.steps - first_step + 1, "warm start" if self.train_loss == "sft" else "SFT")
         for step in range(first_step, sft.steps + 1):
-            if self.sampler.exhausted:
+            if self.data_used_up:
                 logger.info("sft: the training rows are used up (sft.epochs=%d) after step %d", sft.epochs, step - 1)
                 break
             self.stage = f"sft step {step}"
             metrics = self.step(step)
             bar.update()
-            last = step == sft.steps or self.sampler.exhausted
+            last = step == sft.steps or self.data_used_up
             evaluated = step % sft.eval_every == 0 or last
             if evaluated:
                 metrics.update(self.evaluate())
@@ -173,6 +173,11 @@ class SFTPipeline:
     @property
     def total_steps(self) -> int:
         return self.sft.steps
+
+    @property
+    def data_used_up(self) -> bool:
+        """sft.epochs ended: no rows left to draw."""
+        return self.sampler.exhausted
 
     def checkpoint_groups(self) -> dict:
         return {"actor": self.actor}

@@ -94,6 +94,10 @@ class RolloutConfig:
     # the engine's weights: null = actor.param_dtype, the dtype the actor computes log-probs in (bfloat16
     # on GPU); the actor's weights are cast to it before each sync, which halves what travels for bf16
     dtype: Optional[str] = None
+    # 0: strictly on-policy. N > 0: the batches of the next N steps are generated while this step
+    # trains, with weights at most N steps old (rollout/staleness); the actor recomputes the old
+    # log-probs, and algorithm.rollout_is corrects the gap to the stale weights that sampled
+    async_steps: int = 0
 
 
 @dataclass
@@ -229,6 +233,7 @@ def validate(config: RunConfig) -> None:
     _check(0 < rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     _check(rollout.top_k >= 0, "rollout.top_k", "must be >= 0 (0: off)")
     _check(rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+    _check(rollout.async_steps >= 0, "rollout.async_steps", f"must be >= 0 (0: on-policy), got {rollout.async_steps}")
     try:  # registered names, or import paths imported here, before Ray starts (roll_lite/rewards/checks.py)
         check_reward_config(config.reward.functions, config.reward.timeout_s)
     except ValueError as error:

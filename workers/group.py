@@ -193,12 +193,26 @@ class RolloutClient:
         """The rollout worker's node and assigned GPU ids (workers/placement.py)."""
         return self._get(self.worker.where.remote(), "where")
 
+    # The worker runs the calls of this client one at a time, in the order they were made: a
+    # generation started before a weight update samples with the weights before it.
+
+    def start_generate(self, prompts: list[list[int]], params: SamplingParams) -> ray.ObjectRef:
+        """Queue a generation on the worker; `wait(ref, "generate")` gives its Completions."""
+        return self.worker.generate.remote(prompts, params)
+
+    def start_update_weights(self, weights: ray.ObjectRef, version: int) -> ray.ObjectRef:
+        """Queue loading FlatWeights (an object ref from `ModelGroup.state_dict_ref`) into the engine."""
+        return self.worker.update_weights.remote(weights, version)
+
+    def wait(self, ref: ray.ObjectRef, method: str):
+        """The answer of a started call (a failure raises WorkerError naming `method`)."""
+        return self._get(ref, method)
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
-        return self._get(self.worker.generate.remote(prompts, params), "generate")
+        return self.wait(self.start_generate(prompts, params), "generate")
 
     def update_weights(self, weights: ray.ObjectRef, version: int) -> None:
-        """Load FlatWeights (an object ref from `ModelGroup.state_dict_ref`) into the engine."""
-        self._get(self.worker.update_weights.remote(weights, version), "update_weights")
+        self.wait(self.start_update_weights(weights, version), "update_weights")
 
     def save_checkpoint(self, path: str) -> None:
         self._get(self.worker.save_checkpoint.remote(path), "save_checkpoint")

@@ -39,6 +39,7 @@ class RolloutWorker:
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
         completions = self.engine.generate(prompts, params)
+        completions.weight_version = self.weight_version
         if self.offload:  # the KV cache's memory goes back to the GPU for the colocated model workers
             torch.cuda.empty_cache()
         return completions

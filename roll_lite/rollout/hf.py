@@ -1,49 +1,11 @@
-"""Rollout engines behind one small interface.
-
-`generate(prompts, params)` takes token-id lists and returns, prompt-major, `params.num_samples`
-completions per prompt (token ids, ending with EOS when the model stopped) and, when sampling, each
-sampled token's log-prob under the engine's own weights; `update_weights` loads the actor's latest
-weights in memory. `hf` (transformers generate) runs anywhere; a `vllm` engine implements the same
-two methods on GPU.
-"""
+"""The `hf` rollout engine: transformers `generate`, on CPU or GPU."""
 
 from __future__ import annotations
-
-import importlib.util
-import logging
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch import nn
 
-logger = logging.getLogger(__name__)
-
-
-@dataclass
-class SamplingParams:
-    max_new_tokens: int
-    num_samples: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    greedy: bool = False
-
-
-@dataclass
-class Completions:
-    """Prompt-major: `num_samples` completions per prompt."""
-
-    token_ids: list[list[int]]
-    # per sampled token, log softmax(logits / temperature) before top-k / top-p, the quantity the actor
-    # computes; None for greedy decoding
-    log_probs: list[list[float]] | None = None
-
-
-class RolloutEngine(Protocol):
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions: ...
-
-    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
+from roll_lite.rollout.engine import Completions, SamplingParams
 
 
 class HFEngine:
@@ -140,18 +102,3 @@ class SampledLogProbs:
         if len(self.collected) != new_tokens.shape[1]:
             raise RuntimeError(f"recorded {len(self.collected)} log-probs for {new_tokens.shape[1]} generated tokens")
         return torch.stack(self.collected, dim=1).cpu()
-
-
-def choose_engine(requested: str) -> tuple[str, str]:
-    """(engine, why): the engine that will run and the reason, logged by the rollout worker."""
-    if requested == "hf":
-        return "hf", "rollout.engine=hf"
-    if requested == "vllm":
-        if not torch.cuda.is_available():
-            raise RuntimeError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on CPU")
-        if importlib.util.find_spec("vllm") is None:
-            raise RuntimeError("rollout.engine=vllm needs vllm: pip install -e '.[gpu]' (vllm 0.32, torch 2.13)")
-        raise NotImplementedError(
-            "rollout.engine=vllm is not implemented yet in roll_lite (planned behind this interface); use rollout.engine=hf"
-        )
-    raise ValueError(f"unknown rollout engine '{requested}'; choose hf or vllm")
