@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import ray
 
 from roll_lite.config import ConfigError
+from roll_lite.importing import roll_lite_dir
 from roll_lite.signals import restore_signals, stop_on_signals
 
 from .process_setup import HOOK
@@ -22,15 +25,17 @@ logger = logging.getLogger(__name__)
 def start_ray(address: str | None, needed: Reservation, object_store_mb: int = 512) -> str:
     """Join `address` (or $RAY_ADDRESS), else start a local cluster; returns a description."""
     address = address or os.environ.get("RAY_ADDRESS")
-    # Workers import roll_lite before Ray puts the driver's directory first on their sys.path.
-    runtime_env = {"worker_process_setup_hook": HOOK}
+    # Workers import roll_lite before Ray puts the driver's directory first on their sys.path. Locally
+    # only where such a directory holds another roll_lite: a runtime_env costs every worker ~1 s to start.
+    hook = {"runtime_env": {"worker_process_setup_hook": HOOK}}
     if address:
-        ray.init(address=address, logging_level=logging.WARNING, runtime_env=runtime_env)
+        ray.init(address=address, logging_level=logging.WARNING, **hook)
         where = f"joined the Ray cluster at {address}"
     else:
         ray.init(
             address="local", num_cpus=max(os.cpu_count() or 1, 1), include_dashboard=False,
-            object_store_memory=object_store_mb * 1024**2, logging_level=logging.WARNING, runtime_env=runtime_env,
+            object_store_memory=object_store_mb * 1024**2, logging_level=logging.WARNING,
+            **(hook if shadowing_directories() else {}),
         )
         where = "started a local Ray cluster"
     stop_on_signals()  # after ray.init: it replaces Ray's SIGTERM handler (a stack dump, then abort)
@@ -49,6 +54,18 @@ def start_ray(address: str | None, needed: Reservation, object_store_mb: int = 5
             f"but the cluster has {gpus:g}; lower workers.actor_dp, or set workers.gpus_per_rank=0 to run on CPU"
         )
     return f"{where} ({available:g} CPUs, {gpus:g} GPUs)"
+
+
+def shadowing_directories() -> list[str]:
+    """The directories Ray puts first on a worker's sys.path (the driver's script directory when it is
+    on the driver's sys.path, and its working directory) that hold a roll_lite other than the driver's."""
+    candidates = [os.path.abspath(os.path.curdir)]
+    script_directory = os.path.dirname(os.path.realpath(sys.argv[0]))
+    if script_directory in sys.path:
+        candidates.append(script_directory)
+    driver = Path(roll_lite_dir())
+    return [d for d in candidates
+            if (Path(d) / "roll_lite.py").exists() or (Path(d) / "roll_lite").exists() and (Path(d) / "roll_lite").resolve() != driver]
 
 
 def stop_ray() -> None:

@@ -4,7 +4,9 @@ Before a worker process runs its first task, Ray puts the driver's working direc
 its sys.path. If that directory holds another roll_lite checkout, every roll_lite module the worker
 had not imported yet would come from there, next to roll_lite.workers from the installed tree.
 Ray imports this module before that happens, and importing it imports roll_lite: the worker stays
-on the installed tree, the one the driver runs, for the rest of its life.
+on the installed tree, the one the driver runs, for the rest of its life. A local cluster gets the
+hook only when such a directory exists (workers/cluster.py shadowing_directories): a runtime_env
+makes every worker slower to start.
 """
 
 HOOK = "roll_lite.workers.process_setup.bind_roll_lite"
