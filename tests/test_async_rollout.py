@@ -1,18 +1,13 @@
-"""rollout.async_steps: the queue's books (no Ray), and real roll-train processes generating one step
-ahead: the staleness they log, the weights that sampled, and a kill + resume that continues the
-uninterrupted run bit for bit (the generations launched ahead travel in the checkpoint)."""
+"""rollout.async_steps: the books of the queue of generations launched ahead (no Ray). Real roll-train
+processes generating one step ahead are in test_resume.py: the staleness they log, the weights that
+sampled, and a resume whose batch generated ahead comes from the checkpoint."""
 
 import json
-import random
 
 import pytest
 
-from roll_lite.checkpoint import layout
 from roll_lite.rollout import Completions
 from roll_lite.rollout.ahead import RolloutQueue, staleness
-from test_resume import STEPS, assert_same_trajectory, command, data, metrics, run, run_until  # noqa: F401 (data: fixture)
-
-ASYNC = ["rollout.async_steps=1", "algorithm.rollout_is=token"]
 
 
 def test_the_queue_launches_each_step_once_up_to_async_steps_ahead():
@@ -43,32 +38,3 @@ def test_the_queue_saves_only_fetched_generations_and_restores_them():
     launched = restored.pop(4)
     assert launched.rows == [7, 1] and launched.result == queue.launched[4].result
     assert staleness(4, launched.result) == 1  # the actor holds version 3 when step 4 begins
-
-
-@pytest.fixture(scope="module")
-def async_reference(data, tmp_path_factory):  # noqa: F811
-    output = tmp_path_factory.mktemp("async")
-    run(command(data, output, "ref", *ASYNC))
-    return output / "ref"
-
-
-def test_one_step_ahead_samples_with_the_previous_weights_and_logs_its_staleness(async_reference):
-    records = metrics(async_reference)[1:]
-    assert [r["rollout/staleness"] for r in records] == [0] + [1] * (STEPS - 1)
-    # Step 1 samples with the actor's own weights (|Δ log p| is float32 noise); from step 3 the weights
-    # that sampled are one update behind (step 1's update: zero advantages, no change), and the loss is
-    # weighted by the importance ratio to them.
-    assert records[0]["actor/rollout_logp_gap"] < 1e-5
-    assert all(r["actor/rollout_logp_gap"] > 1e-4 for r in records[2:])
-    assert all(r["actor/rollout_is_weight"] != 1.0 for r in records[2:])
-    ahead = json.loads((layout.step_dir(async_reference, 2) / "rollouts_ahead.json").read_text())
-    assert [(item["step"], item["weight_version"]) for item in ahead] == [(3, 1)]
-
-
-def test_async_run_killed_and_resumed_equals_the_uninterrupted_one(data, async_reference, tmp_path):  # noqa: F811
-    kill_after = random.randint(3, STEPS - 1)
-    print(f"SIGKILL after step {kill_after}")
-    run_until(command(data, tmp_path, "killed", *ASYNC), f"step {kill_after}/{STEPS} |")
-    resumed = run(command(data, tmp_path, "killed", *ASYNC))
-    assert "resumed from" in resumed.stderr
-    assert_same_trajectory(metrics(tmp_path / "killed"), metrics(async_reference))

@@ -1,6 +1,7 @@
 """Real roll-train processes, tiny model: killed with SIGKILL and resumed, killed while writing a
-checkpoint, run twice, resumed on another D. The metrics trajectory of a run is compared, key by
-key and bit for bit, with an uninterrupted run's (perf/* timings aside: they are wall-clock times).
+checkpoint, run twice, resumed on another D, generating one step ahead (rollout.async_steps=1). The
+metrics trajectory of a run is compared, key by key and bit for bit, with an uninterrupted run's
+(perf/* timings aside: they are wall-clock times).
 
 The training file has 8 prompts and a step draws 2: steps 4 and 8 end an epoch, so the checkpoint
 of step 4 sits on an epoch boundary (sampler epoch 1, position 0)."""
@@ -25,6 +26,7 @@ TINY = [
     "rollout.prompts_per_step=2", "rollout.num_samples=4", f"steps={STEPS}", "eval_every=2", "checkpoint.every=2",
     "checkpoint.keep_last=null", "save_model=false",
 ]
+ASYNC = ["rollout.async_steps=1", "algorithm.rollout_is=token"]
 
 
 @pytest.fixture(scope="module")
@@ -112,15 +114,39 @@ def test_killed_at_a_random_step_and_resumed_the_metrics_equal_an_uninterrupted_
     assert layout.committed_steps(run_dir) == [2, 4, 6]
 
 
-def test_killed_while_writing_a_checkpoint_the_previous_one_loads(data, reference, tmp_path):
+@pytest.fixture(scope="module")
+def async_reference(data, tmp_path_factory):
+    """An uninterrupted run that generates one step ahead: its run directory."""
+    output = tmp_path_factory.mktemp("async")
+    run(command(data, output, "ref", *ASYNC))
+    return output / "ref"
+
+
+def test_one_step_ahead_samples_with_the_previous_weights_and_logs_its_staleness(async_reference):
+    records = metrics(async_reference)[1:]
+    assert [r["rollout/staleness"] for r in records] == [0] + [1] * (STEPS - 1)
+    # Step 1 samples with the actor's own weights (|Δ log p| is float32 noise); from step 3 on the weights
+    # that sampled are one update behind (step 1 updates nothing: zero advantages), and the loss is
+    # weighted by the importance ratio to them.
+    assert records[0]["actor/rollout_logp_gap"] < 1e-5
+    assert all(r["actor/rollout_logp_gap"] > 1e-4 for r in records[2:])
+    assert all(r["actor/rollout_is_weight"] != 1.0 for r in records[2:])
+    ahead = json.loads((layout.step_dir(async_reference, 2) / "rollouts_ahead.json").read_text())
+    assert [(item["step"], item["weight_version"]) for item in ahead] == [(3, 1)]
+
+
+def test_killed_while_writing_a_checkpoint_the_previous_one_loads(data, async_reference, tmp_path):
+    """An async run (rollout.async_steps=1): the checkpoint of step 2 it resumes from also holds the
+    batch generated ahead for step 3, with weights that are gone; the trajectory still continues the
+    uninterrupted async run bit for bit."""
     run_dir = tmp_path / "torn"
     env = {**os.environ, "ROLL_LITE_TEST_PAUSE_BEFORE_COMMIT_AT_STEP": "4"}
-    run_until(command(data, tmp_path, "torn"), "checkpoint step_4: parts written, pausing", env=env)
+    run_until(command(data, tmp_path, "torn", *ASYNC), "checkpoint step_4: parts written, pausing", env=env)
     assert layout.partial_dir(run_dir, 4).is_dir() and (layout.partial_dir(run_dir, 4) / "actor" / ".metadata").exists()
     assert layout.latest(run_dir) == layout.step_dir(run_dir, 2) and layout.committed_steps(run_dir) == [2]
-    resumed = run(command(data, tmp_path, "torn"))
+    resumed = run(command(data, tmp_path, "torn", *ASYNC))
     assert "resumed from" in resumed.stderr and "step_2 (step 2)" in resumed.stderr
-    assert_same_trajectory(metrics(run_dir), metrics(reference))
+    assert_same_trajectory(metrics(run_dir), metrics(async_reference))
     assert not list(layout.checkpoints_dir(run_dir).glob(".*.partial"))
 
 

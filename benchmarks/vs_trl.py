@@ -1,0 +1,142 @@
+"""roll_lite's GRPO step against TRL's GRPOTrainer, on the same box in the same run.
+
+    python benchmarks/vs_trl.py [--steps 200] [--rounds 2] [--threads 2] [--sft-steps 1200]
+
+1. TRL goes into a venv of its own (.venv-trl, made once: `pip install trl==1.16.0` with this
+   environment's torch and transformers pinned, reused through a .pth line; never a roll_lite
+   dependency, and roll_lite is not importable there).
+2. One warm start for both: `roll-train --config configs/sft.yaml` on the noisy demonstrator's
+   responses (as the demo's warm start), saved as a HF folder with its tokenizer.
+3. Rounds of, interleaved: TRL (benchmarks/trl_grpo.py), roll_lite with rollout.async_steps=0 and
+   with rollout.async_steps=1 (+ algorithm.rollout_is=token). Same model folder, tokenizer, prompt
+   file and held-out file; 2 prompts × 8 completions, 16 new tokens, lr 1e-4, β = 0, float32, the
+   exact-answer reward, `--threads` torch threads per process.
+
+Step time: median over the steps after the first 5, of TRL's on_step_begin -> on_step_end, and of
+roll_lite's perf/step_s (generation to weight sync; evaluations and checkpoints are outside both).
+The ratio is roll_lite / TRL per round. What differs and is not a setting: the order in which each
+shuffles the prompts, TRL's std epsilon (1e-4 against 1e-6), and that roll_lite's processes talk
+through Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TRL_VERSION = "1.16.0"
+SKIP = 5  # warm-up steps left out of the medians
+TRAIN, EVAL = REPO / "data/reverse_digits/train.jsonl", REPO / "data/reverse_digits/eval.jsonl"
+
+
+def trl_venv(where: Path) -> Path:
+    """The python of a venv with TRL that reuses this environment's packages (made once)."""
+    python = where / "bin" / "python"
+    if python.exists() and subprocess.run([python, "-c", "import trl"], capture_output=True).returncode == 0:
+        return python
+    print(f"making {where} (TRL {TRL_VERSION})", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    # This environment's site-packages directory only: its .pth files (roll_lite's editable install) are not read.
+    (Path(site) / "roll_lite_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as pins:
+        pins.write(f"torch=={version('torch')}\ntransformers=={version('transformers')}\n")
+    subprocess.run([python, "-m", "pip", "install", "-q", f"trl=={TRL_VERSION}", "-c", pins.name], check=True)
+    return python
+
+
+def warm_start(work: Path, sft_steps: int) -> Path:
+    """The demo's warm start as a HF folder: SFT on the noisy demonstrator's responses."""
+    subprocess.run([sys.executable, "-m", "roll_lite.cli", "--config", "configs/sft.yaml", "sft.response_key=demonstration",
+                    f"sft.steps={sft_steps}", f"output_dir={work}", "run_name=warm_start", "checkpoint.every=0"],
+                   cwd=REPO, check=True, capture_output=True)
+    return work / "warm_start" / "final"
+
+
+def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path) -> dict:
+    start = time.perf_counter()
+    out = subprocess.run([python, str(REPO / "benchmarks/trl_grpo.py"), "--model", str(model), "--train", str(TRAIN),
+                          "--eval", str(EVAL), "--steps", str(steps), "--threads", str(threads),
+                          "--output-dir", str(work / "trl")], check=True, capture_output=True, text=True, cwd=work)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"run": f"TRL {result['trl']}", "step_s": statistics.median(result["step_s"][SKIP:]), "generate_s": None,
+            "train_s": None, "sync_s": None, "held_out": (result["held_out_before"], result["held_out_after"]),
+            "wall_s": time.perf_counter() - start}
+
+
+def run_roll_lite(model: Path, steps: int, threads: int, async_steps: int, work: Path) -> dict:
+    name = f"async{async_steps}"
+    overrides = [f"model.pretrained_path={model}", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.num_samples=8",
+                 "rollout.max_new_tokens=16", "actor.lr=1e-4", "algorithm.track_kl=false", f"steps={steps}",
+                 f"eval_every={steps}", "checkpoint.every=0", "save_model=false", f"workers.torch_threads={threads}",
+                 f"rollout.async_steps={async_steps}", f"output_dir={work}", f"run_name={name}"]
+    if async_steps:
+        overrides.append("algorithm.rollout_is=token")
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "roll_lite.cli", "--config", "configs/grpo.yaml", *overrides], cwd=REPO,
+                   check=True, capture_output=True)
+    wall = time.perf_counter() - start
+    records = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
+    steps_ = [r for r in records if "perf/step_s" in r][SKIP:]
+    held_out = [r["eval/reward_mean"] for r in records if r.get("eval/reward_mean") is not None]
+    median = lambda key: statistics.median(r[key] for r in steps_)  # noqa: E731
+    return {"run": f"roll_lite async_steps={async_steps}", "step_s": median("perf/step_s"),
+            "generate_s": median("perf/generate_s"), "train_s": median("perf/train_s"),
+            "sync_s": median("perf/weight_sync_s"), "held_out": (held_out[0], held_out[-1]), "wall_s": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each process")
+    parser.add_argument("--sft-steps", type=int, default=1200)
+    parser.add_argument("--trl-venv", type=Path, default=REPO / ".venv-trl")
+    args = parser.parse_args()
+
+    python = trl_venv(args.trl_venv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        start = time.perf_counter()
+        model = warm_start(work, args.sft_steps)
+        print(f"warm start: {args.sft_steps} SFT steps in {time.perf_counter() - start:.0f} s -> {model}", flush=True)
+        for round_ in range(1, args.rounds + 1):
+            for run in (lambda: run_trl(python, model, args.steps, args.threads, work),
+                        lambda: run_roll_lite(model, args.steps, args.threads, 0, work),
+                        lambda: run_roll_lite(model, args.steps, args.threads, 1, work)):
+                row = {"round": round_, **run()}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    print(f"\n{args.steps} GRPO steps per run, 2 prompts × 8 completions, ≤ 16 new tokens, {args.threads} torch threads"
+          f" per process; medians of steps {SKIP + 1}-{args.steps}\n")
+    print("| run | round | median step s | generate s | train s | weight sync s | held-out start → end | wall s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['run']} | {r['round']} | {fmt(r['step_s'])} | {fmt(r['generate_s'])} | {fmt(r['train_s'])} | "
+              f"{fmt(r['sync_s'])} | {r['held_out'][0]:.3f} → {r['held_out'][1]:.3f} | {r['wall_s']:.0f} |")
+    print()
+    for async_steps in (0, 1):
+        ratios = []
+        for round_ in range(1, args.rounds + 1):
+            trl = next(r for r in rows if r["round"] == round_ and r["run"].startswith("TRL"))
+            ours = next(r for r in rows if r["round"] == round_ and r["run"].endswith(f"={async_steps}"))
+            ratios.append(ours["step_s"] / trl["step_s"])
+        print(f"roll_lite async_steps={async_steps} / TRL, median step: " + " / ".join(f"{x:.2f}" for x in ratios)
+              + f" (rounds 1..{args.rounds})")
+
+
+if __name__ == "__main__":
+    main()
