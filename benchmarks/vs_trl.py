@@ -1,6 +1,6 @@
 """roll_lite's GRPO step against TRL's GRPOTrainer, on the same box in the same run.
 
-    python benchmarks/vs_trl.py [--steps 200] [--rounds 2] [--threads 2] [--sft-steps 1200]
+    python benchmarks/vs_trl.py [--steps 200] [--rounds 2] [--threads 1] [--trl-threads 2] [--sft-steps 1200]
 
 1. TRL goes into a venv of its own (.venv-trl, made once: `pip install trl==1.16.0` with this
    environment's torch and transformers pinned, reused through a .pth line; never a roll_lite
@@ -10,7 +10,9 @@
 3. Rounds of, interleaved: TRL (benchmarks/trl_grpo.py), roll_lite with rollout.async_steps=0 and
    with rollout.async_steps=1 (+ algorithm.rollout_is=token). Same model folder, tokenizer, prompt
    file and held-out file; 2 prompts × 8 completions, 16 new tokens, lr 1e-4, β = 0, float32, the
-   exact-answer reward, `--threads` torch threads per process.
+   exact-answer reward. TRL, one process, gets `--trl-threads` torch threads (default 2: the whole
+   2-core box); each roll_lite worker `--threads` (workers.torch_threads; default 1, so that the
+   rollout worker generating ahead and the training actor each have a core).
 
 Step time: median over the steps after the first 5, of TRL's on_step_begin -> on_step_end, and of
 roll_lite's perf/step_s (generation to weight sync; evaluations and checkpoints are outside both).
@@ -55,27 +57,34 @@ def trl_venv(where: Path) -> Path:
     return python
 
 
+def run_checked(command: list, cwd: Path) -> str:
+    """Its stdout; on failure, the end of its stderr in the error."""
+    result = subprocess.run([str(part) for part in command], cwd=cwd, capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(f"failed ({result.returncode}): {' '.join(map(str, command))}\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
 def warm_start(work: Path, sft_steps: int) -> Path:
     """The demo's warm start as a HF folder: SFT on the noisy demonstrator's responses."""
-    subprocess.run([sys.executable, "-m", "roll_lite.cli", "--config", "configs/sft.yaml", "sft.response_key=demonstration",
-                    f"sft.steps={sft_steps}", f"output_dir={work}", "run_name=warm_start", "checkpoint.every=0"],
-                   cwd=REPO, check=True, capture_output=True)
+    run_checked([sys.executable, "-m", "roll_lite.cli", "--config", "configs/sft.yaml", "sft.response_key=demonstration",
+                 "sft.eval_files=[]", f"sft.steps={sft_steps}", f"output_dir={work}", "run_name=warm_start",
+                 "checkpoint.every=0"], REPO)
     return work / "warm_start" / "final"
 
 
-def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path) -> dict:
+def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path, round_: int) -> dict:
     start = time.perf_counter()
-    out = subprocess.run([python, str(REPO / "benchmarks/trl_grpo.py"), "--model", str(model), "--train", str(TRAIN),
-                          "--eval", str(EVAL), "--steps", str(steps), "--threads", str(threads),
-                          "--output-dir", str(work / "trl")], check=True, capture_output=True, text=True, cwd=work)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    out = run_checked([python, REPO / "benchmarks/trl_grpo.py", "--model", model, "--train", TRAIN, "--eval", EVAL,
+                       "--steps", steps, "--threads", threads, "--output-dir", work / f"trl_r{round_}"], work)
+    result = json.loads(out.strip().splitlines()[-1])
     return {"run": f"TRL {result['trl']}", "step_s": statistics.median(result["step_s"][SKIP:]), "generate_s": None,
             "train_s": None, "sync_s": None, "held_out": (result["held_out_before"], result["held_out_after"]),
             "wall_s": time.perf_counter() - start}
 
 
-def run_roll_lite(model: Path, steps: int, threads: int, async_steps: int, work: Path) -> dict:
-    name = f"async{async_steps}"
+def run_roll_lite(model: Path, steps: int, threads: int, async_steps: int, work: Path, round_: int) -> dict:
+    name = f"async{async_steps}_r{round_}"  # a run directory of its own: the same one would resume
     overrides = [f"model.pretrained_path={model}", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.num_samples=8",
                  "rollout.max_new_tokens=16", "actor.lr=1e-4", "algorithm.track_kl=false", f"steps={steps}",
                  f"eval_every={steps}", "checkpoint.every=0", "save_model=false", f"workers.torch_threads={threads}",
@@ -83,8 +92,7 @@ def run_roll_lite(model: Path, steps: int, threads: int, async_steps: int, work:
     if async_steps:
         overrides.append("algorithm.rollout_is=token")
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "roll_lite.cli", "--config", "configs/grpo.yaml", *overrides], cwd=REPO,
-                   check=True, capture_output=True)
+    run_checked([sys.executable, "-m", "roll_lite.cli", "--config", "configs/grpo.yaml", *overrides], REPO)
     wall = time.perf_counter() - start
     records = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
     steps_ = [r for r in records if "perf/step_s" in r][SKIP:]
@@ -99,7 +107,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of each process")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each roll_lite worker")
+    parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
     parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--trl-venv", type=Path, default=REPO / ".venv-trl")
     args = parser.parse_args()
@@ -112,16 +121,16 @@ def main() -> None:
         model = warm_start(work, args.sft_steps)
         print(f"warm start: {args.sft_steps} SFT steps in {time.perf_counter() - start:.0f} s -> {model}", flush=True)
         for round_ in range(1, args.rounds + 1):
-            for run in (lambda: run_trl(python, model, args.steps, args.threads, work),
-                        lambda: run_roll_lite(model, args.steps, args.threads, 0, work),
-                        lambda: run_roll_lite(model, args.steps, args.threads, 1, work)):
+            for run in (lambda: run_trl(python, model, args.steps, args.trl_threads, work, round_),
+                        lambda: run_roll_lite(model, args.steps, args.threads, 0, work, round_),
+                        lambda: run_roll_lite(model, args.steps, args.threads, 1, work, round_)):
                 row = {"round": round_, **run()}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
 
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    print(f"\n{args.steps} GRPO steps per run, 2 prompts × 8 completions, ≤ 16 new tokens, {args.threads} torch threads"
-          f" per process; medians of steps {SKIP + 1}-{args.steps}\n")
+    print(f"\n{args.steps} GRPO steps per run, 2 prompts × 8 completions, ≤ 16 new tokens; torch threads: TRL "
+          f"{args.trl_threads}, each roll_lite worker {args.threads}; medians of steps {SKIP + 1}-{args.steps}\n")
     print("| run | round | median step s | generate s | train s | weight sync s | held-out start → end | wall s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -112,6 +113,8 @@ class PPOPipeline:
         logger.info(self.rollout.describe())
         if self.config.rollout.async_steps:
             logger.info(describe_async_rollout(self.config.rollout.async_steps, self.algorithm.rollout_is))
+            if (warning := oversubscribed_cpu_warning(self.config)) is not None:
+                logger.warning(warning)
 
     def prepare_data(self) -> None:
         """Load, validate and tokenize the data: files (data.train_files, data.eval_files), and the
@@ -461,6 +464,19 @@ def describe_async_rollout(async_steps: int, rollout_is: str | None) -> str:
     return (f"rollout.async_steps={async_steps}: the next steps' batches are generated while a step trains, with "
             f"weights up to {async_steps} step(s) older than the actor (rollout/staleness); the actor recomputes the "
             f"old log-probs, and {correction}")
+
+
+def oversubscribed_cpu_warning(config: RunConfig) -> str | None:
+    """Generating ahead on CPU: the rollout worker and the actor ranks compute at the same time, and
+    more torch threads than cores make both crawl (on 2 cores, 2 threads each: a 0.56 s step where 1
+    thread each gives 0.13 s, benchmarks/vs_trl.py)."""
+    w = config.workers
+    cores, busy = os.cpu_count() or 1, w.torch_threads * (w.actor_dp + 1)
+    if w.gpus_per_rank or busy <= cores:
+        return None
+    return (f"rollout.async_steps={config.rollout.async_steps} on CPU: the rollout worker generates while "
+            f"{w.actor_dp} actor rank(s) train, {busy} torch threads on {cores} cores; set "
+            f"workers.torch_threads={max(cores // (w.actor_dp + 1), 1)} or the overlap is lost to contention")
 
 
 def _fmt(value) -> str:

@@ -96,19 +96,13 @@ def _choose_path(device: torch.device, dtype: torch.dtype, dropout: float, force
 
 
 def _per_sequence_sdpa(query, key, value, cu_seqlens, scaling, dropout):
-    # query: [1, heads, tokens, dim]; key/value may have fewer (grouped) heads.
-    bounds = cu_seqlens.tolist()
+    # query: [1, heads, tokens, dim]; key/value may have fewer (grouped) heads. split, not slicing:
+    # the backward of each slice would build a zero gradient of the whole packed row, one per sequence.
+    lengths = cu_seqlens.diff().tolist()
     outputs = [
-        F.scaled_dot_product_attention(
-            query[:, :, start:end],
-            key[:, :, start:end],
-            value[:, :, start:end],
-            dropout_p=dropout,
-            is_causal=True,
-            scale=scaling,
-            enable_gqa=query.shape[1] != key.shape[1],
-        )
-        for start, end in zip(bounds[:-1], bounds[1:])
+        F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling,
+                                       enable_gqa=query.shape[1] != key.shape[1])
+        for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2))
     ]
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()  # [1, tokens, heads, dim]
 

@@ -3,11 +3,14 @@ processes generating one step ahead are in test_resume.py: the staleness they lo
 sampled, and a resume whose batch generated ahead comes from the checkpoint."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from roll_lite.rollout import Completions
 from roll_lite.rollout.ahead import RolloutQueue, staleness
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_queue_launches_each_step_once_up_to_async_steps_ahead():
@@ -38,3 +41,14 @@ def test_the_queue_saves_only_fetched_generations_and_restores_them():
     launched = restored.pop(4)
     assert launched.rows == [7, 1] and launched.result == queue.launched[4].result
     assert staleness(4, launched.result) == 1  # the actor holds version 3 when step 4 begins
+
+
+def test_generating_ahead_on_cpu_with_more_threads_than_cores_is_warned_about(monkeypatch):
+    from roll_lite.config import load_config
+    from roll_lite.pipelines.ppo import oversubscribed_cpu_warning
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    warning = oversubscribed_cpu_warning(load_config(str(REPO / "configs/grpo.yaml"), ["rollout.async_steps=1"]))
+    assert "4 torch threads on 2 cores; set workers.torch_threads=1" in warning
+    one_thread_each = ["rollout.async_steps=1", "workers.torch_threads=1"]
+    assert oversubscribed_cpu_warning(load_config(str(REPO / "configs/grpo.yaml"), one_thread_each)) is None

@@ -276,10 +276,14 @@ class FSDP2Strategy:
         load_sharded(self, Path(folder))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The full (unsharded) HF state dict on CPU, on every rank (weight sync, export)."""
-        # cpu_offload=True would leave the dict empty on ranks other than 0.
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        return {name.removeprefix("lm."): value.cpu() for name, value in state.items()}
+        """The full (unsharded) HF state dict on CPU, on every rank (weight sync, export). On one rank
+        its tensors may be the parameters themselves: copy what must outlive the next optimizer step."""
+        if self.world_size == 1:  # each shard is the whole tensor: no gather (16 ms -> 2 ms for 1 M params on CPU)
+            state = {name: value.to_local() if isinstance(value, DTensor) else value
+                     for name, value in self.model.state_dict().items()}
+        else:  # cpu_offload=True would leave the dict empty on ranks other than 0
+            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+        return {name.removeprefix("lm."): value.detach().cpu() for name, value in state.items()}
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load a full HF state dict (e.g. the actor's, into the reference or the critic's backbone)."""
