@@ -48,6 +48,7 @@ def run_cli(*args, cwd):
         ("workers.object_store_mb=10", "workers.object_store_mb: must be >= 64, got 10"),
         ("algorithm.rollout_is=batch", "algorithm.rollout_is: 'batch' is not one of token, sequence"),
         ("algorithm.rollout_is_cap=0", "algorithm.rollout_is_cap: must be > 0, got 0.0"),
+        ("rollout.async_steps=-1", "rollout.async_steps: must be >= 0 (0: on-policy), got -1"),
     ],
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):
