@@ -1,0 +1,32 @@
+"""The benchmarks the README quotes exist and start; the cheap ones run on a tiny size."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args, timeout=120):
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_benchmark_the_readme_names_exists():
+    named = set(re.findall(r"benchmarks/(\w+\.py)", (REPO / "README.md").read_text()))
+    assert {"vs_trl.py", "packed_attention.py", "logprob_memory.py"} <= named
+    assert not [name for name in named if not (REPO / "benchmarks" / name).is_file()]
+
+
+def test_vs_trl_and_its_trl_side_parse_their_arguments_without_trl_installed():
+    result = run("benchmarks/vs_trl.py", "--help")
+    assert result.returncode == 0 and "--trl-threads" in result.stdout, result.stderr[-2000:]
+    compiled = run("-m", "py_compile", "benchmarks/trl_grpo.py")  # it runs in TRL's own venv only
+    assert compiled.returncode == 0, compiled.stderr
+
+
+def test_packed_attention_benchmark_gives_the_same_gradients_split_or_sliced():
+    result = run("benchmarks/packed_attention.py", "--tokens", "256", "--sequences", "4", "16", "--repeats", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line for line in result.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert len(rows) == 2 and all(row.rstrip(" |").endswith("0.0e+00") for row in rows), result.stdout
