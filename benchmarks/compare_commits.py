@@ -18,10 +18,11 @@ import json
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
+
+from shared_venv import venv_sharing_packages
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = ("perf/step_s", "perf/generate_s", "perf/train_s", "perf/prepare_s", "perf/weight_sync_s")
@@ -33,12 +34,7 @@ def install(ref: str, where: Path) -> tuple[str, Path, Path]:
                          text=True).stdout.strip()
     tree, venv = where / f"tree_{sha}", where / f"venv_{sha}"
     subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=REPO, check=True, capture_output=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    # Only this environment's site-packages directory, not its .pth files: its own editable roll_lite stays out.
-    Path(site, "shared_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = venv_sharing_packages(venv)
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "-e", str(tree)], check=True)
     return sha, tree, python
 

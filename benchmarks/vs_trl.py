@@ -28,11 +28,12 @@ import json
 import statistics
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
+
+from shared_venv import venv_sharing_packages
 
 REPO = Path(__file__).resolve().parents[1]
 TRL_VERSION = "1.16.0"
@@ -46,11 +47,7 @@ def trl_venv(where: Path) -> Path:
     if python.exists() and subprocess.run([python, "-c", "import trl"], capture_output=True).returncode == 0:
         return python
     print(f"making {where} (TRL {TRL_VERSION})", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    # This environment's site-packages directory only: its .pth files (roll_lite's editable install) are not read.
-    (Path(site) / "roll_lite_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    venv_sharing_packages(where)
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as pins:
         pins.write(f"torch=={version('torch')}\ntransformers=={version('transformers')}\n")
     subprocess.run([python, "-m", "pip", "install", "-q", f"trl=={TRL_VERSION}", "-c", pins.name], check=True)
