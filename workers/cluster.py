@@ -64,8 +64,12 @@ def shadowing_directories() -> list[str]:
     if script_directory in sys.path:
         candidates.append(script_directory)
     driver = Path(roll_lite_dir())
-    return [d for d in candidates
-            if (Path(d) / "roll_lite.py").exists() or (Path(d) / "roll_lite").exists() and (Path(d) / "roll_lite").resolve() != driver]
+
+    def holds_another_roll_lite(directory: str) -> bool:
+        module, package = Path(directory) / "roll_lite.py", Path(directory) / "roll_lite"
+        return module.exists() or (package.exists() and package.resolve() != driver)
+
+    return [d for d in candidates if holds_another_roll_lite(d)]
 
 
 def stop_ray() -> None:
