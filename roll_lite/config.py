@@ -98,6 +98,13 @@ class RolloutConfig:
     # trains, with weights at most N steps old (rollout/staleness); the actor recomputes the old
     # log-probs, and algorithm.rollout_is corrects the gap to the stale weights that sampled
     async_steps: int = 0
+    # rollout.engine=vllm only (roll_lite/rollout/vllm_engine.py): the fraction of the GPU vLLM takes for
+    # its weights and KV cache (it shares the GPU with the colocated actor, reference and critic);
+    # release_memory: after each generation the engine sleeps (weights to CPU, KV cache dropped) and
+    # wakes for the next one, so the colocated roles have the GPU while they run
+    gpu_memory_utilization: float = 0.5
+    release_memory: bool = True
+    tensor_parallel_size: int = 1
 
 
 @dataclass
@@ -234,6 +241,8 @@ def validate(config: RunConfig) -> None:
     _check(rollout.top_k >= 0, "rollout.top_k", "must be >= 0 (0: off)")
     _check(rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
     _check(rollout.async_steps >= 0, "rollout.async_steps", f"must be >= 0 (0: on-policy), got {rollout.async_steps}")
+    if rollout.engine == "vllm":
+        _validate_vllm(rollout, config.workers)
     try:  # registered names, or import paths imported here, before Ray starts (roll_lite/rewards/checks.py)
         check_reward_config(config.reward.functions, config.reward.timeout_s)
     except ValueError as error:
@@ -279,6 +288,22 @@ def validate(config: RunConfig) -> None:
     for key in ("actor_cpus", "rollout_cpus"):
         _check(getattr(config.workers, key) >= 0, f"workers.{key}", f"must be >= 0, got {getattr(config.workers, key)}")
     _check(w.object_store_mb >= 64, "workers.object_store_mb", f"must be >= 64, got {w.object_store_mb}")
+
+
+def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
+    from roll_lite.rollout.vllm_engine import vllm_logprobs_mode
+
+    _check(workers.gpus_per_rank > 0, "rollout.engine",
+           "vllm runs on a GPU: set workers.gpus_per_rank=1 (or rollout.engine=hf on CPU)")
+    _check(0 < rollout.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization",
+           f"must be in (0, 1), got {rollout.gpu_memory_utilization}")
+    # The rollout worker holds a share of one GPU (workers/placement.py); more needs a placement of its own.
+    _check(rollout.tensor_parallel_size == 1, "rollout.tensor_parallel_size",
+           f"must be 1 for now (the rollout worker is placed on one GPU), got {rollout.tensor_parallel_size}")
+    try:
+        vllm_logprobs_mode(rollout.temperature, rollout.top_p, rollout.top_k)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _replace_reward_functions(merged, layer) -> None:

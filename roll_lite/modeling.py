@@ -111,6 +111,20 @@ class CausalLMWithValueHead(_HeadOnDecoder):
         return {"values": self.value_head(hidden).squeeze(-1).clone()}
 
 
+# the architecture keys of the `model` config section (a model built from config)
+BUILT_MODEL_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings")
+
+
+def causal_lm_config(model_config, vocab_size: int) -> PretrainedConfig:
+    """The HF config of the run's model: `pretrained_path`'s config.json, or the `model` keys with the
+    tokenizer's vocabulary."""
+    if model_config.pretrained_path:
+        return AutoConfig.from_pretrained(model_config.pretrained_path, trust_remote_code=model_config.trust_remote_code)
+    settings = {key: getattr(model_config, key) for key in BUILT_MODEL_KEYS}
+    return AutoConfig.for_model(model_config.model_type, vocab_size=vocab_size, **settings)
+
+
 def load_causal_lm(model_config, vocab_size: int, seed: int) -> nn.Module:
     """The run's model from its `model` config section: `pretrained_path` (a local folder or a hub
     id; its own code only with `trust_remote_code`), or a fresh model of that architecture (random
@@ -122,12 +136,7 @@ def load_causal_lm(model_config, vocab_size: int, seed: int) -> nn.Module:
             model_config.pretrained_path, dtype=dtype, trust_remote_code=model_config.trust_remote_code
         )
         return use_packed_attention(model)
-    settings = {
-        key: getattr(model_config, key)
-        for key in ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings")
-    }
-    return build_causal_lm({**settings, "vocab_size": vocab_size}, dtype=dtype, seed=seed)
+    return build_causal_lm(causal_lm_config(model_config, vocab_size), dtype=dtype, seed=seed)
 
 
 def enable_gradient_checkpointing(lm: nn.Module) -> nn.Module:

@@ -13,6 +13,7 @@ import os
 from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 from roll_lite.config import ConfigError, RunConfig
+from roll_lite.modeling import causal_lm_config
 from roll_lite.model_files import first_line, locate
 from roll_lite.tokenizer import load_tokenizer
 
@@ -30,7 +31,7 @@ def check_run(config: RunConfig) -> PretrainedConfig:
             "on have no embedding: use the model's own tokenizer"
         )
     _check_positions(config, model_config, longest_prompt=1)
-    _check_rollout_engine(config.rollout.engine)
+    _check_rollout_engine(config)
     _check_cpus(config)
     return model_config
 
@@ -48,11 +49,8 @@ def _tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:
 def _built_config(model, vocab_size: int) -> PretrainedConfig:
     """The HF config of a model built from the `model` keys, its heads checked."""
     _check_heads(model.hidden_size, model.num_attention_heads, model.num_key_value_heads, "model.")
-    settings = {key: getattr(model, key) for key in (
-        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-        "max_position_embeddings", "tie_word_embeddings")}
     try:
-        return AutoConfig.for_model(model.model_type, vocab_size=vocab_size, **settings)
+        return causal_lm_config(model, vocab_size)
     except ValueError:
         raise ConfigError(f"model.model_type: '{model.model_type}' is not a model type of transformers "
                           "(e.g. qwen2, llama)") from None
@@ -110,11 +108,15 @@ def check_sequence_lengths(config: RunConfig, model_config: PretrainedConfig, lo
     _check_positions(config, model_config, longest_prompt, longest_demonstration)
 
 
-def _check_rollout_engine(engine: str) -> None:
+def _check_rollout_engine(config: RunConfig) -> None:
+    """On a local cluster the rollout worker runs on this machine: its engine must be able to run
+    here. A joined cluster's GPU nodes are checked by the rollout worker itself."""
     from roll_lite.rollout import choose_engine
 
+    if config.ray_address or os.environ.get("RAY_ADDRESS"):
+        return
     try:
-        choose_engine(engine)
+        choose_engine(config.rollout.engine)
     except (RuntimeError, NotImplementedError, ValueError) as error:
         raise ConfigError(str(error)) from None
 

@@ -14,7 +14,7 @@ def run(*args, timeout=120):
 
 def test_every_benchmark_the_readme_names_exists():
     named = set(re.findall(r"benchmarks/(\w+\.py)", (REPO / "README.md").read_text()))
-    assert {"vs_trl.py", "packed_attention.py", "logprob_memory.py"} <= named
+    assert {"vs_trl.py", "packed_attention.py", "logprob_memory.py", "vllm_cpu_check.py"} <= named
     assert not [name for name in named if not (REPO / "benchmarks" / name).is_file()]
 
 
@@ -23,6 +23,11 @@ def test_vs_trl_and_its_trl_side_parse_their_arguments_without_trl_installed():
     assert result.returncode == 0 and "--trl-threads" in result.stdout, result.stderr[-2000:]
     compiled = run("-m", "py_compile", "benchmarks/trl_grpo.py")  # it runs in TRL's own venv only
     assert compiled.returncode == 0, compiled.stderr
+
+
+def test_vllm_cpu_check_starts_without_vllm():
+    result = run("benchmarks/vllm_cpu_check.py", "--help")  # the checks themselves need its own venv (~350 MB)
+    assert result.returncode == 0 and "load_weights" in result.stdout, result.stderr[-2000:]
 
 
 def test_packed_attention_benchmark_gives_the_same_gradients_split_or_sliced():

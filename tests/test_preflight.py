@@ -77,7 +77,14 @@ VALUE_CASES = [
     ("model.model_type=gpt5", "model.model_type: 'gpt5' is not a model type of transformers (e.g. qwen2, llama)"),
     ("sft.batch_size=0", "sft.batch_size: must be >= 1, got 0"),
     ("sft.lr=0", "sft.lr: must be > 0, got 0.0"),
-    ("rollout.engine=vllm", "rollout.engine=vllm needs"),
+    ("rollout.engine=vllm", "rollout.engine: vllm runs on a GPU: set workers.gpus_per_rank=1"),
+    ("rollout.engine=vllm workers.gpus_per_rank=1", "rollout.engine=vllm needs"),
+    ("rollout.engine=vllm workers.gpus_per_rank=1 rollout.tensor_parallel_size=2",
+     "rollout.tensor_parallel_size: must be 1 for now"),
+    ("rollout.engine=vllm workers.gpus_per_rank=1 rollout.gpu_memory_utilization=1.5",
+     "rollout.gpu_memory_utilization: must be in (0, 1), got 1.5"),
+    ("rollout.engine=vllm workers.gpus_per_rank=1 rollout.top_k=20 rollout.temperature=0.7",
+     "rollout.engine=vllm cannot return log softmax(logits / temperature) when top-k / top-p truncate"),
     ("workers.actor_cpus=512", "workers.actor_cpus: the workers reserve 513 CPUs (workers.actor_cpus 512 × workers.actor_dp 1 "
                                "+ workers.rollout_cpus 1) but this machine has"),
     ("workers.rollout_cpus=-1", "workers.rollout_cpus: must be >= 0, got -1.0"),
@@ -127,7 +134,7 @@ def test_bad_values_exit_2_with_one_line(tmp_path, monkeypatch, capsys, override
     assert main(["--config", str(REPO / "configs/ppo.yaml"), *data, *override.split(), "output_dir=out"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], lines
-    if override == "rollout.engine=vllm":
+    if override == "rollout.engine=vllm workers.gpus_per_rank=1":
         assert "use rollout.engine=hf" in lines[0] or torch.cuda.is_available()
     assert not (tmp_path / "out").exists()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -22,14 +23,18 @@ class RolloutWorker:
     def __init__(self, config: RunConfig):
         torch.set_num_threads(config.workers.torch_threads)
         engine, why = choose_engine(config.rollout.engine)
-        self.engine_description = f"rollout engine: {engine} ({why})"
         tokenizer = load_tokenizer(config.model.tokenizer_path)
-        model = load_causal_lm(config.model, len(tokenizer), seed=config.seed).to(getattr(torch, rollout_dtype(config)))
-        if config.workers.gpus_per_rank and torch.cuda.is_available():  # the GPU Ray assigned (workers/placement.py)
-            model.to(torch.device("cuda", local_gpu_index(config.workers.gpus_per_rank)))
-        self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed)
-        self.weight_version = -1
         self.offload = config.workers.offload and torch.cuda.is_available()
+        if engine == "vllm":
+            self.engine, started = _start_vllm(config, tokenizer)
+            why = f"{started}; {why}"
+        else:
+            model = load_causal_lm(config.model, len(tokenizer), seed=config.seed).to(getattr(torch, rollout_dtype(config)))
+            if config.workers.gpus_per_rank and torch.cuda.is_available():  # the GPU Ray assigned (workers/placement.py)
+                model.to(torch.device("cuda", local_gpu_index(config.workers.gpus_per_rank)))
+            self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed)
+        self.engine_description = f"rollout engine: {engine} ({why})"
+        self.weight_version = -1
 
     def describe(self) -> str:
         return self.engine_description
@@ -40,7 +45,7 @@ class RolloutWorker:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
         completions = self.engine.generate(prompts, params)
         completions.weight_version = self.weight_version
-        if self.offload:  # the KV cache's memory goes back to the GPU for the colocated model workers
+        if self.offload and isinstance(self.engine, HFEngine):  # (vllm releases its memory itself: rollout.release_memory)  # the KV cache's memory goes back to the GPU for the colocated model workers
             torch.cuda.empty_cache()
         return completions
 
@@ -61,5 +66,26 @@ class RolloutWorker:
         self.engine.load_state_dict(state["engine"])
 
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """(version, a copy of the engine's weights): lets tests check the sync."""
+        """(version, a copy of the hf engine's weights): lets tests check the sync."""
         return self.weight_version, {k: v.detach().clone() for k, v in self.engine.model.state_dict().items()}
+
+
+def _start_vllm(config: RunConfig, tokenizer):
+    """(VLLMEngine, how it runs) on the GPU Ray assigned this worker."""
+    from roll_lite.modeling import causal_lm_config
+    from roll_lite.rollout import vllm_engine
+
+    if (index := local_gpu_index(config.workers.gpus_per_rank)) != 0:
+        raise RuntimeError(f"vllm runs on the first visible GPU, but the GPU Ray assigned is number {index} of "
+                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} (something widened it)")
+    r = config.rollout
+    hf_config = causal_lm_config(config.model, len(tokenizer))
+    logprobs_mode = vllm_engine.vllm_logprobs_mode(r.temperature, r.top_p, r.top_k)
+    llm, sampling_params_class = vllm_engine.start_llm(
+        hf_config, dtype=rollout_dtype(config), seed=config.seed, logprobs_mode=logprobs_mode,
+        tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
+        sleep_mode=r.release_memory)
+    engine = vllm_engine.VLLMEngine(llm, sampling_params_class, tokenizer.eos_token_id,
+                                    tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+                                    seed=config.seed, release_memory=r.release_memory)
+    return engine, vllm_engine.describe(r.tensor_parallel_size, logprobs_mode, r.release_memory)

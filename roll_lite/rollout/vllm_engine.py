@@ -1,0 +1,215 @@
+"""The `vllm` rollout engine (GPU): vLLM's offline `LLM` inside the rollout worker's process.
+
+- Start: a folder holding only the run's config.json, `load_format="dummy"`, no tokenizer (prompts
+  are token ids) and vLLM's neutral sampling defaults (`generation_config="vllm"`: a model folder's
+  generation_config.json must not change what is sampled, as in the hf engine). The pipeline loads
+  the actor's weights before the first generation, so the dummy weights are never sampled from.
+- Weights: in memory, never through disk. The actor's HF-named state dict (already cast to
+  rollout.dtype) goes to `load_weights` of vLLM's own model class through `collective_rpc`, which maps
+  the HF names itself (q/k/v -> qkv_proj, ...); a parameter left unloaded is an error, as in vLLM's
+  own loader. The prefix cache is reset after every update.
+- Memory: with `rollout.release_memory` the engine sleeps (level 1: weights to CPU, KV cache dropped)
+  after each generation, so the colocated actor, reference and critic have the GPU while they run.
+- Log-probs: vLLM returns each sampled token's log-prob; `logprobs_mode` is picked so that it is the
+  quantity the actor computes, log softmax(logits / temperature) (see `vllm_logprobs_mode`).
+
+The pure functions here (sampling, weights, outputs) are tested on CPU without vllm; `start_llm` and
+the worker extension only run where vllm and a GPU are.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from typing import Any
+
+import torch
+
+from roll_lite.rollout.engine import Completions, SamplingParams
+
+VLLM_VERSION = "0.32.0"  # the release built against our torch (2.13.0); pyproject's gpu extra pins it
+
+
+def vllm_logprobs_mode(temperature: float, top_p: float, top_k: int) -> str:
+    """The vLLM `logprobs_mode` whose sampled-token log-probs equal log softmax(logits / temperature)
+    over the whole vocabulary (what the actor and the hf engine compute). vLLM's processed log-probs
+    are renormalised over the tokens top-k / top-p keep; its raw ones ignore the temperature."""
+    if top_p == 1.0 and top_k == 0:
+        return "processed_logprobs"  # temperature applied, nothing truncated
+    if temperature == 1.0:
+        return "raw_logprobs"  # log softmax(logits) is already the quantity
+    raise ValueError(
+        "rollout.engine=vllm cannot return log softmax(logits / temperature) when top-k / top-p truncate "
+        f"and the temperature is not 1 (rollout.temperature={temperature}, rollout.top_p={top_p}, "
+        f"rollout.top_k={top_k}): set rollout.top_p=1 and rollout.top_k=0, or rollout.temperature=1"
+    )
+
+
+def vllm_sampling_kwargs(params: SamplingParams, eos_token_id: int, request_seed: int | None) -> dict[str, Any]:
+    """vllm.SamplingParams(**these) for one prompt. vLLM gives the n samples of a seeded request the
+    seeds request_seed + 0 .. n-1."""
+    kwargs: dict[str, Any] = dict(
+        max_tokens=params.max_new_tokens,
+        stop_token_ids=[eos_token_id],  # the tokenizer's EOS; no tokenizer in the engine (token-id prompts)
+        detokenize=False,
+        ignore_eos=False,
+    )
+    if params.greedy:
+        if params.num_samples != 1:
+            raise ValueError("greedy decoding gives one completion per prompt; set num_samples=1")
+        return {**kwargs, "n": 1, "temperature": 0.0}
+    # logprobs=0: only the sampled token's log-prob
+    return {**kwargs, "n": params.num_samples, "temperature": params.temperature, "top_p": params.top_p,
+            "top_k": params.top_k, "seed": request_seed, "logprobs": 0}
+
+
+def request_seeds(seed: int, call: int, num_prompts: int, num_samples: int) -> list[int]:
+    """One seed per prompt for generate call number `call`: reproducible from (seed, call), different
+    for every call, and far enough apart that no two samples (seed + 0 .. n-1) share a generator."""
+    first = random.Random(seed * 1_000_003 + call).randrange(2**40)
+    return [first + i * num_samples for i in range(num_prompts)]
+
+
+def vllm_weights(state_dict: dict[str, torch.Tensor], tie_word_embeddings: bool) -> list[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) pairs for vLLM's `load_weights`: the names a HF checkpoint of the model holds,
+    in the state dict's order (each layer's tensors together). With tied embeddings the checkpoint has
+    no lm_head (vLLM ties it to the embedding), so it is not sent."""
+    return [(name, tensor) for name, tensor in state_dict.items()
+            if not (tie_word_embeddings and name == "lm_head.weight")]
+
+
+def completions_from_outputs(outputs: list, params: SamplingParams, eos_token_id: int) -> Completions:
+    """vLLM's RequestOutputs (one per prompt, in prompt order) -> Completions, prompt-major."""
+    token_ids: list[list[int]] = []
+    log_probs: list[list[float]] | None = None if params.greedy else []
+    for prompt_index, output in enumerate(outputs):
+        samples = sorted(output.outputs, key=lambda sample: sample.index)
+        if len(samples) != params.num_samples:
+            raise RuntimeError(f"vllm returned {len(samples)} completions for prompt {prompt_index}, "
+                               f"asked for {params.num_samples}")
+        for sample in samples:
+            tokens = list(sample.token_ids)
+            # the stop token is in token_ids (vLLM appends a token before checking it); the loss mask
+            # and the reward need it there, as from the hf engine
+            if sample.finish_reason == "stop" and (not tokens or tokens[-1] != eos_token_id):
+                raise RuntimeError(f"vllm stopped prompt {prompt_index}'s completion {sample.index} without "
+                                   f"EOS ({eos_token_id}) as its last token: {tokens[-3:]}")
+            token_ids.append(tokens)
+            if log_probs is not None:
+                log_probs.append(_sampled_log_probs(sample, tokens))
+    return Completions(token_ids, log_probs)
+
+
+def _sampled_log_probs(sample, tokens: list[int]) -> list[float]:
+    """Each sampled token's log-prob from vLLM's per-position {token id: Logprob} (logprobs=0)."""
+    positions = sample.logprobs
+    if positions is None or len(positions) != len(tokens):
+        raise RuntimeError(f"vllm returned log-probs for {0 if positions is None else len(positions)} "
+                           f"of {len(tokens)} sampled tokens")
+    values = []
+    for token, position in zip(tokens, positions):
+        if position is None or token not in position:
+            raise RuntimeError(f"vllm returned no log-prob for sampled token {token}")
+        values.append(float(position[token].logprob))
+    return values
+
+
+class LoadWeightsInMemory:
+    """vLLM worker extension (`worker_extension_cls`): methods `collective_rpc` calls on every vLLM
+    worker. vLLM mixes this class into its GPU worker, which provides `get_model()`."""
+
+    def roll_lite_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> list[str]:
+        """Load HF-named tensors through the model's own `load_weights`; returns the parameters that
+        were not loaded (vLLM's names), which the engine treats as an error."""
+        model = self.get_model()
+        loaded = model.load_weights(weights=weights)
+        return sorted({name for name, _ in model.named_parameters()} - set(loaded))
+
+
+class VLLMEngine:
+    """The rollout engine interface (roll_lite/rollout/engine.py) over a vllm.LLM."""
+
+    def __init__(self, llm, sampling_params_class, eos_token_id: int, tie_word_embeddings: bool, seed: int = 0,
+                 release_memory: bool = False):
+        self.llm = llm
+        self.sampling_params_class = sampling_params_class  # vllm.SamplingParams
+        self.eos_token_id = eos_token_id
+        self.tie_word_embeddings = tie_word_embeddings
+        self.seed, self.calls = seed, 0
+        self.release_memory = release_memory
+        self.asleep = False  # after a generation with release_memory: weights on CPU, no KV cache
+        self.weights_awake = True
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("generate: every prompt needs at least one token")
+        seeds = request_seeds(self.seed, self.calls, len(prompts), params.num_samples)
+        self.calls += 1
+        requests = [self.sampling_params_class(**vllm_sampling_kwargs(params, self.eos_token_id, seed)) for seed in seeds]
+        self._wake()
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], requests, use_tqdm=False)
+        if self.release_memory:
+            self.llm.sleep(level=1)
+            self.asleep, self.weights_awake = True, False
+        return completions_from_outputs(outputs, params, self.eos_token_id)
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        if not self.weights_awake:  # the KV cache stays released until the next generation
+            self.llm.wake_up(tags=["weights"])
+            self.weights_awake = True
+        weights = vllm_weights(state_dict, self.tie_word_embeddings)
+        for worker, not_loaded in enumerate(self.llm.collective_rpc("roll_lite_load_weights", args=(weights,))):
+            if not_loaded:
+                raise KeyError(f"rollout weight sync: vllm worker {worker} did not load {not_loaded[:5]} "
+                               f"({len(not_loaded)} parameters); the actor sent {len(weights)} tensors")
+        if not self.llm.reset_prefix_cache():  # cached prompt KV was computed with the old weights
+            raise RuntimeError("rollout weight sync: vllm could not reset its prefix cache (requests still running)")
+
+    def _wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()  # every tag still asleep: the weights (unless an update woke them) and the KV cache
+            self.asleep, self.weights_awake = False, True
+
+    def state_dict(self) -> dict:
+        """Where sampling stands: generate call k seeds its requests from (seed, k)."""
+        return {"seed": self.seed, "calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed, self.calls = int(state["seed"]), int(state["calls"])
+
+
+def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_parallel_size: int,
+              gpu_memory_utilization: float, sleep_mode: bool):
+    """A vllm.LLM for the model `hf_config` describes, in this process, with dummy weights. Returns
+    (llm, vllm.SamplingParams)."""
+    if tensor_parallel_size == 1:
+        # the engine core in this process (uniprocess executor): collective_rpc hands the weights to the
+        # model without serialising them
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import vllm
+
+    folder = tempfile.mkdtemp(prefix="roll_lite_vllm_config_")
+    hf_config.save_pretrained(folder)  # config.json only: vLLM reads the architecture from it
+    llm = vllm.LLM(
+        model=folder, load_format="dummy", skip_tokenizer_init=True, generation_config="vllm",
+        dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
+        gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_mode,
+        logprobs_mode=logprobs_mode, worker_extension_cls=f"{__name__}.LoadWeightsInMemory",
+    )
+    return llm, vllm.SamplingParams
+
+
+def installed_vllm_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("vllm")
+    except Exception:
+        return None
+
+
+def describe(tensor_parallel_size: int, logprobs_mode: str, release_memory: bool) -> str:
+    where = "in this process" if tensor_parallel_size == 1 else f"{tensor_parallel_size} tensor-parallel workers"
+    sleep = "sleeps between generations (level 1)" if release_memory else "keeps its memory"
+    return f"vllm {installed_vllm_version()} ({where}, logprobs_mode={logprobs_mode}, {sleep})"
