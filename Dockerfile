@@ -1,6 +1,8 @@
 # GPU image: CUDA torch 2.13.0 + vllm 0.32 + flash-attn (compiled here, needs nvcc from the devel image).
-# Not built in CI (no Docker engine there); the CPU install is scripts/setup.sh.
-FROM nvidia/cuda:12.8.1-cudnn-devel-ubuntu24.04
+# vllm 0.32.0's wheel is built for CUDA 13.0 (it pulls nvidia-cutlass-dsl[cu13]), so nvcc must be 13.0
+# too: flash-attn's build refuses an nvcc whose CUDA differs from torch's.
+# Not built yet: no Docker engine on the machines we have (CI neither); the CPU install is scripts/setup.sh.
+FROM nvidia/cuda:13.0.1-cudnn-devel-ubuntu24.04
 RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev git \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/roll_lite

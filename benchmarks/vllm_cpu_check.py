@@ -74,7 +74,8 @@ def run_checks() -> bool:
         wrong = {k: (getattr(built, k), v) for k, v in kwargs.items() if getattr(built, k) != v}
         results.append(check(f"SamplingParams ({label})", not wrong, str(wrong or kwargs)))
     engine_keys = ["load_format", "skip_tokenizer_init", "generation_config", "dtype", "seed", "tensor_parallel_size",
-                   "gpu_memory_utilization", "enable_sleep_mode", "logprobs_mode", "worker_extension_cls"]
+                   "gpu_memory_utilization", "enable_sleep_mode", "logprobs_mode", "worker_extension_cls",
+                   "distributed_executor_backend"]
     missing = [k for k in engine_keys if k not in {f.name for f in dataclasses.fields(EngineArgs)}]
     results.append(check("LLM keywords are EngineArgs fields", not missing, str(missing or "all")))
     fields = inspect.signature(CompletionOutput).parameters

@@ -99,8 +99,10 @@ class PPOPipeline:
         from roll_lite.workers.placement import Placement
 
         w = self.config.workers
-        # On GPUs, rank i of every model group and the rollout worker (on bundle 0) share one GPU.
-        placement = Placement(self.config, roles_on_a_gpu=2 + self.use_reference + self.use_critic)
+        # On GPUs, rank i of every model group, and the rollout worker unless it has GPUs of its own
+        # (workers.rollout_gpus), share one GPU.
+        colocated_rollout = w.rollout_gpus == 0
+        placement = Placement(self.config, roles_on_a_gpu=1 + self.use_reference + self.use_critic + colocated_rollout)
         # All worker processes start at once; wait_ready then builds their models.
         self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)
         self.reference = ModelGroup("reference", w.reference_dp, placement, self.config) if self.use_reference else None

@@ -98,13 +98,13 @@ class RolloutConfig:
     # trains, with weights at most N steps old (rollout/staleness); the actor recomputes the old
     # log-probs, and algorithm.rollout_is corrects the gap to the stale weights that sampled
     async_steps: int = 0
-    # rollout.engine=vllm only (roll_lite/rollout/vllm_engine.py): the fraction of the GPU vLLM takes for
-    # its weights and KV cache (it shares the GPU with the colocated actor, reference and critic);
+    # rollout.engine=vllm only (roll_lite/rollout/vllm_engine.py): the fraction of each GPU vLLM takes for
+    # its weights and KV cache (colocated, it shares the GPU with the actor, reference and critic);
     # release_memory: after each generation the engine sleeps (weights to CPU, KV cache dropped) and
     # wakes for the next one, so the colocated roles have the GPU while they run
     gpu_memory_utilization: float = 0.5
-    release_memory: bool = True
-    tensor_parallel_size: int = 1
+    release_memory: Optional[bool] = None  # null: true when colocated (workers.rollout_gpus=0), else false
+    tensor_parallel_size: int = 1  # vllm's GPUs: 1 colocated, workers.rollout_gpus on GPUs of its own
 
 
 @dataclass
@@ -157,6 +157,9 @@ class WorkersConfig:
     # GPUs (workers/placement.py): 1 gives each actor rank a GPU, with rank i of the reference and the
     # critic, and the rollout worker, colocated on the same GPUs; 0: CPU only.
     gpus_per_rank: float = 0.0
+    # GPUs of the rollout worker's own: 0 = it shares actor rank 0's GPU (colocated, the default); N >= 1 =
+    # N GPUs on one node for it alone (disaggregated; with rollout.engine=vllm, rollout.tensor_parallel_size=N)
+    rollout_gpus: int = 0
     placement: str = "pack"  # the actor's bundles: pack (fill a node first) | spread (one per node where possible)
     # A worker call (a step's generate, train_step, ...) that has not answered after call_timeout_s stops
     # the run (a worker that is alive but stuck); a warning names the waiting ranks every stall_warning_s.
@@ -277,6 +280,11 @@ def validate(config: RunConfig) -> None:
     _check(w.gpus_per_rank in (0, 1), "workers.gpus_per_rank",
            f"must be 0 (CPU) or 1 (a GPU per rank: nccl needs one device per rank), got {w.gpus_per_rank}")
     _check(w.placement in ("pack", "spread"), "workers.placement", f"must be pack or spread, got '{w.placement}'")
+    _check(w.rollout_gpus >= 0, "workers.rollout_gpus", f"must be >= 0 (0: colocated), got {w.rollout_gpus}")
+    if w.rollout_gpus:
+        _check(w.gpus_per_rank > 0, "workers.rollout_gpus", "GPUs of the rollout's own need workers.gpus_per_rank=1")
+        _check(config.rollout.engine == "vllm" or w.rollout_gpus == 1, "workers.rollout_gpus",
+               f"the hf engine generates on one GPU, got {w.rollout_gpus} (rollout.engine=vllm uses several)")
     if w.gpus_per_rank:
         for key in ("reference_dp", "critic_dp"):
             _check(getattr(w, key) == w.actor_dp, f"workers.{key}",
@@ -297,9 +305,10 @@ def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
            "vllm runs on a GPU: set workers.gpus_per_rank=1 (or rollout.engine=hf on CPU)")
     _check(0 < rollout.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization",
            f"must be in (0, 1), got {rollout.gpu_memory_utilization}")
-    # The rollout worker holds a share of one GPU (workers/placement.py); more needs a placement of its own.
-    _check(rollout.tensor_parallel_size == 1, "rollout.tensor_parallel_size",
-           f"must be 1 for now (the rollout worker is placed on one GPU), got {rollout.tensor_parallel_size}")
+    gpus = workers.rollout_gpus or 1  # colocated: a share of one GPU (workers/placement.py)
+    _check(rollout.tensor_parallel_size == gpus, "rollout.tensor_parallel_size",
+           f"must equal the rollout worker's GPUs, {gpus} (workers.rollout_gpus={workers.rollout_gpus}; "
+           f"0: a share of actor rank 0's GPU), got {rollout.tensor_parallel_size}")
     try:
         vllm_logprobs_mode(rollout.temperature, rollout.top_p, rollout.top_k)
     except ValueError as error:
@@ -385,6 +394,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
     for key in ("critic_dp", "reference_dp"):
         if getattr(config.workers, key) is None:
             setattr(config.workers, key, config.workers.actor_dp if config.workers.gpus_per_rank else 1)
+    if config.rollout.release_memory is None:
+        config.rollout.release_memory = config.workers.rollout_gpus == 0
     validate(config)
     if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
         config.model.tokenizer_path = config.model.pretrained_path

@@ -36,6 +36,23 @@ def test_gpu_settings_are_checked_with_the_key_named(tmp_path):
     assert (config.workers.reference_dp, config.workers.critic_dp) == (1, 1)
 
 
+def test_rollout_gpus_of_its_own_are_checked_with_the_key_named():
+    vllm = ["rollout.engine=vllm"]
+    cases = [(["workers.rollout_gpus=-1"], "workers.rollout_gpus: must be >= 0 (0: colocated), got -1"),
+             (["workers.gpus_per_rank=0", "workers.rollout_gpus=1"], "workers.rollout_gpus: GPUs of the rollout's own need workers.gpus_per_rank=1"),
+             (["workers.rollout_gpus=2"], "workers.rollout_gpus: the hf engine generates on one GPU, got 2"),
+             (vllm + ["workers.rollout_gpus=2"], "rollout.tensor_parallel_size: must equal the rollout worker's GPUs, 2 (workers.rollout_gpus=2"),
+             (vllm + ["rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size: must equal the rollout worker's GPUs, 1 (workers.rollout_gpus=0")]
+    for overrides, expected in cases:
+        with pytest.raises(ConfigError) as error:
+            load_config(REPO / "configs/ppo.yaml", GPUS + overrides)
+        assert str(error.value).startswith(expected), (overrides, str(error.value))
+    disaggregated = load_config(REPO / "configs/ppo.yaml", GPUS + vllm + ["workers.rollout_gpus=2", "rollout.tensor_parallel_size=2"])
+    colocated = load_config(REPO / "configs/ppo.yaml", GPUS + vllm)
+    # the engine sleeps between generations only when it shares a GPU
+    assert (colocated.rollout.release_memory, disaggregated.rollout.release_memory) == (True, False)
+
+
 def test_the_capacity_checks_count_what_the_placement_reserves():
     from roll_lite.workers.placement import reservation
 
@@ -44,6 +61,8 @@ def test_the_capacity_checks_count_what_the_placement_reserves():
     on_cpu = reservation(load_config(REPO / "configs/ppo.yaml", ["workers.actor_dp=2", "workers.rollout_cpus=0.25"]))
     assert (on_cpu.cpus, on_cpu.gpus) == (2.25, 0)
     assert reservation(load_config(REPO / "configs/ppo.yaml", ["workers.actor_dp=2"]), with_rollout=False).cpus == 2  # SFT
+    apart = reservation(load_config(REPO / "configs/ppo.yaml", GPUS + ["workers.rollout_gpus=1"]))
+    assert (apart.gpus, apart.gpus_from) == (3, "workers.gpus_per_rank × workers.actor_dp + workers.rollout_gpus")
 
 
 def test_too_few_gpus_stops_roll_train_in_one_line_before_any_worker(tmp_path, monkeypatch, capsys):
@@ -132,6 +151,26 @@ for placement in ("spread", "pack"):
     layout.remove()
 print(json.dumps(found))
 """
+
+
+def test_a_rollout_with_gpus_of_its_own_gets_them_apart_from_the_actors(tmp_path, four_logical_gpus):
+    from roll_lite.workers.placement import Placement
+
+    config = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + [
+        "rollout.engine=vllm", "workers.rollout_gpus=2", "rollout.tensor_parallel_size=2"])
+
+    @ray.remote
+    def assigned_gpus():
+        return sorted(str(i) for i in ray.get_gpu_ids())
+
+    layout = Placement(config, roles_on_a_gpu=3)  # actor, reference, critic: the rollout is elsewhere
+    try:
+        actor = [ray.get(assigned_gpus.options(**layout.model_rank("actor", rank)).remote()) for rank in range(2)]
+        rollout = ray.get(assigned_gpus.options(**layout.rollout()).remote())
+    finally:
+        layout.remove()
+    assert len(rollout) == 2 and all(len(ids) == 1 for ids in actor)
+    assert sorted(actor[0] + actor[1] + rollout) == ["0", "1", "2", "3"]  # four different GPUs
 
 
 def test_spread_puts_the_actor_ranks_on_two_nodes_and_pack_on_one(tmp_path, two_nodes_with_two_logical_gpus_each):

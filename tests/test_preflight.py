@@ -80,7 +80,7 @@ VALUE_CASES = [
     ("rollout.engine=vllm", "rollout.engine: vllm runs on a GPU: set workers.gpus_per_rank=1"),
     ("rollout.engine=vllm workers.gpus_per_rank=1", "rollout.engine=vllm needs"),
     ("rollout.engine=vllm workers.gpus_per_rank=1 rollout.tensor_parallel_size=2",
-     "rollout.tensor_parallel_size: must be 1 for now"),
+     "rollout.tensor_parallel_size: must equal the rollout worker's GPUs, 1 (workers.rollout_gpus=0"),
     ("rollout.engine=vllm workers.gpus_per_rank=1 rollout.gpu_memory_utilization=1.5",
      "rollout.gpu_memory_utilization: must be in (0, 1), got 1.5"),
     ("rollout.engine=vllm workers.gpus_per_rank=1 rollout.top_k=20 rollout.temperature=0.7",

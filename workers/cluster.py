@@ -50,7 +50,7 @@ def start_ray(address: str | None, needed: Reservation, object_store_mb: int = 5
     if needed.gpus > gpus:
         stop_ray()  # and our signal handlers go too: a caller that goes on (a notebook, a test) gets its own back
         raise ConfigError(
-            f"workers.gpus_per_rank: the workers need {needed.gpus:g} GPUs (workers.gpus_per_rank × workers.actor_dp) "
+            f"workers.gpus_per_rank: the workers need {needed.gpus:g} GPUs ({needed.gpus_from}) "
             f"but the cluster has {gpus:g}; lower workers.actor_dp, or set workers.gpus_per_rank=0 to run on CPU"
         )
     return f"{where} ({available:g} CPUs, {gpus:g} GPUs)"

@@ -8,7 +8,9 @@ group of `workers.actor_dp` bundles, one GPU each, packed onto as few nodes as p
 (`workers.placement=pack`) or one bundle per node where it can (`spread`). Rank i of the actor, the
 reference and the critic all run on bundle i, and the rollout worker on bundle 0; each takes an equal
 share of the bundle's GPU, so Ray gives them the same GPU (CUDA_VISIBLE_DEVICES) and no two ranks of
-one group share a GPU (nccl needs one device per rank).
+one group share a GPU (nccl needs one device per rank). With `workers.rollout_gpus=N` the rollout worker
+instead gets N whole GPUs of its own, on one node (a placement group of its own): the disaggregated
+layout, where vLLM can generate with tensor parallelism while the actor trains elsewhere.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Reservation:
     cpus: float
     gpus: float
     cpus_from: str  # how the CPUs add up, with the config keys, for error messages
+    gpus_from: str = "workers.gpus_per_rank × workers.actor_dp"
 
 
 def reservation(config: RunConfig, with_rollout: bool = True) -> Reservation:
@@ -38,7 +41,10 @@ def reservation(config: RunConfig, with_rollout: bool = True) -> Reservation:
     cpus, cpus_from = w.actor_cpus * w.actor_dp, f"workers.actor_cpus {w.actor_cpus:g} × workers.actor_dp {w.actor_dp}"
     if with_rollout and not w.gpus_per_rank:
         cpus, cpus_from = cpus + w.rollout_cpus, f"{cpus_from} + workers.rollout_cpus {w.rollout_cpus:g}"
-    return Reservation(cpus, w.gpus_per_rank * w.actor_dp, cpus_from)
+    gpus, gpus_from = w.gpus_per_rank * w.actor_dp, "workers.gpus_per_rank × workers.actor_dp"
+    if with_rollout and w.rollout_gpus:
+        gpus, gpus_from = gpus + w.rollout_gpus, f"{gpus_from} + workers.rollout_gpus"
+    return Reservation(cpus, gpus, cpus_from, gpus_from)
 
 
 class Placement:
@@ -50,6 +56,9 @@ class Placement:
         self.actor_cpus, self.rollout_cpus = w.actor_cpus, w.rollout_cpus
         bundle = {name: amount for name, amount in (("GPU", 1.0 if self.gpus else 0), ("CPU", w.actor_cpus)) if amount > 0}
         self.group = placement_group([bundle] * w.actor_dp, strategy=w.placement.upper()) if bundle else None
+        # disaggregated: the rollout worker's GPUs, all on one node (tensor parallelism)
+        self.rollout_gpus = w.rollout_gpus if self.gpus else 0
+        self.rollout_group = placement_group([{"GPU": self.rollout_gpus}], strategy="STRICT_PACK") if self.rollout_gpus else None
 
     def model_rank(self, role: str, rank: int) -> dict:
         """Ray actor options for rank `rank` of a model group."""
@@ -63,15 +72,19 @@ class Placement:
     def rollout(self) -> dict:
         if not self.gpus:
             return {"num_cpus": self.rollout_cpus}
+        if self.rollout_group is not None:
+            return {"num_cpus": 0, "num_gpus": self.rollout_gpus,
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(self.rollout_group, placement_group_bundle_index=0)}
         return {"num_cpus": 0, "num_gpus": self.gpu_share, "scheduling_strategy": self._bundle(0)}
 
     def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
 
     def remove(self) -> None:
-        if self.group is not None:
-            remove_placement_group(self.group)
-            self.group = None
+        for group in (self.group, self.rollout_group):
+            if group is not None:
+                remove_placement_group(group)
+        self.group = self.rollout_group = None
 
 
 def local_gpu_index(gpus_per_rank: float) -> int:

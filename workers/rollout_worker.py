@@ -45,7 +45,9 @@ class RolloutWorker:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
         completions = self.engine.generate(prompts, params)
         completions.weight_version = self.weight_version
-        if self.offload and isinstance(self.engine, HFEngine):  # (vllm releases its memory itself: rollout.release_memory)  # the KV cache's memory goes back to the GPU for the colocated model workers
+        # the KV cache's memory goes back to the GPU for the colocated model workers (vllm's engine
+        # releases its own: rollout.release_memory)
+        if self.offload and isinstance(self.engine, HFEngine):
             torch.cuda.empty_cache()
         return completions
 

@@ -4,6 +4,8 @@
   are token ids) and vLLM's neutral sampling defaults (`generation_config="vllm"`: a model folder's
   generation_config.json must not change what is sampled, as in the hf engine). The pipeline loads
   the actor's weights before the first generation, so the dummy weights are never sampled from.
+- Where: the GPUs Ray gave the rollout worker. Colocated (workers.rollout_gpus=0) a share of actor rank
+  0's GPU and the engine core in this process; with GPUs of its own, tensor parallelism over them.
 - Weights: in memory, never through disk. The actor's HF-named state dict (already cast to
   rollout.dtype) goes to `load_weights` of vLLM's own model class through `collective_rpc`, which maps
   the HF names itself (q/k/v -> qkv_proj, ...); a parameter left unloaded is an error, as in vLLM's
@@ -187,13 +189,16 @@ def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_paral
         # the engine core in this process (uniprocess executor): collective_rpc hands the weights to the
         # model without serialising them
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # Several GPUs: worker processes on this worker's GPUs. vLLM would pick its Ray executor inside our
+    # placement group, which would ask Ray for GPUs this worker already holds.
+    backend = "uni" if tensor_parallel_size == 1 else "mp"
     import vllm
 
     folder = tempfile.mkdtemp(prefix="roll_lite_vllm_config_")
     hf_config.save_pretrained(folder)  # config.json only: vLLM reads the architecture from it
     llm = vllm.LLM(
         model=folder, load_format="dummy", skip_tokenizer_init=True, generation_config="vllm",
-        dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size,
+        dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=backend,
         gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_mode,
         logprobs_mode=logprobs_mode, worker_extension_cls=f"{__name__}.LoadWeightsInMemory",
     )
