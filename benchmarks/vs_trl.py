@@ -7,8 +7,9 @@
    dependency, and roll_lite is not importable there).
 2. One warm start for both: `roll-train --config configs/sft.yaml` on the noisy demonstrator's
    responses (as the demo's warm start), saved as a HF folder with its tokenizer.
-3. Rounds of, interleaved: TRL (benchmarks/trl_grpo.py), roll_lite with rollout.async_steps=0 and
-   with rollout.async_steps=1 (+ algorithm.rollout_is=token). Same model folder, tokenizer, prompt
+3. Rounds of, interleaved: TRL (benchmarks/trl_grpo.py), roll_lite with rollout.async_steps=0, with
+   rollout.in_actor=true (on-policy, generated in the actor's process) and with rollout.async_steps=1
+   (+ algorithm.rollout_is=token). Same model folder, tokenizer, prompt
    file and held-out file; 2 prompts × 8 completions, 16 new tokens, lr 1e-4, β = 0, float32, the
    exact-answer reward. TRL, one process, gets `--trl-threads` torch threads (default 2: the whole
    2-core box); each roll_lite worker `--threads` (workers.torch_threads; default 1, so that the
@@ -80,14 +81,20 @@ def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path, rou
             "wall_s": time.perf_counter() - start}
 
 
-def run_roll_lite(model: Path, steps: int, threads: int, async_steps: int, work: Path, round_: int) -> dict:
-    name = f"async{async_steps}_r{round_}"  # a run directory of its own: the same one would resume
+# roll_lite's runs: name -> the overrides that make it
+VARIANTS = {
+    "async_steps=0": [],  # strictly on-policy, a rollout worker of its own
+    "in_actor": ["rollout.in_actor=true"],  # on-policy, generated in the actor's process on its own parameters
+    "async_steps=1": ["rollout.async_steps=1", "algorithm.rollout_is=token"],  # one step ahead
+}
+
+
+def run_roll_lite(model: Path, steps: int, threads: int, variant: str, work: Path, round_: int) -> dict:
+    name = f"{variant.replace('=', '')}_r{round_}"  # a run directory of its own: the same one would resume
     overrides = [f"model.pretrained_path={model}", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.num_samples=8",
                  "rollout.max_new_tokens=16", "actor.lr=1e-4", "algorithm.track_kl=false", f"steps={steps}",
                  f"eval_every={steps}", "checkpoint.every=0", "save_model=false", f"workers.torch_threads={threads}",
-                 f"rollout.async_steps={async_steps}", f"output_dir={work}", f"run_name={name}"]
-    if async_steps:
-        overrides.append("algorithm.rollout_is=token")
+                 f"output_dir={work}", f"run_name={name}", *VARIANTS[variant]]
     start = time.perf_counter()
     run_checked([sys.executable, "-m", "roll_lite.cli", "--config", "configs/grpo.yaml", *overrides], REPO)
     wall = time.perf_counter() - start
@@ -95,7 +102,7 @@ def run_roll_lite(model: Path, steps: int, threads: int, async_steps: int, work:
     steps_ = [r for r in records if "perf/step_s" in r][SKIP:]
     held_out = [r["eval/reward_mean"] for r in records if r.get("eval/reward_mean") is not None]
     median = lambda key: statistics.median(r[key] for r in steps_)  # noqa: E731
-    return {"run": f"roll_lite async_steps={async_steps}", "step_s": median("perf/step_s"),
+    return {"run": f"roll_lite {variant}", "step_s": median("perf/step_s"),
             "generate_s": median("perf/generate_s"), "train_s": median("perf/train_s"),
             "sync_s": median("perf/weight_sync_s"), "held_out": (held_out[0], held_out[-1]), "wall_s": wall}
 
@@ -118,9 +125,9 @@ def main() -> None:
         model = warm_start(work, args.sft_steps)
         print(f"warm start: {args.sft_steps} SFT steps in {time.perf_counter() - start:.0f} s -> {model}", flush=True)
         for round_ in range(1, args.rounds + 1):
-            for run in (lambda: run_trl(python, model, args.steps, args.trl_threads, work, round_),
-                        lambda: run_roll_lite(model, args.steps, args.threads, 0, work, round_),
-                        lambda: run_roll_lite(model, args.steps, args.threads, 1, work, round_)):
+            runs = [lambda: run_trl(python, model, args.steps, args.trl_threads, work, round_)]
+            runs += [lambda v=variant: run_roll_lite(model, args.steps, args.threads, v, work, round_) for v in VARIANTS]
+            for run in runs:
                 row = {"round": round_, **run()}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -134,13 +141,13 @@ def main() -> None:
         print(f"| {r['run']} | {r['round']} | {fmt(r['step_s'])} | {fmt(r['generate_s'])} | {fmt(r['train_s'])} | "
               f"{fmt(r['sync_s'])} | {r['held_out'][0]:.3f} → {r['held_out'][1]:.3f} | {r['wall_s']:.0f} |")
     print()
-    for async_steps in (0, 1):
+    for variant in VARIANTS:
         ratios = []
         for round_ in range(1, args.rounds + 1):
             trl = next(r for r in rows if r["round"] == round_ and r["run"].startswith("TRL"))
-            ours = next(r for r in rows if r["round"] == round_ and r["run"].endswith(f"={async_steps}"))
+            ours = next(r for r in rows if r["round"] == round_ and r["run"] == f"roll_lite {variant}")
             ratios.append(ours["step_s"] / trl["step_s"])
-        print(f"roll_lite async_steps={async_steps} / TRL, median step: " + " / ".join(f"{x:.2f}" for x in ratios)
+        print(f"roll_lite {variant} / TRL, median step: " + " / ".join(f"{x:.2f}" for x in ratios)
               + f" (rounds 1..{args.rounds})")
 
 

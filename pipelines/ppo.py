@@ -107,11 +107,14 @@ class PPOPipeline:
         self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)
         self.reference = ModelGroup("reference", w.reference_dp, placement, self.config) if self.use_reference else None
         self.critic = ModelGroup("critic", w.critic_dp, placement, self.config) if self.use_critic else None
-        self.rollout = RolloutClient(self.config, placement)
+        in_actor = self.config.rollout.in_actor  # then the actor's process generates, once it is ready
+        self.rollout = None if in_actor else RolloutClient(self.config, placement)
         self.reward = RewardClient(self.config)
         for group in (self.actor, self.reference, self.critic):
             if group is not None:
                 group.wait_ready()
+        if in_actor:
+            self.rollout = RolloutClient(self.config, placement, actor=self.actor)
         logger.info(self.rollout.describe())
         if self.config.rollout.async_steps:
             logger.info(describe_async_rollout(self.config.rollout.async_steps, self.algorithm.rollout_is))
@@ -194,7 +197,7 @@ class PPOPipeline:
         behind the generations in flight and the step goes on; what needs the new weights (the next
         sync, an evaluation, a checkpoint) waits for it first."""
         self.wait_weight_sync()
-        self._weight_sync = self.rollout.start_update_weights(self.actor.state_dict_ref(rollout_dtype(self.config)), version)
+        self._weight_sync = self.rollout.start_sync(self.actor, rollout_dtype(self.config), version)
         if not self.config.rollout.async_steps:
             self.wait_weight_sync()
 
@@ -372,10 +375,11 @@ class PPOPipeline:
         logger.info("saved the policy and tokenizer to %s", path)
 
     def sync_from_actor(self, version: int) -> None:
-        state = self.actor.state_dict_ref()
-        self.rollout.update_weights(state, version)
-        for group in (self.reference, self.critic):
-            if group is not None:
+        self.rollout.sync(self.actor, rollout_dtype(self.config), version)
+        others = [group for group in (self.reference, self.critic) if group is not None]
+        if others:
+            state = self.actor.state_dict_ref()
+            for group in others:
                 group.load_state_dict(state)
 
     def run(self) -> list[dict]:
@@ -452,7 +456,7 @@ class PPOPipeline:
     def load_driver_state(self, folder: Path, step: int) -> None:
         from roll_lite.checkpoint.rng import load_rng
 
-        self.rollout.update_weights(self.actor.state_dict_ref(rollout_dtype(self.config)), version=step)
+        self.rollout.sync(self.actor, rollout_dtype(self.config), version=step)
         self.rollout.load_checkpoint(str(folder / "rng_rollout.pkl"))
         # checkpoints written before rollout.async_steps existed have no such file: nothing was ahead
         ahead = folder / ROLLOUTS_AHEAD

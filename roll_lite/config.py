@@ -98,6 +98,10 @@ class RolloutConfig:
     # trains, with weights at most N steps old (rollout/staleness); the actor recomputes the old
     # log-probs, and algorithm.rollout_is corrects the gap to the stale weights that sampled
     async_steps: int = 0
+    # true: the actor's process generates (hf engine) with a model whose tensors are the actor's own
+    # parameters, so nothing is copied to sync the weights and no rollout process runs. Needs one actor
+    # rank (workers.actor_dp=1) on CPU, on-policy (async_steps=0), no workers.offload, rollout.dtype = model.dtype.
+    in_actor: bool = False
     # rollout.engine=vllm only (roll_lite/rollout/vllm_engine.py): the fraction of each GPU vLLM takes for
     # its weights and KV cache (colocated, it shares the GPU with the actor, reference and critic);
     # release_memory: after each generation the engine sleeps (weights to CPU, KV cache dropped) and
@@ -246,6 +250,8 @@ def validate(config: RunConfig) -> None:
     _check(rollout.async_steps >= 0, "rollout.async_steps", f"must be >= 0 (0: on-policy), got {rollout.async_steps}")
     if rollout.engine == "vllm":
         _validate_vllm(rollout, config.workers)
+    if rollout.in_actor:
+        _validate_in_actor(config)
     try:  # registered names, or import paths imported here, before Ray starts (roll_lite/rewards/checks.py)
         check_reward_config(config.reward.functions, config.reward.timeout_s)
     except ValueError as error:
@@ -296,6 +302,18 @@ def validate(config: RunConfig) -> None:
     for key in ("actor_cpus", "rollout_cpus"):
         _check(getattr(config.workers, key) >= 0, f"workers.{key}", f"must be >= 0, got {getattr(config.workers, key)}")
     _check(w.object_store_mb >= 64, "workers.object_store_mb", f"must be >= 64, got {w.object_store_mb}")
+
+
+def _validate_in_actor(config: RunConfig) -> None:
+    """rollout.in_actor: the engine's weights are the actor's parameters themselves (views)."""
+    needs = [("rollout.engine", config.rollout.engine == "hf", "hf"),
+             ("workers.actor_dp", config.workers.actor_dp == 1, "1 (one rank holds every parameter)"),
+             ("rollout.async_steps", config.rollout.async_steps == 0, "0 (one process cannot train and generate at once)"),
+             ("workers.offload", not config.workers.offload, "false (offload moves the parameters)"),
+             ("workers.gpus_per_rank", not config.workers.gpus_per_rank, "0 (built for CPU; on GPUs use rollout.engine=vllm)"),
+             ("rollout.dtype", rollout_dtype(config) == config.model.dtype, f"model.dtype ({config.model.dtype})")]
+    for key, ok, value in needs:
+        _check(ok, key, f"rollout.in_actor=true needs {key}={value}")
 
 
 def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:

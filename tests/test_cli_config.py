@@ -49,10 +49,14 @@ def run_cli(*args, cwd):
         ("algorithm.rollout_is=batch", "algorithm.rollout_is: 'batch' is not one of token, sequence"),
         ("algorithm.rollout_is_cap=0", "algorithm.rollout_is_cap: must be > 0, got 0.0"),
         ("rollout.async_steps=-1", "rollout.async_steps: must be >= 0 (0: on-policy), got -1"),
+        ("rollout.in_actor=true|workers.actor_dp=2", "workers.actor_dp: rollout.in_actor=true needs workers.actor_dp=1"),
+        ("rollout.in_actor=true|rollout.async_steps=1", "rollout.async_steps: rollout.in_actor=true needs rollout.async_steps=0"),
+        ("rollout.in_actor=true|workers.offload=true", "workers.offload: rollout.in_actor=true needs workers.offload=false"),
+        ("rollout.in_actor=true|rollout.dtype=bfloat16", "rollout.dtype: rollout.in_actor=true needs rollout.dtype=model.dtype (float32)"),
     ],
 )
-def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):
-    assert main(["--config", str(REPO / "configs/grpo.yaml"), override, f"output_dir={tmp_path}/out"]) == 2
+def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):  # override: a|b for two
+    assert main(["--config", str(REPO / "configs/grpo.yaml"), *override.split("|"), f"output_dir={tmp_path}/out"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], lines
     assert not (tmp_path / "out").exists()

@@ -114,6 +114,17 @@ def test_killed_at_a_random_step_and_resumed_the_metrics_equal_an_uninterrupted_
     assert layout.committed_steps(run_dir) == [2, 4, 6]
 
 
+def test_generating_in_the_actors_process_gives_the_same_run_and_resumes(data, reference, tmp_path):
+    """rollout.in_actor: the actor's process samples with its own parameters (no weight copies, no
+    rollout process). Same seeds, same weights: the same trajectory as the separate rollout worker,
+    bit for bit, through a SIGKILL and a resume (the engine's sampling position is in the checkpoint)."""
+    args = command(data, tmp_path, "in_actor", "rollout.in_actor=true")
+    log = run_until(args, f"step 3/{STEPS} |")
+    assert "rollout engine: hf (rollout.in_actor: in the actor's process" in log
+    run(args)
+    assert_same_trajectory(metrics(tmp_path / "in_actor"), metrics(reference))
+
+
 @pytest.fixture(scope="module")
 def async_reference(data, tmp_path_factory):
     """An uninterrupted run that generates one step ahead: its run directory."""

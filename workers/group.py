@@ -182,27 +182,43 @@ class ModelGroup:
 
 
 class RolloutClient:
-    def __init__(self, config: RunConfig, placement: Placement):
+    """The rollout engine's calls: on a RolloutWorker of its own, or (rollout.in_actor, `actor` given)
+    on the actor's only rank, which generates with its own parameters."""
+
+    def __init__(self, config: RunConfig, placement: Placement, actor: ModelGroup | None = None):
         self._get = WorkerCalls("rollout", config.workers).get
-        self.worker = ray.remote(RolloutWorker).options(**placement.rollout()).remote(config)
+        self.in_actor = actor is not None
+        if self.in_actor:
+            self.worker = actor.workers[0]
+            self._get(self.worker.start_rollout.remote(), "setup")
+        else:
+            self.worker = ray.remote(RolloutWorker).options(**placement.rollout()).remote(config)
+
+    def _call(self, method: str, *args) -> ray.ObjectRef:
+        if self.in_actor:
+            return self.worker.rollout_call.remote(method, *args)
+        return getattr(self.worker, method).remote(*args)
 
     def describe(self) -> str:
-        return self._get(self.worker.describe.remote(), "describe")
+        return self._get(self._call("describe"), "describe")
 
     def where(self) -> dict:
         """The rollout worker's node and assigned GPU ids (workers/placement.py)."""
-        return self._get(self.worker.where.remote(), "where")
+        return self._get(self._call("where"), "where")
 
     # The worker runs the calls of this client one at a time, in the order they were made: a
     # generation started before a weight update samples with the weights before it.
 
     def start_generate(self, prompts: list[list[int]], params: SamplingParams) -> ray.ObjectRef:
         """Queue a generation on the worker; `wait(ref, "generate")` gives its Completions."""
-        return self.worker.generate.remote(prompts, params)
+        return self._call("generate", prompts, params)
 
-    def start_update_weights(self, weights: ray.ObjectRef, version: int) -> ray.ObjectRef:
-        """Queue loading FlatWeights (an object ref from `ModelGroup.state_dict_ref`) into the engine."""
-        return self.worker.update_weights.remote(weights, version)
+    def start_sync(self, actor: ModelGroup, dtype: str, version: int) -> ray.ObjectRef:
+        """Queue the actor's current weights (cast to `dtype`) into the engine; `wait(ref, "update_weights")`.
+        In the actor's process nothing travels: the engine's model already is the actor's parameters."""
+        if self.in_actor:
+            return self._call("use_actor_weights", version)
+        return self._call("update_weights", actor.state_dict_ref(dtype), version)
 
     def wait(self, ref: ray.ObjectRef, method: str):
         """The answer of a started call (a failure raises WorkerError naming `method`)."""
@@ -211,17 +227,17 @@ class RolloutClient:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
         return self.wait(self.start_generate(prompts, params), "generate")
 
-    def update_weights(self, weights: ray.ObjectRef, version: int) -> None:
-        self.wait(self.start_update_weights(weights, version), "update_weights")
+    def sync(self, actor: ModelGroup, dtype: str, version: int) -> None:
+        self.wait(self.start_sync(actor, dtype, version), "update_weights")
 
     def save_checkpoint(self, path: str) -> None:
-        self._get(self.worker.save_checkpoint.remote(path), "save_checkpoint")
+        self._get(self._call("save_checkpoint", path), "save_checkpoint")
 
     def load_checkpoint(self, path: str) -> None:
-        self._get(self.worker.load_checkpoint.remote(path), "load_checkpoint")
+        self._get(self._call("load_checkpoint", path), "load_checkpoint")
 
     def weights(self):
-        return self._get(self.worker.weights.remote(), "weights")
+        return self._get(self._call("weights"), "weights")
 
 
 class RewardClient:

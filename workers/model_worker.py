@@ -104,6 +104,18 @@ class ModelWorker:
             state = {name: value.to(cast) if value.is_floating_point() else value for name, value in state.items()}
         return ray.put(flatten_state_dict(state))
 
+    def start_rollout(self) -> str:
+        """rollout.in_actor (the only rank of the actor): a rollout engine in this process whose model is
+        made of this rank's own parameters; returns how it runs."""
+        from .rollout_worker import RolloutWorker
+
+        self.rollout = RolloutWorker(self.config, actor_weights=self.strategy.own_parameters)
+        return self.rollout.describe()
+
+    def rollout_call(self, method: str, *args):
+        """A RolloutWorker method, on the engine start_rollout made (workers/group.py RolloutClient)."""
+        return getattr(self.rollout, method)(*args)
+
     def load_state_dict(self, weights: FlatWeights) -> None:
         with self.on_device():
             self.strategy.load_full_state_dict(unflatten_state_dict(weights))

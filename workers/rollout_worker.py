@@ -5,8 +5,10 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from roll_lite.config import RunConfig, rollout_dtype
 from roll_lite.modeling import load_causal_lm
@@ -20,12 +22,20 @@ logger = logging.getLogger(__name__)
 
 
 class RolloutWorker:
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig, actor_weights: Callable[[], dict[str, torch.Tensor]] | None = None):
+        """`actor_weights` (rollout.in_actor, in the actor's process): returns the actor's parameters
+        themselves, HF-named; the engine's model is made of them, so a weight update copies nothing."""
         torch.set_num_threads(config.workers.torch_threads)
         engine, why = choose_engine(config.rollout.engine)
         tokenizer = load_tokenizer(config.model.tokenizer_path)
         self.offload = config.workers.offload and torch.cuda.is_available()
-        if engine == "vllm":
+        self.actor_weights = actor_weights
+        if actor_weights is not None:
+            self.engine = HFEngine(_architecture(config, len(tokenizer)), tokenizer.pad_token_id, tokenizer.eos_token_id,
+                                   seed=config.seed)
+            self.engine.share_weights(actor_weights())
+            why = "rollout.in_actor: in the actor's process, on the actor's own parameters, no weight copies"
+        elif engine == "vllm":
             self.engine, started = _start_vllm(config, tokenizer)
             why = f"{started}; {why}"
         else:
@@ -55,6 +65,11 @@ class RolloutWorker:
         self.engine.update_weights(unflatten_state_dict(weights))
         self.weight_version = version
 
+    def use_actor_weights(self, version: int) -> None:
+        """rollout.in_actor: generate with the actor's parameters as they are now (no copy)."""
+        self.engine.share_weights(self.actor_weights())
+        self.weight_version = version
+
     def save_checkpoint(self, path: str) -> None:
         """The engine's sampling position and this process's random generators."""
         from roll_lite.checkpoint.rng import save_rng
@@ -70,6 +85,14 @@ class RolloutWorker:
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
         """(version, a copy of the hf engine's weights): lets tests check the sync."""
         return self.weight_version, {k: v.detach().clone() for k, v in self.engine.model.state_dict().items()}
+
+
+def _architecture(config: RunConfig, vocab_size: int) -> torch.nn.Module:
+    """A HF model of the run's architecture (its parameters get replaced: HFEngine.share_weights)."""
+    from roll_lite.modeling import causal_lm_config
+
+    return AutoModelForCausalLM.from_config(causal_lm_config(config.model, vocab_size), dtype=getattr(torch, config.model.dtype),
+                                            trust_remote_code=config.model.trust_remote_code)
 
 
 def _start_vllm(config: RunConfig, tokenizer):

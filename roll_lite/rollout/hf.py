@@ -69,10 +69,21 @@ class HFEngine:
         self.generator_seed, self.calls = int(state["seed"]), int(state["calls"])
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
-        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
-        if set(missing) - tied or unexpected:
-            raise KeyError(f"rollout weight sync: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+        """Copy `state_dict` into the model's parameters."""
+        self._load(state_dict, assign=False)
+
+    def share_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Make `state_dict`'s tensors the model's parameters (no copy): the engine then samples with
+        whatever values they hold (rollout.in_actor: the actor's, updated in place by its optimizer)."""
+        self._load(state_dict, assign=True)
+
+    def _load(self, state_dict: dict[str, torch.Tensor], assign: bool) -> None:
+        missing, unexpected = self.model.load_state_dict(state_dict, strict=False, assign=assign)
+        tied = getattr(self.model.config, "tie_word_embeddings", False)
+        if set(missing) - ({"lm_head.weight"} if tied else set()) or unexpected:
+            raise KeyError(f"rollout weight sync: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        if assign and tied:  # a new embedding Parameter: point the head at it again
+            self.model.tie_weights()
 
 
 class SampledLogProbs:

@@ -279,11 +279,18 @@ class FSDP2Strategy:
         """The full (unsharded) HF state dict on CPU, on every rank (weight sync, export). On one rank
         its tensors may be the parameters themselves: copy what must outlive the next optimizer step."""
         if self.world_size == 1:  # each shard is the whole tensor: no gather (16 ms -> 2 ms for 1 M params on CPU)
-            state = {name: value.to_local() if isinstance(value, DTensor) else value
-                     for name, value in self.model.state_dict().items()}
-        else:  # cpu_offload=True would leave the dict empty on ranks other than 0
-            state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
+            return {name: value.cpu() for name, value in self.own_parameters().items()}
+        # cpu_offload=True would leave the dict empty on ranks other than 0
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
         return {name.removeprefix("lm."): value.detach().cpu() for name, value in state.items()}
+
+    def own_parameters(self) -> dict[str, torch.Tensor]:
+        """One rank only: the HF-named parameters (and buffers) themselves, detached, no copy. Their
+        values change with every optimizer step (rollout.in_actor generates with them)."""
+        if self.world_size != 1:
+            raise RuntimeError(f"own_parameters: every rank holds a shard ({self.world_size} ranks); use full_state_dict")
+        return {name.removeprefix("lm."): (value.to_local() if isinstance(value, DTensor) else value).detach()
+                for name, value in self.model.state_dict().items()}
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load a full HF state dict (e.g. the actor's, into the reference or the critic's backbone)."""
