@@ -126,7 +126,7 @@ def main() -> None:
         print(f"warm start: {args.sft_steps} SFT steps in {time.perf_counter() - start:.0f} s -> {model}", flush=True)
         for round_ in range(1, args.rounds + 1):
             runs = [lambda: run_trl(python, model, args.steps, args.trl_threads, work, round_)]
-            runs += [lambda v=variant: run_roll_lite(model, args.steps, args.threads, v, work, round_) for v in VARIANTS]
+            runs += [lambda v=name: run_roll_lite(model, args.steps, args.threads, v, work, round_) for name in VARIANTS]
             for run in runs:
                 row = {"round": round_, **run()}
                 rows.append(row)
