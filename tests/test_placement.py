@@ -61,6 +61,7 @@ def test_the_capacity_checks_count_what_the_placement_reserves():
     on_cpu = reservation(load_config(REPO / "configs/ppo.yaml", ["workers.actor_dp=2", "workers.rollout_cpus=0.25"]))
     assert (on_cpu.cpus, on_cpu.gpus) == (2.25, 0)
     assert reservation(load_config(REPO / "configs/ppo.yaml", ["workers.actor_dp=2"]), with_rollout=False).cpus == 2  # SFT
+    assert reservation(load_config(REPO / "configs/ppo.yaml", ["rollout.in_actor=true"])).cpus == 1  # no rollout process
     apart = reservation(load_config(REPO / "configs/ppo.yaml", GPUS + ["workers.rollout_gpus=1"]))
     assert (apart.gpus, apart.gpus_from) == (3, "workers.gpus_per_rank × workers.actor_dp + workers.rollout_gpus")
 

@@ -39,7 +39,7 @@ def reservation(config: RunConfig, with_rollout: bool = True) -> Reservation:
     take GPU shares of the actor's bundles and no CPU."""
     w = config.workers
     cpus, cpus_from = w.actor_cpus * w.actor_dp, f"workers.actor_cpus {w.actor_cpus:g} × workers.actor_dp {w.actor_dp}"
-    if with_rollout and not w.gpus_per_rank:
+    if with_rollout and not w.gpus_per_rank and not config.rollout.in_actor:  # in_actor: no rollout process
         cpus, cpus_from = cpus + w.rollout_cpus, f"{cpus_from} + workers.rollout_cpus {w.rollout_cpus:g}"
     gpus, gpus_from = w.gpus_per_rank * w.actor_dp, "workers.gpus_per_rank × workers.actor_dp"
     if with_rollout and w.rollout_gpus:
