@@ -108,12 +108,17 @@ def check_sequence_lengths(config: RunConfig, model_config: PretrainedConfig, lo
     _check_positions(config, model_config, longest_prompt, longest_demonstration)
 
 
+def _joins_a_cluster(config: RunConfig) -> bool:
+    """ray_address / RAY_ADDRESS: the workers run on a cluster's nodes, not necessarily this machine."""
+    return bool(config.ray_address or os.environ.get("RAY_ADDRESS"))
+
+
 def _check_rollout_engine(config: RunConfig) -> None:
     """On a local cluster the rollout worker runs on this machine: its engine must be able to run
     here. A joined cluster's GPU nodes are checked by the rollout worker itself."""
     from roll_lite.rollout import choose_engine
 
-    if config.ray_address or os.environ.get("RAY_ADDRESS"):
+    if _joins_a_cluster(config):
         return
     try:
         choose_engine(config.rollout.engine)
@@ -124,7 +129,7 @@ def _check_rollout_engine(config: RunConfig) -> None:
 def _check_cpus(config: RunConfig) -> None:
     """A local cluster gets os.cpu_count() CPUs; a cluster joined through ray_address / RAY_ADDRESS is
     only known once connected, so start_ray checks it there (before any output is written)."""
-    if config.ray_address or os.environ.get("RAY_ADDRESS"):
+    if _joins_a_cluster(config):
         return
     from roll_lite.workers.placement import reservation
 
