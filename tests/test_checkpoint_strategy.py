@@ -1,4 +1,5 @@
-"""DCP checkpoints of the FSDP2 strategy: written by 2 gloo ranks, loaded by 1 (resharding) and by 2.
+"""DCP checkpoints of the FSDP2 strategy: written by 2 gloo ranks, loaded by 1 (resharding) and by 2;
+and written by 1 rank (whose model is not wrapped: FSDP2Strategy.sharded is False) and loaded by 2.
 
 After the load, the model, the AdamW moments and the LR schedule equal the saved ones exactly, and
 the next step equals the next step of the run that wrote the checkpoint (bit for bit on the same D;
@@ -91,3 +92,11 @@ def test_a_checkpoint_of_two_ranks_loads_exactly_on_two_and_on_one(saved_by_two_
         assert metrics["loss"] == pytest.approx(saved_metrics["loss"], rel=1e-12)
         for name, value in saved_after["model"].items():
             torch.testing.assert_close(after["model"][name], value, rtol=1e-10, atol=1e-13)
+
+
+def test_a_checkpoint_of_one_unwrapped_rank_loads_exactly_on_two(tmp_path):
+    folder = str(tmp_path / "actor")
+    saved, saved_metrics, _ = _spawn(1, "save", folder, str(tmp_path / "saved.pt"))
+    loaded, metrics, _ = _spawn(2, "load", folder, str(tmp_path / "loaded.pt"))
+    _assert_equal_states(loaded, saved)
+    assert metrics["loss"] == pytest.approx(saved_metrics["loss"], rel=1e-12)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from distributed_harness import OPTIMIZER_CASE, OPTIMIZER_SETTINGS, global_batch, reference, run_optimizer_step
+from distributed_harness import OPTIMIZER_CASE, OPTIMIZER_SETTINGS, global_batch, make_loss, reference, run_optimizer_step
 
 from roll_lite.data import DataProto
 from roll_lite.invariance import TINY_MODEL, random_rl_batch
@@ -29,6 +29,27 @@ def test_clipped_adamw_step_on_two_ranks_matches_a_hand_step():
     for name, p in lm.named_parameters():
         torch.testing.assert_close(state[name], p.detach(), rtol=1e-9, atol=1e-12)
     assert scale < 1.0  # the clip was active
+
+
+@pytest.mark.parametrize("dtype, packing", [(torch.float32, False), (torch.float64, True)])
+def test_one_rank_unwrapped_trains_bit_for_bit_as_fsdp2_on_one_rank(dtype, packing):
+    """One rank with nothing to cast trains the bare model; FSDP2 with a single shard is the same math."""
+    config = StrategyConfig(use_packing=packing, grad_accum_steps=2, param_dtype=str(dtype).removeprefix("torch."),
+                            lr=1e-2, weight_decay=0.1)
+    bare, wrapped = (FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0), config, shard_single_rank=shard)
+                     for shard in (False, True))
+    assert not bare.sharded and wrapped.sharded
+    for step in range(3):
+        data = random_rl_batch(num_rows=8, seq_len=12, seed=step, dtype=dtype)
+        data.meta_info["loss_mask_keys"] = ["response_mask"]
+        bare_metrics, wrapped_metrics = (s.train_step(data, make_loss("ppo", "seq-mean-token-mean")) for s in (bare, wrapped))
+        assert bare_metrics == wrapped_metrics and bare_metrics["grad_norm"] > 0
+    bare_state, wrapped_state = bare.full_state_dict(), wrapped.full_state_dict()
+    assert set(bare_state) == set(wrapped_state)
+    for name, value in bare_state.items():
+        assert torch.equal(value, wrapped_state[name]), name
+    torch.testing.assert_close(bare.compute_log_probs(data)["log_probs"], wrapped.compute_log_probs(data)["log_probs"],
+                               rtol=0, atol=0)
 
 
 @pytest.fixture(scope="module")

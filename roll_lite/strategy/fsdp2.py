@@ -7,6 +7,11 @@ A step on each of the D ranks (each holding its share of the global batch):
   3. per micro-batch: forward, loss_func with the global counts in meta_info, backward of
      loss · D·A / A (FSDP2 then averages over D, so the step's gradient is that of Σ losses);
   4. clip the global grad norm, optimizer and LR-scheduler step; reduce metrics over ranks.
+
+On one rank with nothing to cast (param_dtype = the model's dtype) the model is not wrapped: FSDP2
+would cut each tensor into one shard and run its hooks around every layer for the same values
+(~30 % of a small CPU train step, benchmarks/vs_trl.py); tests/test_strategy.py checks the two agree
+bit for bit.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
+def _dtype_of(model: nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
 def _lr_lambda(config: StrategyConfig):
     def factor(step: int) -> float:
         if step < config.warmup_steps:
@@ -67,7 +76,7 @@ class FSDP2Strategy:
     (policy, reference) or 'value' (critic); `trainable=False` builds no optimizer (reference)."""
 
     def __init__(self, lm: nn.Module, config: StrategyConfig, *, head: str = "log_probs", trainable: bool = True,
-                 device: torch.device | None = None):
+                 device: torch.device | None = None, shard_single_rank: bool = False):
         config.validate("strategy.")
         self.config = config
         self.device = resolve_device(device)
@@ -78,7 +87,8 @@ class FSDP2Strategy:
             model = CausalLMWithValueHead(lm.to(self.device)).to(self.device)
         else:
             raise ValueError(f"unknown head '{head}'; choose log_probs or value")
-        self.model = self._shard(model)
+        self.sharded = self.world_size > 1 or shard_single_rank or DTYPES[config.param_dtype] != _dtype_of(model)
+        self.model = self._shard(model) if self.sharded else model
         self.optimizer = self.scheduler = None
         self.skipped_in_a_row = 0
         self.offloaded = False
@@ -86,10 +96,9 @@ class FSDP2Strategy:
             self.reset_optimizer()
         self.attention_path, why = packed_attention_path(self.device, DTYPES[config.param_dtype])
         if self.rank == 0:
-            logger.info(
-                "FSDP2 on %d rank(s), %s backend, device %s; packed attention: %s (%s)",
-                self.world_size, dist.get_backend(), self.device, self.attention_path, why,
-            )
+            how = (f"FSDP2 on {self.world_size} rank(s), {dist.get_backend()} backend" if self.sharded else
+                   "one rank, nothing to cast: the model trains unwrapped (FSDP2 would make one shard of each tensor)")
+            logger.info("%s, device %s; packed attention: %s (%s)", how, self.device, self.attention_path, why)
 
     def reset_optimizer(self, lr: float | None = None) -> None:
         """A fresh AdamW (no moments) and LR schedule, at `lr` or the configured one."""
@@ -144,8 +153,7 @@ class FSDP2Strategy:
         # Every rank must start from the same weights: take rank 0's.
         for tensor in list(model.parameters()) + list(model.buffers()):
             dist.broadcast(tensor.data, src=0)
-        compute_dtype = DTYPES[self.config.param_dtype]
-        model_dtype = next(model.parameters()).dtype
+        compute_dtype, model_dtype = DTYPES[self.config.param_dtype], _dtype_of(model)
         mp_policy = MixedPrecisionPolicy()
         if compute_dtype != model_dtype:
             mp_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
@@ -158,6 +166,8 @@ class FSDP2Strategy:
     # -- collectives --------------------------------------------------------------------------
 
     def _all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        if self.world_size == 1:
+            return tensor
         on_device = tensor.to(self.device)
         dist.all_reduce(on_device, op=op)
         return on_device.cpu()
@@ -167,6 +177,8 @@ class FSDP2Strategy:
 
     def _gather_records(self, records: list[dict]) -> list[dict]:
         local = [{name: to_float(value) for name, value in record.items()} for record in records]
+        if self.world_size == 1:
+            return local
         gathered: list = [None] * self.world_size
         dist.all_gather_object(gathered, local)
         return [record for rank_records in gathered for record in rank_records]
