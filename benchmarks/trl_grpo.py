@@ -11,7 +11,7 @@ The reward is roll_lite's `exact_answer`: 1 if the stripped response equals the 
 greedy decoding on the eval prompts before and after training, scored the same way.
 
 Prints one JSON line: per-step seconds (on_step_begin -> on_step_end: generation, reward, forward,
-backward, optimizer), held-out reward before / after, versions.
+backward, optimizer), held-out reward before / after, the mean completion length, versions.
 """
 
 from __future__ import annotations
@@ -110,10 +110,12 @@ def main() -> None:
     train_s = time.perf_counter() - start
     after = held_out_reward(trainer.model, tokenizer, eval_rows, args.max_new_tokens)
     rewards = [log["reward"] for log in trainer.state.log_history if "reward" in log]
+    lengths = [log["completions/mean_length"] for log in trainer.state.log_history if "completions/mean_length" in log]
     import trl
 
     print(json.dumps({"step_s": timer.seconds, "train_s": train_s, "held_out_before": before, "held_out_after": after,
-                      "reward_mean": statistics.mean(rewards) if rewards else None, "trl": trl.__version__,
+                      "reward_mean": statistics.mean(rewards) if rewards else None,
+                      "response_length_mean": statistics.mean(lengths) if lengths else None, "trl": trl.__version__,
                       "torch_threads": torch.get_num_threads()}))
 
 

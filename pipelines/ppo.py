@@ -182,6 +182,8 @@ class PPOPipeline:
             raise RuntimeError(f"step {step}: the training prompts are used up (data.epochs={self.config.data.epochs})")
         launched = self.rollouts.pop(step)
         completions = self._fetched(launched.result)
+        if not self.config.rollout.async_steps:
+            self.wait_weight_sync()  # it ran before this generation: its answer is there, and must be a success
         return self.build_batch(self.train_data.select(launched.rows), completions), staleness(step, completions)
 
     def fetch_rollouts(self) -> None:
@@ -193,13 +195,12 @@ class PPOPipeline:
         return result if isinstance(result, Completions) else self.rollout.wait(result, "generate")
 
     def sync_rollout_weights(self, version: int) -> None:
-        """The actor's weights to the rollout engine. With rollout.async_steps > 0 the load queues
-        behind the generations in flight and the step goes on; what needs the new weights (the next
-        sync, an evaluation, a checkpoint) waits for it first."""
+        """The actor's weights to the rollout engine. The load queues on the rollout worker (behind the
+        generations in flight with rollout.async_steps > 0) and the step goes on; what needs the new
+        weights waits for it first: the next sync, an evaluation, a checkpoint and, on-policy, the
+        next step's batch (collect_rollout), which the worker generates after the load."""
         self.wait_weight_sync()
         self._weight_sync = self.rollout.start_sync(self.actor, rollout_dtype(self.config), version)
-        if not self.config.rollout.async_steps:
-            self.wait_weight_sync()
 
     def wait_weight_sync(self) -> None:
         if self._weight_sync is not None:

@@ -70,3 +70,25 @@ def test_undo_permutation():
     assert undo_permutation(shuffled, [2, 0, 3, 1])["y"].tolist() == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="not a permutation"):
         undo_permutation(shuffled, [0, 0, 1, 2])
+
+
+def test_pickling_keeps_every_tensor_and_sends_cpu_tensors_as_numpy():
+    import pickle
+
+    base = torch.arange(24.0).reshape(6, 4)
+    data = DataProto({"view": base[:, 1:3], "bf16": torch.ones(6, 2, dtype=torch.bfloat16), "ids": torch.arange(6),
+                      "mask": torch.tensor([True, False] * 3)}, {"text": ["a"] * 6}, {"loss_mask_keys": ["mask"]})
+    back = pickle.loads(pickle.dumps(data, protocol=5))
+    for name, tensor in data.batch.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
+    assert back.meta_info == data.meta_info and list(back.non_tensor_batch["text"]) == ["a"] * 6
+    wide = torch.zeros(64, 1000)
+    assert len(pickle.dumps(DataProto({"column": wide[:, :1]}))) < wide.nbytes / 50  # the view travels, not its storage
+    # an array over read-only memory (Ray's shared store) becomes a tensor of its own, safe to write to
+    frozen = data["ids"].numpy().copy()
+    frozen.flags.writeable = False
+    from roll_lite.data.proto import _unpickle
+
+    rebuilt = _unpickle({"ids": frozen}, {}, {})
+    rebuilt["ids"].add_(1)
+    assert frozen.tolist() == list(range(6))

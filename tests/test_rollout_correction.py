@@ -103,6 +103,22 @@ def test_the_hf_engine_returns_the_log_prob_of_every_sampled_token(params):
         assert torch.allclose(torch.tensor(log_probs), expected, atol=1e-5), row
 
 
+def test_shared_weights_are_bound_again_only_when_they_are_other_tensors():
+    model = build_causal_lm(dict(TINY_MODEL, vocab_size=40), seed=1)
+    engine = HFEngine(build_causal_lm(dict(TINY_MODEL, vocab_size=40), seed=2), pad_token_id=0, eos_token_id=1)
+    own = {name: p.detach() for name, p in model.state_dict().items()}
+    engine.share_weights(own)
+    bound = dict(engine.model.named_parameters())
+    engine.share_weights({name: t for name, t in model.state_dict().items()})  # the same tensors again: nothing to do
+    assert all(p is bound[name] for name, p in engine.model.named_parameters())
+    with torch.no_grad():  # an in-place update (the optimizer's) shows in the engine
+        model.model.norm.weight.add_(1.0)
+    assert torch.equal(engine.model.model.norm.weight, model.model.norm.weight)
+    other = {name: t.clone() for name, t in own.items()}
+    engine.share_weights(other)
+    assert engine.model.model.norm.weight.data_ptr() == other["model.norm.weight"].data_ptr()
+
+
 def test_greedy_decoding_returns_no_log_probs():
     model = build_causal_lm(dict(TINY_MODEL, vocab_size=40), seed=1)
     out = HFEngine(model, pad_token_id=0, eos_token_id=1).generate([[5, 6]], SamplingParams(4, greedy=True))

@@ -2,6 +2,10 @@
 
 Every operation returns a new DataProto; tensors are not copied unless the operation has to
 (index reordering, concat). Shape mismatches raise a ValueError naming the offending key.
+
+Pickled (every Ray call and result that carries one), CPU tensors travel as numpy arrays: torch
+pickles a tensor through its whole storage and torch.save's machinery, ~25x slower for a GRPO step's
+batch (0.76 ms against 0.03 ms for six [16, 32] tensors, pickle round trip).
 """
 
 from __future__ import annotations
@@ -12,6 +16,28 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
+
+
+# dtypes numpy holds as they are; others (bfloat16, ...) are pickled by torch
+NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
+                torch.uint8, torch.bool}
+
+
+def _to_wire(tensor: torch.Tensor):
+    if tensor.device.type == "cpu" and tensor.dtype in NUMPY_DTYPES and not tensor.requires_grad:
+        return tensor.numpy()
+    return tensor
+
+
+def _from_wire(value) -> torch.Tensor:
+    if not isinstance(value, np.ndarray):
+        return value
+    # Ray hands out arrays over its read-only shared memory: a tensor on them must not be written to
+    return torch.from_numpy(value if value.flags.writeable else value.copy())
+
+
+def _unpickle(batch: dict, non_tensor_batch: dict, meta_info: dict) -> "DataProto":
+    return DataProto({name: _from_wire(value) for name, value in batch.items()}, non_tensor_batch, meta_info)
 
 
 def _as_object_array(values: Any, key: str) -> np.ndarray:
@@ -44,6 +70,9 @@ class DataProto:
         if len(set(sizes.values())) > 1:
             listing = ", ".join(f"{name}: {size}" for name, size in sizes.items())
             raise ValueError(f"DataProto entries disagree on the batch size ({listing})")
+
+    def __reduce__(self):
+        return _unpickle, ({name: _to_wire(t) for name, t in self.batch.items()}, self.non_tensor_batch, self.meta_info)
 
     def __len__(self) -> int:
         for value in self.batch.values():
