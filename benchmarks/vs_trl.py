@@ -7,16 +7,17 @@
    dependency, and roll_lite is not importable there).
 2. One warm start for both: `roll-train --config configs/sft.yaml` on the noisy demonstrator's
    responses (as the demo's warm start), saved as a HF folder with its tokenizer.
-3. Rounds of, interleaved: TRL (benchmarks/trl_grpo.py), roll_lite with rollout.async_steps=0, with
-   rollout.in_actor=true (on-policy, generated in the actor's process) and with rollout.async_steps=1
-   (+ algorithm.rollout_is=token). Same model folder, tokenizer, prompt
-   file and held-out file; 2 prompts × 8 completions, 16 new tokens, lr 1e-4, β = 0, float32, the
+3. Rounds of, interleaved: TRL (benchmarks/trl_grpo.py), roll_lite on-policy with a rollout worker of its
+   own (rollout.in_actor=false), on-policy generated in the actor's process (rollout.in_actor=true, what
+   rollout.in_actor=null picks for this one-rank CPU run) and one step ahead (rollout.async_steps=1 +
+   algorithm.rollout_is=token). Same model folder, tokenizer, prompt file and held-out file; 2 prompts × 8 completions, 16 new tokens, lr 1e-4, β = 0, float32, the
    exact-answer reward. TRL, one process, gets `--trl-threads` torch threads (default 2: the whole
    2-core box); each roll_lite worker `--threads` (workers.torch_threads; default 1, so that the
    rollout worker generating ahead and the training actor each have a core).
 
 Step time: median over the steps after the first 5, of TRL's on_step_begin -> on_step_end, and of
 roll_lite's perf/step_s (generation to weight sync; evaluations and checkpoints are outside both).
+Response tokens: the mean completion length over all steps (the work generation and training do).
 The ratio is roll_lite / TRL per round. What differs and is not a setting: the order in which each
 shuffles the prompts, TRL's std epsilon (1e-4 against 1e-6), and that roll_lite's processes talk
 through Ray.
@@ -78,13 +79,13 @@ def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path, rou
     result = json.loads(out.strip().splitlines()[-1])
     return {"run": f"TRL {result['trl']}", "step_s": statistics.median(result["step_s"][SKIP:]), "generate_s": None,
             "train_s": None, "sync_s": None, "held_out": (result["held_out_before"], result["held_out_after"]),
-            "wall_s": time.perf_counter() - start}
+            "response_tokens": result.get("response_length_mean"), "wall_s": time.perf_counter() - start}
 
 
 # roll_lite's runs: name -> the overrides that make it
 VARIANTS = {
-    "async_steps=0": [],  # strictly on-policy, a rollout worker of its own
-    "in_actor": ["rollout.in_actor=true"],  # on-policy, generated in the actor's process on its own parameters
+    "rollout_worker": ["rollout.in_actor=false"],  # strictly on-policy, a rollout worker of its own
+    "in_actor": ["rollout.in_actor=true"],  # on-policy, generated in the actor's process (the default here)
     "async_steps=1": ["rollout.async_steps=1", "algorithm.rollout_is=token"],  # one step ahead
 }
 
@@ -104,7 +105,9 @@ def run_roll_lite(model: Path, steps: int, threads: int, variant: str, work: Pat
     median = lambda key: statistics.median(r[key] for r in steps_)  # noqa: E731
     return {"run": f"roll_lite {variant}", "step_s": median("perf/step_s"),
             "generate_s": median("perf/generate_s"), "train_s": median("perf/train_s"),
-            "sync_s": median("perf/weight_sync_s"), "held_out": (held_out[0], held_out[-1]), "wall_s": wall}
+            "sync_s": median("perf/weight_sync_s"), "held_out": (held_out[0], held_out[-1]),
+            "response_tokens": statistics.mean(r["response_length/mean"] for r in records if "perf/step_s" in r),
+            "wall_s": wall}
 
 
 def main() -> None:
@@ -135,11 +138,13 @@ def main() -> None:
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     print(f"\n{args.steps} GRPO steps per run, 2 prompts × 8 completions, ≤ 16 new tokens; torch threads: TRL "
           f"{args.trl_threads}, each roll_lite worker {args.threads}; medians of steps {SKIP + 1}-{args.steps}\n")
-    print("| run | round | median step s | generate s | train s | weight sync s | held-out start → end | wall s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run | round | median step s | generate s | train s | weight sync s | response tokens | "
+          "held-out start → end | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        tokens = "-" if r["response_tokens"] is None else f"{r['response_tokens']:.2f}"
         print(f"| {r['run']} | {r['round']} | {fmt(r['step_s'])} | {fmt(r['generate_s'])} | {fmt(r['train_s'])} | "
-              f"{fmt(r['sync_s'])} | {r['held_out'][0]:.3f} → {r['held_out'][1]:.3f} | {r['wall_s']:.0f} |")
+              f"{fmt(r['sync_s'])} | {tokens} | {r['held_out'][0]:.3f} → {r['held_out'][1]:.3f} | {r['wall_s']:.0f} |")
     print()
     for variant in VARIANTS:
         ratios = []

@@ -101,7 +101,9 @@ class RolloutConfig:
     # true: the actor's process generates (hf engine) with a model whose tensors are the actor's own
     # parameters, so nothing is copied to sync the weights and no rollout process runs. Needs one actor
     # rank (workers.actor_dp=1) on CPU, on-policy (async_steps=0), no workers.offload, rollout.dtype = model.dtype.
-    in_actor: bool = False
+    # null: true exactly when those hold (the same run, bit for bit, without a second process and copy);
+    # false: a rollout worker of its own
+    in_actor: Optional[bool] = None
     # rollout.engine=vllm only (roll_lite/rollout/vllm_engine.py): the fraction of each GPU vLLM takes for
     # its weights and KV cache (colocated, it shares the GPU with the actor, reference and critic);
     # release_memory: after each generation the engine sleeps (weights to CPU, KV cache dropped) and
@@ -304,16 +306,23 @@ def validate(config: RunConfig) -> None:
     _check(w.object_store_mb >= 64, "workers.object_store_mb", f"must be >= 64, got {w.object_store_mb}")
 
 
-def _validate_in_actor(config: RunConfig) -> None:
-    """rollout.in_actor: the engine's weights are the actor's parameters themselves (views)."""
+def in_actor_blockers(config: RunConfig) -> list[tuple[str, str]]:
+    """(key, the value rollout.in_actor needs) for each setting that rules it out; none: it can run."""
     needs = [("rollout.engine", config.rollout.engine == "hf", "hf"),
              ("workers.actor_dp", config.workers.actor_dp == 1, "1 (one rank holds every parameter)"),
              ("rollout.async_steps", config.rollout.async_steps == 0, "0 (one process cannot train and generate at once)"),
              ("workers.offload", not config.workers.offload, "false (offload moves the parameters)"),
              ("workers.gpus_per_rank", not config.workers.gpus_per_rank, "0 (built for CPU; on GPUs use rollout.engine=vllm)"),
              ("rollout.dtype", rollout_dtype(config) == config.model.dtype, f"model.dtype ({config.model.dtype})")]
-    for key, ok, value in needs:
-        _check(ok, key, f"rollout.in_actor=true needs {key}={value}")
+    return [(key, value) for key, ok, value in needs if not ok]
+
+
+def _validate_in_actor(config: RunConfig) -> None:
+    """rollout.in_actor: the engine's weights are the actor's parameters themselves (views)."""
+    blockers = in_actor_blockers(config)
+    if blockers:
+        key, value = blockers[0]
+        raise ConfigError(f"{key}: rollout.in_actor=true needs {key}={value}")
 
 
 def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
@@ -414,6 +423,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
             setattr(config.workers, key, config.workers.actor_dp if config.workers.gpus_per_rank else 1)
     if config.rollout.release_memory is None:
         config.rollout.release_memory = config.workers.rollout_gpus == 0
+    if config.rollout.in_actor is None:
+        config.rollout.in_actor = not in_actor_blockers(config)
     validate(config)
     if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
         config.model.tokenizer_path = config.model.pretrained_path

@@ -77,3 +77,15 @@ def test_yaml_and_overrides_merge_over_defaults(tmp_path):
     assert config.data.train_files == [] and load_config(path, ["data.train_files=a.jsonl"]).data.train_files == ["a.jsonl"]
     with pytest.raises(ConfigError, match="rollout.num_samples: rloo needs >= 2 samples"):
         load_config(path, ["rollout.num_samples=1"])
+
+
+@pytest.mark.parametrize("overrides, in_actor", [
+    ([], True),  # one CPU actor rank, on-policy: the actor's process generates
+    (["rollout.in_actor=false"], False),
+    (["workers.actor_dp=2"], False),
+    (["rollout.async_steps=1"], False),
+    (["rollout.dtype=bfloat16"], False),
+    (["workers.gpus_per_rank=1"], False),
+])
+def test_rollout_in_actor_null_is_chosen_exactly_when_it_can_run(overrides, in_actor):
+    assert load_config(REPO / "configs/ppo.yaml", overrides).rollout.in_actor is in_actor

@@ -90,7 +90,7 @@ def assert_same_trajectory(records, reference):
 def reference(data, tmp_path_factory):
     """An uninterrupted run: its run directory."""
     output = tmp_path_factory.mktemp("reference")
-    run(command(data, output, "ref"))
+    (output / "driver.log").write_text(run(command(data, output, "ref")).stderr)
     return output / "ref"
 
 
@@ -114,15 +114,17 @@ def test_killed_at_a_random_step_and_resumed_the_metrics_equal_an_uninterrupted_
     assert layout.committed_steps(run_dir) == [2, 4, 6]
 
 
-def test_generating_in_the_actors_process_gives_the_same_run_and_resumes(data, reference, tmp_path):
-    """rollout.in_actor: the actor's process samples with its own parameters (no weight copies, no
-    rollout process). Same seeds, same weights: the same trajectory as the separate rollout worker,
-    bit for bit, through a SIGKILL and a resume (the engine's sampling position is in the checkpoint)."""
-    args = command(data, tmp_path, "in_actor", "rollout.in_actor=true")
+def test_a_rollout_worker_of_its_own_gives_the_same_run_as_generating_in_the_actor(data, reference, tmp_path):
+    """The reference, on one CPU actor rank, generates in the actor's process with the actor's own
+    parameters (rollout.in_actor=null chose it: no weight copies, no rollout process). With a rollout
+    worker of its own (rollout.in_actor=false) and the same seeds, the trajectory is the same bit for
+    bit, through a SIGKILL and a resume (the engine's sampling position is in the checkpoint)."""
+    assert "rollout engine: hf (rollout.in_actor: in the actor's process" in (reference.parent / "driver.log").read_text()
+    args = command(data, tmp_path, "worker", "rollout.in_actor=false")
     log = run_until(args, f"step 3/{STEPS} |")
-    assert "rollout engine: hf (rollout.in_actor: in the actor's process" in log
+    assert "rollout engine: hf (rollout.engine=hf)" in log
     run(args)
-    assert_same_trajectory(metrics(tmp_path / "in_actor"), metrics(reference))
+    assert_same_trajectory(metrics(tmp_path / "worker"), metrics(reference))
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,8 @@ class RolloutWorker:
             self.engine = HFEngine(_architecture(config, len(tokenizer)), tokenizer.pad_token_id, tokenizer.eos_token_id,
                                    seed=config.seed)
             self.engine.share_weights(actor_weights())
-            why = "rollout.in_actor: in the actor's process, on the actor's own parameters, no weight copies"
+            why = ("rollout.in_actor: in the actor's process, on the actor's own parameters, no weight copies; "
+                   "rollout.in_actor=false gives the engine a process of its own")
         elif engine == "vllm":
             self.engine, started = _start_vllm(config, tokenizer)
             why = f"{started}; {why}"
