@@ -140,8 +140,10 @@ def check_strategy_exactness(device: torch.device) -> None:
                         lr=0.0, max_grad_norm=None, param_dtype=param_dtype,
                     )
                     critic = loss_name in CRITIC_LOSSES
+                    # shard_single_rank: on one GPU in float32 the strategy would train the bare model
                     strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float32, seed=0), config,
-                                             head="value" if critic else "log_probs", device=device)
+                                             head="value" if critic else "log_probs", device=device,
+                                             shard_single_rank=True)
                     if critic:
                         set_model_state_dict(strategy.model, value_head_weights(torch.float32),
                                              options=StateDictOptions(full_state_dict=True, strict=False))

@@ -10,10 +10,11 @@
 3. Rounds of, interleaved: TRL (benchmarks/trl_grpo.py), roll_lite on-policy with a rollout worker of its
    own (rollout.in_actor=false), on-policy generated in the actor's process (rollout.in_actor=true, what
    rollout.in_actor=null picks for this one-rank CPU run) and one step ahead (rollout.async_steps=1 +
-   algorithm.rollout_is=token). Same model folder, tokenizer, prompt file and held-out file; 2 prompts × 8 completions, 16 new tokens, lr 1e-4, β = 0, float32, the
-   exact-answer reward. TRL, one process, gets `--trl-threads` torch threads (default 2: the whole
-   2-core box); each roll_lite worker `--threads` (workers.torch_threads; default 1, so that the
-   rollout worker generating ahead and the training actor each have a core).
+   algorithm.rollout_is=token). Same model folder, tokenizer, prompt file and held-out file; 2 prompts ×
+   8 completions, 16 new tokens, lr 1e-4, β = 0, float32, the exact-answer reward. TRL, one process,
+   gets `--trl-threads` torch threads (default 2: the whole 2-core box); each roll_lite worker
+   `--threads` (workers.torch_threads; default 1, so that the rollout worker generating ahead and the
+   training actor each have a core).
 
 Step time: median over the steps after the first 5, of TRL's on_step_begin -> on_step_end, and of
 roll_lite's perf/step_s (generation to weight sync; evaluations and checkpoints are outside both).

@@ -105,6 +105,7 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.tensor import DTensor
 
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
     from roll_lite.strategy.micro_batches import split_for_data_parallel
@@ -127,7 +128,9 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
         share = split_for_data_parallel(data, world_size, balance_tokens=config.use_packing)[rank]
         metrics = strategy.train_step(share, make_loss(case.loss, case.mode))
         # The critic never uses the LM head: its weight gets no gradient (deviations() checks the names).
-        grads = {n.removeprefix("lm."): p.grad.full_tensor() for n, p in strategy.model.named_parameters() if p.grad is not None}
+        # one rank trains the bare model (plain tensors); FSDP2's gradients are DTensor shards
+        grads = {n.removeprefix("lm."): p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                 for n, p in strategy.model.named_parameters() if p.grad is not None}
         results[case] = (metrics["loss"], grads, metrics["num_micro_batches"])
     if rank == 0:
         torch.save(results, out_path)

@@ -35,3 +35,9 @@ def test_packed_attention_benchmark_gives_the_same_gradients_split_or_sliced():
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line for line in result.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
     assert len(rows) == 2 and all(row.rstrip(" |").endswith("0.0e+00") for row in rows), result.stdout
+
+
+def test_one_rank_benchmark_trains_the_bare_model_and_fsdp2_to_the_same_weights():
+    result = run("benchmarks/one_rank.py", "--batches", "2", "--rounds", "1", timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "bit for bit: True" in result.stdout and "| FSDP2, one shard |" in result.stdout, result.stdout

@@ -85,8 +85,11 @@ VALUE_CASES = [
      "rollout.gpu_memory_utilization: must be in (0, 1), got 1.5"),
     ("rollout.engine=vllm workers.gpus_per_rank=1 rollout.top_k=20 rollout.temperature=0.7",
      "rollout.engine=vllm cannot return log softmax(logits / temperature) when top-k / top-p truncate"),
-    ("workers.actor_cpus=512", "workers.actor_cpus: the workers reserve 513 CPUs (workers.actor_cpus 512 × workers.actor_dp 1 "
-                               "+ workers.rollout_cpus 1) but this machine has"),
+    # one CPU actor rank generates in its own process (rollout.in_actor=null): no rollout CPUs
+    ("workers.actor_cpus=512", "workers.actor_cpus: the workers reserve 512 CPUs (workers.actor_cpus 512 × workers.actor_dp 1)"
+                               " but this machine has"),
+    ("workers.actor_cpus=512 rollout.in_actor=false", "workers.actor_cpus: the workers reserve 513 CPUs (workers.actor_cpus "
+                                                      "512 × workers.actor_dp 1 + workers.rollout_cpus 1) but this machine has"),
     ("workers.rollout_cpus=-1", "workers.rollout_cpus: must be >= 0, got -1.0"),
     # After the data is read (still before Ray): the demo's longest prompt is '<bos>' + 7 digits + '='.
     ("rollout.max_new_tokens=60", "rollout.max_new_tokens: the longest prompt (9 tokens, data.train_files / "
