@@ -40,6 +40,8 @@ def run(name: str) -> dict:
 
 def main():
     names = sys.argv[1:] or list(SETUPS)
+    if unknown := [name for name in names if name not in SETUPS]:
+        raise SystemExit(f"{__doc__}\nunknown setup {', '.join(unknown)}; choose from {', '.join(SETUPS)}")
     rows = [run(name) for name in names]
     print("| setup | steps | median step s | generate s | train s | weight sync s | tokens/s | held-out start → end | wall s |")
     print("|---|---|---|---|---|---|---|---|---|")
