@@ -17,7 +17,7 @@ from roll_lite.data import DataProto
 from roll_lite.importing import enter_import_root, load_object
 from roll_lite.loss_funcs import sft_loss_func
 from roll_lite.modeling import enable_gradient_checkpointing, load_causal_lm
-from roll_lite.strategy.distributed import free_port
+from roll_lite.strategy.distributed import init_distributed, join_group_store, open_group_store
 from roll_lite.tokenizer import load_tokenizer
 from roll_lite.weights import FlatWeights, flatten_state_dict, unflatten_state_dict
 
@@ -36,14 +36,18 @@ class ModelWorker:
         # second roll_lite tree.
         enter_import_root(pipeline_root, driver_roll_lite)
         self.strategy = None
+        self.group_store = None  # rank 0's rendezvous store (address())
 
     def __repr__(self) -> str:  # Ray names the worker by it in tracebacks and log prefixes
         return f"ModelWorker({self.role} rank {self.rank})"
 
     def address(self) -> tuple[str, int]:
+        """Rank 0: where the group meets, a store this process listens on from now until it ends."""
         import ray
 
-        return ray.util.get_node_ip_address(), free_port()
+        host = ray.util.get_node_ip_address()
+        self.group_store = open_group_store(host, self.world_size)
+        return host, self.group_store.port
 
     def where(self) -> dict:
         return where_am_i()
@@ -53,6 +57,9 @@ class ModelWorker:
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_gpu_index(self.config.workers.gpus_per_rank)))
         torch.set_num_threads(self.config.workers.torch_threads)
         from roll_lite.strategy import FSDP2Strategy
+
+        store = self.group_store if self.rank == 0 else join_group_store(master_addr, master_port, self.world_size)
+        init_distributed(store=store)
 
         head, trainable = ROLES[self.role]
         strategy_config = self.config.critic if self.role == "critic" else self.config.actor

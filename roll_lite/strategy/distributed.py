@@ -7,6 +7,7 @@ import socket
 
 import torch
 import torch.distributed as dist
+from torch.distributed.constants import default_pg_timeout
 
 
 def free_port() -> int:
@@ -31,18 +32,33 @@ def resolve_device(device: torch.device | str | None) -> torch.device:
     return device
 
 
-def init_distributed(device: torch.device | None = None) -> tuple[int, int]:
+def open_group_store(host: str, world_size: int) -> dist.TCPStore:
+    """Rank 0's rendezvous store, listening from now on a port the OS picks (`.port`). Choosing a free
+    port and listening on it later (free_port) leaves a window in which another process can take it:
+    the group's start then fails with EADDRINUSE."""
+    return dist.TCPStore(host, 0, world_size, is_master=True, timeout=default_pg_timeout, wait_for_workers=False)
+
+
+def join_group_store(host: str, port: int, world_size: int) -> dist.TCPStore:
+    return dist.TCPStore(host, port, world_size, is_master=False, timeout=default_pg_timeout)
+
+
+def init_distributed(device: torch.device | None = None, store: dist.Store | None = None) -> tuple[int, int]:
     """Join (or create) the default process group; returns (rank, world_size).
 
-    Uses RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT when set (torchrun, Ray workers); without
-    them it creates a one-process group on a free local port.
+    With `store` (open_group_store / join_group_store; Ray workers), RANK and WORLD_SIZE come from
+    the environment; otherwise RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT when set (torchrun);
+    without them it creates a one-process group on a free local port.
     """
     if not dist.is_initialized():
         device = resolve_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        if "WORLD_SIZE" in os.environ:
+        if store is not None:
+            dist.init_process_group(backend=backend, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]))
+        elif "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend=backend)
         else:
             dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
