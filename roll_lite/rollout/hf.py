@@ -23,7 +23,6 @@ class HFEngine:
         self.device = next(model.parameters()).device
         self.generator_seed = seed
         self.calls = 0
-        self._shared: dict | None = None  # where the tensors share_weights made the model's lie
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
@@ -72,16 +71,14 @@ class HFEngine:
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy `state_dict` into the model's parameters."""
         self._load(state_dict, assign=False)
-        self._shared = None
 
     def share_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Make `state_dict`'s tensors the model's parameters (no copy): the engine then samples with
         whatever values they hold (rollout.in_actor: the actor's, updated in place by its optimizer)."""
-        where = {name: (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for name, t in state_dict.items()}
-        if where == self._shared:  # the model already is these tensors (they stay alive in it: no address reuse)
-            return
+        current = self.model.state_dict()
+        if all(name in current and _same_memory(current[name], t) for name, t in state_dict.items()):
+            return  # the model already is these tensors (rollout.in_actor, every step after the first)
         self._load(state_dict, assign=True)
-        self._shared = where
 
     def _load(self, state_dict: dict[str, torch.Tensor], assign: bool) -> None:
         missing, unexpected = self.model.load_state_dict(state_dict, strict=False, assign=assign)
@@ -90,6 +87,10 @@ class HFEngine:
             raise KeyError(f"rollout weight sync: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
         if assign and tied:  # a new embedding Parameter: point the head at it again
             self.model.tie_weights()
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.data_ptr(), a.shape, a.stride(), a.dtype, a.device) == (b.data_ptr(), b.shape, b.stride(), b.dtype, b.device)
 
 
 class SampledLogProbs:
