@@ -2,8 +2,12 @@
 
 The logits of `chunk_size` tokens at a time are computed in (at least) float32, reduced to the
 target log-prob and the entropy, and dropped; backward recomputes them chunk by chunk. Peak extra
-memory is two chunk_size × vocab buffers (logits and probabilities, every later step in place on
-them) and the LM head's gradient, accumulated in place (addmm_), instead of several tokens × vocab.
+memory is one chunk_size × vocab buffer (every step after the matmul works in place on it, a few
+rows at a time, with a small scratch block) and the LM head's gradient, accumulated in place
+(addmm_), instead of several tokens × vocab.
+
+Forward keeps each token's log-normalizer and entropy, so backward rebuilds the probabilities with
+one exp instead of a softmax, and the entropy's gradient -p (log p + H) without another reduction.
 Backward skips the entropy's part when no loss uses the entropy (only a metric read it): autograd
 then hands it no gradient (set_materialize_grads(False)).
 """
@@ -11,6 +15,8 @@ then hands it no gradient (set_materialize_grads(False)).
 from __future__ import annotations
 
 import torch
+
+SCRATCH_ELEMENTS = 1 << 21  # the elementwise steps go over this many logits at a time (8 MiB in float32)
 
 
 def _chunk_logits(hidden_chunk, weight, temperature):
@@ -23,6 +29,43 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
 
 
+def _row_blocks(rows: int, vocab: int):
+    """Row ranges of a [rows, vocab] buffer, SCRATCH_ELEMENTS logits each (at least one row)."""
+    step = max(1, SCRATCH_ELEMENTS // vocab)
+    return ((start, min(start + step, rows)) for start in range(0, rows, step))
+
+
+def _reduce_logits_(logits, targets, log_probs, log_normalizer, entropy):
+    """Write a chunk's log p(y), log-normalizer and, when `entropy` is given, entropy into those
+    [rows] slices, a few rows at a time; the logits are shifted in place by their row max. The
+    entropy is H = log sum e^s - E_p[s] for s = z - max z: two terms >= 0, no cancellation."""
+    row_max = logits.amax(dim=-1)
+    shifted = logits.sub_(row_max[:, None])
+    for a, b in _row_blocks(*shifted.shape):
+        exp_shifted = torch.exp(shifted[a:b])
+        total = exp_shifted.sum(dim=-1)
+        log_total = torch.log(total)
+        log_normalizer[a:b] = row_max[a:b] + log_total
+        log_probs[a:b] = shifted[a:b].gather(-1, targets[a:b, None]).squeeze(-1) - log_total
+        if entropy is not None:
+            entropy[a:b] = log_total - _row_dot(exp_shifted, shifted[a:b]) / total
+
+
+def _logits_to_grad_(logits, log_normalizer, g, entropy_terms):
+    """Turn a chunk's logits, in place and a few rows at a time, into the gradient of
+    sum(g logp(y) + g_H H) with respect to them, except g onehot(y) (the caller's scatter):
+    d logp(y)/dz = onehot(y) - p and dH/dz = -p (log p + H), so it is -p (g + g_H (log p + H)),
+    with entropy_terms = (g_H, g + g_H H); -p g when they are None."""
+    for a, b in _row_blocks(*logits.shape):
+        log_p = logits[a:b].sub_(log_normalizer[a:b, None])
+        if entropy_terms is None:
+            log_p.exp_().mul_(-g[a:b, None])
+        else:
+            g_entropy, offset = entropy_terms
+            probs = torch.exp(log_p)
+            log_p.mul_(-g_entropy[a:b, None]).sub_(offset[a:b, None]).mul_(probs)
+
+
 class _ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_size, temperature, with_entropy):
@@ -30,18 +73,15 @@ class _ChunkedLogProbs(torch.autograd.Function):
         weight_c = weight.to(compute_dtype)
         num_tokens = hidden.shape[0]
         log_probs = hidden.new_empty(num_tokens, dtype=compute_dtype)
+        log_normalizer = hidden.new_empty(num_tokens, dtype=compute_dtype)
         entropy = hidden.new_zeros(num_tokens if with_entropy else 0, dtype=compute_dtype)
         for start in range(0, num_tokens, chunk_size):
             end = min(start + chunk_size, num_tokens)
             logits = _chunk_logits(hidden[start:end].to(compute_dtype), weight_c, temperature)
-            log_normalizer = torch.logsumexp(logits, dim=-1)
-            log_probs[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - log_normalizer
-            if with_entropy:
-                log_p = logits.sub_(log_normalizer[:, None])  # in place: the logits are not needed any more
-                entropy[start:end] = -_row_dot(torch.exp(log_p), log_p)
-                del log_p
-            del logits  # before the next chunk's buffers are allocated
-        ctx.save_for_backward(hidden, weight, targets)
+            _reduce_logits_(logits, targets[start:end], log_probs[start:end], log_normalizer[start:end],
+                            entropy[start:end] if with_entropy else None)
+            del logits  # before the next chunk's buffer is allocated
+        ctx.save_for_backward(hidden, weight, targets, log_normalizer, entropy)
         ctx.chunk_size, ctx.temperature, ctx.with_entropy = chunk_size, temperature, with_entropy
         ctx.set_materialize_grads(False)
         if not with_entropy:
@@ -50,39 +90,32 @@ class _ChunkedLogProbs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_log_probs, grad_entropy):
-        hidden, weight, targets = ctx.saved_tensors
+        hidden, weight, targets, log_normalizer, entropy = ctx.saved_tensors
         use_entropy = ctx.with_entropy and grad_entropy is not None
         if grad_log_probs is None and not use_entropy:
             return None, None, None, None, None, None
         compute_dtype = torch.promote_types(hidden.dtype, torch.float32)
+        num_tokens = hidden.shape[0]
         grad_hidden = torch.empty_like(hidden, dtype=compute_dtype)
         grad_weight = torch.zeros_like(weight, dtype=compute_dtype)
         weight_c = weight.to(compute_dtype)
-        for start in range(0, hidden.shape[0], ctx.chunk_size):
-            end = min(start + ctx.chunk_size, hidden.shape[0])
+        g_all = (torch.zeros(num_tokens, dtype=compute_dtype, device=hidden.device) if grad_log_probs is None
+                 else grad_log_probs.to(compute_dtype))
+        if use_entropy:
+            g_entropy = grad_entropy.to(compute_dtype)
+            offset = g_all + g_entropy * entropy  # g + g_H H
+        for start in range(0, num_tokens, ctx.chunk_size):
+            end = min(start + ctx.chunk_size, num_tokens)
             hidden_chunk = hidden[start:end].to(compute_dtype)
-            logits = _chunk_logits(hidden_chunk, weight_c, ctx.temperature)
-            probs = torch.softmax(logits, dim=-1)
-            if use_entropy:
-                # dH/dz = -p (z - E_p[z]), built in the logits' buffer
-                entropy_part = logits.sub_(_row_dot(probs, logits)[:, None]).mul_(probs)
-                entropy_part.mul_(-grad_entropy[start:end, None].to(compute_dtype))
-            # d logp(y)/dz = onehot(y) - p, built in the probabilities' buffer
-            grad_logits = probs
-            if grad_log_probs is not None:
-                g = grad_log_probs[start:end, None].to(compute_dtype)
-                grad_logits.mul_(-g).scatter_add_(-1, targets[start:end, None], g)
-            else:
-                grad_logits.zero_()
-            if use_entropy:
-                grad_logits.add_(entropy_part)
-                del entropy_part
-            del logits
+            grad_logits = _chunk_logits(hidden_chunk, weight_c, ctx.temperature)
+            entropy_terms = (g_entropy[start:end], offset[start:end]) if use_entropy else None
+            _logits_to_grad_(grad_logits, log_normalizer[start:end], g_all[start:end], entropy_terms)
+            grad_logits.scatter_add_(-1, targets[start:end, None], g_all[start:end, None])
             if ctx.temperature != 1.0:
                 grad_logits.div_(ctx.temperature)
             torch.mm(grad_logits, weight_c, out=grad_hidden[start:end])
             grad_weight.addmm_(grad_logits.T, hidden_chunk)
-            del probs, grad_logits  # before the next chunk's buffers are allocated
+            del grad_logits  # before the next chunk's buffer is allocated
         return grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype), None, None, None, None
 
 

@@ -67,3 +67,55 @@ def test_an_entropy_no_loss_uses_adds_nothing_to_the_gradient_and_vice_versa():
         want = torch.autograd.grad(pick(lp_ref, ent_ref), (hidden, weight), retain_graph=True)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-11, atol=1e-12)
+
+
+@pytest.mark.parametrize("scratch", [1, 120])  # one row at a time; two rows of 50 and an odd last block
+def test_rows_taken_a_few_at_a_time_give_the_same_result(monkeypatch, scratch):
+    import roll_lite.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "SCRATCH_ELEMENTS", scratch)
+    test_matches_naive_forward_and_backward(chunk_size=7, temperature=0.7)
+
+
+def test_float32_entropy_of_peaked_and_flat_rows_is_accurate():
+    # H = log sum e^s - E_p[s] over s = z - max z: no cancellation when the logits are large
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(6, 8, generator=gen, dtype=torch.float64)
+    weight = torch.randn(1000, 8, generator=gen, dtype=torch.float64)
+    hidden[:3] *= 40.0  # logits of a few hundred: nearly one-hot rows, entropy ~ 0
+    hidden[3:] *= 1e-3  # nearly uniform rows, entropy ~ log(1000)
+    targets = torch.randint(0, 1000, (6,), generator=gen)
+    lp, ent = chunked_log_probs(hidden.float(), weight.float(), targets, chunk_size=4, with_entropy=True)
+    lp_ref, ent_ref = naive(hidden, weight, targets, 1.0)
+    torch.testing.assert_close(ent.double(), ent_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lp.double(), lp_ref, rtol=1e-5, atol=1e-4)
+
+
+def test_backward_holds_one_chunk_of_logits_beside_the_heads_gradient():
+    # what a step adds at its peak (resident memory): the [vocab, hidden] gradient and one
+    # [chunk, vocab] buffer, not one per step of the computation (a view kept alive holds another)
+    from pathlib import Path
+
+    clear_refs = Path("/proc/self/clear_refs")
+    if not clear_refs.exists():
+        pytest.skip("needs Linux /proc to read the peak resident memory")
+
+    def resident(field):
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
+        return int(line.split()[1]) * 1024
+
+    vocab, hidden_size, chunk = 150_000, 32, 512  # a 307 MB buffer: what malloc keeps of freed scratch is small beside it
+    gen = torch.Generator().manual_seed(4)
+    hidden = torch.randn(2 * chunk, hidden_size, generator=gen, requires_grad=True)
+    weight = torch.randn(vocab, hidden_size, generator=gen).mul_(0.1).requires_grad_()
+    targets = torch.randint(0, vocab, (2 * chunk,), generator=gen)
+    buffer, head_grad = chunk * vocab * 4, vocab * hidden_size * 4
+    chunked_log_probs(hidden, weight, targets, chunk_size=chunk)[0].sum().backward()  # first-call allocations
+    for with_entropy in (False, True):
+        hidden.grad = weight.grad = None
+        clear_refs.write_text("5")
+        before = resident("VmRSS")
+        lp, ent = chunked_log_probs(hidden, weight, targets, chunk_size=chunk, with_entropy=with_entropy)
+        (lp.sum() + (ent.sum() if with_entropy else 0)).backward()
+        added = resident("VmHWM") - before
+        assert added < head_grad + 1.5 * buffer, (with_entropy, added / buffer)
