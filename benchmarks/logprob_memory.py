@@ -70,6 +70,10 @@ def measure(method: str, tokens: int, chunk: int, vocab: int, hidden_size: int, 
     return {"peak": peak, "seconds": statistics.median(times)}
 
 
+def _ratio(value: float, reference: float) -> float:
+    return value / reference if reference else float("nan")  # a tiny size may add no resident memory at all
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=2048)
@@ -98,8 +102,8 @@ def main() -> None:
             results[method] = json.loads(output.strip().splitlines()[-1])
         full, chunked = results["full"], results["chunked"]
         print(f"| {name} | {full['peak'] / 2**30:.2f} GiB | {chunked['peak'] / 2**30:.2f} GiB | "
-              f"{chunked['peak'] / full['peak']:.3f} | {full['seconds']:.2f} | {chunked['seconds']:.2f} | "
-              f"{chunked['seconds'] / full['seconds']:.2f} |")
+              f"{_ratio(chunked['peak'], full['peak']):.3f} | {full['seconds']:.2f} | {chunked['seconds']:.2f} | "
+              f"{_ratio(chunked['seconds'], full['seconds']):.2f} |")
 
 
 if __name__ == "__main__":

@@ -41,3 +41,14 @@ def test_one_rank_benchmark_trains_the_bare_model_and_fsdp2_to_the_same_weights(
     result = run("benchmarks/one_rank.py", "--batches", "2", "--rounds", "1", timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "bit for bit: True" in result.stdout and "| FSDP2, one shard |" in result.stdout, result.stdout
+
+
+def test_logprob_memory_benchmark_prints_a_row_per_use_of_the_head():
+    result = run("benchmarks/logprob_memory.py", "--tokens", "64", "--chunk", "16", "--vocab", "2000", "--hidden", "32",
+                 "--repeats", "1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| log-probs") or line.startswith("| entropy")]
+    assert len(rows) == 3, result.stdout
+    for row in rows:  # memory ratio and time ratio are numbers
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        float(cells[3]), float(cells[6])
