@@ -1,6 +1,7 @@
 """roll_lite's GRPO step against TRL's GRPOTrainer, on the same box in the same run.
 
-    python benchmarks/vs_trl.py [--steps 200] [--rounds 2] [--threads 1] [--trl-threads 2] [--sft-steps 1200]
+    python benchmarks/vs_trl.py [--steps 200] [--rounds 2] [--threads 1] [--in-actor-threads 2] [--trl-threads 2]
+                                [--sft-steps 1200]
 
 1. TRL goes into a venv of its own (.venv-trl, made once: `pip install trl==1.16.0` with this
    environment's torch and transformers pinned, reused through a .pth line; never a roll_lite
@@ -11,10 +12,11 @@
    own (rollout.in_actor=false), on-policy generated in the actor's process (rollout.in_actor=true, what
    rollout.in_actor=null picks for this one-rank CPU run) and one step ahead (rollout.async_steps=1 +
    algorithm.rollout_is=token). Same model folder, tokenizer, prompt file and held-out file; 2 prompts ×
-   8 completions, 16 new tokens, lr 1e-4, β = 0, float32, the exact-answer reward. TRL, one process,
-   gets `--trl-threads` torch threads (default 2: the whole 2-core box); each roll_lite worker
-   `--threads` (workers.torch_threads; default 1, so that the rollout worker generating ahead and the
-   training actor each have a core).
+   8 completions, 16 new tokens, lr 1e-4, β = 0, float32, the exact-answer reward. The one process
+   that computes gets the whole 2-core box: TRL `--trl-threads` torch threads (default 2), roll_lite's
+   actor generating in its own process `--in-actor-threads` (workers.torch_threads, default 2). With a
+   rollout worker (on-policy or generating ahead) two processes compute, and each gets `--threads`
+   (default 1: a core each).
 
 Step time: median over the steps after the first 5, of TRL's on_step_begin -> on_step_end, and of
 roll_lite's perf/step_s (generation to weight sync; evaluations and checkpoints are outside both).
@@ -92,6 +94,7 @@ VARIANTS = {
 
 
 def run_roll_lite(model: Path, steps: int, threads: int, variant: str, work: Path, round_: int) -> dict:
+    """`threads`: workers.torch_threads (every worker's; the driver always uses one)."""
     name = f"{variant.replace('=', '')}_r{round_}"  # a run directory of its own: the same one would resume
     overrides = [f"model.pretrained_path={model}", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.num_samples=8",
                  "rollout.max_new_tokens=16", "actor.lr=1e-4", "algorithm.track_kl=false", f"steps={steps}",
@@ -115,13 +118,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of each roll_lite worker")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each roll_lite worker, with a rollout worker")
+    parser.add_argument("--in-actor-threads", type=int, default=2, help="torch threads of the actor generating in its own process")
     parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
     parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--trl-venv", type=Path, default=REPO / ".venv-trl")
     args = parser.parse_args()
 
     python = trl_venv(args.trl_venv)
+    threads = {name: args.in_actor_threads if name == "in_actor" else args.threads for name in VARIANTS}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -130,7 +135,7 @@ def main() -> None:
         print(f"warm start: {args.sft_steps} SFT steps in {time.perf_counter() - start:.0f} s -> {model}", flush=True)
         for round_ in range(1, args.rounds + 1):
             runs = [lambda: run_trl(python, model, args.steps, args.trl_threads, work, round_)]
-            runs += [lambda v=name: run_roll_lite(model, args.steps, args.threads, v, work, round_) for name in VARIANTS]
+            runs += [lambda v=name: run_roll_lite(model, args.steps, threads[v], v, work, round_) for name in VARIANTS]
             for run in runs:
                 row = {"round": round_, **run()}
                 rows.append(row)
@@ -138,7 +143,8 @@ def main() -> None:
 
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     print(f"\n{args.steps} GRPO steps per run, 2 prompts × 8 completions, ≤ 16 new tokens; torch threads: TRL "
-          f"{args.trl_threads}, each roll_lite worker {args.threads}; medians of steps {SKIP + 1}-{args.steps}\n")
+          f"{args.trl_threads}, roll_lite's actor generating in its own process {args.in_actor_threads}, each worker "
+          f"with a rollout worker {args.threads}; medians of steps {SKIP + 1}-{args.steps}\n")
     print("| run | round | median step s | generate s | train s | weight sync s | response tokens | "
           "held-out start → end | wall s |")
     print("|---|---|---|---|---|---|---|---|---|")

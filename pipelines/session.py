@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("roll_lite")
 
+DRIVER_TORCH_THREADS = 1
+
 
 class RunSession:
     def __init__(self, pipeline, reserved: Reservation):
@@ -45,9 +47,10 @@ class RunSession:
     def __enter__(self) -> RunSession:
         from roll_lite.workers.cluster import start_ray
 
-        # The driver's own reductions (advantages, whitening) split work like the workers', whatever
-        # this machine's core count: part of what makes a run reproducible on another machine.
-        torch.set_num_threads(self.config.workers.torch_threads)
+        # One torch thread for the driver, whatever this machine's core count: its reductions
+        # (advantages, whitening) then sum in the same order everywhere, and it has no OpenMP thread
+        # of its own spinning between its small ops on the cores the workers compute on.
+        torch.set_num_threads(DRIVER_TORCH_THREADS)
         self.claim = self.claim_run_dir()
         try:
             # Ray first: a joined cluster too small for the workers is reported before anything is written.
