@@ -116,6 +116,7 @@ class PPOPipeline:
         if in_actor:
             self.rollout = RolloutClient(self.config, placement, actor=self.actor)
         logger.info(self.rollout.describe())
+        logger.info(self.reward.describe())
         if self.config.rollout.async_steps:
             logger.info(describe_async_rollout(self.config.rollout.async_steps, self.algorithm.rollout_is))
             if (warning := oversubscribed_cpu_warning(self.config)) is not None:

@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from roll_lite.algorithms import ADVANTAGE_ESTIMATORS
 from roll_lite.loss import AGG_MODES, ROLLOUT_IS_LEVELS
 from roll_lite.rewards.checks import check_reward_config
+from roll_lite.rewards import CHEAP_REWARDS
 from roll_lite.strategy.config import PARAM_DTYPES, StrategyConfig
 
 
@@ -119,6 +120,10 @@ class RewardConfig:
     # A YAML file's or a `reward.functions={...}` override's dict replaces this one (no merging).
     functions: dict[str, float] = field(default_factory=lambda: {"exact_answer": 1.0})
     timeout_s: float = 5.0  # per call, for functions run in the guarded process (math, the user's)
+    # Where the scoring runs. null: in the driver when every function is a cheap built-in string rule
+    # (a Ray round trip to a reward worker would cost more than the scoring), else a reward worker of
+    # its own; true: the driver (only for cheap built-ins); false: always a reward worker.
+    in_driver: Optional[bool] = None
 
 
 @dataclass
@@ -258,6 +263,10 @@ def validate(config: RunConfig) -> None:
         check_reward_config(config.reward.functions, config.reward.timeout_s)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    if config.reward.in_driver and (guarded := rewards_needing_a_worker(config.reward.functions)):
+        raise ConfigError(f"reward.in_driver: true scores only cheap built-in rules ({', '.join(sorted(CHEAP_REWARDS))}) "
+                          f"in the driver; {', '.join(guarded)} run(s) in the reward worker's guarded process. "
+                          "Set reward.in_driver=null")
     algorithm = config.algorithm
     _one_of(algorithm.advantage, ADVANTAGE_ESTIMATORS, "algorithm.advantage")
     _one_of(algorithm.kl_estimator, ("k1", "k2", "k3"), "algorithm.kl_estimator")
@@ -304,6 +313,12 @@ def validate(config: RunConfig) -> None:
     for key in ("actor_cpus", "rollout_cpus"):
         _check(getattr(config.workers, key) >= 0, f"workers.{key}", f"must be >= 0, got {getattr(config.workers, key)}")
     _check(w.object_store_mb >= 64, "workers.object_store_mb", f"must be >= 64, got {w.object_store_mb}")
+
+
+def rewards_needing_a_worker(functions: dict) -> list[str]:
+    """The reward functions that are not cheap built-ins: they run in the reward worker's guarded
+    process (roll_lite/rewards/runner.py), so a run with any of them has a reward worker."""
+    return [name for name in functions if name not in CHEAP_REWARDS]
 
 
 def in_actor_blockers(config: RunConfig) -> list[tuple[str, str]]:
@@ -425,6 +440,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         config.rollout.release_memory = config.workers.rollout_gpus == 0
     if config.rollout.in_actor is None:
         config.rollout.in_actor = not in_actor_blockers(config)
+    if config.reward.in_driver is None:
+        config.reward.in_driver = not rewards_needing_a_worker(config.reward.functions)
     validate(config)
     if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
         config.model.tokenizer_path = config.model.pretrained_path

@@ -114,15 +114,18 @@ def test_killed_at_a_random_step_and_resumed_the_metrics_equal_an_uninterrupted_
     assert layout.committed_steps(run_dir) == [2, 4, 6]
 
 
-def test_a_rollout_worker_of_its_own_gives_the_same_run_as_generating_in_the_actor(data, reference, tmp_path):
+def test_rollout_and_reward_workers_of_their_own_give_the_same_run_as_the_actor_and_the_driver(data, reference, tmp_path):
     """The reference, on one CPU actor rank, generates in the actor's process with the actor's own
-    parameters (rollout.in_actor=null chose it: no weight copies, no rollout process). With a rollout
-    worker of its own (rollout.in_actor=false) and the same seeds, the trajectory is the same bit for
-    bit, through a SIGKILL and a resume (the engine's sampling position is in the checkpoint)."""
-    assert "rollout engine: hf (rollout.in_actor: in the actor's process" in (reference.parent / "driver.log").read_text()
-    args = command(data, tmp_path, "worker", "rollout.in_actor=false")
+    parameters (rollout.in_actor=null chose it: no weight copies, no rollout process) and scores its
+    token_accuracy reward in the driver (reward.in_driver=null chose it: no reward process). With a
+    rollout worker and a reward worker of their own and the same seeds, the trajectory is the same bit
+    for bit, through a SIGKILL and a resume (the engine's sampling position is in the checkpoint)."""
+    reference_log = (reference.parent / "driver.log").read_text()
+    assert "rollout engine: hf (rollout.in_actor: in the actor's process" in reference_log
+    assert "rewards: scored in the driver (reward.in_driver" in reference_log
+    args = command(data, tmp_path, "worker", "rollout.in_actor=false", "reward.in_driver=false")
     log = run_until(args, f"step 3/{STEPS} |")
-    assert "rollout engine: hf (rollout.engine=hf)" in log
+    assert "rollout engine: hf (rollout.engine=hf)" in log and "rewards: scored by a reward worker of its own" in log
     run(args)
     assert_same_trajectory(metrics(tmp_path / "worker"), metrics(reference))
 

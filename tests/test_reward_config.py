@@ -59,6 +59,20 @@ def test_import_path_keys_survive_yaml_and_overrides_and_replace_the_default(use
         load_config(None, ["reward.functions.my_reward_pkg.rewards:score=1.0"])
 
 
+def test_cheap_built_in_rules_are_scored_in_the_driver_unless_told_otherwise(user_dir):
+    """reward.in_driver: null picks the driver exactly when every function is a cheap built-in string
+    rule; anything that runs in the guarded process (math, a user's function) needs a reward worker."""
+    assert load_config(None, []).reward.in_driver is True  # {exact_answer: 1.0}
+    assert load_config(None, ["reward.functions={format: 0.1, digits_only: 1.0}"]).reward.in_driver is True
+    assert load_config(None, ["reward.functions={exact_answer: 1.0, math: 1.0}"]).reward.in_driver is False
+    assert load_config(None, ["reward.functions={my_reward_pkg.rewards:score: 1.0}"]).reward.in_driver is False
+    assert load_config(None, ["reward.in_driver=false"]).reward.in_driver is False
+    with pytest.raises(ConfigError, match=r"^reward.in_driver: true scores only cheap built-in rules \(digits_only, "
+                                          r"exact_answer, format, token_accuracy\) in the driver; "
+                                          r"my_reward_pkg.rewards:score run\(s\) in the reward worker's guarded process"):
+        load_config(None, ["reward.functions={exact_answer: 1.0, my_reward_pkg.rewards:score: 1.0}", "reward.in_driver=true"])
+
+
 @pytest.mark.parametrize(
     "functions, expected",
     [

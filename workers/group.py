@@ -241,16 +241,31 @@ class RolloutClient:
 
 
 class RewardClient:
+    """The reward functions' scores: in the driver's own process (reward.in_driver: cheap built-in
+    string rules only, where the round trip would cost more than the scoring) or on a RewardWorker."""
+
     def __init__(self, config: RunConfig):
         from roll_lite.rewards import is_import_path
 
         reward = config.reward
+        self._get = WorkerCalls("reward", config.workers).get
+        if reward.in_driver:
+            self.worker, self.local = None, RewardWorker(dict(reward.functions), reward.timeout_s)
+            return
         # The worker imports the user's reward modules from where the driver found them.
         roots = sorted({import_root(spec) for spec in reward.functions if is_import_path(spec)} - {None})
-        self._get = WorkerCalls("reward", config.workers).get
+        self.local = None
         self.worker = ray.remote(RewardWorker).options(num_cpus=0).remote(
             dict(reward.functions), reward.timeout_s, roots, roll_lite_dir())
 
+    def describe(self) -> str:
+        if self.local is not None:
+            return ("rewards: scored in the driver (reward.in_driver: cheap built-in rules, no reward worker; "
+                    "reward.in_driver=false gives them one)")
+        return "rewards: scored by a reward worker of its own"
+
     def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None):
         """(scores, metrics); `extras`: each row's extra dataset fields, None when there are none."""
+        if self.local is not None:
+            return self.local.score(responses, answers, extras)
         return self._get(self.worker.score.remote(responses, answers, extras), "score")
