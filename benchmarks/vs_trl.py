@@ -21,7 +21,8 @@
 Step time: median over the steps after the first 5, of TRL's on_step_begin -> on_step_end, and of
 roll_lite's perf/step_s (generation to weight sync; evaluations and checkpoints are outside both).
 Response tokens: the mean completion length over all steps (the work generation and training do).
-The ratio is roll_lite / TRL per round. What differs and is not a setting: the order in which each
+The ratio is roll_lite / TRL per round, and their geometric mean over the rounds (this box moves
+±20 % from round to round, TRL included: more rounds give a steadier mean). What differs and is not a setting: the order in which each
 shuffles the prompts, TRL's std epsilon (1e-4 against 1e-6), and that roll_lite's processes talk
 through Ray.
 """
@@ -160,7 +161,7 @@ def main() -> None:
             ours = next(r for r in rows if r["round"] == round_ and r["run"] == f"roll_lite {variant}")
             ratios.append(ours["step_s"] / trl["step_s"])
         print(f"roll_lite {variant} / TRL, median step: " + " / ".join(f"{x:.2f}" for x in ratios)
-              + f" (rounds 1..{args.rounds})")
+              + f" (rounds 1..{args.rounds}); geometric mean {statistics.geometric_mean(ratios):.2f}")
 
 
 if __name__ == "__main__":
