@@ -100,3 +100,43 @@ def test_a_checkpoint_of_one_unwrapped_rank_loads_exactly_on_two(tmp_path):
     loaded, metrics, _ = _spawn(2, "load", folder, str(tmp_path / "loaded.pt"))
     _assert_equal_states(loaded, saved)
     assert metrics["loss"] == pytest.approx(saved_metrics["loss"], rel=1e-12)
+
+
+def _threads_named(name: str) -> int:
+    tasks = f"/proc/{os.getpid()}/task"
+    return sum(1 for task in os.listdir(tasks) if open(f"{tasks}/{task}/comm").read().strip() == name)
+
+
+def _save_and_load_at_two_threads(rank: int, port: int, folder: str, out_path: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    torch.set_num_threads(2)
+    from roll_lite.strategy import FSDP2Strategy, StrategyConfig
+
+    data = global_batch(torch.float64)
+    data.meta_info["loss_mask_keys"] = MASK_KEYS[LOSS[0]]
+    # 8 layers: enough tensors that the metadata DCP gathers is over torch's grain size (32 K elements),
+    # the size from which an op splits over threads; the 2-layer model's starts no team either way.
+    model = build_causal_lm({**TINY_MODEL, "num_hidden_layers": 8}, dtype=torch.float64, seed=0)
+    strategy = FSDP2Strategy(model, StrategyConfig(**SETTINGS))
+    strategy.train_step(data, make_loss(*LOSS))
+    before = _threads_named("pt_gloo_runloop")
+    strategy.save_checkpoint(folder)
+    strategy.load_checkpoint(folder)
+    torch.save({"before": before, "after": _threads_named("pt_gloo_runloop"), "torch_threads": torch.get_num_threads()},
+               out_path)
+    close_distributed()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names from /proc (Linux)")
+def test_a_checkpoint_starts_no_openmp_team_on_the_process_groups_threads():
+    """DCP's collectives run on gloo's helper threads. At 2 torch threads each of them started an
+    OpenMP team of its own (a thread that inherits the helper's name), and with more OpenMP threads
+    than cores libgomp stopped spinning in every team: each step after a checkpoint was ~55 % slower
+    on 2 cores. The strategy saves and loads at one torch thread, then goes back to the run's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "threads.pt")
+        mp.spawn(_save_and_load_at_two_threads, args=(free_port(), os.path.join(tmp, "ckpt"), out_path), nprocs=1, join=True)
+        counts = torch.load(out_path)
+    assert counts["before"] >= 1  # the group's helper threads, by the name the test looks for
+    assert counts["after"] == counts["before"]
+    assert counts["torch_threads"] == 2
