@@ -22,9 +22,9 @@ Step time: median over the steps after the first 5, of TRL's on_step_begin -> on
 roll_lite's perf/step_s (generation to weight sync; evaluations and checkpoints are outside both).
 Response tokens: the mean completion length over all steps (the work generation and training do).
 The ratio is roll_lite / TRL per round, and their geometric mean over the rounds (this box moves
-±20 % from round to round, TRL included: more rounds give a steadier mean). What differs and is not a setting: the order in which each
-shuffles the prompts, TRL's std epsilon (1e-4 against 1e-6), and that roll_lite's processes talk
-through Ray.
+±20 % from round to round, TRL included: more rounds give a steadier mean). What differs and is not
+a setting: the order in which each shuffles the prompts, TRL's std epsilon (1e-4 against 1e-6), and
+that roll_lite's processes talk through Ray.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from roll_lite.algorithms import ADVANTAGE_ESTIMATORS
 from roll_lite.loss import AGG_MODES, ROLLOUT_IS_LEVELS
+from roll_lite.rewards import CHEAP_REWARDS, is_cheap
 from roll_lite.rewards.checks import check_reward_config
-from roll_lite.rewards import CHEAP_REWARDS
 from roll_lite.strategy.config import PARAM_DTYPES, StrategyConfig
 
 
@@ -318,7 +318,7 @@ def validate(config: RunConfig) -> None:
 def rewards_needing_a_worker(functions: dict) -> list[str]:
     """The reward functions that are not cheap built-ins: they run in the reward worker's guarded
     process (roll_lite/rewards/runner.py), so a run with any of them has a reward worker."""
-    return [name for name in functions if name not in CHEAP_REWARDS]
+    return [name for name in functions if not is_cheap(name)]
 
 
 def in_actor_blockers(config: RunConfig) -> list[tuple[str, str]]:
