@@ -1,4 +1,4 @@
-"""The rollout engines' one small interface, and which engine a run gets.
+"""The rollout engines' one small interface (which engine a run gets: rollout/choice.py).
 
 `generate(prompts, params)` takes token-id lists and returns, prompt-major, `params.num_samples`
 completions per prompt (token ids, ending with EOS when the model stopped) and, when sampling, each
@@ -9,7 +9,6 @@ implements the same two methods on GPU.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,22 +43,3 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
 
-
-def choose_engine(requested: str) -> tuple[str, str]:
-    """(engine, why): the engine that will run and the reason, logged by the rollout worker. Raises,
-    naming what is missing, when the requested engine cannot run in this process."""
-    if requested == "hf":
-        return "hf", "rollout.engine=hf"
-    if requested == "vllm":
-        from roll_lite.rollout.vllm_engine import VLLM_VERSION, installed_vllm_version
-
-        if not torch.cuda.is_available():
-            raise RuntimeError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on CPU")
-        if importlib.util.find_spec("vllm") is None:
-            raise RuntimeError(f"rollout.engine=vllm needs vllm: pip install -e '.[gpu]' (vllm {VLLM_VERSION}, torch 2.13)")
-        installed = installed_vllm_version()
-        why = "rollout.engine=vllm"
-        if installed != VLLM_VERSION:
-            why += f"; vllm {installed} is installed, roll_lite is written against {VLLM_VERSION}"
-        return "vllm", why
-    raise ValueError(f"unknown rollout engine '{requested}'; choose hf or vllm")
