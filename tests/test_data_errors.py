@@ -44,6 +44,9 @@ CASES = {
     "not JSON": (
         {"train.jsonl": GOOD + '{"prompt": "3=", "answer": }\n'}, ["data.train_files=train.jsonl"],
         "data.train_files: train.jsonl: line 2 (row 1): not valid JSON: Expecting value at column 28"),
+    "unterminated string": (  # json's message ends in "starting at": the column follows it once
+        {"train.jsonl": GOOD + '{"prompt": "3=}\n'}, ["data.train_files=train.jsonl"],
+        "data.train_files: train.jsonl: line 2 (row 1): not valid JSON: Unterminated string starting at column 12"),
     "every prompt too long": (
         {"train.jsonl": GOOD + '{"prompt": "1234=", "answer": "4321"}\n'},
         ["data.train_files=train.jsonl", "data.max_prompt_length=3"],

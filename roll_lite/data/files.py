@@ -128,8 +128,10 @@ def _diagnose_json(path: Path, config_key: str) -> None:
         try:
             value = json.loads(line)
         except json.JSONDecodeError as error:
-            raise DataError(f"{config_key}: {path}: line {number} (row {row}): not valid JSON: {error.msg} "
-                            f"at column {error.colno}") from None
+            # Some of json's messages end in "at" and expect the position: "Unterminated string starting at".
+            at = "" if error.msg.endswith(" at") else " at"
+            raise DataError(f"{config_key}: {path}: line {number} (row {row}): not valid JSON: {error.msg}"
+                            f"{at} column {error.colno}") from None
         if not isinstance(value, dict):
             raise DataError(f"{config_key}: {path}: line {number} (row {row}): a JSON {type(value).__name__}, "
                             f"not an object with the prompt and answer keys") from None
