@@ -30,7 +30,7 @@ def check_run(config: RunConfig) -> PretrainedConfig:
             f"(model.pretrained_path) has vocab_size {model_config.vocab_size}; ids from {model_config.vocab_size} "
             "on have no embedding: use the model's own tokenizer"
         )
-    _check_positions(config, model_config, longest_prompt=1)
+    _check_positions(config, model_config, longest_prompt=None)
     _check_rollout_engine(config)
     _check_cpus(config)
     return model_config
@@ -84,21 +84,28 @@ def _check_heads(hidden_size: int, heads: int, kv_heads: int, prefix: str) -> No
         raise ConfigError(f"{prefix}num_key_value_heads: {kv_heads} must divide {prefix}num_attention_heads {heads}")
 
 
-def _check_positions(config: RunConfig, model_config: PretrainedConfig, longest_prompt: int,
+def _check_positions(config: RunConfig, model_config: PretrainedConfig, longest_prompt: int | None,
                      longest_demonstration: int = 0) -> None:
-    """The longest prompt (1 token before the data is read: only max_new_tokens is known) plus
+    """The longest prompt (None before the data is read: a prompt has at least 1 token) plus
     rollout.max_new_tokens, and the longest SFT sequence (warm start or SFT pipeline), fit the model's positions."""
     limit = getattr(model_config, "max_position_embeddings", None)
     if limit is None:
         return
     key = "model.max_position_embeddings" if not config.model.pretrained_path else "the model's max_position_embeddings"
     new = config.rollout.max_new_tokens
-    if longest_prompt + new > limit:
-        raise ConfigError(f"rollout.max_new_tokens: the longest prompt ({longest_prompt} tokens, data.train_files / "
-                          f"data.eval_files) + rollout.max_new_tokens={new} = {longest_prompt + new} exceeds {key}={limit}")
+    prompt_tokens = longest_prompt or 1
+    if prompt_tokens + new > limit:
+        prompt = ("a prompt of at least 1 token" if longest_prompt is None else
+                  f"the longest prompt ({_tokens(longest_prompt)}, data.train_files / data.eval_files)")
+        raise ConfigError(f"rollout.max_new_tokens: {prompt} + rollout.max_new_tokens={new} = {prompt_tokens + new} "
+                          f"exceeds {key}={limit}")
     if config.sft.steps and longest_demonstration > limit:
         raise ConfigError(f"sft.train_files: the SFT sequences (up to {longest_demonstration} tokens: prompt, response, "
                           f"<eos>) exceed {key}={limit}; sft.max_length={limit} leaves the longer ones out")
+
+
+def _tokens(count: int) -> str:
+    return f"{count} token" if count == 1 else f"{count} tokens"
 
 
 def check_sequence_lengths(config: RunConfig, model_config: PretrainedConfig, longest_prompt: int,

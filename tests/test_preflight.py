@@ -7,15 +7,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from roll_lite.cli import main
-from roll_lite.config import load_config
+from roll_lite.config import ConfigError, load_config
 from roll_lite.invariance import TINY_MODEL
 from roll_lite.modeling import build_causal_lm
-from roll_lite.preflight import check_run
+from roll_lite.preflight import check_run, check_sequence_lengths
 from roll_lite.tokenizer import build_char_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,6 +92,9 @@ VALUE_CASES = [
     ("workers.actor_cpus=512 rollout.in_actor=false", "workers.actor_cpus: the workers reserve 513 CPUs (workers.actor_cpus "
                                                       "512 × workers.actor_dp 1 + workers.rollout_cpus 1) but this machine has"),
     ("workers.rollout_cpus=-1", "workers.rollout_cpus: must be >= 0, got -1.0"),
+    # Before the data is read a prompt has at least 1 token (the words agree with the count).
+    ("rollout.max_new_tokens=64", "rollout.max_new_tokens: a prompt of at least 1 token + rollout.max_new_tokens=64 = 65 "
+                                  "exceeds model.max_position_embeddings=64"),
     # After the data is read (still before Ray): the demo's longest prompt is '<bos>' + 7 digits + '='.
     ("rollout.max_new_tokens=60", "rollout.max_new_tokens: the longest prompt (9 tokens, data.train_files / "
                                   "data.eval_files) + rollout.max_new_tokens=60 = 69 exceeds model.max_position_embeddings=64"),
@@ -140,6 +144,13 @@ def test_bad_values_exit_2_with_one_line(tmp_path, monkeypatch, capsys, override
     if override == "rollout.engine=vllm workers.gpus_per_rank=1":
         assert "use rollout.engine=hf" in lines[0] or torch.cuda.is_available()
     assert not (tmp_path / "out").exists()
+
+
+def test_a_one_token_longest_prompt_is_one_token_in_the_message():
+    config = load_config(REPO / "configs/ppo.yaml", ["rollout.max_new_tokens=64"])
+    with pytest.raises(ConfigError, match=r"the longest prompt \(1 token, data.train_files / data.eval_files\) "
+                                          r"\+ rollout.max_new_tokens=64 = 65 exceeds"):
+        check_sequence_lengths(config, SimpleNamespace(max_position_embeddings=64), 1, 0)
 
 
 def test_good_configs_pass(tmp_path):
