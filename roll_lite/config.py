@@ -357,6 +357,37 @@ def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
         raise ConfigError(str(error)) from None
 
 
+def _check_reward_weights(layer, path: Path | None = None) -> None:
+    """`reward.functions={exact_answer:1.0}` is YAML for {'exact_answer:1.0': null}: in a flow mapping a
+    colon separates a key from its value only when a space follows it (import paths keep theirs:
+    `my_pkg.rewards:score`). Say so, instead of omegaconf's "is not Optional"."""
+    reward = layer.get("reward") if isinstance(layer, DictConfig) else None
+    functions = reward.get("functions") if isinstance(reward, DictConfig) else None
+    if not isinstance(functions, DictConfig):
+        return
+    entries = OmegaConf.to_container(functions)
+    unweighted = [name for name, weight in entries.items() if weight is None]
+    if not unweighted:
+        return
+
+    def written_right(name: str, weight) -> str:
+        spec, _, tail = str(name).rpartition(":")
+        if weight is None and spec:
+            try:
+                weight = float(tail) if tail.strip() else 1.0
+                name = spec
+            except ValueError:
+                weight = 1.0
+        return f"{name}: {1.0 if weight is None else weight}"
+
+    fixed = "{" + ", ".join(written_right(name, weight) for name, weight in entries.items()) + "}"
+    example = (f"functions: {fixed}" if path else
+               f"reward.functions={fixed} (quote the override in the shell: 'reward.functions={fixed}')")
+    raise ConfigError(f"reward.functions: {', '.join(map(repr, unweighted))} {'has' if len(unweighted) == 1 else 'have'} "
+                      f"no weight{f' in {path}' if path else ''}: YAML flow mappings need a space after the colon, "
+                      f"e.g. {example}")
+
+
 def _replace_reward_functions(merged, layer) -> None:
     """A layer that sets reward.functions gives the whole set: replace, do not merge with the defaults."""
     reward = layer.get("reward") if isinstance(layer, DictConfig) else None
@@ -418,6 +449,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
             if not path.is_file():
                 raise ConfigError(f"--config: no such file '{path}'")
             layer = _load_yaml(path)
+            _check_reward_weights(layer, path)
             merged = OmegaConf.merge(merged, layer)
             _replace_reward_functions(merged, layer)
         for override in overrides:
@@ -425,6 +457,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
                 raise ConfigError(f"override '{override}' is not of the form key=value")
         for override in overrides:  # in order: `reward.functions={...}` replaces, `reward.functions.NAME=w` sets one
             layer = OmegaConf.from_dotlist([override])
+            _check_reward_weights(layer)
             merged = OmegaConf.merge(merged, layer)
             if override.partition("=")[0].strip() == "reward.functions":
                 _replace_reward_functions(merged, layer)

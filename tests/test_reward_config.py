@@ -3,6 +3,7 @@ errors for a reward module that does not import: one line naming the key, exit c
 started or written. The subprocess tests run the console script from the user's directory."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -102,3 +103,23 @@ def test_roll_train_reports_a_reward_that_does_not_import_in_one_line(user_dir, 
     assert result.returncode == 2, result.stderr[-2000:]
     assert lines == [f"roll-train: config error: {expected}"] or (len(lines) == 1 and expected in lines[0]), lines
     assert not result.stdout and not (user_dir / "out").exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize("functions, written_right", [
+    ("{exact_answer:1.0}", "{exact_answer: 1.0}"),
+    ("{my_pkg.rewards:score:0.5, format: 0.1}", "{my_pkg.rewards:score: 0.5, format: 0.1}"),  # the import path's colon stays
+    ("{my_pkg.rewards:score}", "{my_pkg.rewards:score: 1.0}"),
+])
+def test_a_weight_without_a_space_after_the_colon_is_explained(tmp_path, functions, written_right):
+    # YAML reads {exact_answer:1.0} as {'exact_answer:1.0': null}: a key without a weight.
+    unweighted = functions.strip("{}").split(",")[0]
+    with pytest.raises(ConfigError) as override_error:
+        load_config(None, [f"reward.functions={functions}"])
+    assert str(override_error.value) == (
+        f"reward.functions: '{unweighted}' has no weight: YAML flow mappings need a space after the colon, "
+        f"e.g. reward.functions={written_right} (quote the override in the shell: 'reward.functions={written_right}')")
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(f"reward:\n  functions: {functions}\n")
+    with pytest.raises(ConfigError, match=rf"^reward.functions: '{unweighted}' has no weight in {config_file}: YAML flow "
+                                          rf"mappings need a space after the colon, e.g. functions: {re.escape(written_right)}$"):
+        load_config(config_file)
