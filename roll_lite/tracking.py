@@ -30,9 +30,11 @@ class RunLogger:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         logged_before = _last_step(self.metrics_path) if history is not None else None
         self.history: list[dict] = list(history or [])
-        temporary = self.run_dir / ".metrics.jsonl.tmp"
-        temporary.write_text("".join(json.dumps(record) + "\n" for record in self.history))
-        temporary.replace(self.metrics_path)
+        dropped = rewrite_metrics(self.metrics_path, self.history)
+        if dropped:
+            checkpoint_step = self.history[-1]["step"] if self.history else 0
+            logger.info("resume: dropped the records of %s that the previous run logged after checkpoint step_%d",
+                        step_span(dropped), checkpoint_step)
         self.wandb_run = None
         self.wandb_from_step = 0  # wandb gets the steps from this one on (a resumed run: the steps it has not seen)
         if wandb_mode != "disabled":
@@ -114,14 +116,39 @@ class RunLogger:
         return [path]
 
 
+def rewrite_metrics(metrics_path: Path, history: list[dict]) -> list[int]:
+    """metrics.jsonl holds `history` (a resumed run: the checkpoint's records) and nothing else;
+    returns the steps of the records it held beyond them (logged after the checkpoint), ascending."""
+    last_kept = history[-1]["step"] if history else -1
+    dropped = sorted(step for step in _steps(metrics_path) if step > last_kept)
+    temporary = metrics_path.with_name(".metrics.jsonl.tmp")
+    temporary.write_text("".join(json.dumps(record) + "\n" for record in history))
+    temporary.replace(metrics_path)
+    return dropped
+
+
+def step_span(steps: list[int]) -> str:
+    """'step 7', 'steps 51-57' (consecutive), else 'steps 3, 5, 8'."""
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if steps == list(range(steps[0], steps[-1] + 1)):
+        return f"steps {steps[0]}-{steps[-1]}"
+    return "steps " + ", ".join(map(str, steps))
+
+
 def _last_step(metrics_path: Path) -> int:
     """The highest step metrics.jsonl holds (-1: none): what a stopped run logged, checkpoint or not."""
+    return max(_steps(metrics_path), default=-1)
+
+
+def _steps(metrics_path: Path) -> list[int]:
+    """The step of each record in metrics.jsonl (none when there is no file)."""
     if not metrics_path.is_file():
-        return -1
+        return []
     steps = []
     for line in metrics_path.read_text().splitlines():
         try:
             steps.append(json.loads(line)["step"])
         except (ValueError, KeyError, TypeError):  # a line cut short by the kill
             continue
-    return max(steps, default=-1)
+    return steps

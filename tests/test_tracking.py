@@ -4,7 +4,7 @@ without sending again the steps the stopped run had already logged."""
 
 import json
 
-from roll_lite.tracking import WANDB_ID_FILE, RunLogger
+from roll_lite.tracking import WANDB_ID_FILE, RunLogger, step_span
 
 
 def test_a_resumed_run_continues_metrics_jsonl_and_its_wandb_run(tmp_path):
@@ -39,3 +39,27 @@ def test_a_fresh_run_in_another_directory_gets_its_own_wandb_run(tmp_path):
     two.finish()
     assert one.wandb_run.id != two.wandb_run.id
     assert two.wandb_from_step == 0
+
+
+def test_resuming_cuts_metrics_jsonl_back_to_the_checkpoint_and_says_which_steps_it_dropped(tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    first = RunLogger(run_dir, "seed: 1\n", "disabled", "roll_lite_test", "run")
+    for step in range(58):  # the checkpoint of step 50, then steps 51-57 logged before the kill
+        first.log(step, {"x": float(step)})
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 58, "x"')  # a record cut short by the kill
+    caplog.set_level("INFO", logger="roll_lite")
+    resumed = RunLogger(run_dir, "seed: 1\n", "disabled", "roll_lite_test", "run", history=first.history[:51])
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == list(range(51))
+    assert resumed.history == first.history[:51]
+    assert caplog.messages == ["resume: dropped the records of steps 51-57 that the previous run logged after checkpoint step_50"]
+
+    caplog.clear()  # killed right after the checkpoint of step 60: nothing logged after it, nothing said
+    for step in range(51, 61):
+        resumed.log(step, {"x": float(step)})
+    RunLogger(run_dir, "seed: 1\n", "disabled", "roll_lite_test", "run", history=resumed.history)
+    assert caplog.messages == []
+
+
+def test_step_span_names_one_step_a_range_or_a_list():
+    assert [step_span(s) for s in ([7], [51, 52, 53], [3, 5, 8])] == ["step 7", "steps 51-53", "steps 3, 5, 8"]
