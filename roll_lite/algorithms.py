@@ -1,127 +1,25 @@
-"""Advantage estimators and reward shaping: pure tensor functions, no distributed code.
+"""Deprecated: the advantage estimators moved to roll_lite.loss.advantages."""
 
-Shapes follow roll_lite.loss: [batch, seq] token-aligned tensors and a response mask marking the
-generated tokens. Scores are one scalar per row ([batch]); `group_ids` ([batch], ints) say which
-rows are samples of the same prompt.
-"""
+import warnings
 
-from __future__ import annotations
+from roll_lite.loss.advantages import (  # noqa: F401 (re-exported: every name this module had)
+    ADVANTAGE_ESTIMATORS,
+    WHITENED_BY_DEFAULT,
+    discounted_returns,
+    gae_advantages,
+    grpo_advantages,
+    kl_penalty,
+    kl_shaped_rewards,
+    last_token_rewards,
+    masked_sum,
+    masked_whiten,
+    reinforce_pp_advantages,
+    rloo_advantages,
+    whitens_advantages,
+)
 
-import torch
-
-from roll_lite.loss import kl_penalty, masked_sum
-
-ADVANTAGE_ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp")
-
-
-def last_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """[batch, seq] rewards: each row's score on its last response token, zero elsewhere."""
-    mask = response_mask.bool()
-    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-    last = torch.where(mask, positions, -1).max(dim=1).values
-    rewards = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)
-    rows = (last >= 0).nonzero().flatten()
-    rewards[rows, last[rows]] = scores[rows]
-    return rewards
-
-
-def _group_statistics(scores: torch.Tensor, group_ids: torch.Tensor):
-    groups, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    sums = torch.zeros(len(groups), dtype=scores.dtype, device=scores.device).index_add_(0, inverse, scores)
-    means = sums / counts
-    squares = torch.zeros_like(sums).index_add_(0, inverse, (scores - means[inverse]) ** 2)
-    # unbiased std as in GRPO; a group of one has no spread
-    stds = torch.sqrt(squares / (counts - 1).clamp(min=1))
-    return inverse, counts, sums, means, stds
-
-
-def grpo_advantages(scores, group_ids, response_mask, normalize_std: bool = True, eps: float = 1e-6):
-    """GRPO: (score - group mean) / (group std + eps) on every response token. With
-    normalize_std=False it is Dr. GRPO's advantage (no std division)."""
-    inverse, _, _, means, stds = _group_statistics(scores, group_ids)
-    advantages = scores - means[inverse]
-    if normalize_std:
-        advantages = advantages / (stds[inverse] + eps)
-    return advantages[:, None] * response_mask.to(scores.dtype)
-
-
-def rloo_advantages(scores, group_ids, response_mask):
-    """RLOO: score minus the mean score of the other samples of the same prompt."""
-    inverse, counts, sums, _, _ = _group_statistics(scores, group_ids)
-    if bool((counts < 2).any()):
-        raise ValueError("RLOO needs at least 2 samples per prompt (rollout.num_samples >= 2)")
-    n = counts[inverse].to(scores.dtype)
-    baseline = (sums[inverse] - scores) / (n - 1)
-    return (scores - baseline)[:, None] * response_mask.to(scores.dtype)
-
-
-def discounted_returns(rewards, response_mask, gamma: float = 1.0):
-    """Σ_{k≥t} γ^{k-t} r_k over response tokens (rewards outside the mask are ignored)."""
-    mask = response_mask.to(rewards.dtype)
-    returns = torch.zeros_like(rewards)
-    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)
-    for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] * mask[:, t] + gamma * running
-        returns[:, t] = running * mask[:, t]
-    return returns
-
-
-def masked_whiten(values, mask, eps: float = 1e-8):
-    """(values - mean) / sqrt(var + eps) over the masked tokens of the whole batch; zero outside the mask.
-
-    Conventions, as verl's `masked_whiten` (verl/utils/torch_functional.py, shift_mean=True) and ROLL's:
-    the mean is subtracted and not added back (the result has mean 0 over the mask), and the variance
-    is the unbiased one, Σ m·(v - mean)² / (N - 1). We pick unbiased to give the same numbers as verl;
-    over the thousands of tokens of a rollout batch the variances differ by a factor (N-1)/N. Where verl raises
-    on N = 1, a single token here whitens to 0 (its deviation from the mean is 0).
-    """
-    count = mask.sum()
-    mean = masked_sum(values, mask) / count.clamp(min=1)
-    variance = masked_sum((values - mean) ** 2, mask) / (count - 1).clamp(min=1)
-    return torch.where(mask.bool(), (values - mean) * torch.rsqrt(variance + eps), torch.zeros_like(values))
-
-
-# Estimators whose advantages are whitened over the batch unless algorithm.whiten_advantages says
-# otherwise: GAE (verl always whitens it) and REINFORCE++ (whitening is part of its definition).
-# GRPO, Dr. GRPO and RLOO advantages are already centred per prompt group, and verl leaves them as is.
-WHITENED_BY_DEFAULT = ("gae", "reinforce_pp")
-
-
-def whitens_advantages(estimator: str, whiten: bool | None = None) -> bool:
-    """Whether `estimator`'s advantages are whitened: `whiten` when given, else its default."""
-    return estimator in WHITENED_BY_DEFAULT if whiten is None else whiten
-
-
-def reinforce_pp_advantages(token_rewards, response_mask, gamma: float = 1.0):
-    """REINFORCE++: discounted return of the (KL-shaped) token rewards, whitened over the batch
-    (unbiased variance, as verl; see masked_whiten)."""
-    return masked_whiten(discounted_returns(token_rewards, response_mask, gamma), response_mask)
-
-
-def gae_advantages(token_rewards, values, response_mask, gamma: float = 1.0, lam: float = 0.95):
-    """GAE over the response tokens. values[t] estimates the return from token t on.
-
-    Returns (advantages, returns = advantages + values), zero outside the mask. Response tokens
-    are contiguous per row; the value after the last response token is 0. The advantages are raw:
-    the caller whitens them (masked_whiten, on by default for gae) and keeps these returns for the
-    critic, as verl does.
-    """
-    mask = response_mask.to(values.dtype)
-    advantages = torch.zeros_like(values)
-    next_value = torch.zeros(values.shape[0], dtype=values.dtype, device=values.device)
-    running = torch.zeros_like(next_value)
-    for t in reversed(range(values.shape[1])):
-        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
-        running = torch.where(mask[:, t] > 0, delta + gamma * lam * running, running)
-        next_value = torch.where(mask[:, t] > 0, values[:, t], next_value)
-        advantages[:, t] = running * mask[:, t]
-    returns = (advantages + values) * mask
-    return advantages, returns
-
-
-def kl_shaped_rewards(token_rewards, log_probs, ref_log_probs, response_mask, kl_coef: float, estimator: str = "k1",
-                      clamp: float | None = None):
-    """Token rewards minus kl_coef · KL estimate on response tokens (the 'KL in reward' variant);
-    `clamp` as in kl_penalty."""
-    kl = kl_penalty(log_probs, ref_log_probs, estimator, clamp)
-    return token_rewards - kl_coef * torch.where(response_mask.bool(), kl, torch.zeros_like(kl))
+warnings.warn(
+    "roll_lite.algorithms is deprecated: import from roll_lite.loss.advantages instead",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -1,0 +1,47 @@
+"""Losses: pure tensor functions (no torch.distributed, no Ray, no config objects).
+
+A loss_func is `loss_func(micro_batch, model_output) -> (loss, metrics)`. It reads the global
+denominators of its mask(s) from `micro_batch.meta_info` (put there by the strategy for every key in
+`meta_info['loss_mask_keys']`, see `mask_stats`) and aggregates with `agg_loss`, so the sum of its
+values over all micro-batches and ranks of a step is the loss of the whole global batch. Losses and
+global-mean metrics are reported with '@sum'. A custom loss_func follows the same pattern.
+
+aggregation.py  agg_loss, mask_stats / local_mask_stats, zero_outside, token_mean_metric
+policy.py       PPO and sequence-level (GSPO-style) policy losses, BUILTIN_LOSSES by name
+kl.py           the KL estimate to the reference          value.py  the critic's clipped value loss
+sft.py          supervised fine-tuning's NLL               correction.py  rollout correction (TIS)
+advantages.py   advantage estimators and reward shaping
+checks.py, checker.py  the loss-invariance checker (roll-check-loss); not imported here
+"""
+
+from roll_lite.loss.aggregation import (
+    AGG_MODES,
+    agg_loss,
+    check_binary_mask,
+    local_mask_stats,
+    mask_stats,
+    masked_sum,
+    token_mean_metric,
+    zero_outside,
+)
+from roll_lite.loss.correction import ROLLOUT_IS_LEVELS, rollout_correction, rollout_importance_weights
+from roll_lite.loss.kl import kl_penalty
+from roll_lite.loss.policy import (
+    BUILTIN_LOSSES,
+    kl_regularized_loss_func,
+    old_log_probs,
+    ppo_clipped_loss,
+    ppo_policy_loss_func,
+    sequence_policy_loss_func,
+    sequence_ratio_loss,
+)
+from roll_lite.loss.sft import sft_loss_func
+from roll_lite.loss.value import clipped_value_loss, value_loss_func
+
+__all__ = [
+    "AGG_MODES", "BUILTIN_LOSSES", "ROLLOUT_IS_LEVELS", "agg_loss", "check_binary_mask", "clipped_value_loss",
+    "kl_penalty", "kl_regularized_loss_func", "local_mask_stats", "mask_stats", "masked_sum", "old_log_probs",
+    "ppo_clipped_loss", "ppo_policy_loss_func", "rollout_correction", "rollout_importance_weights",
+    "sequence_policy_loss_func", "sequence_ratio_loss", "sft_loss_func", "token_mean_metric", "value_loss_func",
+    "zero_outside",
+]

@@ -1,0 +1,189 @@
+"""Policy losses: the per-token PPO clipped surrogate and the GSPO-style sequence ratio, and the
+built-in policy loss_funcs built on them (BUILTIN_LOSSES: by name, with the masks they need).
+
+Every loss zeroes its inputs outside its mask (`zero_outside`) before any arithmetic: a nan or
+inf at a prompt or padding position (user data, a reward that failed) then changes nothing, and
+the step equals the clean one bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from roll_lite.loss.aggregation import agg_loss, mask_stats, masked_sum, token_mean_metric, zero_outside
+from roll_lite.loss.correction import rollout_correction
+from roll_lite.loss.kl import kl_penalty
+
+
+def ppo_clipped_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    dual_clip_c: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO clipped surrogate per token, with asymmetric clip and optional dual-clip (c > 1).
+
+    Returns (loss_mat, clipped) where `clipped` is 1.0 where the clipped branch was taken.
+    """
+    ratio = torch.exp(log_probs - old_log_probs)
+    unclipped = -advantages * ratio
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    clipped = -advantages * clipped_ratio
+    loss = torch.maximum(unclipped, clipped)
+    was_clipped = (clipped > unclipped).to(log_probs.dtype)
+    if dual_clip_c is not None:
+        if dual_clip_c <= 1.0:
+            raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
+        # For negative advantages the loss is bounded by -c·A (Ye et al., 2020).
+        bounded = torch.minimum(loss, -advantages * dual_clip_c)
+        loss = torch.where(advantages < 0, bounded, loss)
+    return loss, was_clipped
+
+
+def sequence_ratio_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    seq_advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_ratio_low: float = 3e-4,
+    clip_ratio_high: float = 4e-4,
+) -> torch.Tensor:
+    """GSPO-style sequence-level clipped loss, one value per row broadcast over the row's tokens.
+
+    s_i = exp(mean_t (logp - old_logp)) over row i's masked tokens; loss_i = max(-A_i·s_i, -A_i·clip(s_i)).
+    With seq-mean-token-mean aggregation this is Σ_i loss_i / B_valid.
+    """
+    row_tokens = mask.sum(-1).to(log_probs.dtype).clamp(min=1.0)
+    mean_log_ratio = masked_sum(log_probs - old_log_probs, mask, dim=-1) / row_tokens
+    ratio = torch.exp(mean_log_ratio)
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    row_loss = torch.maximum(-seq_advantages * ratio, -seq_advantages * clipped_ratio)
+    return row_loss.unsqueeze(-1).expand_as(log_probs)
+
+
+def old_log_probs(batch, output):
+    """The behaviour policy's log-probs: batch['old_log_probs'], or, when the controller marked the
+    step strictly on-policy (one optimizer step per rollout), the training forward's own log-probs
+    detached: they are the same numbers, so the extra forward is skipped."""
+    if "old_log_probs" in batch.batch:
+        return batch["old_log_probs"]
+    if batch.meta_info.get("on_policy", False):
+        return output["log_probs"].detach()
+    raise KeyError("the batch has no 'old_log_probs' and meta_info['on_policy'] is not set")
+
+
+def ppo_policy_loss_func(
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    dual_clip_c: float | None = None,
+    entropy_coef: float = 0.0,
+    seq_len_norm: float | None = None,
+    mask_key: str = "response_mask",
+    rollout_is: str | None = None,
+    rollout_is_cap: float = 2.0,
+):
+    """Token-level PPO clipped surrogate (+ optional entropy bonus). Needs batch tensors
+    old_log_probs and advantages, and `mask_key` in loss_mask_keys. rollout_is: truncated importance
+    sampling on the engine's log-probs (rollout_correction)."""
+
+    def loss_func(batch, output):
+        mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
+        log_probs, behaviour_log_probs, advantages = zero_outside(
+            mask, output["log_probs"], old_log_probs(batch, output), batch["advantages"]
+        )
+        loss_mat, clipped = ppo_clipped_loss(
+            log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high, dual_clip_c
+        )
+        is_weights, correction_metrics = rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is, rollout_is_cap)
+        if is_weights is not None:
+            loss_mat = loss_mat * is_weights
+        pg_loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
+        loss = pg_loss
+        metrics = {
+            "pg_loss@sum": pg_loss.detach(),
+            "clipfrac@sum": token_mean_metric(clipped, mask, stats["batch_num_tokens"]),
+            "approx_kl@sum": token_mean_metric(behaviour_log_probs - log_probs, mask, stats["batch_num_tokens"]),
+            **correction_metrics,
+        }
+        if "entropy" in output:
+            (entropy,) = zero_outside(mask, output["entropy"])
+            metrics["entropy@sum"] = token_mean_metric(entropy, mask, stats["batch_num_tokens"])
+            if entropy_coef:
+                entropy_loss = agg_loss(entropy, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
+                loss = loss - entropy_coef * entropy_loss
+        elif entropy_coef:
+            raise KeyError("entropy_coef > 0 needs the model output's 'entropy'")
+        return loss, metrics
+
+    return loss_func
+
+
+def sequence_policy_loss_func(
+    loss_agg_mode: str = "seq-mean-token-mean",
+    clip_ratio_low: float = 3e-4,
+    clip_ratio_high: float = 4e-4,
+    seq_len_norm: float | None = None,
+    mask_key: str = "response_mask",
+    rollout_is: str | None = None,
+    rollout_is_cap: float = 2.0,
+):
+    """Sequence-level (GSPO-style) clipped loss: one importance ratio per sequence. The sequence's
+    advantage is the mean of `advantages` over its masked tokens. rollout_is: as for the PPO loss."""
+
+    def loss_func(batch, output):
+        mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
+        log_probs, behaviour_log_probs, advantages = zero_outside(
+            mask, output["log_probs"], old_log_probs(batch, output), batch["advantages"]
+        )
+        row_tokens = mask.sum(-1).clamp(min=1).to(advantages.dtype)
+        seq_advantages = masked_sum(advantages, mask, dim=-1) / row_tokens
+        loss_mat = sequence_ratio_loss(
+            log_probs, behaviour_log_probs, seq_advantages, mask, clip_ratio_low, clip_ratio_high
+        )
+        is_weights, correction_metrics = rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is, rollout_is_cap)
+        if is_weights is not None:
+            loss_mat = loss_mat * is_weights
+        loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
+        return loss, {"seq_pg_loss@sum": loss.detach(), **correction_metrics}
+
+    return loss_func
+
+
+def kl_regularized_loss_func(
+    loss_agg_mode: str = "token-mean",
+    kl_coef: float = 0.1,
+    kl_estimator: str = "k3",
+    seq_len_norm: float | None = None,
+    policy_mask_key: str = "response_mask",
+    kl_mask_key: str = "kl_mask",
+    kl_clamp: float | None = None,
+    **policy_options,
+):
+    """PPO policy loss on one mask plus a KL-to-reference loss on another (or the same) mask: each
+    aggregated with its own global stats. Needs ref_log_probs in the batch. Reports 'kl' (the
+    token mean of the estimate over the KL mask) whatever kl_coef is. kl_clamp: see kl_penalty."""
+    policy_loss = ppo_policy_loss_func(loss_agg_mode, seq_len_norm=seq_len_norm, mask_key=policy_mask_key, **policy_options)
+
+    def loss_func(batch, output):
+        loss, metrics = policy_loss(batch, output)
+        kl_stats, kl_mask = mask_stats(batch.meta_info, kl_mask_key), batch[kl_mask_key]
+        log_probs, ref_log_probs = zero_outside(kl_mask, output["log_probs"], batch["ref_log_probs"])
+        kl_mat = kl_penalty(log_probs, ref_log_probs, kl_estimator, kl_clamp)
+        metrics["kl@sum"] = token_mean_metric(kl_mat, kl_mask, kl_stats["batch_num_tokens"])
+        if kl_coef:
+            kl_loss = agg_loss(kl_mat, kl_mask, loss_agg_mode, **kl_stats, seq_len_norm=seq_len_norm)
+            metrics["kl_loss@sum"] = kl_loss.detach()
+            loss = loss + kl_coef * kl_loss
+        return loss, metrics
+
+    return loss_func
+
+
+BUILTIN_LOSSES = {
+    "ppo": (ppo_policy_loss_func, ["response_mask"]),
+    "sequence": (sequence_policy_loss_func, ["response_mask"]),
+    "ppo_kl": (kl_regularized_loss_func, ["response_mask", "kl_mask"]),
+}

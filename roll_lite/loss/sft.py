@@ -1,0 +1,17 @@
+"""Supervised fine-tuning's loss_func: the negative log-likelihood of the masked tokens."""
+
+from __future__ import annotations
+
+from roll_lite.loss.aggregation import agg_loss, mask_stats, zero_outside
+
+
+def sft_loss_func(mask_key: str = "response_mask"):
+    """Supervised fine-tuning: token-mean negative log-likelihood of the masked tokens."""
+
+    def loss_func(batch, output):
+        mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
+        (log_probs,) = zero_outside(mask, output["log_probs"])
+        loss = agg_loss(-log_probs, mask, "token-mean", **stats)
+        return loss, {"sft_loss@sum": loss.detach()}
+
+    return loss_func
