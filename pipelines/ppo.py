@@ -20,7 +20,12 @@ from pathlib import Path
 
 import torch
 
-from roll_lite.algorithms import (
+from roll_lite.config import ConfigError, RunConfig, rollout_dtype
+from roll_lite.data import DataProto
+from roll_lite.data.prompts import PromptData
+from roll_lite.data.sampler import PromptSampler
+from roll_lite.loss import kl_regularized_loss_func, ppo_policy_loss_func, value_loss_func
+from roll_lite.loss.advantages import (
     discounted_returns,
     gae_advantages,
     grpo_advantages,
@@ -30,11 +35,6 @@ from roll_lite.algorithms import (
     rloo_advantages,
     whitens_advantages,
 )
-from roll_lite.config import ConfigError, RunConfig, rollout_dtype
-from roll_lite.data import DataProto
-from roll_lite.data.prompts import PromptData
-from roll_lite.data.sampler import PromptSampler
-from roll_lite.loss_funcs import kl_regularized_loss_func, ppo_policy_loss_func, value_loss_func
 from roll_lite.progress import on_terminal, progress_bar
 from roll_lite.rollout import Completions, SamplingParams
 from roll_lite.rollout.ahead import RolloutQueue, staleness

@@ -22,7 +22,7 @@ import torch
 from roll_lite.config import ConfigError, RunConfig
 from roll_lite.data import DataProto
 from roll_lite.data.sampler import PromptSampler
-from roll_lite.loss_funcs import sft_loss_func
+from roll_lite.loss import sft_loss_func
 from roll_lite.progress import progress_bar
 from roll_lite.sequences import build_target_batch
 from roll_lite.tokenizer import load_tokenizer

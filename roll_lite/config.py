@@ -14,8 +14,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from roll_lite.algorithms import ADVANTAGE_ESTIMATORS
 from roll_lite.loss import AGG_MODES, ROLLOUT_IS_LEVELS
+from roll_lite.loss.advantages import ADVANTAGE_ESTIMATORS
 from roll_lite.rewards import CHEAP_REWARDS, is_cheap
 from roll_lite.rewards.checks import check_reward_config
 from roll_lite.strategy.config import PARAM_DTYPES, StrategyConfig

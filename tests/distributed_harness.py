@@ -16,15 +16,15 @@ from dataclasses import dataclass
 import torch
 import torch.multiprocessing as mp
 
-from roll_lite.invariance import TINY_MODEL, random_rl_batch, relative_deviation
-from roll_lite.loss import AGG_MODES
-from roll_lite.loss_funcs import (
+from roll_lite.loss import (
+    AGG_MODES,
     kl_regularized_loss_func,
     ppo_policy_loss_func,
     sequence_policy_loss_func,
     sft_loss_func,
     value_loss_func,
 )
+from roll_lite.loss.checker import TINY_MODEL, random_rl_batch, relative_deviation
 from roll_lite.modeling import build_causal_lm
 from roll_lite.strategy.distributed import close_distributed, free_port
 

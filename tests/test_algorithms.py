@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from roll_lite.algorithms import (
+from roll_lite.data import DataProto
+from roll_lite.loss import kl_penalty, kl_regularized_loss_func, local_mask_stats
+from roll_lite.loss.advantages import (
     discounted_returns,
     gae_advantages,
     grpo_advantages,
@@ -16,9 +18,6 @@ from roll_lite.algorithms import (
     rloo_advantages,
     whitens_advantages,
 )
-from roll_lite.data import DataProto
-from roll_lite.loss import kl_penalty, local_mask_stats
-from roll_lite.loss_funcs import kl_regularized_loss_func
 
 D = torch.float64
 # two prompts (groups 0 and 1), three samples each; responses at positions 1..2 (row 2: only 1)

@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 from distributed_harness import MASK_KEYS, global_batch, make_loss
 
-from roll_lite.invariance import TINY_MODEL
+from roll_lite.loss.checker import TINY_MODEL
 from roll_lite.modeling import build_causal_lm
 from roll_lite.strategy.distributed import close_distributed, free_port
 

@@ -6,9 +6,8 @@ import sys
 
 import pytest
 
-from roll_lite.invariance import LossInvarianceError, check_loss_invariance, main
-from roll_lite.loss import AGG_MODES, agg_loss, mask_stats, masked_sum
-from roll_lite.loss_funcs import BUILTIN_LOSSES
+from roll_lite.loss import AGG_MODES, BUILTIN_LOSSES, agg_loss, mask_stats, masked_sum
+from roll_lite.loss.checker import LossInvarianceError, check_loss_invariance, main
 
 
 @pytest.mark.parametrize("mode", AGG_MODES)
@@ -41,7 +40,7 @@ def test_local_normalisation_is_caught_with_its_cause():
 
 
 def test_mask_outside_loss_mask_keys_is_caught_by_name():
-    from roll_lite.invariance import random_rl_batch
+    from roll_lite.loss.checker import random_rl_batch
 
     data = random_rl_batch(mask_keys=["response_mask", "kl_mask"])
     report = check_loss_invariance(stray_mask_loss, ["response_mask"], data=data, raise_on_failure=False)
@@ -130,10 +129,10 @@ def test_cli_exit_codes_and_table(capsys):
 
 
 def test_cli_entry_point_passes_a_builtin():
-    code = "from roll_lite.loss_funcs import ppo_policy_loss_func; loss = ppo_policy_loss_func('seq-mean-token-mean')"
+    code = "from roll_lite.loss import ppo_policy_loss_func; loss = ppo_policy_loss_func('seq-mean-token-mean')"
     result = subprocess.run(
         [sys.executable, "-c", f"{code}; import sys; sys.modules['user_loss'] = sys.modules[__name__]; "
-         "from roll_lite.invariance import main; raise SystemExit(main(['user_loss:loss']))"],
+         "from roll_lite.loss.checker import main; raise SystemExit(main(['user_loss:loss']))"],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -152,7 +151,7 @@ def test_the_custom_loss_example_passes():
 
 @pytest.mark.parametrize("mode", AGG_MODES)
 def test_value_and_sft_losses_pass(mode):
-    from roll_lite.loss_funcs import sft_loss_func, value_loss_func
+    from roll_lite.loss import sft_loss_func, value_loss_func
 
     report = check_loss_invariance(value_loss_func(mode, clip_range=0.5, seq_len_norm=24), head="value", tolerance=1e-10)
     assert report.passed and report.worst < 1e-12

@@ -11,8 +11,8 @@ import torch
 
 from roll_lite.config import load_config
 from roll_lite.importing import roll_lite_dir
-from roll_lite.invariance import TINY_MODEL, random_rl_batch
-from roll_lite.loss_funcs import ppo_policy_loss_func, sft_loss_func
+from roll_lite.loss import ppo_policy_loss_func, sft_loss_func
+from roll_lite.loss.checker import TINY_MODEL, random_rl_batch
 from roll_lite.modeling import build_causal_lm, decoder_layers, enable_gradient_checkpointing, load_causal_lm
 from roll_lite.rollout import HFEngine, SamplingParams
 from roll_lite.sequences import build_sequence_batch

@@ -7,14 +7,14 @@ poisoned there equals the clean step bit for bit (loss and every gradient), padd
 import pytest
 import torch
 
-from roll_lite.invariance import TINY_MODEL, Partition, _model_with_head, random_rl_batch, simulate_step
-from roll_lite.loss_funcs import (
+from roll_lite.loss import (
     kl_regularized_loss_func,
     ppo_policy_loss_func,
     sequence_policy_loss_func,
     sft_loss_func,
     value_loss_func,
 )
+from roll_lite.loss.checker import TINY_MODEL, Partition, _model_with_head, random_rl_batch, simulate_step
 from roll_lite.modeling import build_causal_lm
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 from roll_lite.strategy.non_finite import NonFiniteStepsError

@@ -14,7 +14,7 @@ import torch
 
 from roll_lite.cli import main
 from roll_lite.config import ConfigError, load_config
-from roll_lite.invariance import TINY_MODEL
+from roll_lite.loss.checker import TINY_MODEL
 from roll_lite.modeling import build_causal_lm
 from roll_lite.preflight import check_run, check_sequence_lengths
 from roll_lite.tokenizer import build_char_tokenizer

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from roll_lite.data import DataProto
-from roll_lite.invariance import TINY_MODEL
-from roll_lite.loss import agg_loss, ppo_clipped_loss, rollout_importance_weights
-from roll_lite.loss_funcs import ppo_policy_loss_func
+from roll_lite.loss import agg_loss, ppo_clipped_loss, ppo_policy_loss_func, rollout_importance_weights
+from roll_lite.loss.checker import TINY_MODEL
 from roll_lite.modeling import build_causal_lm
 from roll_lite.rollout import HFEngine, SamplingParams
 

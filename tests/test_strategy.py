@@ -7,7 +7,7 @@ import torch
 from distributed_harness import OPTIMIZER_CASE, OPTIMIZER_SETTINGS, global_batch, make_loss, reference, run_optimizer_step
 
 from roll_lite.data import DataProto
-from roll_lite.invariance import TINY_MODEL, random_rl_batch
+from roll_lite.loss.checker import TINY_MODEL, random_rl_batch
 from roll_lite.metrics import reduce_metrics
 from roll_lite.modeling import build_causal_lm
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig

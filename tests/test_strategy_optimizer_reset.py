@@ -5,8 +5,8 @@ final norm, which never trained (the loss stalled at ~3.5 nats on the byo exampl
 
 import torch
 
-from roll_lite.invariance import TINY_MODEL, random_rl_batch
-from roll_lite.loss_funcs import sft_loss_func
+from roll_lite.loss import sft_loss_func
+from roll_lite.loss.checker import TINY_MODEL, random_rl_batch
 from roll_lite.modeling import build_causal_lm
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 

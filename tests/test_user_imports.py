@@ -79,7 +79,7 @@ import json, os, sys
 from pathlib import Path
 
 import roll_lite
-from roll_lite.loss_funcs import ppo_policy_loss_func
+from roll_lite.loss import ppo_policy_loss_func
 from roll_lite.pipelines.ppo import PPOPipeline
 
 policy_loss = ppo_policy_loss_func("token-mean")
@@ -152,7 +152,7 @@ def test_roll_train_and_its_ray_workers_import_a_user_pipeline_from_its_director
 
 
 def test_a_missing_module_is_one_line_naming_the_spec_and_where_it_looked(tmp_path, monkeypatch, capsys):
-    from roll_lite.invariance import main
+    from roll_lite.loss.checker import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))

@@ -15,7 +15,7 @@ import torch
 from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
 from roll_lite.importing import enter_import_root, load_object
-from roll_lite.loss_funcs import sft_loss_func
+from roll_lite.loss import sft_loss_func
 from roll_lite.modeling import enable_gradient_checkpointing, load_causal_lm
 from roll_lite.strategy.distributed import init_distributed, join_group_store, open_group_store
 from roll_lite.tokenizer import load_tokenizer

@@ -9,8 +9,7 @@ bonus. It divides only by the step's global counts (mask_stats), so it is exact 
 
 import torch
 
-from roll_lite.loss import agg_loss, mask_stats, ppo_clipped_loss, token_mean_metric
-from roll_lite.loss_funcs import old_log_probs, rollout_correction
+from roll_lite.loss import agg_loss, mask_stats, old_log_probs, ppo_clipped_loss, rollout_correction, token_mean_metric
 from roll_lite.pipelines.ppo import PPOPipeline
 
 ADVANTAGE_CAP = 2.0
