@@ -434,6 +434,8 @@ class PPOPipeline:
     # Besides the model's: the keys that decide which prompts the sampler's saved position refers to.
     checkpoint_compat_keys = ("algorithm.advantage", "data.train_files", "data.shuffle")
 
+    total_steps_key = "steps"
+
     @property
     def total_steps(self) -> int:
         return self.config.steps

@@ -11,7 +11,7 @@ given the pipeline's stage and logged; on SIGINT / SIGTERM a checkpoint that was
 tracker is finished (plots, wandb), Ray stopped and the lock released.
 
 A pipeline provides: `config`, `stage` (a phrase: where run() is), `sampler` (its position is saved),
-`total_steps`, `data_used_up` (its data.epochs / sft.epochs ended), and for its checkpoints
+`total_steps` (and `total_steps_key`, the config key that sets it), `data_used_up` (its data.epochs / sft.epochs ended), and for its checkpoints
 `checkpoint_groups()`, `save_driver_state(folder)`,
 `load_driver_state(folder, step)` and `checkpoint_compat_keys` (roll_lite/checkpoint/pipeline_state.py).
 """
@@ -33,6 +33,21 @@ if TYPE_CHECKING:
 logger = logging.getLogger("roll_lite")
 
 DRIVER_TORCH_THREADS = 1
+
+
+def finished_run(pipeline) -> str | None:
+    """The line to print instead of running, when `resume` would continue a run that already reached
+    the pipeline's total steps (and wrote final/ when save_model): nothing is started or changed."""
+    from roll_lite.checkpoint.run_dir import finished_at
+
+    c = pipeline.config
+    run_dir = Path(c.output_dir) / c.run_name
+    step = finished_at(run_dir, c.resume, pipeline.total_steps, c.save_model)
+    if step is None:
+        return None
+    key = pipeline.total_steps_key
+    return (f"{run_dir} is finished at step {step} ({key}={pipeline.total_steps}); nothing was started or changed. "
+            f"To train it further, raise {key}= above {step}")
 
 
 class RunSession:

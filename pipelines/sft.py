@@ -170,6 +170,8 @@ class SFTPipeline:
     checkpoint_compat_keys = ("sft.train_files", "sft.shuffle", "sft.prompt_key", "sft.response_key",
                               "sft.apply_chat_template", "sft.max_length")
 
+    total_steps_key = "sft.steps"
+
     @property
     def total_steps(self) -> int:
         return self.sft.steps

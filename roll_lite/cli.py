@@ -4,6 +4,8 @@ Config problems print one line naming the key and exit with code 2 before anythi
 config's own values (config.py), then what needs the model's config, the tokenizer or this machine
 (preflight.py). A worker that raises, dies or runs out of memory: its role, rank and step, then its
 traceback, exit code 1. SIGINT / SIGTERM: the step is abandoned, the workers stop, exit code 130 / 143.
+A run that `resume` would continue but has reached its steps: one line saying so, exit code 0, nothing
+started or changed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from roll_lite.failures import WorkerError
 from roll_lite.importing import load_object
 from roll_lite.preflight import check_run, check_sequence_lengths
 from roll_lite.progress import close_bars, use_terminal_logging
+from roll_lite.reproducibility import pin_kernels
 from roll_lite.signals import received_signal
 
 
@@ -30,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config, args.overrides)
+        pin_kernels(config.reproducible)  # before anything below runs a torch op: the kernels are chosen then
         pipeline_class = load_object(config.pipeline, search_cwd=True)  # like `python -m`, after the installed packages
         model_config = check_run(config)  # the model's config, the tokenizer, this machine: before Ray or any output
     except ConfigError as error:
@@ -41,6 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     use_terminal_logging(logging.INFO, "%(asctime)s %(message)s", "%H:%M:%S")
     logging.getLogger("roll_lite").setLevel(logging.INFO)
     pipeline = pipeline_class(config)
+    from roll_lite.pipelines.session import finished_run  # after the user's pipeline: from the same tree
+
+    if (finished := finished_run(pipeline)) is not None:  # resume=auto of a run that reached its steps
+        print(f"roll-train: {finished}", file=sys.stderr)
+        return 0
     try:
         pipeline.prepare_data()  # the data files, checked before Ray starts or the run directory exists
         check_sequence_lengths(config, model_config, *pipeline.longest_sequences())

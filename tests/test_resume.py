@@ -12,11 +12,13 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from roll_lite.checkpoint import layout
+from roll_lite.tracking import step_span
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -71,6 +73,11 @@ def run_until(args, line_part: str, env=None) -> str:
     return "".join(log)
 
 
+def lines_of(metrics_file: Path) -> list[str]:
+    """The complete records (the kill may have cut the last one short)."""
+    return [line for line in metrics_file.read_text().splitlines() if line.endswith("}")]
+
+
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -108,10 +115,42 @@ def test_killed_at_a_random_step_and_resumed_the_metrics_equal_an_uninterrupted_
     assert_same_trajectory(before_the_kill, metrics(reference)[:kill_after])
     saved = layout.committed_steps(run_dir)
     assert saved and max(saved) <= kill_after
+    logged_after = [json.loads(line)["step"] for line in lines_of(run_dir / "metrics.jsonl")]
+    logged_after = [step for step in logged_after if step > max(saved)]
     resumed = run(command(data, tmp_path, "killed"))  # resume=auto, the default
     assert f"resumed from {run_dir / 'checkpoints' / f'step_{max(saved)}'}" in resumed.stderr
+    dropped = [line.split(" ", 1)[1] for line in resumed.stderr.splitlines() if "resume: dropped the records of" in line]
+    assert dropped == ([f"resume: dropped the records of {step_span(logged_after)} that the previous run logged after "
+                        f"checkpoint step_{max(saved)}"] if logged_after else []), (logged_after, dropped)
     assert_same_trajectory(metrics(run_dir), metrics(reference))  # continued: no record lost or repeated
     assert layout.committed_steps(run_dir) == [2, 4, 6]
+
+
+# roll-train's main, exiting 99 the moment it would start Ray (or join a cluster)
+NO_RAY = "import sys, ray; ray.init = lambda *a, **k: sys.exit(99); from roll_lite.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def assert_rerun_changes_nothing(args: list[str], run_dir: Path, expected_line: str) -> None:
+    """roll-train `args` (a finished run's command) again: one line, exit 0 within seconds, Ray not
+    started, every file of the run directory as it was (bytes and mtimes), none added."""
+    def files():
+        return {str(p.relative_to(run_dir)): (p.stat().st_mtime_ns, p.read_bytes())
+                for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+    before = files()
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", NO_RAY, *args[3:]], capture_output=True, text=True, timeout=120, cwd=REPO)
+    seconds = time.monotonic() - start
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [expected_line] and result.stdout == ""
+    assert seconds < 30, seconds  # imports only (~7 s on 2 cores); a Ray start and the workers alone are more
+    assert files() == before
+
+
+def test_a_finished_run_run_again_says_so_and_starts_nothing(data, reference):
+    assert_rerun_changes_nothing(command(data, reference.parent, "ref"), reference,
+                                 f"roll-train: {reference} is finished at step {STEPS} (steps={STEPS}); nothing was "
+                                 f"started or changed. To train it further, raise steps= above {STEPS}")
 
 
 def test_rollout_and_reward_workers_of_their_own_give_the_same_run_as_the_actor_and_the_driver(data, reference, tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from roll_lite.checkpoint import layout
-from test_resume import assert_same_trajectory, metrics, run, run_until
+from test_resume import assert_rerun_changes_nothing, assert_same_trajectory, metrics, run, run_until
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -62,6 +62,13 @@ def test_an_sft_run_killed_at_a_random_step_and_resumed_equals_an_uninterrupted_
     assert checkpoint["kind"] == "sft" and checkpoint["parts"] == ["actor"]
     assert checkpoint["sampler"] == {**checkpoint["sampler"], "epoch": 1, "position": 8}  # 24 rows drawn of 16
     assert (run_dir / "final" / "config.json").exists()
+
+
+def test_a_finished_sft_run_run_again_says_so_and_leaves_final_as_it_is(data, reference):
+    assert (reference / "final" / "config.json").exists()
+    assert_rerun_changes_nothing(command(data, reference.parent, "ref"), reference,
+                                 f"roll-train: {reference} is finished at step {STEPS} (sft.steps={STEPS}); nothing "
+                                 f"was started or changed. To train it further, raise sft.steps= above {STEPS}")
 
 
 def test_a_finished_sft_run_given_more_steps_trains_on_from_its_last_checkpoint(data, reference, tmp_path):

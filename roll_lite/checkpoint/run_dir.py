@@ -90,6 +90,27 @@ def _checkpoint_to_resume(run_dir: Path, resume: str) -> Path | None:
     return checkpoint
 
 
+def finished_at(run_dir: Path, resume: str, total_steps: int, needs_final: bool) -> int | None:
+    """The step of the checkpoint `resume` would continue `run_dir` from, when that is this run's own
+    checkpoint of step >= `total_steps` and (with `needs_final`) its final/ is written: a finished run,
+    nothing to train. None otherwise, also when `resume` is refused (claim_run_dir says why). Reads only."""
+    run_dir = Path(run_dir)
+    if resume == "none" or not run_dir.is_dir():
+        return None
+    try:
+        checkpoint = _checkpoint_to_resume(run_dir, resume)
+    except CheckpointError:
+        return None
+    if checkpoint is None or not checkpoint.resolve().is_relative_to(layout.checkpoints_dir(run_dir).resolve()):
+        return None
+    from roll_lite.checkpoint.pipeline_state import read_manifest
+
+    step = read_manifest(checkpoint).get("step", 0)
+    if step < total_steps or (needs_final and not (run_dir / "final").is_dir()):
+        return None
+    return step
+
+
 def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint folder, or a run directory (its latest checkpoint)."""
     if not path.exists():
