@@ -1,9 +1,11 @@
-"""The benchmarks the README quotes exist and start; the cheap ones run on a tiny size."""
+"""The benchmarks the README and the docs quote exist and start; the cheap ones run on a tiny size."""
 
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from doc_commands import doc_text
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -12,8 +14,8 @@ def run(*args, timeout=120):
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def test_every_benchmark_the_readme_names_exists():
-    named = set(re.findall(r"benchmarks/(\w+\.py)", (REPO / "README.md").read_text()))
+def test_every_benchmark_the_docs_name_exists():
+    named = set(re.findall(r"benchmarks/(\w+\.py)", doc_text()))
     assert {"vs_trl.py", "packed_attention.py", "logprob_memory.py", "vllm_cpu_check.py"} <= named
     assert not [name for name in named if not (REPO / "benchmarks" / name).is_file()]
 

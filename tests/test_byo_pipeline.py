@@ -1,18 +1,32 @@
-"""examples/byo end to end at a tiny size through `roll-train`: build -> SFT (a few steps) -> GRPO (1 step)
-with the math reward, from the repository root with absolute paths, as README's commands run; then
-the RL run's final/ (a BPE tokenizer with a ChatML template) in plain transformers gives the run's own
-held-out answers."""
+"""examples/byo end to end at a tiny size through `roll-train`: the README's three commands verbatim
+(build -> SFT -> GRPO with the math reward), with overrides appended that keep them small, run in a
+directory that has the repo's examples/ (so outputs/ lands there); then the RL run's final/ (a BPE
+tokenizer with a ChatML template) in plain transformers gives the run's own held-out answers."""
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import doc_commands
+
 REPO = Path(__file__).resolve().parents[1]
+BUILD = "python -m examples.byo.build outputs/byo --overwrite"
+SFT = "roll-train --config examples/byo/sft.yaml"
+GRPO = "roll-train --config examples/byo/grpo.yaml"
 
 
-def run(*args, timeout=300):
-    result = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+def readme_command(line: str) -> list[str]:
+    """`line` as argv, asserting the README shows it as a command of its own, and as the user's shell
+    would run it: `python` and `roll-train` from this venv."""
+    assert line in doc_commands.commands(line.split()[0]), f"README.md / docs no longer show `{line}`"
+    argv = shlex.split(line)
+    return [sys.executable, *argv[1:]] if argv[0] == "python" else [sys.executable, "-m", "roll_lite.cli", *argv[1:]]
+
+
+def run(argv, cwd, timeout=300):
+    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return result
 
@@ -22,21 +36,19 @@ def metrics(run_dir):
 
 
 def test_build_then_sft_then_grpo_with_the_math_reward(tmp_path):
-    assets, out = tmp_path / "byo", tmp_path / "runs"
-    run("-m", "examples.byo.build", str(assets), "--size", "tiny", "--train-rows", "200", "--eval-rows", "8")
-    common = [f"output_dir={out}", "workers.torch_threads=1"]
-    run("-m", "roll_lite.cli", "--config", "examples/byo/sft.yaml", *common, f"model.pretrained_path={assets / 'base'}",
-        f"sft.train_files={assets / 'data/train.jsonl'}", f"sft.eval_files={assets / 'data/eval.parquet'}",
-        "sft.steps=3", "sft.batch_size=8", "sft.eval_every=3")
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    assets, out = tmp_path / "outputs/byo", tmp_path / "outputs"
+    run(readme_command(BUILD) + ["--size", "tiny", "--train-rows", "200", "--eval-rows", "8"], tmp_path)
+    common = ["workers.torch_threads=1"]
+    run(readme_command(SFT) + common + ["sft.steps=3", "sft.batch_size=8", "sft.eval_every=3"], tmp_path)
     sft = metrics(out / "byo_sft")
     assert [m["step"] for m in sft if "eval/sft_loss" in m] == [0, 3]
     assert sft[-1]["eval/sft_loss"] < sft[0]["eval/sft_loss"]  # 3 steps at lr 2e-3 already lower the held-out NLL
     final = out / "byo_sft" / "final"
     assert (final / "tokenizer.json").is_file() and (final / "model.safetensors").is_file()
 
-    run("-m", "roll_lite.cli", "--config", "examples/byo/grpo.yaml", *common, f"model.pretrained_path={final}",
-        f"data.train_files={assets / 'data/train.parquet'}", f"data.eval_files={assets / 'data/eval.jsonl'}",
-        "steps=1", "rollout.prompts_per_step=2", "rollout.num_samples=2")
+    # GRPO starts from outputs/byo_sft/final (the config's own relative path) and reads outputs/byo/data.
+    run(readme_command(GRPO) + common + ["steps=1", "rollout.prompts_per_step=2", "rollout.num_samples=2"], tmp_path)
     grpo = metrics(out / "byo_grpo")
     assert [m["step"] for m in grpo] == [0, 1]
     assert "reward/math" in grpo[1] and grpo[1]["reward/math/failed"] == 0

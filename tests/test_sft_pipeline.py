@@ -3,11 +3,12 @@ final/ folder, and that folder's RL successor generating with plain transformers
 answers the run recorded (eval_samples/)."""
 
 import json
-import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+import doc_commands
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
@@ -15,10 +16,8 @@ TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_
 
 
 def readme_commands(contains: str) -> list[list[str]]:
-    """`roll-train` lines of README.md's code blocks that contain `contains`, as argv."""
-    text = (REPO / "README.md").read_text()
-    lines = [line.split(" # ")[0].strip() for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S) for line in block.splitlines()]
-    return [shlex.split(line) for line in lines if line.startswith("roll-train ") and contains in line]
+    """`roll-train` lines of the README's and the docs' code blocks that contain `contains`, as argv."""
+    return [shlex.split(line) for line in doc_commands.commands("roll-train", contains)]
 
 
 def roll_train(argv, cwd):
@@ -33,7 +32,7 @@ def records(run_dir: Path) -> list[dict]:
 
 
 def test_readme_sft_then_rl_commands_and_plain_transformers_reproduce_the_answers(tmp_path):
-    # The README's two commands verbatim, in a directory that has the repo's configs/ and data/ (so
+    # The docs' two commands (docs/byo.md, SFT) verbatim, in a directory that has the repo's configs/ and data/ (so
     # outputs/ lands there), with overrides appended that keep them small.
     (sft_command,), (rl_command,) = readme_commands("configs/sft.yaml"), readme_commands("outputs/sft_reverse_digits/final")
     for name in ("configs", "data"):

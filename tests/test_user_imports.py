@@ -8,7 +8,6 @@ run each); the rest take milliseconds to seconds.
 
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import doc_commands
 from roll_lite.importing import enter_import_root, load_object, roll_lite_dir
 
 from test_pipeline_ray import SMALL
@@ -32,16 +32,13 @@ ONE_STEP = [*SMALL, *DATA, "steps=1", "eval_every=1", "save_model=false", "wandb
 
 
 def readme_commands(program: str) -> list[str]:
-    """Command lines starting with `program` in README.md: in fenced code blocks and in `inline` code."""
-    text = (REPO / "README.md").read_text()
-    lines = [line for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S) for line in block.splitlines()]
-    lines += re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
-    return [line.split(" # ")[0].strip() for line in lines if line.strip().startswith(program + " ")]
+    """Command lines starting with `program` in README.md and docs/: in fenced code blocks and in `inline` code."""
+    return doc_commands.commands(program, inline=True)
 
 
 def readme_command(program: str, contains: str) -> list[str]:
     found = [c for c in readme_commands(program) if contains in c]
-    assert found, f"README.md no longer shows a `{program} ...{contains}...` command"
+    assert found, f"README.md / docs no longer show a `{program} ...{contains}...` command"
     argv = shlex.split(found[0])
     return [str(BIN / argv[0]), *argv[1:]]
 

@@ -1,0 +1,218 @@
+"""The README and the docs site: the site builds with `mkdocs build --strict` (a broken link, a
+missing page or an unresolvable API identifier fails), the configuration reference lists every key
+of the config dataclasses with its default and comment, the README stays short, its links resolve,
+and every shell command in its ```bash blocks is run, verbatim, by some test (or is marked as one
+that cannot run here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import inspect
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+import doc_commands
+from test_pipeline_ray import SMALL
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+README_MAX_LINES = 200
+
+# Every command line of README.md's ```bash blocks -> the test that runs it verbatim from the
+# repository root (overrides appended that keep it to a step are fine), or CI. A command added to the
+# README without an entry here fails test_every_readme_command_is_run; an entry whose command left
+# the README fails too.
+RUN_BY = {
+    "bash scripts/train.sh": "CI: the job that trains the default from a bare clone",
+    "bash scripts/test.sh": "CI: the job that runs this test suite from a bare clone",
+    "roll-train --config configs/ppo.yaml": "tests/test_docs.py::test_readme_demo_command_runs_and_draws_its_curves",
+    "python -m examples.byo.build outputs/byo --overwrite": "tests/test_byo_pipeline.py::test_build_then_sft_then_grpo_with_the_math_reward",
+    "roll-train --config examples/byo/sft.yaml": "tests/test_byo_pipeline.py::test_build_then_sft_then_grpo_with_the_math_reward",
+    "roll-train --config examples/byo/grpo.yaml": "tests/test_byo_pipeline.py::test_build_then_sft_then_grpo_with_the_math_reward",
+    "roll-check-loss examples.custom_loss.pipeline:capped_loss": "tests/test_user_imports.py::test_readme_check_loss_command_passes_from_the_repo_root",
+    "roll-train --config examples/custom_loss/config.yaml": "tests/test_user_imports.py::test_readme_training_command_runs_from_the_repo_root",
+}
+# The README's blocks marked `<!-- not run here: ... -->`, by their first command: the only ones allowed.
+NOT_RUN = {
+    "roll-train --config configs/grpo_gpu.yaml": "needs a GPU",
+    "export RAY_AUTH_MODE=token": "starts and stops a Ray cluster (tests/test_pipeline_ray.py runs it on free ports)",
+}
+
+
+def readme_bash_blocks() -> list[doc_commands.Block]:
+    return doc_commands.blocks([REPO / "README.md"], lang="bash")
+
+
+# ---- the site ----------------------------------------------------------------------------------------
+
+def test_mkdocs_build_strict(tmp_path):
+    site = tmp_path / "site"
+    result = subprocess.run([str(BIN / "mkdocs"), "build", "--strict", "--site-dir", str(site)], cwd=REPO,
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    reference = (site / "configuration" / "index.html").read_text()
+    assert "rollout.max_new_tokens" in reference and "This page is generated when" not in reference
+    api = (site / "api" / "index.html").read_text()
+    assert "agg_loss" in api and "DataProto" in api and "loss_func" in api
+    assert not (site / "hooks.py").exists()
+
+
+def test_every_page_is_in_the_nav():
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]
+    listed = {next(iter(entry.values())) for entry in nav}
+    pages = {path.relative_to(REPO / "docs").as_posix() for path in (REPO / "docs").rglob("*.md")}
+    assert listed == pages
+
+
+# ---- the configuration reference ---------------------------------------------------------------------
+
+def reference_rows(markdown: str) -> dict[str, tuple[str, str, str]]:
+    """`dotted.key` -> (type, default as written, description) from the rendered tables."""
+    rows = {}
+    for line in markdown.splitlines():
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+        if len(cells) == 4 and cells[0].startswith("`") and cells[0] != "`key`":
+            rows[cells[0].strip("`")] = (cells[1], cells[2].strip("`").replace("\\|", "|"), html.unescape(cells[3].replace("\\|", "|")))
+    return rows
+
+
+def leaf_fields(instance, prefix=""):
+    """(dotted key, value, owning class, field name) for every non-dataclass field, recursively."""
+    for f in dataclasses.fields(instance):
+        value = getattr(instance, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from leaf_fields(value, prefix + f.name + ".")
+        else:
+            yield prefix + f.name, value, type(instance), f.name
+
+
+def inline_comments(cls) -> dict[str, str]:
+    """field -> the comment on its own line, read from the source with a plain regex."""
+    found = {}
+    for line in inspect.getsource(cls).splitlines():
+        match = re.match(r"\s{4}(\w+): [^#]*?#\s*(.+)$", line)
+        if match and "'" not in line.split("#")[0] and '"#' not in line:
+            found[match[1]] = match[2].strip()
+    return found
+
+
+def test_the_configuration_reference_lists_every_key_with_its_default_and_comment():
+    from roll_lite.config import RunConfig
+    from roll_lite.config_reference import render
+
+    rows = reference_rows(render())
+    keys = list(leaf_fields(RunConfig()))
+    assert len(keys) > 100
+    for key, value, cls, name in keys:
+        assert key in rows, f"{key} is missing from the configuration reference"
+        assert yaml.safe_load(rows[key][1]) == value, (key, rows[key][1], value)
+        comment = inline_comments(cls).get(name)
+        if comment:
+            assert comment in rows[key][2], (key, comment, rows[key][2])
+    assert set(rows) == {key for key, *_ in keys}
+    # comments on the lines above a field, continued below it, and shared by a group of fields
+    assert "strictly on-policy" in rows["rollout.async_steps"][2]
+    assert rows["sft.response_key"][2].endswith("and the loss is on every assistant turn")
+    assert "after call_timeout_s stops" in rows["workers.stall_warning_s"][2]
+    assert rows["actor.lr"][1] != rows["critic.lr"][1]  # each section's own defaults
+
+
+@dataclass
+class _Inner:
+    """The inner section."""
+
+    alpha: int = 1  # the alpha,
+    # continued here
+    beta: Optional[float] = None
+
+    # about gamma and delta
+    gamma: str = "auto"
+    delta: bool = True
+    epsilon: list = field(default_factory=list)  # its own
+
+
+@dataclass
+class _Outer:
+    name: str = "x"  # a name
+    inner: _Inner = field(default_factory=_Inner)
+
+
+def test_the_generator_reads_comments_above_after_and_shared():
+    from roll_lite.config_reference import field_comments, render
+
+    assert field_comments(_Inner) == {"alpha": "the alpha, continued here", "gamma": "about gamma and delta",
+                                      "delta": "about gamma and delta", "epsilon": "its own"}
+    rows = reference_rows(render(_Outer()))
+    assert rows["inner.beta"] == ("float or null", "null", "")
+    assert rows["inner.gamma"][1] == "auto" and rows["inner.delta"][1] == "true" and rows["inner.epsilon"][1] == "[]"
+    assert rows["name"] == ("str", "x", "a name")
+    assert "The inner section." in render(_Outer())
+
+
+# ---- the README ---------------------------------------------------------------------------------------
+
+def test_readme_is_short():
+    lines = len((REPO / "README.md").read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail into docs/"
+
+
+def test_readme_links_resolve():
+    text = (REPO / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if "://" not in link]
+    assert local, "the README links into docs/"
+    assert not [link for link in local if not (REPO / link).exists()]
+
+
+def test_every_readme_command_is_run():
+    not_run, unclaimed, lines = {}, [], []
+    for block in readme_bash_blocks():
+        commands = doc_commands.command_lines(block.body)
+        if block.not_run is not None:
+            not_run[commands[0]] = block.not_run
+        else:
+            lines += commands
+    assert not_run == NOT_RUN, "only these README blocks may be marked `<!-- not run here: ... -->`"
+    unclaimed = [line for line in lines if line not in RUN_BY]
+    assert not unclaimed, f"README commands no test runs (add a test and list it in RUN_BY): {unclaimed}"
+    stale = sorted(set(RUN_BY) - set(lines))
+    assert not stale, f"RUN_BY lists commands the README no longer shows: {stale}"
+    for line, runner in RUN_BY.items():
+        if runner.startswith("CI:"):
+            assert shlex.split(line)[:2] in (["bash", "scripts/train.sh"], ["bash", "scripts/test.sh"]), line
+            continue
+        path, name = runner.split("::")
+        source = (REPO / path).read_text()
+        assert f"def {name}(" in source, f"{runner} (for `{line}`) does not exist"
+        assert "doc_commands" in source, f"{path} must read `{line}` from the docs (tests/doc_commands.py)"
+
+
+def test_the_readme_custom_loss_snippet_is_the_docs_one():
+    readme = doc_commands.python_blocks_defining("my_loss")
+    assert {block.path for block in readme} == {"README.md", "docs/custom-losses.md"}
+    assert len({block.body for block in readme}) == 1  # one snippet; tests/test_invariance.py checks it
+
+
+def test_readme_demo_command_runs_and_draws_its_curves(tmp_path):
+    # The README's demo command verbatim, from the repository root, with overrides appended that keep it
+    # to one tiny step; the README then sends the reader to outputs/<run_name>/curves.png.
+    line = "roll-train --config configs/ppo.yaml"
+    assert line in doc_commands.command_lines("\n".join(block.body for block in readme_bash_blocks()))
+    data = [f"data.{split}_files={REPO / 'data/reverse_digits' / split}.jsonl" for split in ("train", "eval")]
+    one_step = [*SMALL, *data, "steps=1", "eval_every=1", "save_model=false", "wandb_mode=disabled"]
+    argv = [str(BIN / "roll-train"), *shlex.split(line)[1:], *one_step, f"output_dir={tmp_path}", "run_name=demo"]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env={**env, "RAY_AUTH_MODE": "disabled"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (tmp_path / "demo" / "curves.png").stat().st_size > 1000
+    assert "advantage: gae" in (tmp_path / "demo" / "config.yaml").read_text()
