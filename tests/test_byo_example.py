@@ -130,3 +130,16 @@ def test_the_gpu_configs_ask_for_gpus_and_bf16_mixed_precision():
         config = load_config(REPO / "configs" / name)
         assert config.workers.gpus_per_rank == 1, name
         assert (config.model.dtype, config.actor.param_dtype) == ("float32", "bfloat16"), name
+
+
+def test_the_export_of_a_model_with_the_bpe_tokenizer_names_its_special_ids(assets, tmp_path, monkeypatch):
+    from test_model import _worker, assert_special_ids_exported
+
+    # A model built from the config's model.* keys (its config has no special ids) with the BPE tokenizer.
+    config = load_config(None, [f"model.tokenizer_path={assets / 'base'}", "model.hidden_size=32",
+                                "model.intermediate_size=64", "model.num_hidden_layers=1"])
+    actor = _worker("actor", config, monkeypatch)
+    actor.save_pretrained(str(tmp_path / "final"))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(assets / "base")
+    assert tokenizer.bos_token_id is None  # Qwen-style: no bos, so config.json says null for it
+    assert_special_ids_exported(tmp_path / "final", tokenizer)

@@ -61,6 +61,15 @@ def _save_pretrained_model(folder, model_type: str, tied: bool):
     return {name: value.clone() for name, value in lm.state_dict().items()}
 
 
+def assert_special_ids_exported(folder, tokenizer):
+    """config.json and generation_config.json both carry the tokenizer's bos / eos / pad ids."""
+    expected = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad")}
+    for file in ("config.json", "generation_config.json"):
+        written = json.loads((folder / file).read_text())
+        assert {key: written.get(key) for key in expected} == expected, file
+    assert expected["eos_token_id"] is not None and expected["pad_token_id"] is not None
+
+
 def _worker(role, config, monkeypatch):
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.setenv(key, "")  # setup() sets them; monkeypatch puts the old values back
@@ -105,9 +114,7 @@ def test_a_pretrained_folder_feeds_actor_reference_critic_and_the_export(tmp_pat
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in trained.items())
     same_storage = loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
     assert same_storage == tied and loaded.config.tie_word_embeddings == tied
-    generation = json.loads((tmp_path / "final" / "generation_config.json").read_text())
-    assert (generation["bos_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (
-        tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    assert_special_ids_exported(tmp_path / "final", tokenizer)
     assert "roll_lite" not in (tmp_path / "final" / "config.json").read_text()  # no custom attention named
 
     # Plain transformers in a fresh process (AutoTokenizer + AutoModelForCausalLM, generation_config

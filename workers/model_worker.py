@@ -128,8 +128,8 @@ class ModelWorker:
             self.strategy.load_full_state_dict(unflatten_state_dict(weights))
 
     def save_pretrained(self, path: str) -> None:
-        """Write the model as a HF folder (config.json, safetensors, generation_config.json with the
-        tokenizer's bos / eos / pad ids) from rank 0; every rank takes part in gathering the weights.
+        """Write the model as a HF folder (config.json and generation_config.json with the tokenizer's
+        bos / eos / pad ids, safetensors) from rank 0; every rank takes part in gathering the weights.
         Written to a temporary folder first, then renamed."""
         with self.on_device():
             state = self.strategy.full_state_dict()
@@ -141,9 +141,10 @@ class ModelWorker:
         lm = AutoModelForCausalLM.from_config(trained.config, dtype=next(iter(state.values())).dtype,
                                               trust_remote_code=self.config.model.trust_remote_code)
         lm.load_state_dict(state)
+        special_ids = {f"{name}_token_id": getattr(self.tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad")}
+        lm.config.update(special_ids)  # config.json too: not only generate() reads them (pipelines, vLLM, exporters)
         lm.generation_config = copy.deepcopy(trained.generation_config)
-        lm.generation_config.update(**{f"{name}_token_id": getattr(self.tokenizer, f"{name}_token_id")
-                                       for name in ("bos", "eos", "pad")})
+        lm.generation_config.update(**special_ids)
         target = Path(path)
         partial = target.with_name(target.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
