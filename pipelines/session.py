@@ -60,8 +60,11 @@ class RunSession:
     # -- entering and leaving -----------------------------------------------------------------------
 
     def __enter__(self) -> RunSession:
+        from roll_lite.reproducibility import kernel_env, pin_kernels
         from roll_lite.workers.cluster import start_ray
 
+        # Before Ray starts: a local cluster's workers inherit this process's environment.
+        logger.info(pin_kernels(self.config.reproducible))
         # One torch thread for the driver, whatever this machine's core count: its reductions
         # (advantages, whitening) then sum in the same order everywhere, and it has no OpenMP thread
         # of its own spinning between its small ops on the cores the workers compute on.
@@ -69,7 +72,8 @@ class RunSession:
         self.claim = self.claim_run_dir()
         try:
             # Ray first: a joined cluster too small for the workers is reported before anything is written.
-            logger.info(start_ray(self.config.ray_address, self.reserved, self.config.workers.object_store_mb))
+            logger.info(start_ray(self.config.ray_address, self.reserved, self.config.workers.object_store_mb,
+                                  kernel_env(self.config.reproducible)))
         except BaseException:
             self.claim.release()
             raise

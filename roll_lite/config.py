@@ -16,6 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from roll_lite.loss import AGG_MODES, ROLLOUT_IS_LEVELS
 from roll_lite.loss.advantages import ADVANTAGE_ESTIMATORS
+from roll_lite.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
 from roll_lite.rewards import CHEAP_REWARDS, is_cheap
 from roll_lite.rewards.checks import check_reward_config
 from roll_lite.strategy.config import PARAM_DTYPES, StrategyConfig
@@ -205,6 +206,9 @@ class RunConfig:
     ray_address: Optional[str] = None  # join this cluster; default: RAY_ADDRESS, else a local one
     wandb_mode: str = "disabled"  # online | offline | disabled
     wandb_project: str = "roll_lite"
+    # CPU kernels of every process (roll_lite/reproducibility.py): machine = this machine's fastest (runs
+    # repeat bit for bit on the same CPU type); portable = one kernel set every x86-64 CPU with AVX2 runs alike
+    reproducible: str = "machine"
     save_model: bool = True  # write the trained policy and tokenizer to <output_dir>/<run_name>/final
     # auto: continue from the run directory's latest checkpoint, start fresh when the directory is new;
     # none: start fresh (refused when the run directory already holds a run); or a checkpoint folder.
@@ -235,6 +239,7 @@ def validate(config: RunConfig) -> None:
     _check(config.steps >= 0, "steps", f"must be >= 0, got {config.steps}")
     _check(config.eval_every >= 1, "eval_every", f"must be >= 1, got {config.eval_every}")
     _one_of(config.wandb_mode, ("online", "offline", "disabled"), "wandb_mode")
+    _one_of(config.reproducible, REPRODUCIBLE_SETTINGS, "reproducible")
     _check(bool(config.run_name) and "/" not in config.run_name and config.run_name not in (".", ".."), "run_name",
            f"must be a folder name (no '/'), got {config.run_name!r}")
     _check(bool(config.resume), "resume", "must be auto, none or the path of a checkpoint folder")

@@ -22,14 +22,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def start_ray(address: str | None, needed: Reservation, object_store_mb: int = 512) -> str:
-    """Join `address` (or $RAY_ADDRESS), else start a local cluster; returns a description."""
+def start_ray(address: str | None, needed: Reservation, object_store_mb: int = 512,
+              env_vars: dict[str, str] | None = None) -> str:
+    """Join `address` (or $RAY_ADDRESS), else start a local cluster; returns a description. `env_vars`
+    (roll_lite/reproducibility.py) reach the workers of a joined cluster through the job's runtime_env;
+    a local cluster's workers inherit this process's environment, which already holds them."""
     address = address or os.environ.get("RAY_ADDRESS")
     # Workers import roll_lite before Ray puts the driver's directory first on their sys.path. Locally
     # only where such a directory holds another roll_lite: a runtime_env costs every worker ~1 s to start.
     hook = {"runtime_env": {"worker_process_setup_hook": HOOK}}
     if address:
-        ray.init(address=address, logging_level=logging.WARNING, **hook)
+        joined = {"runtime_env": {**hook["runtime_env"], **({"env_vars": dict(env_vars)} if env_vars else {})}}
+        ray.init(address=address, logging_level=logging.WARNING, **joined)
         where = f"joined the Ray cluster at {address}"
     else:
         ray.init(

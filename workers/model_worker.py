@@ -17,6 +17,7 @@ from roll_lite.data import DataProto
 from roll_lite.importing import enter_import_root, load_object
 from roll_lite.loss import sft_loss_func
 from roll_lite.modeling import enable_gradient_checkpointing, load_causal_lm
+from roll_lite.reproducibility import check_kernels
 from roll_lite.strategy.distributed import init_distributed, join_group_store, open_group_store
 from roll_lite.tokenizer import load_tokenizer
 from roll_lite.weights import FlatWeights, flatten_state_dict, unflatten_state_dict
@@ -56,6 +57,7 @@ class ModelWorker:
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_gpu_index(self.config.workers.gpus_per_rank)))
         torch.set_num_threads(self.config.workers.torch_threads)
+        check_kernels(self.config.reproducible)  # the kernels' variables reached this process
         from roll_lite.strategy import FSDP2Strategy
 
         store = self.group_store if self.rank == 0 else join_group_store(master_addr, master_port, self.world_size)

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from roll_lite.config import RunConfig, rollout_dtype
 from roll_lite.modeling import load_causal_lm
+from roll_lite.reproducibility import check_kernels
 from roll_lite.rollout import Completions, HFEngine, SamplingParams, choose_engine
 from roll_lite.tokenizer import load_tokenizer
 from roll_lite.weights import FlatWeights, unflatten_state_dict
@@ -26,6 +27,7 @@ class RolloutWorker:
         """`actor_weights` (rollout.in_actor, in the actor's process): returns the actor's parameters
         themselves, HF-named; the engine's model is made of them, so a weight update copies nothing."""
         torch.set_num_threads(config.workers.torch_threads)
+        check_kernels(config.reproducible)  # the kernels' variables reached this process
         engine, why = choose_engine(config.rollout.engine)
         tokenizer = load_tokenizer(config.model.tokenizer_path)
         self.offload = config.workers.offload and torch.cuda.is_available()
