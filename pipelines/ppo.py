@@ -35,7 +35,7 @@ from roll_lite.loss.advantages import (
     rloo_advantages,
     whitens_advantages,
 )
-from roll_lite.progress import on_terminal, progress_bar
+from roll_lite.progress import on_terminal, progress_bar, seconds_in_all
 from roll_lite.rollout import Completions, SamplingParams
 from roll_lite.rollout.ahead import RolloutQueue, staleness
 from roll_lite.sequences import build_sequence_batch
@@ -388,10 +388,9 @@ class PPOPipeline:
         """The whole job: workers, warm start, step-0 eval, training steps, plots. Returns the history."""
         from roll_lite.workers.placement import reservation
 
-        c = self.config
+        c, start = self.config, time.monotonic()
         self.prepare_data()  # before the run directory and Ray: a bad file stops here
         with RunSession(self, reservation(c)) as session:
-            start = time.perf_counter()
             self.stage = "the start of the workers"
             self.start_workers()
             resumed_step = session.begin()
@@ -424,8 +423,8 @@ class PPOPipeline:
                 self.stage = "saving the final model"
                 self.save_final(session.run_dir / "final")
             initial, final = (session.tracker.history[i].get("eval/reward_mean") for i in (0, -1))
-            logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
-                        _fmt(initial), _fmt(final), time.perf_counter() - start, session.run_dir)
+        logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
+                    _fmt(initial), _fmt(final), seconds_in_all(start), session.run_dir)
         return session.tracker.history
 
     # -- checkpoints (pipelines/session.py, roll_lite/checkpoint/) -----------------------------------

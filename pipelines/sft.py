@@ -23,7 +23,7 @@ from roll_lite.config import ConfigError, RunConfig
 from roll_lite.data import DataProto
 from roll_lite.data.sampler import PromptSampler
 from roll_lite.loss import sft_loss_func
-from roll_lite.progress import progress_bar
+from roll_lite.progress import progress_bar, seconds_in_all
 from roll_lite.sequences import build_target_batch
 from roll_lite.tokenizer import load_tokenizer
 
@@ -144,10 +144,9 @@ class SFTPipeline:
         final/. Returns the metrics history."""
         from roll_lite.workers.placement import reservation
 
-        c = self.config
+        c, start = self.config, time.monotonic()
         self.prepare_data()  # before the run directory and Ray: a bad file stops here
         with RunSession(self, reservation(c, with_rollout=False)) as session:
-            start = time.perf_counter()
             self.stage = "the start of the workers"
             self.start_workers()
             resumed_step = session.begin()
@@ -160,7 +159,7 @@ class SFTPipeline:
             if c.save_model:
                 self.stage = "saving the final model"
                 self.save_final(session.run_dir / "final")
-            logger.info("sft: %.1f s in all; run dir %s", time.perf_counter() - start, session.run_dir)
+        logger.info("sft: %.1f s in all; run dir %s", seconds_in_all(start), session.run_dir)
         return session.tracker.history
 
     # -- checkpoints (pipelines/session.py, roll_lite/checkpoint/) -----------------------------------

@@ -14,6 +14,7 @@ import argparse
 import logging
 import signal
 import sys
+import time
 from typing import Sequence
 
 from roll_lite.config import ConfigError, load_config
@@ -21,12 +22,17 @@ from roll_lite.data import DataError
 from roll_lite.failures import WorkerError
 from roll_lite.importing import load_object
 from roll_lite.preflight import check_run, check_sequence_lengths
-from roll_lite.progress import close_bars, use_terminal_logging
+from roll_lite.progress import close_bars, plain_text_off_terminal, process_start, start_clock, use_terminal_logging
 from roll_lite.reproducibility import pin_kernels
 from roll_lite.signals import received_signal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the command itself (roll-train, python -m roll_lite.cli), not a call from Python
+        start_clock(process_start())
+        plain_text_off_terminal()
+    else:
+        start_clock(time.monotonic())
     parser = argparse.ArgumentParser(prog="roll-train", description="Train a causal LM with RL (PPO, GRPO, ...).")
     parser.add_argument("--config", help="YAML file (e.g. configs/ppo.yaml); defaults apply to what it leaves out")
     parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. steps=50 rollout.temperature=0.8")
