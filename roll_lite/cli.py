@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except WorkerError as error:
         close_bars()
-        print(f"roll-train: worker failure: {error.headline()}\n{error.detail}", file=sys.stderr)
+        print(f"roll-train: {'' if error.kind == 'stopped' else 'worker failure: '}{error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # SIGINT or SIGTERM (roll_lite/signals.py), or Ctrl-C before Ray started
         signum = received_signal() or signal.SIGINT

@@ -30,7 +30,8 @@ def memory_advice(role: str) -> str:
 
 
 class WorkerError(RuntimeError):
-    """A worker call that failed. `kind`: 'raised', 'died', 'out of memory' or 'timed out'."""
+    """A worker call that failed. `kind`: 'raised', 'died', 'out of memory', 'timed out', or 'stopped'
+    (the worker stopped the run on purpose, e.g. too many nan steps: `detail` is its reason, one line)."""
 
     def __init__(self, role: str, rank: int | None, method: str, kind: str, detail: str):
         self.role, self.rank, self.method, self.kind, self.detail = role, rank, method, kind, detail
@@ -44,11 +45,12 @@ class WorkerError(RuntimeError):
     def headline(self) -> str:
         where = f" at {self.stage}" if self.stage else ""
         verbs = {"raised": "raised an error in", "died": "died during", "out of memory": "ran out of memory in",
-                 "timed out": "did not answer"}
+                 "timed out": "did not answer", "stopped": "stopped the run in"}
         line = f"{self.worker} {verbs.get(self.kind, self.kind)} {self.method}{where}"
         if self.kind == "out of memory":
             line += f": {memory_advice(self.role)}"
         return line
 
     def __str__(self) -> str:
-        return f"{self.headline()}\n{self.detail}"
+        """What roll-train prints: the headline, then the traceback or exit detail; a stop: one line."""
+        return f"{self.headline()}{': ' if self.kind == 'stopped' else chr(10)}{self.detail}"

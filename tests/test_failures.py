@@ -60,6 +60,15 @@ class OutOfMemory(Misbehaving):
         torch.empty(10**14, dtype=torch.uint8)
 
 
+class NaNFromStep2(PPOPipeline):
+    """From its second call (step 2) on, a nan loss: every optimizer step is skipped."""
+
+    def loss_func(self, batch, output):
+        self.calls = getattr(self, "calls", 0) + 1
+        loss, metrics = super().loss_func(batch, output)
+        return (loss * float("nan") if self.calls >= 2 else loss), metrics
+
+
 class Hangs(Misbehaving):
     kind = "hangs"  # the test kills the worker or signals the driver meanwhile
 
@@ -186,6 +195,19 @@ def test_a_worker_out_of_memory_names_the_config_keys_to_lower(tmp_path):
                 "actor.max_tokens_per_micro_batch", "model.gradient_checkpointing=true"):
         assert key in output, key
     assert "DefaultCPUAllocator: can't allocate memory: you tried to allocate 100000000000000 bytes" in output
+
+
+def test_a_run_stopped_by_nan_steps_says_why_in_one_line_with_the_drivers_step(tmp_path):
+    process = start(tmp_path, "NaNFromStep2", "actor.max_consecutive_skipped_steps=2")
+    code, output, _ = finish(process, descendants(process.pid), timeout=300)
+    assert code == 1, output[-3000:]
+    assert "step 2/50 | reward" in output and "step 3/50" not in output  # steps 2 and 3 skipped: it stops in step 3
+    assert output.strip().splitlines()[-1] == (
+        "roll-train: actor rank 0 stopped the run in train_step at step 3: grad norm is nan, optimizer step skipped "
+        "(2 in a row); rank 0: no nan/inf in this rank's batch tensors: the model's forward or the loss_func produced "
+        "it; actor.max_consecutive_skipped_steps=2 reached (raise it, or null to never stop; lowering lr or fixing "
+        "the data usually helps)"), output[-3000:]
+    assert "Traceback" not in output and "optimizer step 1:" not in output  # no worker stack, no count of its own
 
 
 def test_a_killed_worker_is_reported_within_seconds(tmp_path):

@@ -109,6 +109,17 @@ def test_nan_inside_the_mask_stops_the_run_after_max_consecutive_skipped_steps(s
         strategy.train_step(bad, loss_func)
 
 
+def test_the_stop_survives_pickling_and_names_the_config_key_with_its_section():
+    import pickle
+
+    error = pickle.loads(pickle.dumps(NonFiniteStepsError(float("nan"), 3, 1, "nan/inf in 'advantages' (2 inside the loss "
+                                                                            "masks, 0 outside)")))
+    assert error.describe("critic.") == (
+        "grad norm is nan, optimizer step skipped (3 in a row); rank 1: nan/inf in 'advantages' (2 inside the loss masks, "
+        "0 outside); critic.max_consecutive_skipped_steps=3 reached (raise it, or null to never stop; lowering lr or "
+        "fixing the data usually helps)")
+
+
 def test_max_consecutive_skipped_steps_is_validated():
     with pytest.raises(ValueError, match="actor.max_consecutive_skipped_steps: must be >= 1 or null"):
         StrategyConfig(max_consecutive_skipped_steps=0).validate("actor.")

@@ -20,6 +20,7 @@ from roll_lite.importing import import_root, roll_lite_dir
 from roll_lite.rollout import Completions, SamplingParams
 from roll_lite.weights import unflatten_state_dict
 from roll_lite.strategy.micro_batches import data_parallel_groups
+from roll_lite.strategy.non_finite import NonFiniteStepsError
 
 from .model_worker import ModelWorker
 from .placement import Placement
@@ -94,6 +95,8 @@ CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 
 def worker_error(error: Exception, role: str, rank: int | None, method: str) -> WorkerError:
     cause, text = getattr(error, "cause", None), str(error)
+    if isinstance(cause, NonFiniteStepsError):  # a stop on purpose: its reason, no traceback
+        return WorkerError(role, rank, method, "stopped", cause.describe(f"{role}."))
     if (isinstance(error, ray.exceptions.OutOfMemoryError) or isinstance(cause, (torch.OutOfMemoryError, MemoryError))
             or "memory usage threshold" in text  # Ray's memory monitor killed it (its message on an actor's death)
             or CPU_ALLOCATION_FAILED in text):

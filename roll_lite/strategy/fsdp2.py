@@ -35,7 +35,7 @@ from roll_lite.metrics import reduce_metrics, to_float
 from roll_lite.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, decoder_layers
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import init_distributed, resolve_device
-from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite
+from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite, skipped_step_message
 from roll_lite.strategy.micro_batches import (
     LossFunc,
     forward_micro_batch,
@@ -226,15 +226,10 @@ class FSDP2Strategy:
 
     def _skip_step(self, grad_norm: float, data: DataProto, mask_keys: list[str]) -> None:
         self.skipped_in_a_row += 1
-        limit = self.config.max_consecutive_skipped_steps
-        message = (f"optimizer step {self.scheduler.last_epoch}: grad norm is {grad_norm}, step skipped "
-                   f"({self.skipped_in_a_row} in a row); rank {self.rank}: {describe_non_finite(data, mask_keys)}")
-        logger.warning(message)
+        limit, finding = self.config.max_consecutive_skipped_steps, describe_non_finite(data, mask_keys)
         if limit is not None and self.skipped_in_a_row >= limit:
-            raise NonFiniteStepsError(
-                f"{message}. Stopping: max_consecutive_skipped_steps={limit} reached (raise it, or null to never "
-                "stop; lowering lr or fixing the data usually helps)"
-            )
+            raise NonFiniteStepsError(grad_norm, self.skipped_in_a_row, self.rank, finding)
+        logger.warning(skipped_step_message(grad_norm, self.skipped_in_a_row, self.rank, finding))
 
     def _clip_grad_norm(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
