@@ -54,3 +54,17 @@ def test_logprob_memory_benchmark_prints_a_row_per_use_of_the_head():
     for row in rows:  # memory ratio and time ratio are numbers
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         float(cells[3]), float(cells[6])
+
+
+def test_determinism_benchmark_fingerprints_the_machine_and_the_portable_kernels():
+    result = run("benchmarks/determinism.py", "--steps", "2", "--rounds", "1", "--hidden", "16", "--no-extra", timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"commit \w+, .*AVX2 (yes|no), .*AVX-512F (yes|no).*; torch \S+, MKL \S+", result.stdout), result.stdout
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
+                                          for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line)}
+    machine, portable = rows["machine"], rows["portable"]
+    assert portable[2] == "AVX2" and all(re.fullmatch(r"[0-9a-f]{16}", cell) for cell in machine[3:5] + portable[3:5])
+    if machine[2] != "AVX2":  # this CPU's own kernels are not the pinned ones: the pinning shows in the weights
+        assert portable[3] != machine[3] and portable[5] == "no", result.stdout
+    ratio = re.search(r"portable / machine, median step time over 1 interleaved rounds: (\d+\.\d+)", result.stdout)
+    assert ratio and float(ratio.group(1)) > 0, result.stdout

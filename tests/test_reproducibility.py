@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,44 @@ def test_a_portable_run_pins_the_kernels_of_the_driver_every_worker_and_the_rewa
     assert "roll_lite.rewards.guarded" in roles, roles
     unpinned = {pid: p for pid, p in processes.items() if {k: v for k, v in p["env"].items() if v} != PORTABLE}
     assert not unpinned, unpinned
+
+
+def test_a_joined_clusters_workers_get_the_variables_from_the_jobs_runtime_env(monkeypatch, fingerprints):
+    """A head started without the variables: its workers can only have them from start_ray's runtime_env."""
+    import ray
+
+    from roll_lite.strategy.distributed import free_port
+    from roll_lite.workers.cluster import start_ray, stop_ray
+    from roll_lite.workers.placement import Reservation
+
+    for name in PORTABLE:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    ray_cli, port = str(Path(sys.executable).parent / "ray"), free_port()
+    head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", "--include-dashboard=false",
+                             "--num-cpus=1", "--disable-usage-stats", "--node-ip-address=127.0.0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env(), start_new_session=True)
+
+    def kernels_here():
+        import torch
+
+        from roll_lite.reproducibility import KERNEL_VARIABLES, kernel_fingerprint
+
+        torch.set_num_threads(1)
+        return {"aten": torch.backends.cpu.get_cpu_capability(), "fingerprint": kernel_fingerprint(),
+                "env": {name: os.environ.get(name) for name in KERNEL_VARIABLES if name in os.environ}}
+
+    try:
+        deadline = time.monotonic() + 120
+        while subprocess.run([ray_cli, "status", f"--address=127.0.0.1:{port}"], capture_output=True).returncode != 0:
+            assert time.monotonic() < deadline and head.poll() is None, "the head did not start"
+            time.sleep(1)
+        start_ray(f"127.0.0.1:{port}", Reservation(cpus=0, gpus=0, cpus_from="none"), env_vars=kernel_env("portable"))
+        try:
+            found = ray.get(ray.remote(num_cpus=0)(kernels_here).remote(), timeout=180)
+        finally:
+            stop_ray()
+    finally:
+        head.terminate()  # SIGTERM to `ray start --block` stops this head only
+        head.wait(timeout=60)
+    assert found == {"aten": "AVX2", "fingerprint": fingerprints["portable"], "env": PORTABLE}
