@@ -258,6 +258,23 @@ def test_ctrl_c_in_a_terminal_stops_the_run_and_the_progress_bar_was_shown(tmp_p
     assert "\rroll-train: stopped by SIGINT" in output  # the bar was erased before the last message
 
 
+def test_kill_9_of_the_driver_alone_takes_all_the_clusters_processes_with_it(tmp_path):
+    # The GCS and the raylet die with the driver (Ray's PDEATHSIG), the workers within ~2 s; the
+    # raylet's dashboard and runtime-env agents lived on ~60 s (a report to the dead GCS) before
+    # workers/leftovers.py's watcher killed them with the driver.
+    process = start(tmp_path, "Hangs")
+    wait_for_file(tmp_path / "hangs.pid", process)
+    run_pids = descendants(process.pid)
+    names = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:60] for pid in run_pids}
+    assert any(b"ray::DashboardAgent" in name for name in names.values()), names
+    process.kill()
+    process.communicate()
+    killed = time.monotonic()
+    while alive(run_pids) and time.monotonic() - killed < 5:
+        time.sleep(0.1)
+    assert not alive(run_pids), {pid: names[pid] for pid in alive(run_pids)}
+
+
 def test_a_worker_that_is_alive_but_stuck_is_warned_about_then_stops_the_run_after_call_timeout_s(tmp_path):
     # Two actor ranks: rank 1 sleeps inside its loss_func (alive, stuck); rank 0 waits for it in the
     # gradient all-reduce. Neither answers; the warnings and the final error name both.

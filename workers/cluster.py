@@ -14,6 +14,7 @@ from roll_lite.config import ConfigError
 from roll_lite.importing import roll_lite_dir
 from roll_lite.signals import restore_signals, stop_on_signals
 
+from .leftovers import stop_watching, watch_local_cluster
 from .process_setup import HOOK
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ def start_ray(address: str | None, needed: Reservation, object_store_mb: int = 5
             object_store_memory=object_store_mb * 1024**2, logging_level=logging.WARNING,
             **(hook if shadowing_directories() else {}),
         )
+        watch_local_cluster()  # its raylet's agents go with this process, also when it is killed (leftovers.py)
         where = "started a local Ray cluster"
     stop_on_signals()  # after ray.init: it replaces Ray's SIGTERM handler (a stack dump, then abort)
     resources = ray.cluster_resources()
@@ -79,4 +81,5 @@ def shadowing_directories() -> list[str]:
 def stop_ray() -> None:
     if ray.is_initialized():
         ray.shutdown()
+    stop_watching()
     restore_signals()
