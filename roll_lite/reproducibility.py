@@ -64,7 +64,7 @@ def pin_kernels(setting: str) -> str:
     environment, where Ray and child processes started later inherit them, and check that torch took
     them. A variable the environment already sets to another value is an error, not overridden: the
     user asked for two different kernels. Returns a line for the log."""
-    from roll_lite.config import ConfigError
+    from roll_lite.errors import ConfigError
 
     for name, value in kernel_env(setting).items():
         if name in os.environ and not _same(os.environ[name], value):

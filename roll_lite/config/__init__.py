@@ -1,0 +1,31 @@
+"""The run configuration: omegaconf structured configs (dataclasses with defaults).
+
+`load_config(path, overrides)` merges a YAML file and `key=value` overrides onto the defaults and
+validates values. Any problem raises ConfigError with one line naming the key and what is allowed.
+
+schema.py      the sections (ModelConfig, DataConfig, ..., RunConfig): every key, default and comment
+validation.py  validate(config) and the derived values (rollout_dtype, in_actor_blockers, ...)
+loading.py     load_config (file, overrides), to_yaml
+"""
+
+from roll_lite.config.loading import load_config, to_yaml
+from roll_lite.config.schema import (
+    AlgorithmConfig,
+    CheckpointConfig,
+    DataConfig,
+    ModelConfig,
+    RewardConfig,
+    RolloutConfig,
+    RunConfig,
+    SFTConfig,
+    WorkersConfig,
+)
+from roll_lite.config.validation import in_actor_blockers, rewards_needing_a_worker, rollout_dtype, validate
+from roll_lite.errors import ConfigError
+from roll_lite.strategy.config import StrategyConfig
+
+__all__ = [
+    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "DataConfig", "ModelConfig", "RewardConfig",
+    "RolloutConfig", "RunConfig", "SFTConfig", "StrategyConfig", "WorkersConfig", "in_actor_blockers",
+    "load_config", "rewards_needing_a_worker", "rollout_dtype", "to_yaml", "validate",
+]

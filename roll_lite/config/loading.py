@@ -1,0 +1,107 @@
+"""Defaults <- a YAML file <- key=value overrides, merged with omegaconf, then validated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from roll_lite.config.schema import RunConfig
+from roll_lite.config.validation import in_actor_blockers, rewards_needing_a_worker, validate
+from roll_lite.errors import ConfigError
+
+
+def _check_reward_weights(layer, path: Path | None = None) -> None:
+    """`reward.functions={exact_answer:1.0}` is YAML for {'exact_answer:1.0': null}: in a flow mapping a
+    colon separates a key from its value only when a space follows it (import paths keep theirs:
+    `my_pkg.rewards:score`). Say so, instead of omegaconf's "is not Optional"."""
+    reward = layer.get("reward") if isinstance(layer, DictConfig) else None
+    functions = reward.get("functions") if isinstance(reward, DictConfig) else None
+    if not isinstance(functions, DictConfig):
+        return
+    entries = OmegaConf.to_container(functions)
+    unweighted = [name for name, weight in entries.items() if weight is None]
+    if not unweighted:
+        return
+
+    def written_right(name: str, weight) -> str:
+        spec, _, tail = str(name).rpartition(":")
+        if weight is None and spec:
+            try:
+                weight = float(tail) if tail.strip() else 1.0
+                name = spec
+            except ValueError:
+                weight = 1.0
+        return f"{name}: {1.0 if weight is None else weight}"
+
+    fixed = "{" + ", ".join(written_right(name, weight) for name, weight in entries.items()) + "}"
+    example = (f"functions: {fixed}" if path else
+               f"reward.functions={fixed} (quote the override in the shell: 'reward.functions={fixed}')")
+    raise ConfigError(f"reward.functions: {', '.join(map(repr, unweighted))} {'has' if len(unweighted) == 1 else 'have'} "
+                      f"no weight{f' in {path}' if path else ''}: YAML flow mappings need a space after the colon, "
+                      f"e.g. {example}")
+
+
+def _replace_reward_functions(merged, layer) -> None:
+    """A layer that sets reward.functions gives the whole set: replace, do not merge with the defaults."""
+    reward = layer.get("reward") if isinstance(layer, DictConfig) else None
+    functions = reward.get("functions") if isinstance(reward, DictConfig) else None
+    if functions is not None:
+        OmegaConf.update(merged, "reward.functions", functions, merge=False)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """Defaults <- YAML file <- key=value overrides, validated; raises ConfigError."""
+    try:
+        merged = OmegaConf.structured(RunConfig)
+        if path is not None:
+            path = Path(path)
+            if not path.is_file():
+                raise ConfigError(f"--config: no such file '{path}'")
+            layer = _load_yaml(path)
+            _check_reward_weights(layer, path)
+            merged = OmegaConf.merge(merged, layer)
+            _replace_reward_functions(merged, layer)
+        for override in overrides:
+            if "=" not in override:
+                raise ConfigError(f"override '{override}' is not of the form key=value")
+        for override in overrides:  # in order: `reward.functions={...}` replaces, `reward.functions.NAME=w` sets one
+            layer = OmegaConf.from_dotlist([override])
+            _check_reward_weights(layer)
+            merged = OmegaConf.merge(merged, layer)
+            if override.partition("=")[0].strip() == "reward.functions":
+                _replace_reward_functions(merged, layer)
+        config: RunConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "config"
+        message = str(error).splitlines()[0]
+        raise ConfigError(f"{key}: {message}") from None
+    for key in ("critic_dp", "reference_dp"):
+        if getattr(config.workers, key) is None:
+            setattr(config.workers, key, config.workers.actor_dp if config.workers.gpus_per_rank else 1)
+    if config.rollout.release_memory is None:
+        config.rollout.release_memory = config.workers.rollout_gpus == 0
+    if config.rollout.in_actor is None:
+        config.rollout.in_actor = not in_actor_blockers(config)
+    if config.reward.in_driver is None:
+        config.reward.in_driver = not rewards_needing_a_worker(config.reward.functions)
+    validate(config)
+    if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
+        config.model.tokenizer_path = config.model.pretrained_path
+    return config
+
+
+def _load_yaml(path: Path):
+    try:
+        return OmegaConf.load(path)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"--config: {where}: YAML syntax error: {problem}") from None
+
+
+def to_yaml(config: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))

@@ -1,0 +1,211 @@
+"""The run configuration's sections: omegaconf structured configs (dataclasses with defaults).
+
+Every field's comment is the documentation of its key: docs/configuration.md is rendered from this
+file (roll_lite/config_reference.py), so say there what a user needs to know.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from roll_lite.strategy.config import StrategyConfig
+
+
+@dataclass
+class ModelConfig:
+    """A HF model built from this config (random init, nothing downloaded), or `pretrained_path`:
+    a local folder saved with save_pretrained, or a hub id (org/name). The architecture keys below
+    only apply to a model built from config."""
+
+    model_type: str = "qwen2"
+    hidden_size: int = 128
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 64
+    tie_word_embeddings: bool = True
+    pretrained_path: Optional[str] = None  # a local model folder or a hub id; null: build from the keys above
+    tokenizer_path: Optional[str] = None  # a folder or hub id; null: pretrained_path's, else the built-in characters
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False  # recompute activations in backward (actor, critic): less memory, slower
+    trust_remote_code: bool = False  # run the model folder's own Python code (config.json auto_map); off: refuse
+
+
+@dataclass
+class DataConfig:
+    """Prompt datasets (roll_lite/data/): JSONL / JSON, Parquet or Dataset.save_to_disk folders."""
+
+    train_files: Any = field(default_factory=list)  # a path or a list of paths; rows are concatenated in order
+    eval_files: Any = field(default_factory=list)  # held-out prompts for eval (none: no eval)
+    prompt_key: str = "prompt"  # a string, or a list of chat messages [{role, content}, ...]
+    answer_key: str = "answer"  # the ground truth handed to the reward (a string or a number)
+    extra_keys: Optional[list[str]] = None  # fields passed to the reward; null: every other column
+    apply_chat_template: bool = False  # render string prompts with the tokenizer's chat template (messages always are)
+    max_prompt_length: Optional[int] = 1024  # longer prompts (in tokens) are left out, counted and logged; null: no limit
+    shuffle: bool = True  # a new seeded order every epoch
+    seed: Optional[int] = None  # null: the run's seed
+    epochs: Optional[int] = None  # passes over the training prompts; null: unbounded (steps decides)
+    eval_num_samples: int = 0  # k > 0: also sample k responses per eval prompt for eval/mean@k and eval/pass@k
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning (roll_lite/data/sft.py): the SFT pipeline (configs/sft.yaml), or, in an RL
+    config, a warm start of `steps` SFT steps on the actor before RL (0: none)."""
+
+    train_files: Any = field(default_factory=list)  # a path or a list of paths (formats as data.train_files)
+    eval_files: Any = field(default_factory=list)  # for eval/sft_loss (the SFT pipeline)
+    prompt_key: str = "prompt"  # a string, or chat messages
+    response_key: Optional[str] = "response"  # the target string; null: prompt_key holds whole conversations,
+    # and the loss is on every assistant turn
+    apply_chat_template: bool = False  # render string prompts + responses with the chat template (messages always are)
+    max_length: Optional[int] = None  # longer sequences (in tokens) are left out, counted and logged; null: no limit
+    shuffle: bool = True
+    epochs: Optional[int] = None  # passes over the training rows; null: unbounded (steps decides)
+    steps: int = 0  # optimizer steps (the SFT pipeline needs >= 1)
+    batch_size: int = 64  # sequences per step; the loss is the mean over all their target tokens
+    lr: float = 2e-3
+    eval_every: int = 100  # the SFT pipeline: eval/sft_loss every this many steps and at the end
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"  # hf (transformers generate, CPU or GPU) | vllm (GPU)
+    prompts_per_step: int = 4
+    num_samples: int = 8  # completions per prompt (the GRPO group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    max_new_tokens: int = 10
+    # the engine's weights: null = actor.param_dtype, the dtype the actor computes log-probs in (bfloat16
+    # on GPU); the actor's weights are cast to it before each sync, which halves what travels for bf16
+    dtype: Optional[str] = None
+    # 0: strictly on-policy. N > 0: the batches of the next N steps are generated while this step
+    # trains, with weights at most N steps old (rollout/staleness); the actor recomputes the old
+    # log-probs, and algorithm.rollout_is corrects the gap to the stale weights that sampled
+    async_steps: int = 0
+    # true: the actor's process generates (hf engine) with a model whose tensors are the actor's own
+    # parameters, so nothing is copied to sync the weights and no rollout process runs. Needs one actor
+    # rank (workers.actor_dp=1) on CPU, on-policy (async_steps=0), no workers.offload, rollout.dtype = model.dtype.
+    # null: true exactly when those hold (the same run, bit for bit, without a second process and copy);
+    # false: a rollout worker of its own
+    in_actor: Optional[bool] = None
+    # rollout.engine=vllm only (roll_lite/rollout/vllm_engine.py): the fraction of each GPU vLLM takes for
+    # its weights and KV cache (colocated, it shares the GPU with the actor, reference and critic);
+    # release_memory: after each generation the engine sleeps (weights to CPU, KV cache dropped) and
+    # wakes for the next one, so the colocated roles have the GPU while they run
+    gpu_memory_utilization: float = 0.5
+    release_memory: Optional[bool] = None  # null: true when colocated (workers.rollout_gpus=0), else false
+    tensor_parallel_size: int = 1  # vllm's GPUs: 1 colocated, workers.rollout_gpus on GPUs of its own
+
+
+@dataclass
+class RewardConfig:
+    # name -> weight: registered names or package.module:function import paths (roll_lite/rewards/).
+    # A YAML file's or a `reward.functions={...}` override's dict replaces this one (no merging).
+    functions: dict[str, float] = field(default_factory=lambda: {"exact_answer": 1.0})
+    timeout_s: float = 5.0  # per call, for functions run in the guarded process (math, the user's)
+    # Where the scoring runs. null: in the driver when every function is a cheap built-in string rule
+    # (a Ray round trip to a reward worker would cost more than the scoring), else a reward worker of
+    # its own; true: the driver (only for cheap built-ins); false: always a reward worker.
+    in_driver: Optional[bool] = None
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"  # gae (PPO, needs the critic) | grpo | dr_grpo | rloo | reinforce_pp
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    kl_in_reward: bool = False  # True: subtract kl_coef·KL from token rewards; False: KL as a loss term
+    track_kl: bool = True  # run the reference model to report actor/kl even when kl_coef = 0
+    entropy_coef: float = 0.0
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    dual_clip_c: Optional[float] = None
+    value_clip: float = 0.2
+    loss_agg_mode: str = "token-mean"
+    seq_len_norm: Optional[float] = None  # seq-mean-token-sum-norm constant; default: rollout.max_new_tokens
+    ppo_epochs: int = 1
+    mini_batches: int = 1  # optimizer steps per epoch over the rollout batch
+    # Conventions that differ between frameworks (docs/algorithms.md: verl and ROLL side by side).
+    whiten_advantages: Optional[bool] = None  # null: whiten for gae and reinforce_pp, not for grpo, dr_grpo, rloo
+    kl_clamp: Optional[float] = None  # null: the exact KL estimate; c > 0: clamp it to [-c, c] (verl: k3 to 10)
+    # Truncated importance sampling on the rollout engine's log-probs (train / inference mismatch):
+    # null: off; token: weight each token's loss by min(π_actor / π_rollout, cap); sequence: by the
+    # capped product over the response. π_actor is always the actor's own (old_log_probs, or the
+    # training forward's when on-policy), never the engine's.
+    rollout_is: Optional[str] = None
+    rollout_is_cap: float = 2.0
+
+
+@dataclass
+class WorkersConfig:
+    actor_dp: int = 1  # D: actor ranks (one torch.distributed group)
+    # null: workers.actor_dp on GPUs (rank i of each role shares the actor rank i's GPU, so they must be
+    # equal), 1 on CPU
+    critic_dp: Optional[int] = None
+    reference_dp: Optional[int] = None
+    actor_cpus: float = 1.0  # Ray CPUs reserved per actor rank (placement group bundle)
+    rollout_cpus: float = 1.0
+    torch_threads: int = 2  # torch threads per worker process
+    # GPUs (workers/placement.py): 1 gives each actor rank a GPU, with rank i of the reference and the
+    # critic, and the rollout worker, colocated on the same GPUs; 0: CPU only.
+    gpus_per_rank: float = 0.0
+    # GPUs of the rollout worker's own: 0 = it shares actor rank 0's GPU (colocated, the default); N >= 1 =
+    # N GPUs on one node for it alone (disaggregated; with rollout.engine=vllm, rollout.tensor_parallel_size=N)
+    rollout_gpus: int = 0
+    placement: str = "pack"  # the actor's bundles: pack (fill a node first) | spread (one per node where possible)
+    # A worker call (a step's generate, train_step, ...) that has not answered after call_timeout_s stops
+    # the run (a worker that is alive but stuck); a warning names the waiting ranks every stall_warning_s.
+    call_timeout_s: float = 1800.0
+    stall_warning_s: float = 300.0
+    # shared memory of a local Ray cluster's object store (weight sync, batches); a cluster joined with
+    # ray.address keeps its own. Weight sync puts one copy of the weights in it: give a 0.5 B model >= 2048.
+    object_store_mb: int = 512
+    # GPUs: between its calls each model worker keeps its parameter shards and optimizer state on CPU,
+    # and the rollout worker returns its cached GPU memory, so colocated roles fit a model a GPU could
+    # not hold for all of them at once; costs a CPU <-> GPU copy of the weights per call. No effect on CPU.
+    offload: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints under <output_dir>/<run_name>/checkpoints/step_N (roll_lite/checkpoint/)."""
+
+    every: int = 50  # save every this many steps, and after the last one; 0: only after the last one
+    keep_last: Optional[int] = 2  # keep this many newest checkpoints; null: all
+    enabled: bool = True  # false: never save (resume=auto then has nothing to resume from)
+
+
+@dataclass
+class RunConfig:
+    pipeline: str = "roll_lite.pipelines.ppo:PPOPipeline"  # import path of the pipeline class
+    run_name: str = "ppo_reverse_digits"
+    output_dir: str = "outputs"
+    seed: int = 0
+    steps: int = 200
+    eval_every: int = 25
+    ray_address: Optional[str] = None  # join this cluster; default: RAY_ADDRESS, else a local one
+    wandb_mode: str = "disabled"  # online | offline | disabled
+    wandb_project: str = "roll_lite"
+    # CPU kernels of every process (roll_lite/reproducibility.py): machine = this machine's fastest (runs
+    # repeat bit for bit on the same CPU type); portable = one kernel set every x86-64 CPU with AVX2 runs alike
+    reproducible: str = "machine"
+    save_model: bool = True  # write the trained policy and tokenizer to <output_dir>/<run_name>/final
+    # auto: continue from the run directory's latest checkpoint, start fresh when the directory is new;
+    # none: start fresh (refused when the run directory already holds a run); or a checkpoint folder.
+    resume: Optional[str] = "auto"
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: StrategyConfig = field(default_factory=lambda: StrategyConfig(lr=2e-4, max_grad_norm=1.0))
+    critic: StrategyConfig = field(default_factory=lambda: StrategyConfig(lr=1e-3, max_grad_norm=1.0))
+    workers: WorkersConfig = field(default_factory=WorkersConfig)

@@ -1,0 +1,195 @@
+"""Values of a merged RunConfig checked key by key; each problem is a ConfigError naming the key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from roll_lite.config.schema import DataConfig, RolloutConfig, RunConfig, SFTConfig, WorkersConfig
+from roll_lite.errors import ConfigError
+from roll_lite.loss import AGG_MODES, ROLLOUT_IS_LEVELS
+from roll_lite.loss.advantages import ADVANTAGE_ESTIMATORS
+from roll_lite.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
+from roll_lite.rewards import CHEAP_REWARDS, is_cheap
+from roll_lite.rewards.checks import check_reward_config
+from roll_lite.strategy.config import PARAM_DTYPES
+
+
+def _check(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{key}: {message}")
+
+
+def _one_of(value: Any, allowed, key: str) -> None:
+    _check(value in allowed, key, f"'{value}' is not one of {', '.join(map(str, allowed))}")
+
+
+def validate(config: RunConfig) -> None:
+    _check(":" in config.pipeline, "pipeline", f"'{config.pipeline}' is not of the form package.module:Class")
+    _check(config.steps >= 0, "steps", f"must be >= 0, got {config.steps}")
+    _check(config.eval_every >= 1, "eval_every", f"must be >= 1, got {config.eval_every}")
+    _one_of(config.wandb_mode, ("online", "offline", "disabled"), "wandb_mode")
+    _one_of(config.reproducible, REPRODUCIBLE_SETTINGS, "reproducible")
+    _check(bool(config.run_name) and "/" not in config.run_name and config.run_name not in (".", ".."), "run_name",
+           f"must be a folder name (no '/'), got {config.run_name!r}")
+    _check(bool(config.resume), "resume", "must be auto, none or the path of a checkpoint folder")
+    _check(config.checkpoint.every >= 0, "checkpoint.every", f"must be >= 0 (0: only at the end), got {config.checkpoint.every}")
+    _check(config.checkpoint.keep_last is None or config.checkpoint.keep_last >= 1, "checkpoint.keep_last",
+           f"must be >= 1 or null (keep all), got {config.checkpoint.keep_last}")
+    _one_of(config.model.dtype, PARAM_DTYPES, "model.dtype")
+    _validate_data(config.data)
+    _validate_sft(config.sft)
+    rollout = config.rollout
+    _one_of(rollout.engine, ("hf", "vllm"), "rollout.engine")
+    if rollout.dtype is not None:
+        _one_of(rollout.dtype, PARAM_DTYPES, "rollout.dtype")
+    _check(rollout.prompts_per_step >= 1, "rollout.prompts_per_step", "must be >= 1")
+    _check(rollout.num_samples >= 1, "rollout.num_samples", "must be >= 1")
+    _check(rollout.temperature > 0, "rollout.temperature", "must be > 0 (greedy decoding is used for eval)")
+    _check(0 < rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+    _check(rollout.top_k >= 0, "rollout.top_k", "must be >= 0 (0: off)")
+    _check(rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+    _check(rollout.async_steps >= 0, "rollout.async_steps", f"must be >= 0 (0: on-policy), got {rollout.async_steps}")
+    if rollout.engine == "vllm":
+        _validate_vllm(rollout, config.workers)
+    if rollout.in_actor:
+        _validate_in_actor(config)
+    try:  # registered names, or import paths imported here, before Ray starts (roll_lite/rewards/checks.py)
+        check_reward_config(config.reward.functions, config.reward.timeout_s)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if config.reward.in_driver and (guarded := rewards_needing_a_worker(config.reward.functions)):
+        raise ConfigError(f"reward.in_driver: true scores only cheap built-in rules ({', '.join(sorted(CHEAP_REWARDS))}) "
+                          f"in the driver; {', '.join(guarded)} run(s) in the reward worker's guarded process. "
+                          "Set reward.in_driver=null")
+    algorithm = config.algorithm
+    _one_of(algorithm.advantage, ADVANTAGE_ESTIMATORS, "algorithm.advantage")
+    _one_of(algorithm.kl_estimator, ("k1", "k2", "k3"), "algorithm.kl_estimator")
+    _one_of(algorithm.loss_agg_mode, AGG_MODES, "algorithm.loss_agg_mode")
+    _check(algorithm.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
+    _check(algorithm.dual_clip_c is None or algorithm.dual_clip_c > 1, "algorithm.dual_clip_c", "must be > 1 or null")
+    _check(algorithm.seq_len_norm is None or algorithm.seq_len_norm > 0, "algorithm.seq_len_norm",
+           f"must be > 0 or null (null: rollout.max_new_tokens), got {algorithm.seq_len_norm}")
+    _check(algorithm.ppo_epochs >= 1, "algorithm.ppo_epochs", "must be >= 1")
+    _check(algorithm.mini_batches >= 1, "algorithm.mini_batches", "must be >= 1")
+    _check(algorithm.kl_clamp is None or algorithm.kl_clamp > 0, "algorithm.kl_clamp",
+           f"must be > 0 or null (null: the exact KL estimate), got {algorithm.kl_clamp}")
+    if algorithm.rollout_is is not None:
+        _one_of(algorithm.rollout_is, ROLLOUT_IS_LEVELS, "algorithm.rollout_is")
+    _check(algorithm.rollout_is_cap > 0, "algorithm.rollout_is_cap", f"must be > 0, got {algorithm.rollout_is_cap}")
+    batch_size = rollout.prompts_per_step * rollout.num_samples
+    _check(algorithm.mini_batches <= batch_size, "algorithm.mini_batches",
+           f"must be <= the rollout batch ({batch_size} sequences)")
+    if algorithm.advantage in ("grpo", "dr_grpo", "rloo"):
+        _check(rollout.num_samples >= 2, "rollout.num_samples", f"{algorithm.advantage} needs >= 2 samples per prompt")
+    for name in ("actor", "critic"):
+        _check(getattr(config, name).lr > 0, f"{name}.lr", f"must be > 0, got {getattr(config, name).lr}")
+        try:
+            getattr(config, name).validate(f"{name}.")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+    w = config.workers
+    _check(w.gpus_per_rank in (0, 1), "workers.gpus_per_rank",
+           f"must be 0 (CPU) or 1 (a GPU per rank: nccl needs one device per rank), got {w.gpus_per_rank}")
+    _check(w.placement in ("pack", "spread"), "workers.placement", f"must be pack or spread, got '{w.placement}'")
+    _check(w.rollout_gpus >= 0, "workers.rollout_gpus", f"must be >= 0 (0: colocated), got {w.rollout_gpus}")
+    if w.rollout_gpus:
+        _check(w.gpus_per_rank > 0, "workers.rollout_gpus", "GPUs of the rollout's own need workers.gpus_per_rank=1")
+        _check(config.rollout.engine == "vllm" or w.rollout_gpus == 1, "workers.rollout_gpus",
+               f"the hf engine generates on one GPU, got {w.rollout_gpus} (rollout.engine=vllm uses several)")
+    if w.gpus_per_rank:
+        for key in ("reference_dp", "critic_dp"):
+            _check(getattr(w, key) == w.actor_dp, f"workers.{key}",
+                   f"with workers.gpus_per_rank=1 the roles share the actor's GPUs: set it to workers.actor_dp={w.actor_dp}")
+    for key in ("call_timeout_s", "stall_warning_s"):
+        _check(getattr(config.workers, key) > 0, f"workers.{key}", f"must be > 0 seconds, got {getattr(config.workers, key)}")
+    for key in ("actor_dp", "critic_dp", "reference_dp", "torch_threads"):
+        _check(getattr(config.workers, key) >= 1, f"workers.{key}", "must be >= 1")
+    for key in ("actor_cpus", "rollout_cpus"):
+        _check(getattr(config.workers, key) >= 0, f"workers.{key}", f"must be >= 0, got {getattr(config.workers, key)}")
+    _check(w.object_store_mb >= 64, "workers.object_store_mb", f"must be >= 64, got {w.object_store_mb}")
+
+
+def rewards_needing_a_worker(functions: dict) -> list[str]:
+    """The reward functions that are not cheap built-ins: they run in the reward worker's guarded
+    process (roll_lite/rewards/runner.py), so a run with any of them has a reward worker."""
+    return [name for name in functions if not is_cheap(name)]
+
+
+def in_actor_blockers(config: RunConfig) -> list[tuple[str, str]]:
+    """(key, the value rollout.in_actor needs) for each setting that rules it out; none: it can run."""
+    needs = [("rollout.engine", config.rollout.engine == "hf", "hf"),
+             ("workers.actor_dp", config.workers.actor_dp == 1, "1 (one rank holds every parameter)"),
+             ("rollout.async_steps", config.rollout.async_steps == 0, "0 (one process cannot train and generate at once)"),
+             ("workers.offload", not config.workers.offload, "false (offload moves the parameters)"),
+             ("workers.gpus_per_rank", not config.workers.gpus_per_rank, "0 (built for CPU; on GPUs use rollout.engine=vllm)"),
+             ("rollout.dtype", rollout_dtype(config) == config.model.dtype, f"model.dtype ({config.model.dtype})")]
+    return [(key, value) for key, ok, value in needs if not ok]
+
+
+def _validate_in_actor(config: RunConfig) -> None:
+    """rollout.in_actor: the engine's weights are the actor's parameters themselves (views)."""
+    blockers = in_actor_blockers(config)
+    if blockers:
+        key, value = blockers[0]
+        raise ConfigError(f"{key}: rollout.in_actor=true needs {key}={value}")
+
+
+def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
+    from roll_lite.rollout.vllm_engine import vllm_logprobs_mode
+
+    _check(workers.gpus_per_rank > 0, "rollout.engine",
+           "vllm runs on a GPU: set workers.gpus_per_rank=1 (or rollout.engine=hf on CPU)")
+    _check(0 < rollout.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization",
+           f"must be in (0, 1), got {rollout.gpu_memory_utilization}")
+    gpus = workers.rollout_gpus or 1  # colocated: a share of one GPU (workers/placement.py)
+    _check(rollout.tensor_parallel_size == gpus, "rollout.tensor_parallel_size",
+           f"must equal the rollout worker's GPUs, {gpus} (workers.rollout_gpus={workers.rollout_gpus}; "
+           f"0: a share of actor rank 0's GPU), got {rollout.tensor_parallel_size}")
+    try:
+        vllm_logprobs_mode(rollout.temperature, rollout.top_p, rollout.top_k)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def _file_list(value: Any, key: str) -> list[str]:
+    if value is None:
+        return []
+    files = [value] if isinstance(value, str) else value
+    _check(isinstance(files, list) and all(isinstance(f, str) and f for f in files), key,
+           f"must be a path or a list of paths, got {value!r}")
+    return list(files)
+
+
+def _validate_data(data: DataConfig) -> None:
+    """Values only; the files themselves are checked by roll_lite.data.prompts before anything starts."""
+    data.train_files = _file_list(data.train_files, "data.train_files")
+    data.eval_files = _file_list(data.eval_files, "data.eval_files")
+    _check(bool(data.prompt_key), "data.prompt_key", "must name the prompt column")
+    _check(bool(data.answer_key), "data.answer_key", "must name the answer column")
+    _check(data.answer_key != data.prompt_key, "data.answer_key", f"must differ from data.prompt_key ('{data.prompt_key}')")
+    _check(data.max_prompt_length is None or data.max_prompt_length >= 1, "data.max_prompt_length",
+           f"must be >= 1 or null (no limit), got {data.max_prompt_length}")
+    _check(data.epochs is None or data.epochs >= 1, "data.epochs", f"must be >= 1 or null (unbounded), got {data.epochs}")
+    _check(data.eval_num_samples >= 0, "data.eval_num_samples",
+           f"must be >= 0 (0: greedy eval only), got {data.eval_num_samples}")
+
+
+def _validate_sft(sft: SFTConfig) -> None:
+    sft.train_files = _file_list(sft.train_files, "sft.train_files")
+    sft.eval_files = _file_list(sft.eval_files, "sft.eval_files")
+    _check(sft.steps >= 0, "sft.steps", f"must be >= 0, got {sft.steps}")
+    _check(sft.batch_size >= 1, "sft.batch_size", f"must be >= 1, got {sft.batch_size}")
+    _check(sft.lr > 0, "sft.lr", f"must be > 0, got {sft.lr}")
+    _check(sft.eval_every >= 1, "sft.eval_every", f"must be >= 1, got {sft.eval_every}")
+    _check(bool(sft.prompt_key), "sft.prompt_key", "must name the prompt (or conversation) column")
+    _check(sft.response_key != sft.prompt_key, "sft.response_key", f"must differ from sft.prompt_key ('{sft.prompt_key}')")
+    _check(sft.max_length is None or sft.max_length >= 2, "sft.max_length",
+           f"must be >= 2 or null (no limit), got {sft.max_length}")
+    _check(sft.epochs is None or sft.epochs >= 1, "sft.epochs", f"must be >= 1 or null (unbounded), got {sft.epochs}")
+    _check(not sft.steps or bool(sft.train_files), "sft.train_files",
+           f"sft.steps={sft.steps} needs training files (the warm start's or the SFT pipeline's data)")
+
+
+def rollout_dtype(config: "RunConfig") -> str:
+    """The rollout engine's weight dtype: rollout.dtype, else the actor's compute dtype."""
+    return config.rollout.dtype or config.actor.param_dtype
