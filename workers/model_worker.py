@@ -5,6 +5,7 @@ with ray.remote and forms the D ranks into one torch.distributed group."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import shutil
 from contextlib import contextmanager
@@ -65,6 +66,8 @@ class ModelWorker:
 
         head, trainable = ROLES[self.role]
         strategy_config = self.config.critic if self.role == "critic" else self.config.actor
+        if self.config.reproducible == "portable":  # AdamW's exact sqrt (roll_lite/reproducibility.py)
+            strategy_config = dataclasses.replace(strategy_config, adamw_fused=True)
         self.tokenizer = load_tokenizer(self.config.model.tokenizer_path)
         lm = load_causal_lm(self.config.model, len(self.tokenizer), seed=self.config.seed)
         if trainable and self.config.model.gradient_checkpointing:

@@ -28,6 +28,10 @@ class StrategyConfig:
     logprob_chunk_size: int = 1024  # tokens per chunk of the LM head
     temperature: float = 1.0  # log-probs of softmax(logits / temperature), as sampled
     max_consecutive_skipped_steps: int | None = 3  # stop after this many nan/inf steps in a row; null: never
+    # AdamW's fused kernel instead of foreach: on CPU its sqrt is the exact (IEEE) one on every CPU,
+    # where foreach's goes through MKL's vector math, which rounds otherwise on AVX-512 than on AVX2
+    # CPUs; reproducible=portable turns it on for the actor and the critic
+    adamw_fused: bool = False
 
     def validate(self, prefix: str = "") -> None:
         def fail(key, message):
