@@ -12,9 +12,7 @@ actor / critic worker to serve `loss_func` and `critic_loss_func`, so `__init__`
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -35,18 +33,19 @@ from roll_lite.loss.advantages import (
     rloo_advantages,
     whitens_advantages,
 )
-from roll_lite.progress import on_terminal, progress_bar, seconds_in_all
-from roll_lite.rollout import Completions, SamplingParams
-from roll_lite.rollout.ahead import RolloutQueue, staleness
-from roll_lite.sequences import build_sequence_batch
+from roll_lite.progress import progress_bar, seconds_in_all
+from roll_lite.rollout import SamplingParams
+from roll_lite.rollout.ahead import staleness
+from roll_lite.sequences import completion_batch
 from roll_lite.tokenizer import load_tokenizer
 
+from .evaluation import evaluate_held_out
+from .rollout_schedule import RolloutSchedule
+from .run_log import describe_async_rollout, fmt, oversubscribed_cpu_warning, progress_line
 from .session import RunSession
 from .sft import SFTPipeline
 
 logger = logging.getLogger("roll_lite")
-EVAL_CHUNK = 256  # eval prompts per generate call
-ROLLOUTS_AHEAD = "rollouts_ahead.json"  # in a checkpoint: the generations launched for later steps
 
 
 class PPOPipeline:
@@ -79,8 +78,7 @@ class PPOPipeline:
             self._policy_loss = ppo_policy_loss_func(a.loss_agg_mode, seq_len_norm=self.seq_len_norm, **policy_options)
         self._value_loss = value_loss_func(a.loss_agg_mode, a.value_clip, self.seq_len_norm)
         self._shuffle = torch.Generator().manual_seed(config.seed)
-        self.rollouts = RolloutQueue(config.rollout.async_steps)  # generations launched, by step
-        self._weight_sync = None  # the rollout's weight update not confirmed yet (async_steps > 0)
+        self.schedule = RolloutSchedule(config.rollout.async_steps)  # launches, collects, weight syncs
         self.stage = "start-up"  # where run() is: named by a worker failure and by a stop on a signal
 
     # -- losses: run inside the actor / critic workers ------------------------------------------
@@ -115,6 +113,7 @@ class PPOPipeline:
                 group.wait_ready()
         if in_actor:
             self.rollout = RolloutClient(self.config, placement, actor=self.actor)
+        self.schedule.engine = self.rollout
         logger.info(self.rollout.describe())
         logger.info(self.reward.describe())
         if self.config.rollout.async_steps:
@@ -155,78 +154,33 @@ class PPOPipeline:
     @property
     def data_used_up(self) -> bool:
         """data.epochs ended: no prompts left to draw, and every step they were drawn for has run."""
-        return self.sampler.exhausted and not len(self.rollouts)
+        return self.sampler.exhausted and not len(self.schedule.queue)
 
     def sampling_params(self) -> SamplingParams:
         r = self.config.rollout
         return SamplingParams(r.max_new_tokens, r.num_samples, r.temperature, r.top_p, r.top_k)
 
     def generate(self, prompts: PromptData, params: SamplingParams) -> DataProto:
-        """Generate now, with the actor's latest weights (see build_batch)."""
-        self.wait_weight_sync()
-        return self.build_batch(prompts, self.rollout.generate(prompts.prompt_ids, params))
+        """Generate now, with the actor's latest weights (roll_lite.sequences.completion_batch)."""
+        self.schedule.wait_sync()
+        return completion_batch(prompts, self.rollout.generate(prompts.prompt_ids, params), self.tokenizer)
 
-    def launch_rollouts(self, step: int) -> None:
-        """Start the generations due at the start of `step`: its own and, with rollout.async_steps = N,
-        those of the next N steps, each on the next prompts of the sampler, with the weights the rollout
-        worker holds now (the actor's after step - 1)."""
-        for later in self.rollouts.steps_to_launch(step, self.total_steps):
-            rows = self.sampler.draw(self.config.rollout.prompts_per_step)
-            if not rows:
-                break
-            prompt_ids = self.train_data.select(rows).prompt_ids
-            self.rollouts.add(later, rows, self.rollout.start_generate(prompt_ids, self.sampling_params()))
+    def draw_prompts(self) -> tuple[list[int], list[list[int]]] | None:
+        rows = self.sampler.draw(self.config.rollout.prompts_per_step)
+        return (rows, self.train_data.select(rows).prompt_ids) if rows else None
 
     def collect_rollout(self, step: int) -> tuple[DataProto, int]:
         """(the batch of `step`, how many steps older than the actor its sampling weights are)."""
-        if step not in self.rollouts.launched:
+        if not self.schedule.is_launched(step):
             raise RuntimeError(f"step {step}: the training prompts are used up (data.epochs={self.config.data.epochs})")
-        launched = self.rollouts.pop(step)
-        completions = self._fetched(launched.result)
-        if not self.config.rollout.async_steps:
-            self.wait_weight_sync()  # it ran before this generation: its answer is there, and must be a success
-        return self.build_batch(self.train_data.select(launched.rows), completions), staleness(step, completions)
-
-    def fetch_rollouts(self) -> None:
-        """Wait for every launched generation (a checkpoint saves them: their weights are gone)."""
-        for launched in self.rollouts.launched.values():
-            launched.result = self._fetched(launched.result)
-
-    def _fetched(self, result) -> Completions:
-        return result if isinstance(result, Completions) else self.rollout.wait(result, "generate")
-
-    def sync_rollout_weights(self, version: int) -> None:
-        """The actor's weights to the rollout engine. The load queues on the rollout worker (behind the
-        generations in flight with rollout.async_steps > 0) and the step goes on; what needs the new
-        weights waits for it first: the next sync, an evaluation, a checkpoint and, on-policy, the
-        next step's batch (collect_rollout), which the worker generates after the load."""
-        self.wait_weight_sync()
-        self._weight_sync = self.rollout.start_sync(self.actor, rollout_dtype(self.config), version)
-
-    def wait_weight_sync(self) -> None:
-        if self._weight_sync is not None:
-            ref, self._weight_sync = self._weight_sync, None
-            self.rollout.wait(ref, "update_weights")
-
-    def build_batch(self, prompts: PromptData, generated: Completions) -> DataProto:
-        """Sequences of every (prompt, sample): tensors + response_text, group ids, and per row the
-        prompt's answer and extra fields (non_tensor_batch 'answer', 'extra': a dict per row). When
-        sampling, also the engine's log-prob of each response token ('rollout_log_probs')."""
-        completions = generated.token_ids
-        n = len(completions) // len(prompts)
-        batch = build_sequence_batch([p for p in prompts.prompt_ids for _ in range(n)], completions,
-                                     self.tokenizer.pad_token_id, generated.log_probs)
-        batch.batch["group_ids"] = torch.arange(len(prompts)).repeat_interleave(n)
-        batch.non_tensor_batch["response_text"] = [self.tokenizer.decode(c, skip_special_tokens=True) for c in completions]
-        batch.non_tensor_batch["answer"] = [a for a in prompts.answers for _ in range(n)]
-        batch.non_tensor_batch["extra"] = [e for e in prompts.extras for _ in range(n)]
-        return DataProto(batch.batch, batch.non_tensor_batch)
+        rows, completions = self.schedule.collect(step)
+        return completion_batch(self.train_data.select(rows), completions, self.tokenizer), staleness(step, completions)
 
     def step(self, step: int) -> dict[str, float]:
         a = self.algorithm
         start = time.perf_counter()
         self.prepare_data()
-        self.launch_rollouts(step)
+        self.schedule.launch(step, self.total_steps, self.draw_prompts, self.sampling_params())
         batch, weights_behind = self.collect_rollout(step)
         generated = time.perf_counter()
 
@@ -253,7 +207,7 @@ class PPOPipeline:
         actor_metrics = self.train(self.actor, batch, "policy")
         critic_metrics = self.train(self.critic, batch, "critic") if self.critic is not None else {}
         trained = time.perf_counter()
-        self.sync_rollout_weights(version=step)
+        self.schedule.start_sync(self.actor, rollout_dtype(self.config), version=step)
 
         elapsed = time.perf_counter() - start
         tokens = int(batch["attention_mask"].sum())
@@ -317,50 +271,19 @@ class PPOPipeline:
             raise ConfigError(
                 f"algorithm.rollout_is={self.algorithm.rollout_is}: {type(self).__name__}.loss_func applied no importance "
                 "weights (it reported no 'rollout_is_weight@sum'); weight its per-token loss with "
-                "roll_lite.loss_funcs.rollout_correction, or set algorithm.rollout_is=null"
+                "roll_lite.loss.rollout_correction, or set algorithm.rollout_is=null"
             )
 
     def evaluate(self) -> dict[str, float]:
-        """On the held-out prompts (data.eval_files): greedy decoding, scored by the configured
-        rewards (eval/reward_mean); with data.eval_num_samples = k > 0 also k samples per prompt at
-        the rollout's temperature: eval/mean@k (mean score) and eval/pass@k (mean over prompts of
-        the best of k scores; for 0/1 rewards the share of prompts solved at least once)."""
+        """Held-out metrics with the actor's latest weights (pipelines/evaluation.py); keeps the greedy
+        answers in self.eval_samples."""
         self.prepare_data()
         if self.eval_data is None:
             return {}
-        self.wait_weight_sync()
-        r, k = self.config.rollout, self.config.data.eval_num_samples
-        scores, per_function, responses = self._score_in_chunks(SamplingParams(r.max_new_tokens, greedy=True))
-        # The greedy answers, for the run directory (eval_samples/): what a reload of final/ must reproduce.
-        self.eval_samples = [{"prompt": p, "response": text, "answer": a, "score": s}
-                             for p, text, a, s in zip(self.eval_data.prompts, responses, self.eval_data.answers, scores.tolist())]
-        metrics = {"eval/reward_mean": scores.mean().item(), **{f"eval/{name}": v for name, v in per_function.items()}}
-        if k > 0:
-            sampled, _, _ = self._score_in_chunks(SamplingParams(r.max_new_tokens, k, r.temperature, r.top_p, r.top_k))
-            sampled = sampled.view(-1, k)  # [prompts, k]: generate returns each prompt's samples together
-            metrics[f"eval/mean@{k}"] = sampled.mean().item()
-            metrics[f"eval/pass@{k}"] = sampled.max(dim=1).values.mean().item()
+        self.schedule.wait_sync()
+        metrics, self.eval_samples = evaluate_held_out(self.eval_data, self.generate, self.score, self.config.rollout,
+                                                       self.config.data.eval_num_samples)
         return metrics
-
-    def _score_in_chunks(self, params: SamplingParams) -> tuple[torch.Tensor, dict[str, float], list[str]]:
-        """Scores and response texts of every eval (prompt, sample) in order, and each reward function's mean."""
-        scores, sums, responses, prompts = [], {}, [], len(self.eval_data)
-        several_chunks = prompts > EVAL_CHUNK  # a long evaluation: show its progress
-        bar = progress_bar(prompts, "evaluation", unit="prompt", show=several_chunks)
-        for start in range(0, prompts, EVAL_CHUNK):
-            chunk = self.eval_data.select(range(start, min(start + EVAL_CHUNK, prompts)))
-            batch = self.generate(chunk, params)
-            chunk_scores, means = self.score(batch)
-            scores.append(chunk_scores)
-            responses.extend(batch.non_tensor_batch["response_text"])
-            for name, mean in means.items():
-                sums[name] = sums.get(name, 0.0) + mean * len(chunk_scores)
-            bar.update(len(chunk))
-            if several_chunks and not on_terminal():
-                logger.info("evaluation: %d/%d prompts", start + len(chunk), prompts)
-        bar.close()
-        scores = torch.cat(scores)
-        return scores, {name: total / len(scores) for name, total in sums.items()}, responses
 
     def warm_start(self) -> dict[str, float]:
         """sft.steps SFT steps on the actor before RL (pipelines/sft.py on sft.train_files), then the
@@ -402,7 +325,7 @@ class PPOPipeline:
                 self.sync_from_actor(version=0)
                 initial = self.evaluate()
                 session.log(0, initial, self.eval_samples)
-                logger.info("step 0 (before RL): held-out %s", _fmt(initial.get("eval/reward_mean")))
+                logger.info("step 0 (before RL): held-out %s", fmt(initial.get("eval/reward_mean")))
             bar = progress_bar(c.steps - resumed_step, "RL")
             for step in range(resumed_step + 1, c.steps + 1):
                 if self.data_used_up:
@@ -416,7 +339,7 @@ class PPOPipeline:
                     metrics.update(self.evaluate())
                     samples = self.eval_samples
                 bar.update()
-                logger.info(_progress_line(step, c.steps, metrics))
+                logger.info(progress_line(step, c.steps, metrics))
                 session.end_step(step, metrics, samples, last=step == c.steps or self.data_used_up)
             bar.close()
             if c.save_model:
@@ -424,7 +347,7 @@ class PPOPipeline:
                 self.save_final(session.run_dir / "final")
             initial, final = (session.tracker.history[i].get("eval/reward_mean") for i in (0, -1))
         logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
-                    _fmt(initial), _fmt(final), seconds_in_all(start), session.run_dir)
+                    fmt(initial), fmt(final), seconds_in_all(start), session.run_dir)
         return session.tracker.history
 
     # -- checkpoints (pipelines/session.py, roll_lite/checkpoint/) -----------------------------------
@@ -450,9 +373,7 @@ class PPOPipeline:
         the generations launched ahead (rollout.async_steps), fetched first."""
         from roll_lite.checkpoint.rng import save_rng
 
-        self.wait_weight_sync()
-        self.fetch_rollouts()
-        (folder / ROLLOUTS_AHEAD).write_text(json.dumps(self.rollouts.state_dict()))
+        self.schedule.save(folder)
         self.rollout.save_checkpoint(str(folder / "rng_rollout.pkl"))
         save_rng(folder / "rng_driver.pkl", {"minibatch_shuffle": self._shuffle.get_state()})
 
@@ -461,42 +382,5 @@ class PPOPipeline:
 
         self.rollout.sync(self.actor, rollout_dtype(self.config), version=step)
         self.rollout.load_checkpoint(str(folder / "rng_rollout.pkl"))
-        # checkpoints written before rollout.async_steps existed have no such file: nothing was ahead
-        ahead = folder / ROLLOUTS_AHEAD
-        self.rollouts.load_state_dict(json.loads(ahead.read_text()) if ahead.exists() else [])
+        self.schedule.load(folder)
         self._shuffle.set_state(load_rng(folder / "rng_driver.pkl")["minibatch_shuffle"])
-
-
-def describe_async_rollout(async_steps: int, rollout_is: str | None) -> str:
-    correction = (f"algorithm.rollout_is={rollout_is} weights the loss by the ratio to the sampling weights"
-                  if rollout_is else "nothing corrects the gap to the sampling weights (algorithm.rollout_is=null)")
-    return (f"rollout.async_steps={async_steps}: the next steps' batches are generated while a step trains, with "
-            f"weights up to {async_steps} step(s) older than the actor (rollout/staleness); the actor recomputes the "
-            f"old log-probs, and {correction}")
-
-
-def oversubscribed_cpu_warning(config: RunConfig) -> str | None:
-    """Generating ahead on CPU: the rollout worker and the actor ranks compute at the same time, and
-    more torch threads than cores make both crawl (on 2 cores, 2 threads each: a 0.56 s step where 1
-    thread each gives 0.13 s, benchmarks/vs_trl.py)."""
-    w = config.workers
-    cores, busy = os.cpu_count() or 1, w.torch_threads * (w.actor_dp + 1)
-    if w.gpus_per_rank or busy <= cores:
-        return None
-    return (f"rollout.async_steps={config.rollout.async_steps} on CPU: the rollout worker generates while "
-            f"{w.actor_dp} actor rank(s) train, {busy} torch threads on {cores} cores; set "
-            f"workers.torch_threads={max(cores // (w.actor_dp + 1), 1)} or the overlap is lost to contention")
-
-
-def _fmt(value) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def _progress_line(step: int, steps: int, m: dict) -> str:
-    parts = [f"step {step}/{steps}", f"reward {m['reward/mean']:.3f}"]
-    if "eval/reward_mean" in m:
-        parts.append(f"held-out {m['eval/reward_mean']:.3f}")
-    for key, label in (("actor/kl", "kl"), ("actor/entropy", "entropy"), ("actor/grad_norm", "grad"), ("perf/step_s", "s")):
-        if key in m:
-            parts.append(f"{label} {m[key]:.3g}")
-    return " | ".join(parts)

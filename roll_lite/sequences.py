@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from roll_lite.data import DataProto
+
+if TYPE_CHECKING:
+    from roll_lite.data.prompts import PromptData
+    from roll_lite.rollout import Completions
 
 
 def build_sequence_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_token_id: int,
@@ -54,3 +58,18 @@ def build_target_batch(sequences: Sequence[Sequence[int]], target_masks: Sequenc
         attention_mask[i, :len(ids)] = 1
         response_mask[i, :len(ids)] = torch.tensor(list(mask), dtype=torch.long)
     return DataProto({"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask})
+
+
+def completion_batch(prompts: "PromptData", generated: "Completions", tokenizer) -> DataProto:
+    """Sequences of every (prompt, sample) the engine returned: tensors + response_text, group ids, and
+    per row the prompt's answer and extra fields (non_tensor_batch 'answer', 'extra': a dict per row).
+    When sampling, also the engine's log-prob of each response token ('rollout_log_probs')."""
+    completions = generated.token_ids
+    n = len(completions) // len(prompts)
+    batch = build_sequence_batch([p for p in prompts.prompt_ids for _ in range(n)], completions,
+                                 tokenizer.pad_token_id, generated.log_probs)
+    batch.batch["group_ids"] = torch.arange(len(prompts)).repeat_interleave(n)
+    batch.non_tensor_batch["response_text"] = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
+    batch.non_tensor_batch["answer"] = [a for a in prompts.answers for _ in range(n)]
+    batch.non_tensor_batch["extra"] = [e for e in prompts.extras for _ in range(n)]
+    return DataProto(batch.batch, batch.non_tensor_batch)

@@ -15,11 +15,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 MAX_LINES = 400
 LINE_LIMITED_FOLDERS = ("roll_lite", "pipelines", "workers", "benchmarks", "examples", "tests", "scripts")
-# Over MAX_LINES today and being split right now (issue 23); the test fails once one of them is
-# short enough, so that the exception does not outlive the split. Empty this set, then delete it.
-KNOWN_OVER_LIMIT = {
-    "pipelines/ppo.py",
-}
 
 # source folder -> the package it installs as (pyproject's package-dir)
 PACKAGES = {"roll_lite": "roll_lite", "pipelines": "roll_lite.pipelines", "workers": "roll_lite.workers"}
@@ -109,10 +104,8 @@ def describe_cycle(cycle: list[str], graph: dict[str, dict[str, int]], modules: 
 def test_no_file_is_over_the_line_limit():
     lengths = {relative(path): len(path.read_text().splitlines())
                for folder in LINE_LIMITED_FOLDERS for path in python_files(folder)}
-    too_long = {path: n for path, n in lengths.items() if n > MAX_LINES and path not in KNOWN_OVER_LIMIT}
+    too_long = {path: n for path, n in lengths.items() if n > MAX_LINES}
     assert not too_long, f"over {MAX_LINES} lines, split them: {too_long}"
-    stale = sorted(path for path in KNOWN_OVER_LIMIT if lengths.get(path, 0) <= MAX_LINES)
-    assert not stale, f"{stale} now within {MAX_LINES} lines (or gone): remove it from KNOWN_OVER_LIMIT"
 
 
 def test_no_import_cycle():

@@ -1,0 +1,42 @@
+"""What the RL pipeline writes to the log: one line per step, the async-rollout notes."""
+
+from __future__ import annotations
+
+import os
+
+from roll_lite.config import RunConfig
+
+
+def describe_async_rollout(async_steps: int, rollout_is: str | None) -> str:
+    correction = (f"algorithm.rollout_is={rollout_is} weights the loss by the ratio to the sampling weights"
+                  if rollout_is else "nothing corrects the gap to the sampling weights (algorithm.rollout_is=null)")
+    return (f"rollout.async_steps={async_steps}: the next steps' batches are generated while a step trains, with "
+            f"weights up to {async_steps} step(s) older than the actor (rollout/staleness); the actor recomputes the "
+            f"old log-probs, and {correction}")
+
+
+def oversubscribed_cpu_warning(config: RunConfig) -> str | None:
+    """Generating ahead on CPU: the rollout worker and the actor ranks compute at the same time, and
+    more torch threads than cores make both crawl (on 2 cores, 2 threads each: a 0.56 s step where 1
+    thread each gives 0.13 s, benchmarks/vs_trl.py)."""
+    w = config.workers
+    cores, busy = os.cpu_count() or 1, w.torch_threads * (w.actor_dp + 1)
+    if w.gpus_per_rank or busy <= cores:
+        return None
+    return (f"rollout.async_steps={config.rollout.async_steps} on CPU: the rollout worker generates while "
+            f"{w.actor_dp} actor rank(s) train, {busy} torch threads on {cores} cores; set "
+            f"workers.torch_threads={max(cores // (w.actor_dp + 1), 1)} or the overlap is lost to contention")
+
+
+def fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def progress_line(step: int, steps: int, m: dict) -> str:
+    parts = [f"step {step}/{steps}", f"reward {m['reward/mean']:.3f}"]
+    if "eval/reward_mean" in m:
+        parts.append(f"held-out {m['eval/reward_mean']:.3f}")
+    for key, label in (("actor/kl", "kl"), ("actor/entropy", "entropy"), ("actor/grad_norm", "grad"), ("perf/step_s", "s")):
+        if key in m:
+            parts.append(f"{label} {m[key]:.3g}")
+    return " | ".join(parts)
