@@ -26,13 +26,26 @@ def last_token_rewards(scores: torch.Tensor, response_mask: torch.Tensor) -> tor
     return rewards
 
 
+def exact_sqrt(values: torch.Tensor) -> torch.Tensor:
+    """sqrt correctly rounded to the dtype of `values` (float32 and narrower), equal on every CPU.
+
+    torch.sqrt of a float32 CPU tensor runs MKL's vector math, whose results are one ulp off for about
+    one value in five, and differently on AVX-512 than on AVX2 CPUs. Computed in float64 (error under
+    one float64 ulp) and rounded to float32, it is the correctly rounded float32 sqrt: no float32 sqrt
+    lies within a few float64 ulps of a point halfway between two float32 values.
+    """
+    if values.dtype == torch.float64:
+        return torch.sqrt(values)
+    return torch.sqrt(values.double()).to(values.dtype)
+
+
 def _group_statistics(scores: torch.Tensor, group_ids: torch.Tensor):
     groups, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     sums = torch.zeros(len(groups), dtype=scores.dtype, device=scores.device).index_add_(0, inverse, scores)
     means = sums / counts
     squares = torch.zeros_like(sums).index_add_(0, inverse, (scores - means[inverse]) ** 2)
     # unbiased std as in GRPO; a group of one has no spread
-    stds = torch.sqrt(squares / (counts - 1).clamp(min=1))
+    stds = exact_sqrt(squares / (counts - 1).clamp(min=1))
     return inverse, counts, sums, means, stds
 
 
