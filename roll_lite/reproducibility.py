@@ -18,11 +18,17 @@ speed of SSE2. Its `,STRICT` (the same results whatever the thread count) exists
 AVX2 / AVX-512 branches; the config fixes the thread counts instead (workers.torch_threads, the
 driver's one thread).
 
-Not pinned by anything here: MKL's vector math (VM), which torch runs for sqrt, exp, log and erf of
-float32 tensors (AdamW's sqrt among them). On Intel CPUs it follows MKL_CBWR; on this project's AMD
-EPYC (AVX-512) neither MKL_CBWR nor MKL_ENABLE_INSTRUCTIONS changes its results, and under qemu's
-emulated AVX2-only CPUs (Intel Haswell, AMD EPYC-Rome, which agree with each other) its sqrt rounds
-otherwise. kernel_fingerprint() includes these ops, so comparing it between two machines shows it.
+Not pinned by any variable: MKL's vector math (VM), which torch runs for sqrt, exp, log, sin, cos,
+tanh and erf of float32 CPU tensors. On this project's AMD EPYC (AVX-512) neither MKL_CBWR nor
+MKL_ENABLE_INSTRUCTIONS changes its results. Its sqrt is one ulp off for about one value in five, at
+other values under qemu's emulated AVX2-only CPUs (Intel Haswell, AMD EPYC-Rome, which agree with each
+other) than here; its exp, log, sin, cos, tanh and erf agreed with them on 200,000 random values. So a
+portable run computes no sqrt through it: AdamW runs its fused kernel (StrategyConfig.adamw_fused, set
+by the model workers, workers/model_worker.py; foreach AdamW's sqrt is VM's), whose sqrt is the CPU's
+exact one, and GRPO's group std goes through float64 (roll_lite/loss/advantages.py exact_sqrt, in
+every setting). A custom loss calling torch.sqrt on float32 CPU tensors brings VM's sqrt back.
+kernel_fingerprint() covers the ops a portable run uses (a fused AdamW step included);
+benchmarks/determinism.py --emulate compares a training under qemu's CPUs with this one's.
 
 The libraries read these variables once, when they first compute, so they must be in a process's
 environment before torch computes anything. roll-train sets them in the driver before any torch op
@@ -112,8 +118,9 @@ def describe(setting: str) -> str:
 
 def kernel_fingerprint() -> str:
     """sha256 (16 hex digits) of a few float32 ops whose results depend on the kernel paths: ATen's
-    element-wise functions and reductions, MKL's vector math and matmuls of several shapes. Equal on two
-    machines: those paths round alike there. Inputs are built from small integers, exactly, on any CPU."""
+    element-wise functions and reductions, fused AdamW, MKL's vector math (not its sqrt, which a portable
+    run does not use) and matmuls of several shapes. Equal on two machines: those paths round alike
+    there. Inputs are built from small integers, exactly, on any CPU."""
     import torch
 
     def values(*shape: int) -> torch.Tensor:
@@ -123,8 +130,13 @@ def kernel_fingerprint() -> str:
         return ((torch.arange(n, dtype=torch.int64) * 7919 % 263 - 131).to(torch.float32) / 64).reshape(shape)
 
     x = values(64, 320)
-    results = [  # sqrt, exp and log of float32 tensors run MKL's vector math (VM), the others ATen's kernels
-        x.abs().sqrt(), x.exp().sum(dim=1), (x.abs() + 1).log(), x.tanh().sum(dim=0), torch.sigmoid(x).mean(),
+    weights = torch.nn.Parameter(x.clone())  # two fused AdamW steps, as a portable run's optimizer takes them
+    weights.grad = x.flip(0) / 8
+    adamw = torch.optim.AdamW([weights], lr=1e-2, fused=True)
+    adamw.step()
+    adamw.step()
+    results = [  # exp, log and tanh of float32 tensors run MKL's vector math (VM), the others ATen's kernels
+        weights.detach(), x.exp().sum(dim=1), (x.abs() + 1).log(), x.tanh().sum(dim=0), torch.sigmoid(x).mean(),
         x.softmax(dim=-1).sum(dim=0),
         torch.rsqrt(x.pow(2).mean(dim=-1) + 1e-6), torch.nn.functional.gelu(x).sum(dim=1),
         x @ values(320, 96), values(8, 40) @ values(40, 8), x.t() @ x, values(1, 320) @ values(320, 1000),

@@ -31,7 +31,7 @@ def _full_state(strategy):
             "scheduler_step": strategy.scheduler.last_epoch}
 
 
-def _rank(rank: int, world_size: int, port: int, mode: str, folder: str, out_path: str):
+def _rank(rank: int, world_size: int, port: int, mode: str, folder: str, out_path: str, settings: dict):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
@@ -41,7 +41,7 @@ def _rank(rank: int, world_size: int, port: int, mode: str, folder: str, out_pat
     data.meta_info["loss_mask_keys"] = MASK_KEYS[LOSS[0]]
     share = split_for_data_parallel(data, world_size, balance_tokens=True)[rank]
     seed = 0 if mode == "save" else 1  # a loading run starts from other weights: the load must replace them
-    strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=seed), StrategyConfig(**SETTINGS))
+    strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=seed), StrategyConfig(**settings))
     if mode == "save":
         for _ in range(2):
             strategy.train_step(share, make_loss(*LOSS))
@@ -56,8 +56,8 @@ def _rank(rank: int, world_size: int, port: int, mode: str, folder: str, out_pat
     close_distributed()
 
 
-def _spawn(world_size: int, mode: str, folder: str, out_path: str):
-    mp.spawn(_rank, args=(world_size, free_port(), mode, folder, out_path), nprocs=world_size, join=True)
+def _spawn(world_size: int, mode: str, folder: str, out_path: str, settings: dict = SETTINGS):
+    mp.spawn(_rank, args=(world_size, free_port(), mode, folder, out_path, settings), nprocs=world_size, join=True)
     return torch.load(out_path, weights_only=False)
 
 
@@ -100,6 +100,23 @@ def test_a_checkpoint_of_one_unwrapped_rank_loads_exactly_on_two(tmp_path):
     loaded, metrics, _ = _spawn(2, "load", folder, str(tmp_path / "loaded.pt"))
     _assert_equal_states(loaded, saved)
     assert metrics["loss"] == pytest.approx(saved_metrics["loss"], rel=1e-12)
+
+
+def test_a_checkpoint_of_fused_adamw_on_two_ranks_loads_exactly_on_two_and_on_one(saved_by_two_ranks, tmp_path):
+    """reproducible=portable's AdamW (adamw_fused) on sharded DTensor parameters: the same state as
+    foreach's (the same keys, dtypes and shapes), saved and loaded as exactly."""
+    fused = {**SETTINGS, "adamw_fused": True}
+    folder = str(tmp_path / "actor")
+    saved, saved_metrics, saved_after = _spawn(2, "save", folder, str(tmp_path / "saved.pt"), fused)
+    foreach = saved_by_two_ranks[1][0]["optimizer"]
+    assert {name: (v.dtype, v.shape) for name, v in saved["optimizer"].items()} == \
+        {name: (v.dtype, v.shape) for name, v in foreach.items()}
+    for world_size in (2, 1):
+        loaded, metrics, after = _spawn(world_size, "load", folder, str(tmp_path / f"loaded{world_size}.pt"), fused)
+        _assert_equal_states(loaded, saved)
+        if world_size == 2:
+            assert metrics["loss"] == saved_metrics["loss"] and metrics["grad_norm"] == saved_metrics["grad_norm"]
+            _assert_equal_states(after, saved_after)
 
 
 def _threads_named(name: str) -> int:

@@ -31,11 +31,13 @@ def test_clipped_adamw_step_on_two_ranks_matches_a_hand_step():
     assert scale < 1.0  # the clip was active
 
 
-@pytest.mark.parametrize("dtype, packing", [(torch.float32, False), (torch.float64, True)])
-def test_one_rank_unwrapped_trains_bit_for_bit_as_fsdp2_on_one_rank(dtype, packing):
-    """One rank with nothing to cast trains the bare model; FSDP2 with a single shard is the same math."""
+@pytest.mark.parametrize("dtype, packing, fused", [(torch.float32, False, False), (torch.float64, True, False),
+                                                  (torch.float32, False, True)])
+def test_one_rank_unwrapped_trains_bit_for_bit_as_fsdp2_on_one_rank(dtype, packing, fused):
+    """One rank with nothing to cast trains the bare model; FSDP2 with a single shard is the same math,
+    with foreach AdamW or fused (reproducible=portable's)."""
     config = StrategyConfig(use_packing=packing, grad_accum_steps=2, param_dtype=str(dtype).removeprefix("torch."),
-                            lr=1e-2, weight_decay=0.1)
+                            lr=1e-2, weight_decay=0.1, adamw_fused=fused)
     bare, wrapped = (FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0), config, shard_single_rank=shard)
                      for shard in (False, True))
     assert not bare.sharded and wrapped.sharded

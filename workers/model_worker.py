@@ -19,6 +19,7 @@ from roll_lite.importing import enter_import_root, load_object
 from roll_lite.loss import sft_loss_func
 from roll_lite.modeling import enable_gradient_checkpointing, load_causal_lm
 from roll_lite.reproducibility import check_kernels
+from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import init_distributed, join_group_store, open_group_store
 from roll_lite.tokenizer import load_tokenizer
 from roll_lite.weights import FlatWeights, flatten_state_dict, unflatten_state_dict
@@ -26,6 +27,15 @@ from roll_lite.weights import FlatWeights, flatten_state_dict, unflatten_state_d
 from .placement import local_gpu_index, where_am_i
 
 ROLES = {"actor": ("log_probs", True), "reference": ("log_probs", False), "critic": ("value", True)}
+
+
+def strategy_config(config: RunConfig, role: str) -> StrategyConfig:
+    """The role's strategy settings; under reproducible=portable with AdamW's fused kernel, whose sqrt
+    is exact on every CPU (roll_lite/reproducibility.py)."""
+    chosen = config.critic if role == "critic" else config.actor
+    if config.reproducible == "portable":
+        chosen = dataclasses.replace(chosen, adamw_fused=True)
+    return chosen
 
 
 class ModelWorker:
@@ -65,14 +75,11 @@ class ModelWorker:
         init_distributed(store=store)
 
         head, trainable = ROLES[self.role]
-        strategy_config = self.config.critic if self.role == "critic" else self.config.actor
-        if self.config.reproducible == "portable":  # AdamW's exact sqrt (roll_lite/reproducibility.py)
-            strategy_config = dataclasses.replace(strategy_config, adamw_fused=True)
         self.tokenizer = load_tokenizer(self.config.model.tokenizer_path)
         lm = load_causal_lm(self.config.model, len(self.tokenizer), seed=self.config.seed)
         if trainable and self.config.model.gradient_checkpointing:
             enable_gradient_checkpointing(lm)
-        self.strategy = FSDP2Strategy(lm, strategy_config, head=head, trainable=trainable)
+        self.strategy = FSDP2Strategy(lm, strategy_config(self.config, self.role), head=head, trainable=trainable)
         if self.config.workers.offload:
             self.strategy.offload()
         # The pipeline class owns the loss functions; a light instance (no workers) serves them here.
