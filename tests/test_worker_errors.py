@@ -51,3 +51,46 @@ def test_a_dead_worker_and_one_that_failed_to_start():
                                "describe")
     assert not_started.headline() == "rollout raised an error in __init__"
     assert "ImportError: no module x" in str(not_started)
+
+
+def test_a_rank_that_raised_because_its_peer_died_is_reported_as_the_peers_death():
+    """Rank 0 raises at once (as gloo does when its peer's connection closes); rank 1 dies a moment later
+    and Ray reports it after rank 0's error: the failure names rank 1's death, the cause. A plain error
+    with no dead peer stays rank 0's own."""
+    import os
+    import time
+
+    from roll_lite.config import WorkersConfig
+    from roll_lite.workers.group import WorkerCalls
+
+    @ray.remote(num_cpus=0)
+    class Rank:
+        def call(self, how: str):
+            if how == "raise":
+                raise RuntimeError("Connection closed by peer")
+            if how == "die":
+                time.sleep(0.5)
+                os._exit(1)
+            time.sleep(0.5)
+            return 1
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=80 * 1024**2)
+    try:
+        calls = WorkerCalls("actor", WorkersConfig())
+        ranks = [Rank.remote(), Rank.remote()]
+        ray.get([rank.__ray_ready__.remote() for rank in ranks])
+        try:
+            calls.get([ranks[0].call.remote("raise"), ranks[1].call.remote("die")], "train_step")
+        except WorkerError as error:
+            assert (error.kind, error.rank) == ("died", 1), error.headline()
+        else:
+            raise AssertionError("no WorkerError")
+        fine = Rank.remote()
+        try:
+            calls.get([ranks[0].call.remote("raise"), fine.call.remote("answer")], "train_step")
+        except WorkerError as error:
+            assert (error.kind, error.rank) == ("raised", 0), error.headline()
+        else:
+            raise AssertionError("no WorkerError")
+    finally:
+        ray.shutdown()

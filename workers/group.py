@@ -30,6 +30,7 @@ from .rollout_worker import RolloutWorker
 logger = logging.getLogger("roll_lite")
 
 WAIT_S = 1.0  # ray.wait in short slices: a signal to the driver is handled within this time
+DEATH_GRACE_S = 5.0  # after a rank raised: how long its peers may take to be reported dead
 # The start of a worker (its process, imports, model build or load) may take long by design: these
 # calls wait at least STARTUP_TIMEOUT_S, whatever workers.call_timeout_s says.
 STARTUP_CALLS = ("address", "setup", "describe")
@@ -73,8 +74,24 @@ class WorkerCalls:
                 try:
                     values[ref] = ray.get(ref)
                 except ray.exceptions.RayError as error:
-                    raise worker_error(error, self.role, ranks[ref], method) from None
+                    raise self._root_cause(worker_error(error, self.role, ranks[ref], method), ranks, pending, method) from None
         return values[refs] if single else [values[ref] for ref in refs]
+
+    def _root_cause(self, failure: WorkerError, ranks: dict, pending: list, method: str) -> WorkerError:
+        """A rank that raised in a collective has often only seen another rank die (gloo: 'Connection
+        closed by peer'), and Ray may report that death a moment later: wait briefly for the other ranks
+        and name the death, the error to look at, instead."""
+        if failure.kind != "raised" or not pending:
+            return failure
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as error:
+                other = worker_error(error, self.role, ranks[ref], method)
+                if other.kind in ("died", "out of memory"):
+                    return other
+        return failure
 
     def _names(self, ranks: dict, refs: list) -> str:
         if ranks[refs[0]] is None:
