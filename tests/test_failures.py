@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 
+from processes import descendants
 from test_pipeline_ray import REPO, small
 
 PIPELINES = '''
@@ -120,24 +121,6 @@ def wait_for_file(path: Path, process: subprocess.Popen, timeout: float = 120) -
         assert time.monotonic() < deadline, f"{path.name} did not appear"
         time.sleep(0.1)
     time.sleep(0.2)  # the pid is written before the file is closed
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process under `pid` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
 
 
 def alive(pids: set[int]) -> set[int]:
