@@ -3,6 +3,7 @@ continued, and the run directory's wandb run (real wandb, offline) is continued 
 without sending again the steps the stopped run had already logged."""
 
 import json
+import re
 
 from roll_lite.tracking import WANDB_ID_FILE, RunLogger, step_span
 
@@ -29,7 +30,8 @@ def test_a_resumed_run_continues_metrics_jsonl_and_its_wandb_run(tmp_path):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert records == [{"step": s, "x": float(s)} for s in range(3)] + [{"step": s, "x": 10.0 + s} for s in range(3, 7)]
     segments = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
-    assert len(segments) == 2 and all(name.endswith(f"-{run_id}") for name in segments)
+    # wandb names a segment offline-run-<time>-<id>, with "-1" added when both start in the same second
+    assert len(segments) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", n) for n in segments)
 
 
 def test_a_fresh_run_in_another_directory_gets_its_own_wandb_run(tmp_path):
