@@ -128,7 +128,7 @@ def _check_rollout_engine(config: RunConfig) -> None:
     if _joins_a_cluster(config):
         return
     try:
-        choose_engine(config.rollout.engine)
+        choose_engine(config.rollout.engine, on_gpu=config.workers.gpus_per_rank > 0)
     except (RuntimeError, NotImplementedError, ValueError) as error:
         raise ConfigError(str(error)) from None
 

