@@ -40,6 +40,7 @@ from roll_lite.sequences import completion_batch
 from roll_lite.tokenizer import load_tokenizer
 
 from .evaluation import evaluate_held_out
+from .fresh_weights import check_fresh_weights
 from .rollout_schedule import RolloutSchedule
 from .run_log import describe_async_rollout, fmt, oversubscribed_cpu_warning, progress_line
 from .session import RunSession
@@ -205,6 +206,7 @@ class PPOPipeline:
 
         prepared = time.perf_counter()
         actor_metrics = self.train(self.actor, batch, "policy")
+        check_fresh_weights(actor_metrics, weights_behind, self.config.rollout.max_logp_gap, type(self).__name__, step)
         critic_metrics = self.train(self.critic, batch, "critic") if self.critic is not None else {}
         trained = time.perf_counter()
         self.schedule.start_sync(self.actor, rollout_dtype(self.config), version=step)

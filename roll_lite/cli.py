@@ -18,6 +18,7 @@ import time
 from typing import Sequence
 
 from roll_lite.config import ConfigError, load_config
+from roll_lite.errors import StaleRolloutWeights
 from roll_lite.data import DataError
 from roll_lite.failures import WorkerError
 from roll_lite.importing import load_object
@@ -66,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:  # found once connected to a cluster (e.g. too few CPUs); nothing written
         print(f"roll-train: config error: {error}", file=sys.stderr)
         return 2
+    except StaleRolloutWeights as error:
+        close_bars()
+        print(f"roll-train: rollout error: {error}", file=sys.stderr)
+        return 1
     except WorkerError as error:
         close_bars()
         print(f"roll-train: {'' if error.kind == 'stopped' else 'worker failure: '}{error}", file=sys.stderr)

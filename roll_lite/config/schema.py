@@ -102,7 +102,7 @@ class RolloutConfig:
     tensor_parallel_size: int = 1  # vllm's GPUs: 1 colocated, workers.rollout_gpus on GPUs of its own
     cpu_kv_cache_gib: float = 1.0  # rollout.engine=vllm on CPU: the KV cache (VLLM_CPU_KVCACHE_SPACE; an exported value wins)
     # Fresh weights: every on-policy step, the token mean of |engine's log p - actor's log p| over the
-    # sampled tokens (rollout/logp_gap, always logged) must stay below this, or the run stops: the
+    # sampled tokens (actor/rollout_logp_gap, always logged) must stay below this, or the run stops: the
     # engine is then clearly not on the actor's weights (a stale or partial weight sync). float32 runs
     # see ~1e-5; bf16 ~1e-2. null: log only
     max_logp_gap: Optional[float] = 0.1
