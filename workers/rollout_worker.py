@@ -112,7 +112,8 @@ def _start_vllm(config: RunConfig, tokenizer):
     llm, sampling_params_class = vllm_engine.start_llm(
         hf_config, dtype=rollout_dtype(config), seed=config.seed, logprobs_mode=logprobs_mode,
         tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
-        sleep_mode=r.release_memory, cpu_kv_cache_gib=r.cpu_kv_cache_gib)
+        sleep_mode=r.release_memory, cpu_kv_cache_gib=r.cpu_kv_cache_gib,
+        enforce_eager=config.workers.gpus_per_rank == 0 if r.enforce_eager is None else r.enforce_eager)
     engine = vllm_engine.VLLMEngine(llm, sampling_params_class, tokenizer.eos_token_id,
                                     tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
                                     seed=config.seed, release_memory=r.release_memory,

@@ -231,7 +231,7 @@ def on_cpu() -> bool:
 
 
 def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_parallel_size: int,
-              gpu_memory_utilization: float, sleep_mode: bool, cpu_kv_cache_gib: float):
+              gpu_memory_utilization: float, sleep_mode: bool, cpu_kv_cache_gib: float, enforce_eager: bool):
     """A vllm.LLM for the model `hf_config` describes, in this process, with dummy weights. Returns
     (llm, vllm.SamplingParams)."""
     if tensor_parallel_size == 1:
@@ -252,7 +252,7 @@ def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_paral
         model=folder, load_format="dummy", skip_tokenizer_init=True, generation_config="vllm",
         dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=backend,
         gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_mode,
-        logprobs_mode=logprobs_mode, worker_extension_cls=f"{__name__}.LoadWeightsInMemory",
+        logprobs_mode=logprobs_mode, worker_extension_cls=f"{__name__}.LoadWeightsInMemory", enforce_eager=enforce_eager,
     )
     return llm, vllm.SamplingParams
 
