@@ -103,7 +103,7 @@ class RolloutConfig:
     # vLLM's enforce_eager: no torch.compile / CUDA graphs. null: true on CPU, where, for the models
     # here, eager generated ~6x faster than compiled and starts without a compile; false on GPU
     enforce_eager: Optional[bool] = None
-    cpu_kv_cache_gib: float = 1.0  # rollout.engine=vllm on CPU: the KV cache (VLLM_CPU_KVCACHE_SPACE; an exported value wins)
+    cpu_kv_cache_gib: int = 1  # rollout.engine=vllm on CPU: the KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE; an exported value wins)
     # Fresh weights: every on-policy step, the token mean of |engine's log p - actor's log p| over the
     # sampled tokens (actor/rollout_logp_gap, always logged) must stay below this, or the run stops: the
     # engine is then clearly not on the actor's weights (a stale or partial weight sync). float32 runs

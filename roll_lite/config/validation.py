@@ -144,7 +144,7 @@ def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
                f"vllm on CPU runs one worker: must be 1, got {rollout.tensor_parallel_size}")
         _check(not rollout.release_memory, "rollout.release_memory",
                "vLLM has no sleep mode on CPU: set rollout.release_memory=false (or run on GPUs: workers.gpus_per_rank=1)")
-        _check(rollout.cpu_kv_cache_gib > 0, "rollout.cpu_kv_cache_gib", f"must be > 0, got {rollout.cpu_kv_cache_gib}")
+        _check(rollout.cpu_kv_cache_gib >= 1, "rollout.cpu_kv_cache_gib", f"must be >= 1 (whole GiB), got {rollout.cpu_kv_cache_gib}")
     else:
         _check(0 < rollout.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization",
                f"must be in (0, 1), got {rollout.gpu_memory_utilization}")

