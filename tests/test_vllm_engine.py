@@ -1,8 +1,9 @@
-"""The vllm engine's logic without vllm or a GPU (roll_lite/rollout/vllm_engine.py): what it asks vLLM
-for, what it sends as weights, how it reads vLLM's outputs, and when it sleeps and wakes.
+"""The vllm engine's logic without a vllm.LLM (roll_lite/rollout/vllm_engine.py): what it asks vLLM
+for, what it sends as weights, how it reads vLLM's outputs, and when it sleeps and wakes (sleep mode
+exists on GPU only, so only here is it exercised).
 
-A real vllm.LLM only runs on a GPU with vllm installed; `RecordingLLM` stands in for it here and
-returns outputs shaped like vLLM 0.32's RequestOutput / CompletionOutput / Logprob.
+`RecordingLLM` stands in for a vllm.LLM and returns outputs shaped like vLLM 0.32's RequestOutput /
+CompletionOutput / Logprob. The real engine runs on CPU in tests/test_vllm_cpu.py.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from safetensors import safe_open
 from roll_lite.modeling import build_causal_lm
 from roll_lite.rollout import SamplingParams
 from roll_lite.rollout.vllm_engine import (
-    LoadWeightsInMemory,
     VLLMEngine,
+    checkpoint_names,
     completions_from_outputs,
     request_seeds,
     vllm_logprobs_mode,
@@ -73,20 +74,6 @@ def test_weights_carry_the_names_and_shapes_of_the_models_hf_checkpoint(tmp_path
     assert ("lm_head.weight" in on_disk) is (not tied)
     layer_of = [name.split(".")[2] for name, _ in sent if name.startswith("model.layers.")]
     assert layer_of == sorted(layer_of, key=int)  # each layer's tensors together, in order
-
-
-def test_worker_extension_reports_the_parameters_left_unloaded():
-    class Model(torch.nn.Module):  # vLLM's fused names, as in its Qwen2 model
-        def __init__(self):
-            super().__init__()
-            self.qkv_proj = torch.nn.Linear(2, 6)
-
-        def load_weights(self, weights):
-            return {"qkv_proj.weight"} if any(name == "q_proj.weight" for name, _ in weights) else set()
-
-    worker = type("Worker", (LoadWeightsInMemory,), {"get_model": lambda self: Model()})()
-    assert worker.roll_lite_load_weights([("q_proj.weight", torch.zeros(2, 2))]) == ["qkv_proj.bias"]
-    assert worker.roll_lite_load_weights([]) == ["qkv_proj.bias", "qkv_proj.weight"]
 
 
 def _output(samples):
@@ -188,3 +175,23 @@ def test_engine_refuses_a_sync_that_left_parameters_unloaded():
     engine = _engine(RecordingLLM(not_loaded=["model.norm.weight"]), release_memory=False)
     with pytest.raises(KeyError, match=r"vllm worker 0 did not load \['model.norm.weight'\]"):
         engine.update_weights({"model.embed_tokens.weight": torch.zeros(4, 2)})
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_checkpoint_names_are_what_save_pretrained_writes(tmp_path, tied):
+    model = build_causal_lm(dict(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                 max_position_embeddings=32, tie_word_embeddings=tied), seed=0)
+    model.save_pretrained(tmp_path)
+    with safe_open(tmp_path / "model.safetensors", "pt") as checkpoint:
+        assert sorted(checkpoint_names(model.config)) == sorted(checkpoint.keys())
+
+
+def test_engine_refuses_a_sync_without_every_checkpoint_tensor_before_vllm_sees_it():
+    llm = RecordingLLM()
+    engine = VLLMEngine(llm, dict, EOS, tie_word_embeddings=False, checkpoint_names=["a.weight", "b.weight"])
+    with pytest.raises(KeyError, match=r"missing \['b.weight'\] \(1\), not in the model's checkpoint \['c.weight'\]"):
+        engine.update_weights({"a.weight": torch.zeros(1), "c.weight": torch.zeros(1)})
+    assert llm.calls == []
+    engine.update_weights({"a.weight": torch.zeros(1), "b.weight": torch.zeros(1)})
+    assert [c[0] for c in llm.calls] == ["roll_lite_load_weights", "reset_prefix_cache"]
