@@ -3,8 +3,8 @@
 `generate(prompts, params)` takes token-id lists and returns, prompt-major, `params.num_samples`
 completions per prompt (token ids, ending with EOS when the model stopped) and, when sampling, each
 sampled token's log-prob under the engine's own weights; `update_weights` loads the actor's latest
-weights in memory. `hf` (transformers generate, rollout/hf.py) runs anywhere; a `vllm` engine
-implements the same two methods on GPU.
+weights in memory. `hf` (transformers generate, rollout/hf.py) and `vllm` (rollout/vllm_engine.py, on
+GPU or, with vLLM's CPU build, on CPU) implement them.
 """
 
 from __future__ import annotations
