@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -120,6 +121,10 @@ def run_roll_lite(model: Path, steps: int, threads: int, variant: str, work: Pat
             "wall_s": wall}
 
 
+def load_average() -> str:
+    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
@@ -137,6 +142,7 @@ def main() -> None:
         parser.error(f"unknown variants {unknown}; known: trl, {', '.join(VARIANTS)}")
 
     python = trl_venv(args.trl_venv) if "trl" in variants else None
+    print(f"load average at the start (1 / 5 / 15 min): {load_average()}", flush=True)
     threads = {name: args.in_actor_threads if name == "in_actor" else args.threads for name in VARIANTS}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,6 +163,7 @@ def main() -> None:
 
 def report(rows: list[dict], variants: list[str], args) -> None:
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
+    print(f"\nload average at the end (1 / 5 / 15 min): {load_average()}")
     print(f"\n{args.steps} GRPO steps per run, 2 prompts × 8 completions, ≤ 16 new tokens; torch threads: TRL "
           f"{args.trl_threads}, roll_lite's actor generating in its own process {args.in_actor_threads}, each worker "
           f"with a rollout worker {args.threads}; medians of steps {SKIP + 1}-{args.steps}\n")
