@@ -100,8 +100,8 @@ class RolloutConfig:
     # null: true on GPU when colocated (workers.rollout_gpus=0), else false. vLLM has no sleep mode on CPU
     release_memory: Optional[bool] = None
     tensor_parallel_size: int = 1  # vllm's GPUs: 1 colocated, workers.rollout_gpus on GPUs of its own
-    # vLLM's enforce_eager: no torch.compile / CUDA graphs. null: true on CPU, where, for the models
-    # here, eager generated ~6x faster than compiled and starts without a compile; false on GPU
+    # vLLM's enforce_eager: no torch.compile / CUDA graphs. null: true on CPU, where compiled generated
+    # no faster and costs ~25 s more at every start (benchmarks/engines.py); false on GPU
     enforce_eager: Optional[bool] = None
     cpu_kv_cache_gib: int = 1  # rollout.engine=vllm on CPU: the KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE; an exported value wins)
     # Fresh weights: every on-policy step, the token mean of |engine's log p - actor's log p| over the
