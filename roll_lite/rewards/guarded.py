@@ -4,7 +4,9 @@ interpreter costs only that call.
 
 Parent and child exchange pickled messages, each prefixed by its length, over the child's stdin and
 its original stdout; the child points its fd 1 at stderr, so a reward function's prints reach the
-log and never the protocol. The child exits when its parent does (a watchdog thread).
+log and never the protocol. The child exits when its parent does (a watchdog thread). `send`, `Reader`, `start_child` and
+`child_pipes` are the plumbing of any such child: roll_lite/environments/ runs its environments in
+children started the same way.
 
     parent -> child  ("load", [spec, ...])              child -> parent  ("ready", {spec: error})
     parent -> child  ("score", spec, [(response, ground_truth, extra), ...])
@@ -26,7 +28,7 @@ import time
 _HEADER = struct.Struct("<Q")
 # -I: no current directory, no PYTHONPATH, no user site; the child gets the parent's sys.path
 # instead, so it imports the same roll_lite tree and the user's modules from the same places.
-_BOOT = "import sys, json; sys.path[:] = json.loads(sys.argv[1]); from roll_lite.rewards.guarded import main; main()"
+_BOOT = "import sys, json; sys.path[:] = json.loads(sys.argv[1]); from {module} import main; main()"
 STARTUP_TIMEOUT_S = 300.0  # importing the user's module and math-verify (sympy) on a busy machine
 
 
@@ -61,15 +63,30 @@ class Reader:
             self.buffer += chunk
 
 
-# -- the child ----------------------------------------------------------------------------------
+def start_child(module: str) -> subprocess.Popen:
+    """A child Python process that runs `module`'s main() with this process's sys.path; its stdin and
+    stdout are the message pipes (see child_pipes)."""
+    return subprocess.Popen([sys.executable, "-I", "-c", _BOOT.format(module=module), json.dumps(sys.path)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, close_fds=True)
 
 
-def main() -> None:
+def child_pipes() -> tuple[int, int]:
+    """In the child, first thing: (requests, replies) file descriptors. Its fd 0 becomes /dev/null and
+    fd 1 stderr, so user code can neither read the protocol nor print into it; the child exits when
+    its parent does."""
     requests, replies = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(2, 1)  # prints go to stderr
     _exit_with_parent(os.getppid())
+    return requests, replies
+
+
+# -- the child ----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    requests, replies = child_pipes()
     from roll_lite.rewards.calls import call, describe
     from roll_lite.rewards.registry import resolve_reward
 
@@ -116,8 +133,7 @@ class GuardedProcess:
         self._start()
 
     def _start(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-I", "-c", _BOOT, json.dumps(sys.path)],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, close_fds=True)
+        self.process = start_child("roll_lite.rewards.guarded")
         self.reader = Reader(self.process.stdout.fileno())
         self.starts += 1
         try:
