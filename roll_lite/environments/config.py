@@ -1,0 +1,65 @@
+"""The `environment` section of a multi-turn run (to move into roll_lite/config/schema.py when the
+rollout loop is wired in; the comments are its documentation)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from roll_lite.environments.registry import ENVIRONMENTS
+from roll_lite.errors import ConfigError
+
+FAULT_ACTIONS = ("zero_reward", "drop")
+
+
+@dataclass
+class EnvironmentConfig:
+    # A registered environment (guess_the_number, gem) or a package.module:Class import path.
+    name: str = "guess_the_number"
+    kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the class when it is built
+    # The model's turns per trajectory; after the last one the trajectory ends as truncated, whatever
+    # the environment says (an environment may also end it earlier with its own limit).
+    max_turns: int = 8
+    max_new_tokens_per_turn: int = 32  # the engine's limit for each of the model's turns
+    # Tokens after the prompt (the model's and the environment's, all turns); a turn that would pass it
+    # ends the trajectory as truncated. null: only max_turns bounds it.
+    max_trajectory_tokens: Optional[int] = 512
+    step_timeout_s: float = 10.0  # per reset / step call; past it the call is a fault (timed_out)
+    # Environment processes, so as many reset / step calls at once; the environments of all running
+    # trajectories are spread over them.
+    max_concurrent: int = 4
+    # A trajectory ended by a fault (raised, timed_out, bad_return, crashed, lost): zero_reward trains
+    # on it with reward 0; drop leaves it out of the batch. Both count it in env/faults/<reason>.
+    on_fault: str = "zero_reward"
+
+
+def check_environment_config(config: EnvironmentConfig, section: str = "environment") -> None:
+    """One ConfigError line naming the first bad key; the class itself is checked when the runner
+    loads it (in its processes, where it may import heavy packages)."""
+    if not isinstance(config.name, str) or not config.name.strip():
+        raise ConfigError(f"{section}.name: name a registered environment or a package.module:Class, "
+                          f"got {config.name!r}")
+    if ":" not in config.name and config.name not in ENVIRONMENTS:  # roll_lite.environments registered them
+        raise ConfigError(f"{section}.name: '{config.name}' is not one of {', '.join(sorted(ENVIRONMENTS))}, "
+                          "nor a package.module:Class import path")
+    if not isinstance(config.kwargs, Mapping) or not all(isinstance(key, str) for key in config.kwargs):
+        raise ConfigError(f"{section}.kwargs: must be a mapping of argument names to values, got {config.kwargs!r}")
+    for key in ("max_turns", "max_new_tokens_per_turn", "max_concurrent"):
+        _check_positive_int(section, key, getattr(config, key))
+    if config.max_trajectory_tokens is not None:
+        _check_positive_int(section, "max_trajectory_tokens", config.max_trajectory_tokens)
+        if config.max_trajectory_tokens < config.max_new_tokens_per_turn:
+            raise ConfigError(f"{section}.max_trajectory_tokens: {config.max_trajectory_tokens} is less than one "
+                              f"turn's max_new_tokens_per_turn={config.max_new_tokens_per_turn}")
+    timeout = config.step_timeout_s
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
+        raise ConfigError(f"{section}.step_timeout_s: must be a number > 0, got {timeout!r}")
+    if config.on_fault not in FAULT_ACTIONS:
+        raise ConfigError(f"{section}.on_fault: must be one of {', '.join(FAULT_ACTIONS)}, got {config.on_fault!r}")
+
+
+def _check_positive_int(section: str, key: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{section}.{key}: must be a whole number >= 1, got {value!r}")

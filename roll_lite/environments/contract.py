@@ -1,0 +1,147 @@
+"""The environment contract (gymnasium / GEM style) and the checks of what an environment returns.
+
+An environment is a class built with keyword arguments (the config's `kwargs`) and has
+
+    reset(seed=None, **row_fields) -> (observation, info)
+    step(action: str) -> (observation, reward, terminated, truncated, info)
+
+- observation: the text the model sees next, a str, or a list of chat messages, each a dict with
+  str "role" and str "content" (other keys, e.g. "name", are kept);
+- reward: a finite real number (a bool counts as 0 / 1) for this step;
+- terminated: bool, the task reached an end state (solved, or failed for good);
+- truncated: bool, the episode was cut (a turn limit) without reaching an end state;
+- info: a dict of diagnostics, never shown to the model.
+
+What reset and step return crosses a process boundary (the runner's), so it must pickle.
+
+`reset` is called with `seed` and the dataset row's fields; the fields its signature does not name
+are not passed (all of them are when it takes **kwargs). A step after the episode ended is the
+caller's error. Anything else returned is a BadReturn, which ends that trajectory as "bad_return".
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Union
+
+import numpy as np
+
+Message = dict  # {"role": str, "content": str, ...}
+Observation = Union[str, list[Message]]
+
+
+class BadReturn(Exception):
+    """What reset or step returned breaks the contract; the message says how."""
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One checked step."""
+
+    observation: Observation
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict = field(default_factory=dict)
+
+
+def checked_reset(value) -> tuple[Observation, dict]:
+    _check_tuple(value, 2, "reset", "(observation, info)")
+    observation, info = value
+    return checked_observation(observation, "reset"), _checked_info(info, "reset")
+
+
+def checked_step(value) -> Transition:
+    if isinstance(value, tuple) and len(value) == 4:
+        raise BadReturn("step returned 4 values (the old gym API: observation, reward, done, info); the contract is "
+                        "(observation, reward, terminated, truncated, info)")
+    _check_tuple(value, 5, "step", "(observation, reward, terminated, truncated, info)")
+    observation, reward, terminated, truncated, info = value
+    return Transition(checked_observation(observation, "step"), _checked_reward(reward),
+                      _checked_flag(terminated, "terminated"), _checked_flag(truncated, "truncated"),
+                      _checked_info(info, "step"))
+
+
+def checked_observation(observation, where: str) -> Observation:
+    if isinstance(observation, str):
+        return observation
+    if not isinstance(observation, list) or not observation:
+        raise BadReturn(f"{where}'s observation is {_describe(observation)}, not a str or a non-empty list of chat "
+                        "messages")
+    messages = []
+    for index, message in enumerate(observation):
+        if not isinstance(message, dict):
+            raise BadReturn(f"{where}'s observation[{index}] is {_describe(message)}, not a dict (role, content)")
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                raise BadReturn(f"{where}'s observation[{index}]['{key}'] is {_describe(message.get(key))}, "
+                                "not a str")
+        if not message["role"]:
+            raise BadReturn(f"{where}'s observation[{index}] has an empty role")
+        messages.append(dict(message))
+    return messages
+
+
+def reset_parameters(environment_class) -> frozenset[str] | None:
+    """The row fields `reset` takes by name; None when it takes **kwargs (every field)."""
+    parameters = inspect.signature(environment_class.reset).parameters.values()
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+        return None
+    names = {parameter.name for parameter in parameters
+             if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    return frozenset(names - {"self", "seed"})
+
+
+def check_environment_class(environment_class, spec: str) -> None:
+    """The class side of the contract, checked before anything is built; TypeError naming `spec`."""
+    if not inspect.isclass(environment_class):
+        raise TypeError(f"'{spec}' is a {type(environment_class).__name__}, not a class")
+    for method in ("reset", "step"):
+        if not callable(getattr(environment_class, method, None)):
+            raise TypeError(f"'{spec}' has no {method}() method; an environment needs reset(seed=None, **row_fields) "
+                            "and step(action)")
+    parameters = inspect.signature(environment_class.reset).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if "seed" not in parameters and not takes_any:
+        raise TypeError(f"'{spec}'.reset{inspect.signature(environment_class.reset)} takes no seed; the contract is "
+                        "reset(seed=None, **row_fields)")
+
+
+def _check_tuple(value, arity: int, where: str, shape: str) -> None:
+    if not isinstance(value, (tuple, list)):
+        raise BadReturn(f"{where} returned {_describe(value)}, not a tuple {shape}")
+    if len(value) != arity:
+        raise BadReturn(f"{where} returned {len(value)} values, not {arity} {shape}")
+
+
+def _checked_reward(reward) -> float:
+    if isinstance(reward, (bool, np.bool_)):
+        return float(reward)
+    if not isinstance(reward, numbers.Real):
+        raise BadReturn(f"step's reward is {_describe(reward)}, not a number")
+    value = float(reward)
+    if not math.isfinite(value):
+        raise BadReturn(f"step's reward is {value}")
+    return value
+
+
+def _checked_flag(flag, name: str) -> bool:
+    if not isinstance(flag, (bool, np.bool_)):
+        raise BadReturn(f"step's {name} is {_describe(flag)}, not a bool (the order is observation, reward, "
+                        "terminated, truncated, info)")
+    return bool(flag)
+
+
+def _checked_info(info, where: str) -> dict:
+    if not isinstance(info, dict):
+        raise BadReturn(f"{where}'s info is {_describe(info)}, not a dict")
+    return info
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"a {type(value).__name__} ({text})"

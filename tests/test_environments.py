@@ -1,0 +1,387 @@
+"""roll_lite/environments/: the contract's checks, the built-in guess_the_number, and the runner's fault
+isolation for real (environment processes that raise, hang, return the wrong things and die), its
+concurrency, and one GEM game through the contract (skipped without gem-llm)."""
+
+import logging
+import math
+import random
+import sys
+import textwrap
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from roll_lite.environments import (
+    ENVIRONMENTS,
+    BadReturn,
+    EnvironmentConfig,
+    EnvironmentRunner,
+    check_environment_config,
+    checked_reset,
+    checked_step,
+    resolve_environment,
+)
+from roll_lite.environments.guess_the_number import GuessTheNumber, read_guess
+from roll_lite.errors import ConfigError
+
+SCRIPTED = '''
+import math, os, random, signal, time
+
+class Scripted:
+    """Each action says what step does; a normal step's observation counts the turns since reset."""
+
+    def __init__(self, tag="t"):
+        self.tag = tag
+
+    def reset(self, seed=None, **fields):
+        if fields.get("on_reset") == "raise":
+            raise ValueError("no episode today")
+        if fields.get("on_reset") == "bad":
+            return "just an observation"
+        self.seed, self.turn = seed, 0
+        if fields.get("chat"):
+            return [{"role": "user", "content": f"start {seed}"}], {}
+        return f"{self.tag} start {seed}", {"fields": sorted(fields)}
+
+    def step(self, action):
+        self.turn += 1
+        if action == "raise":
+            raise RuntimeError("boom")
+        if action == "exit":
+            sys.exit(2)
+        if action == "hang":
+            time.sleep(600)
+        if action == "os_exit":
+            os._exit(3)
+        if action == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if action.startswith("sleep "):
+            time.sleep(float(action.split()[1]))
+        bad = {
+            "nan": ("x", math.nan, False, False, {}),
+            "old_gym": ("x", 0.0, False, {}),
+            "int_flag": ("x", 0.0, 1, False, {}),
+            "str_reward": ("x", "1", False, False, {}),
+            "number_obs": (42, 0.0, False, False, {}),
+            "no_role": ([{"content": "hi"}], 0.0, False, False, {}),
+            "list_info": ("x", 0.0, False, False, []),
+            "lambda_info": ("x", 0.0, False, False, {"f": lambda: 0}),
+            "none": None,
+        }
+        if action in bad:
+            return bad[action]
+        if action == "win":
+            return "won", 1.0, True, False, {}
+        return f"{self.seed}:{self.turn}:{action}", 0.5, False, False, {"turn": self.turn}
+
+
+class Unseeded(Scripted):
+    """Its episodes do not follow from the seed: a replay cannot rebuild one."""
+
+    def reset(self, seed=None, **fields):
+        self.seed, self.turn = random.random(), 0
+        return f"start {self.seed}", {}
+
+
+class NoStep:
+    def reset(self, seed=None):
+        return "x", {}
+'''
+
+
+@pytest.fixture(scope="module")
+def user_module(tmp_path_factory):
+    """A user's module of environments, importable here and (through sys.path) in the runner's processes."""
+    name = f"user_envs_{uuid.uuid4().hex[:8]}"
+    folder = tmp_path_factory.mktemp("user_envs")
+    (folder / f"{name}.py").write_text("import sys\n" + textwrap.dedent(SCRIPTED))
+    sys.path.insert(0, str(folder))
+    yield name
+    sys.path.remove(str(folder))
+
+
+# -- guess_the_number ----------------------------------------------------------------------------
+
+
+def test_guess_the_number_says_higher_lower_and_correct():
+    env = GuessTheNumber(lo=1, hi=100, max_turns=8)
+    observation, info = env.reset(secret=37)
+    assert observation == ("Guess my number: a whole number from 1 to 100. You have 8 guesses; after each one I say "
+                           "higher or lower. Reply with just the number.") and info == {}
+    assert env.step("50") == ("Lower than 50.", 0.0, False, False, {"turn": 1, "outcome": "lower"})
+    assert env.step("Then 25.") == ("Higher than 25.", 0.0, False, False, {"turn": 2, "outcome": "higher"})
+    assert env.step("<think>maybe 40</think> my guess: \\boxed{37}") == (
+        "Correct! It was 37.", 1.0, True, False, {"turn": 3, "outcome": "correct", "secret": 37})
+
+
+def test_guess_the_number_invalid_moves_use_a_turn_and_truncation_ends_it():
+    env = GuessTheNumber(lo=1, hi=20, max_turns=4)
+    env.reset(secret=5)
+    invalid = {"outcome": "invalid"}
+    assert env.step("I have no idea") == ("Invalid move: reply with a whole number from 1 to 20.", 0.0, False, False,
+                                          {"turn": 1, **invalid})
+    assert env.step("4.5")[:2] == ("Invalid move: 4.5 is not a whole number.", 0.0)
+    assert env.step("21")[:4] == ("Invalid move: 21 is not from 1 to 20.", 0.0, False, False)
+    assert env.step("9") == ("Lower than 9. No guesses left. It was 5.", 0.0, False, True,
+                             {"turn": 4, "outcome": "lower", "secret": 5})
+    env.reset(secret=5)  # a new episode on the same instance starts from turn 1
+    assert env.step("5.0") == ("Correct! It was 5.", 1.0, True, False, {"turn": 1, "outcome": "correct", "secret": 5})
+
+
+def secret_of(env: GuessTheNumber, seed) -> int:
+    env.reset(seed=seed)
+    return env.secret
+
+
+def test_guess_the_number_secret_follows_the_seed_and_the_row():
+    first, second = GuessTheNumber(hi=1000), GuessTheNumber(hi=1000)
+    secrets = {seed: secret_of(first, seed) for seed in range(20)}
+    assert secrets == {seed: secret_of(second, seed) for seed in reversed(range(20))}  # any instance, any order
+    assert secrets[7] == random.Random(7).randint(1, 1000)  # documented: random.Random(seed), on every machine
+    assert len(set(secrets.values())) > 15
+    env = GuessTheNumber()
+    env.reset(seed=1, secret=np.int64(3), lo=2, hi=4)  # a row's fields (numpy ints, as Parquet gives)
+    assert (env.lo, env.hi, env.secret) == (2, 4, 3) and env.step("3")[2] is True
+    env.reset(seed=3)  # the row's range was for that episode only
+    assert (env.lo, env.hi) == (1, 100)
+    with pytest.raises(ValueError, match="secret must be a whole number from 1 to 10, got 11"):
+        env.reset(secret=11, hi=10)
+    with pytest.raises(ValueError, match=r"lo \(5\) is above hi \(4\)"):
+        GuessTheNumber(lo=5, hi=4)
+
+
+@pytest.mark.parametrize("reply, guess", [
+    ("42", "42"), ("My guess is 42.", "42"), ("first 10, then 12", "12"), ("-3", "-3"), ("1,000", "1,000"),
+    ("42.0", "42.0"), ("4.5", "4.5"), ("\\boxed{7} or 9", "7"), ("<think>50? 60?</think>\n55", "55"),
+    ("qwen2 says", None), ("3rd", None), ("", None), ("<think>42</think>no idea", None), ("50%", "50"),
+])
+def test_the_guess_read_from_a_reply(reply, guess):
+    assert read_guess(reply) == guess
+
+
+# -- the contract ----------------------------------------------------------------------------------
+
+
+def test_good_returns_pass_the_checks():
+    assert checked_reset(("hi", {})) == ("hi", {})
+    messages = [{"role": "user", "content": "hi", "name": "env"}]
+    assert checked_reset([messages, {"a": 1}]) == (messages, {"a": 1})
+    step = checked_step(("obs", np.float32(0.5), np.bool_(True), False, {}))
+    assert (step.reward, step.terminated, step.truncated) == (0.5, True, False) and type(step.terminated) is bool
+    assert checked_step(("obs", True, False, False, {})).reward == 1.0
+
+
+@pytest.mark.parametrize("value, error", [
+    (("x", 0.0, False, {}), "4 values .the old gym API"),
+    (("x", 0.0, False, False), "returned 4 values"),
+    (("x", 0.0, False, False, {}, 1), "returned 6 values, not 5"),
+    (None, "step returned a NoneType .None., not a tuple"),
+    (("x", math.nan, False, False, {}), "reward is nan"),
+    (("x", -math.inf, False, False, {}), "reward is -inf"),
+    (("x", "1", False, False, {}), "reward is a str"),
+    (("x", 0.0, 1, False, {}), "terminated is a int .1., not a bool"),
+    (("x", 0.0, False, None, {}), "truncated is a NoneType"),
+    ((b"x", 0.0, False, False, {}), "observation is a bytes"),
+    (([], 0.0, False, False, {}), "not a str or a non-empty list"),
+    ((["hi"], 0.0, False, False, {}), r"observation\[0\] is a str"),
+    (([{"role": "user", "content": 1}], 0.0, False, False, {}), r"observation\[0\]\['content'\] is a int"),
+    (([{"role": "", "content": ""}], 0.0, False, False, {}), "empty role"),
+    (("x", 0.0, False, False, None), "info is a NoneType"),
+])
+def test_bad_returns_are_named(value, error):
+    with pytest.raises(BadReturn, match=error):
+        checked_step(value)
+
+
+def test_environments_by_name_and_by_import_path(user_module):
+    assert {"guess_the_number", "gem"} <= set(ENVIRONMENTS)
+    assert resolve_environment("guess_the_number") is GuessTheNumber
+    assert resolve_environment(f"{user_module}:Scripted").__name__ == "Scripted"
+    with pytest.raises(KeyError, match="unknown environment 'nope'; registered: gem, guess_the_number"):
+        resolve_environment("nope")
+    with pytest.raises(TypeError, match="has no step"):
+        resolve_environment(f"{user_module}:NoStep")
+    with pytest.raises(TypeError, match="is a function, not a class"):
+        resolve_environment("roll_lite.environments.guess_the_number:read_guess")
+
+
+# -- the runner ----------------------------------------------------------------------------------
+
+
+def test_each_fault_ends_only_its_trajectory_and_the_others_go_on(user_module):
+    faults = {0: "raise", 1: "hang", 2: "nan", 3: "os_exit", 4: "old_gym", 5: "exit", 6: "lambda_info",
+              7: "sigkill", 8: "int_flag", 9: "number_obs"}
+    survivors = list(range(10, 16))
+    with EnvironmentRunner(f"{user_module}:Scripted", {"tag": "s"}, max_concurrent=2, step_timeout_s=0.5) as runner:
+        first = runner.reset_many([(i, 100 + i, {}) for i in [*faults, *survivors]])
+        assert [r.observation for r in first] == [f"s start {100 + i}" for i in [*faults, *survivors]]
+        runner.step_many([(i, "go") for i in survivors])
+        results = runner.step_many([*faults.items(), *[(i, "go") for i in survivors]])
+        by_id = {r.env_id: r for r in results}
+        expected = {
+            0: ("raised", "RuntimeError: boom"),
+            1: ("timed_out", "no result within step_timeout_s=0.5 s"),
+            2: ("bad_return", "step's reward is nan"),
+            3: ("crashed", "the environment process died with exit code 3"),
+            4: ("bad_return", "step returned 4 values (the old gym API"),
+            5: ("raised", "SystemExit: 2"),
+            6: ("bad_return", "its return does not pickle: "),
+            7: ("crashed", "the environment process was killed by SIGKILL"),
+            8: ("bad_return", "step's terminated is a int (1), not a bool"),
+            9: ("bad_return", "step's observation is a int (42)"),
+        }
+        for i, (fault, error) in expected.items():
+            result = by_id[i]
+            assert (result.fault, result.error[:len(error)]) == (fault, error), result
+            assert result.done and result.observation is None and result.reward == 0.0
+        for i in survivors:  # their processes were restarted 3 times; each restart replayed their instances
+            assert (by_id[i].observation, by_id[i].reward, by_id[i].fault) == (f"{100 + i}:2:go", 0.5, None)
+        assert sorted(runner.running()) == survivors
+        assert runner.stats["restarts"] == 3 and runner.stats["replays"] >= 3
+        assert {key: n for key, n in runner.stats.items() if key.startswith("faults/")} == {
+            "faults/raised": 2, "faults/timed_out": 1, "faults/bad_return": 5, "faults/crashed": 2}
+
+        # and it keeps working: the survivors go on, the faulted ones start new episodes
+        again = runner.step_many([(i, "more") for i in survivors])
+        assert [r.observation for r in again] == [f"{100 + i}:3:more" for i in survivors]
+        restarted = runner.reset_many([(i, 7, {}) for i in faults])
+        assert all(r.fault is None for r in restarted)
+        assert [r.observation for r in runner.step_many([(i, "go") for i in faults])] == ["7:1:go"] * len(faults)
+
+
+def test_a_reset_that_faults_ends_that_trajectory_and_the_calls_out_of_order_are_refused(user_module):
+    with EnvironmentRunner(f"{user_module}:Scripted", max_concurrent=1, step_timeout_s=2.0) as runner:
+        results = runner.reset_many([(0, 1, {"on_reset": "raise"}), (1, 2, {"on_reset": "bad"}),
+                                     (2, 3, {"b": 1, "a": 2}), (3, 4, {"chat": True})])
+        assert [(r.fault, r.error) for r in results[:2]] == [
+            ("raised", "ValueError: no episode today"),
+            ("bad_return", "reset returned a str ('just an observation'), not a tuple (observation, info)")]
+        assert (results[2].observation, results[2].info) == ("t start 3", {"fields": ["a", "b"]})
+        assert results[3].observation == [{"role": "user", "content": "start 4"}]
+        assert sorted(runner.running()) == [2, 3]
+        with pytest.raises(ValueError, match=r"environment 0 is not running \(done\)"):
+            runner.submit_step(0, "go")
+        with pytest.raises(ValueError, match="environment 2 is still running; release it"):
+            runner.submit_reset(2)
+        future = runner.submit_step(2, "sleep 0.2")
+        with pytest.raises(ValueError, match="environment 2 has a call in flight"):
+            runner.submit_step(2, "go")
+        assert future.result().observation == "3:1:sleep 0.2"
+        assert runner.step_many([(2, "win")])[0].terminated
+        runner.release(3)  # the caller ends it (its turns or tokens are spent)
+        assert runner.running() == []
+        assert runner.reset_many([(3, 9, {})])[0].observation == "t start 9"
+
+
+def test_a_trajectory_whose_replay_differs_is_lost(user_module):
+    with EnvironmentRunner(f"{user_module}:Unseeded", max_concurrent=1, step_timeout_s=0.5) as runner:
+        runner.reset_many([(0, 0, {}), (1, 1, {})])
+        hung, neighbour = runner.step_many([(0, "hang"), (1, "go")])
+        assert hung.fault == "timed_out"
+        assert (neighbour.fault, neighbour.error) == (
+            "lost", "its process was restarted for another environment's fault; replaying reset gave another "
+                    "observation (not deterministic given its seed?)")
+        assert runner.stats["faults/lost"] == 1 and runner.running() == []
+
+
+def test_steps_run_concurrently_and_results_come_as_they_are_ready(user_module):
+    with EnvironmentRunner(f"{user_module}:Scripted", max_concurrent=4, step_timeout_s=5.0) as runner:
+        runner.reset_many([(i, i, {}) for i in range(4)])
+        started = time.monotonic()
+        results = runner.step_many([(i, "sleep 0.5") for i in range(4)])
+        elapsed = time.monotonic() - started
+        assert all(r.fault is None and r.seconds >= 0.5 for r in results)  # each slept its 0.5 s
+        assert elapsed < 1.25, f"4 steps of 0.5 s on 4 processes took {elapsed:.2f} s"
+
+        slow, fast = runner.submit_step(0, "sleep 1.0"), runner.submit_step(1, "go")
+        assert fast.result(timeout=0.8).observation == "1:2:go" and not slow.done()
+        assert slow.result().observation == "0:2:sleep 1.0"
+
+
+def test_the_runner_refuses_to_start_on_an_environment_it_cannot_build(user_module):
+    with pytest.raises(RuntimeError, match=r"environment 'guess_the_number' \(kwargs \{'hi': 0\}\): cannot build it in "
+                                           r"the environment process: ValueError: lo \(1\) is above hi \(0\)"):
+        EnvironmentRunner("guess_the_number", {"hi": 0}, max_concurrent=1)
+    with pytest.raises(RuntimeError, match=f"cannot build it in the environment process: TypeError: '{user_module}:"
+                                           "NoStep' has no step"):
+        EnvironmentRunner(f"{user_module}:NoStep", max_concurrent=1)
+
+
+def test_guess_the_number_through_the_runner_with_row_fields(caplog):
+    with caplog.at_level(logging.WARNING), EnvironmentRunner("guess_the_number", {"hi": 50}, max_concurrent=2) as runner:
+        rows = [{"secret": 17, "prompt": "p"}, {"secret": 40, "prompt": "q"}]
+        runner.reset_many([(i, i, row) for i, row in enumerate(rows)])
+        lo, hi, done = {0: 1, 1: 1}, {0: 50, 1: 50}, {}
+        while runner.running():  # binary search from the observations alone
+            guesses = {i: (lo[i] + hi[i]) // 2 for i in runner.running()}
+            for result in runner.step_many([(i, f"I guess {g}") for i, g in guesses.items()]):
+                i, g = result.env_id, guesses[result.env_id]
+                if result.observation.startswith("Higher"):
+                    lo[i] = g + 1
+                elif result.observation.startswith("Lower"):
+                    hi[i] = g - 1
+                else:
+                    done[i] = result
+        assert {i: (r.observation, r.reward, r.terminated) for i, r in done.items()} == {
+            0: ("Correct! It was 17.", 1.0, True), 1: ("Correct! It was 40.", 1.0, True)}
+    assert "its reset takes no prompt; those row fields are not passed" in caplog.text
+
+
+# -- config ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override, error", [
+    ({"name": "nope"}, "environment.name: 'nope' is not one of gem, guess_the_number, nor a package.module:Class"),
+    ({"name": ""}, "environment.name: name a registered environment"),
+    ({"kwargs": [1]}, "environment.kwargs: must be a mapping"),
+    ({"max_turns": 0}, "environment.max_turns: must be a whole number >= 1, got 0"),
+    ({"max_concurrent": 2.0}, "environment.max_concurrent: must be a whole number >= 1, got 2.0"),
+    ({"max_new_tokens_per_turn": True}, "environment.max_new_tokens_per_turn: must be a whole number"),
+    ({"max_trajectory_tokens": 16}, "environment.max_trajectory_tokens: 16 is less than one turn's"),
+    ({"step_timeout_s": math.inf}, "environment.step_timeout_s: must be a number > 0, got inf"),
+    ({"on_fault": "retry"}, "environment.on_fault: must be one of zero_reward, drop, got 'retry'"),
+])
+def test_the_config_names_its_bad_key(override, error):
+    check_environment_config(EnvironmentConfig())
+    check_environment_config(EnvironmentConfig(name="my_pkg.envs:MyEnv", max_trajectory_tokens=None))
+    with pytest.raises(ConfigError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        check_environment_config(EnvironmentConfig(**override))
+
+
+# -- GEM -------------------------------------------------------------------------------------------
+
+
+def play_gem_guess_the_number(runner: EnvironmentRunner, seed: int) -> list:
+    """Binary search over 1..10 with GEM's \\boxed{} answers; GEM's hint reads '... is higher than 5.'"""
+    first = runner.reset_many([(0, seed, {})])[0]
+    assert "You are playing Guess The Number" in first.observation, first
+    lo, hi, trace = 1, 10, []
+    while True:
+        guess = (lo + hi) // 2
+        result = runner.step_many([(0, f"My guess is \\boxed{{{guess}}}")])[0]
+        assert result.fault is None, result
+        trace.append((guess, result.observation, result.reward, result.terminated, result.truncated))
+        if result.done:
+            return trace
+        if "higher" in result.observation:
+            lo = guess + 1
+        else:
+            assert "lower" in result.observation, result.observation
+            hi = guess - 1
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("gem", {"env_id": "game:GuessTheNumber-v0-easy"}),
+    ("gem.envs.game_env.guess_the_number:GuessTheNumberEnv", {"min_number": 1, "max_number": 10, "max_turns": 4}),
+])
+def test_a_gem_game_runs_through_the_contract(name, kwargs):
+    pytest.importorskip("gem", reason="gem-llm is not installed (pip install 'roll_lite[envs]')")
+    with EnvironmentRunner(name, kwargs, max_concurrent=1, step_timeout_s=30.0) as runner:
+        trace = play_gem_guess_the_number(runner, seed=5)
+        guess, observation, reward, terminated, truncated = trace[-1]
+        assert observation == f"Congratulations! You guessed the correct number {guess} in {len(trace)} turns."
+        assert (reward, terminated, truncated) == (1.0, True, False) and len(trace) <= 4
+        assert [step[2] for step in trace[:-1]] == [0.0] * (len(trace) - 1)
+        assert play_gem_guess_the_number(runner, seed=5) == trace  # the seed gives the same game
