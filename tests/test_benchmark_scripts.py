@@ -18,7 +18,7 @@ def run(*args, timeout=120):
 
 def test_every_benchmark_the_docs_name_exists():
     named = set(re.findall(r"benchmarks/(\w+\.py)", doc_text()))
-    assert {"vs_trl.py", "engines.py", "packed_attention.py", "logprob_memory.py", "vllm_cpu_check.py"} <= named
+    assert {"vs_trl.py", "engines.py", "packed_attention.py", "logprob_memory.py"} <= named
     assert not [name for name in named if not (REPO / "benchmarks" / name).is_file()]
 
 
@@ -46,11 +46,6 @@ def test_engines_benchmark_runs_both_engines_on_the_demo_model():  # ~45 s: one 
     assert len(rows) == 1 and float(rows[0].strip(" |").split("|")[-1]) > 0, result.stdout
     summary = [line for line in result.stdout.splitlines() if line.startswith("| demo | eager |")]
     assert len(summary) == 1, result.stdout
-
-
-def test_vllm_cpu_check_starts_without_vllm():
-    result = run("benchmarks/vllm_cpu_check.py", "--help")  # the checks themselves need its own venv (~350 MB)
-    assert result.returncode == 0 and "load_weights" in result.stdout, result.stderr[-2000:]
 
 
 def test_packed_attention_benchmark_gives_the_same_gradients_split_or_sliced():
