@@ -101,7 +101,7 @@ class RolloutConfig:
     release_memory: Optional[bool] = None
     tensor_parallel_size: int = 1  # vllm's GPUs: 1 colocated, workers.rollout_gpus on GPUs of its own
     # vLLM's enforce_eager: no torch.compile / CUDA graphs. null: true on CPU, where compiled generated
-    # no faster and costs ~25 s more at every start (benchmarks/engines.py); false on GPU
+    # at most ~15% faster and costs 17-25 s more at every start (benchmarks/engines.py); false on GPU
     enforce_eager: Optional[bool] = None
     cpu_kv_cache_gib: int = 1  # rollout.engine=vllm on CPU: the KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE; an exported value wins)
     # Fresh weights: every on-policy step, the token mean of |engine's log p - actor's log p| over the

@@ -246,14 +246,14 @@ def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_paral
     backend = "uni" if tensor_parallel_size == 1 else "mp"
     import vllm
 
-    folder = tempfile.mkdtemp(prefix="roll_lite_vllm_config_")
-    hf_config.save_pretrained(folder)  # config.json only: vLLM reads the architecture from it
-    llm = vllm.LLM(
-        model=folder, load_format="dummy", skip_tokenizer_init=True, generation_config="vllm",
-        dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=backend,
-        gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_mode,
-        logprobs_mode=logprobs_mode, worker_extension_cls=f"{__name__}.LoadWeightsInMemory", enforce_eager=enforce_eager,
-    )
+    with tempfile.TemporaryDirectory(prefix="roll_lite_vllm_config_") as folder:
+        hf_config.save_pretrained(folder)  # config.json only: vLLM reads the architecture from it at start
+        llm = vllm.LLM(
+            model=folder, load_format="dummy", skip_tokenizer_init=True, generation_config="vllm",
+            dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=backend,
+            gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_mode, logprobs_mode=logprobs_mode,
+            worker_extension_cls=f"{__name__}.LoadWeightsInMemory", enforce_eager=enforce_eager,
+        )
     return llm, vllm.SamplingParams
 
 
