@@ -34,8 +34,10 @@ MASK_KEYS = {
     "ppo": ["response_mask"], "sequence": ["response_mask"], "ppo_kl": ["response_mask", "kl_mask"],
     "value": ["response_mask"],  # the critic: FSDP2Strategy(head='value')
     "sft": ["kl_mask"],  # a target mask with holes, like a conversation's assistant turns (token-mean only)
+    # Multi-turn: the model's own tokens (model_mask) between environment / tool spans of varied length
+    "multiturn_ppo": ["model_mask"], "multiturn_ppo_kl": ["model_mask"], "multiturn_value": ["model_mask"],
 }
-CRITIC_LOSSES = {"value"}
+CRITIC_LOSSES = {"value", "multiturn_value"}
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32"}
 
 
@@ -53,6 +55,14 @@ def make_loss(name: str, mode: str):
     if name == "value":
         # With the head below, about a third of the response tokens take the clipped branch.
         return value_loss_func(mode, clip_range=0.5, seq_len_norm=SEQ_LEN)
+    if name == "multiturn_ppo":
+        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01, mask_key="model_mask",
+                                    rollout_is="token", rollout_is_cap=1.2)
+    if name == "multiturn_value":
+        return value_loss_func(mode, clip_range=0.5, seq_len_norm=SEQ_LEN, mask_key="model_mask")
+    if name == "multiturn_ppo_kl":
+        return kl_regularized_loss_func(mode, kl_coef=0.5, kl_estimator="k3", seq_len_norm=SEQ_LEN,
+                                        policy_mask_key="model_mask", kl_mask_key="model_mask")
     return kl_regularized_loss_func(mode, kl_coef=0.5, kl_estimator="k3", seq_len_norm=SEQ_LEN)
 
 
@@ -98,7 +108,24 @@ def global_batch(dtype: torch.dtype, rows: int = 7):
     # 7 rows of uneven length (one of 2 tokens), two rows with an all-zero response mask, one with
     # an all-zero kl_mask: shares and micro-batches get uneven and partly empty.
     data = random_rl_batch(num_rows=7, seq_len=SEQ_LEN, mask_keys=["response_mask", "kl_mask"], seed=11, dtype=dtype)
+    data.batch["model_mask"] = multi_turn_mask(data["response_mask"])
     return data.slice(0, rows)
+
+
+def multi_turn_mask(response_mask: torch.Tensor, seed: int = 23) -> torch.Tensor:
+    """The model's own tokens of multi-turn trajectories: each row's response alternates model turns
+    and environment / tool spans (1-3 tokens each, the model first); 0 outside the response."""
+    generator = torch.Generator().manual_seed(seed)
+    model_mask = torch.zeros_like(response_mask)
+    for row, mask in enumerate(response_mask):
+        positions = mask.nonzero().flatten().tolist()
+        start, model_turn = 0, True
+        while start < len(positions):
+            span = int(torch.randint(1, 4, (1,), generator=generator))
+            if model_turn:
+                model_mask[row, positions[start:start + span]] = 1
+            start, model_turn = start + span, not model_turn
+    return model_mask
 
 
 def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: torch.dtype, out_path: str):

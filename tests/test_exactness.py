@@ -1,6 +1,8 @@
 """The promise: a step's loss and every gradient equal one forward/backward over the global batch,
 for every agg mode × built-in loss (policy, sequence, KL, the critic's value loss through
-FSDP2Strategy(head='value'), and the SFT loss: token-mean over a target mask with holes) × D ∈ {1, 2} (real gloo processes) × A ∈ {1, 2, 3} ×
+FSDP2Strategy(head='value'), and the SFT loss: token-mean over a target mask with holes; and multi-turn
+batches, where policy, KL, entropy and value losses read model_mask, the model's own tokens between
+environment spans of varied length) × D ∈ {1, 2} (real gloo processes) × A ∈ {1, 2, 3} ×
 padded / packed / token-budget micro-batches. float64, relative error ≤ 1e-10."""
 
 import pytest
