@@ -1,6 +1,6 @@
 """Environments for multi-turn RL: the contract (contract.py), built-ins by name and the user's classes
-by import path (registry.py), and a runner that steps many of them at once in guarded processes, a
-fault costing one trajectory (runner.py).
+by import path (registry.py), a runner that steps many of them at once in guarded processes, a
+fault costing one trajectory (runner.py), and trajectories built token in, token out (turns.py).
 
     environment: {name: guess_the_number, kwargs: {hi: 50}}     # or name: my_pkg.envs:MyEnv
 """
