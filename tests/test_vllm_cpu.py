@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_resume import STEPS, assert_same_trajectory, command, metrics, run, run_until
+from test_resume import STEPS, assert_same_trajectory, command, data, metrics, run, run_until  # noqa: F401 (data: a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
 LOGP_TOLERANCE = 1e-4  # max |engine log p - actor log p| per token, float32 (seen: <= 2e-6)
@@ -71,15 +71,6 @@ def test_a_partial_sync_is_refused_or_shows_in_the_log_probs(found):
     assert "vllm worker 0 did not load ['model.layers.1.input_layernorm.weight'" in found["layer_left_out_error"]
     # k_proj alone left out of a fused q/k/v gets past vLLM's own check: the names are what catch it
     assert found["shard_left_out"]["mean"] > 100 * LOGP_TOLERANCE
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("data")
-    for name, rows in (("train", 8), ("eval", 8)):
-        lines = (REPO / f"data/reverse_digits/{name}.jsonl").read_text().splitlines(keepends=True)[:rows]
-        (folder / f"{name}.jsonl").write_text("".join(lines))
-    return [f"data.train_files={folder / 'train.jsonl'}", f"data.eval_files={folder / 'eval.jsonl'}"]
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,7 @@ def test_weights_carry_the_names_and_shapes_of_the_models_hf_checkpoint(tmp_path
         on_disk = {name: tuple(checkpoint.get_slice(name).get_shape()) for name in checkpoint.keys()}
     sent = vllm_weights(model.state_dict(), tie_word_embeddings=tied)
     assert {name: tuple(t.shape) for name, t in sent} == on_disk
+    assert sorted(checkpoint_names(model.config)) == sorted(on_disk)  # what the engine checks every sync against
     assert ("lm_head.weight" in on_disk) is (not tied)
     layer_of = [name.split(".")[2] for name, _ in sent if name.startswith("model.layers.")]
     assert layer_of == sorted(layer_of, key=int)  # each layer's tensors together, in order
@@ -175,16 +176,6 @@ def test_engine_refuses_a_sync_that_left_parameters_unloaded():
     engine = _engine(RecordingLLM(not_loaded=["model.norm.weight"]), release_memory=False)
     with pytest.raises(KeyError, match=r"vllm worker 0 did not load \['model.norm.weight'\]"):
         engine.update_weights({"model.embed_tokens.weight": torch.zeros(4, 2)})
-
-
-@pytest.mark.parametrize("tied", [True, False])
-def test_checkpoint_names_are_what_save_pretrained_writes(tmp_path, tied):
-    model = build_causal_lm(dict(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
-                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                 max_position_embeddings=32, tie_word_embeddings=tied), seed=0)
-    model.save_pretrained(tmp_path)
-    with safe_open(tmp_path / "model.safetensors", "pt") as checkpoint:
-        assert sorted(checkpoint_names(model.config)) == sorted(checkpoint.keys())
 
 
 def test_engine_refuses_a_sync_without_every_checkpoint_tensor_before_vllm_sees_it():

