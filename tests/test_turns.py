@@ -5,7 +5,7 @@ marks exactly the sampled tokens and its log-probs are exactly the engine's."""
 import pytest
 import torch
 
-from roll_lite.environments.turns import TemplateError, Trajectory, observation_ids, trajectory_tensors
+from roll_lite.environments.turns import TemplateError, Trajectory, observation_ids, trajectory_batch
 from roll_lite.tokenizer import build_char_tokenizer
 
 # Qwen's shape with the character tokenizer's specials: <bos> opens a turn, <eos> (the EOS) ends it,
@@ -58,7 +58,7 @@ def test_the_sampled_ids_and_log_probs_are_kept_exactly_and_only_they_are_the_mo
     trajectory.add_observation([7, 8])
     trajectory.add_model_turn([2], [-0.4])
     other = Trajectory([1])
-    tensors = trajectory_tensors([trajectory, other], pad_token_id=0)
+    tensors = trajectory_batch([trajectory, other], pad_token_id=0)
     assert tensors["input_ids"].tolist() == [[1, 5, 9, 9, 40, 7, 8, 2], [1, 0, 0, 0, 0, 0, 0, 0]]
     assert tensors["attention_mask"].tolist() == [[1] * 8, [1] + [0] * 7]
     assert tensors["response_mask"].tolist() == [[0, 0, 1, 1, 1, 1, 1, 1], [0] * 8]

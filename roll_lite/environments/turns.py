@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from roll_lite.data import DataProto
+from roll_lite.sequences import build_sequence_batch
+
 # A conversation the template renders before the observation; only what follows its last assistant
 # turn's end-of-turn token is kept, so these contents never reach a trajectory.
 _BEFORE = [{"role": "user", "content": "1"}, {"role": "assistant", "content": "2"}]
@@ -83,23 +86,16 @@ class Trajectory:
         return sum(log_probs is not None for _, log_probs in self.pieces)
 
 
-def trajectory_tensors(trajectories: list[Trajectory], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded rows of prompt + response: input_ids, attention_mask, response_mask (every token
-    after the prompt), model_mask (the model's sampled tokens: the loss mask) and rollout_log_probs
-    (the engine's, at the model's tokens; 0 elsewhere)."""
-    width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
-    rows = len(trajectories)
-    tensors = {"input_ids": torch.full((rows, width), pad_token_id, dtype=torch.long),
-               "attention_mask": torch.zeros(rows, width, dtype=torch.long),
-               "response_mask": torch.zeros(rows, width, dtype=torch.long),
-               "model_mask": torch.zeros(rows, width, dtype=torch.long),
-               "rollout_log_probs": torch.zeros(rows, width, dtype=torch.float32)}
+def trajectory_batch(trajectories: list[Trajectory], pad_token_id: int) -> DataProto:
+    """The rows of roll_lite.sequences.build_sequence_batch (prompt + response, right-padded:
+    input_ids, attention_mask, response_mask on every token after the prompt, rollout_log_probs) and
+    model_mask: the model's sampled tokens, the loss mask (the environment's tokens get 0 there and
+    0 log-prob)."""
+    batch = build_sequence_batch([t.prompt_ids for t in trajectories], [t.response_ids for t in trajectories],
+                                 pad_token_id, [t.log_probs for t in trajectories])
+    model_mask = torch.zeros_like(batch["response_mask"])
     for row, trajectory in enumerate(trajectories):
-        start, response = len(trajectory.prompt_ids), trajectory.response_ids
-        end = start + len(response)
-        tensors["input_ids"][row, :end] = torch.tensor(trajectory.prompt_ids + response)
-        tensors["attention_mask"][row, :end] = 1
-        tensors["response_mask"][row, start:end] = 1
-        tensors["model_mask"][row, start:end] = torch.tensor(trajectory.model_mask)
-        tensors["rollout_log_probs"][row, start:end] = torch.tensor(trajectory.log_probs)
-    return tensors
+        start = len(trajectory.prompt_ids)
+        model_mask[row, start:start + len(trajectory.response_ids)] = torch.tensor(trajectory.model_mask, dtype=torch.long)
+    batch.batch["model_mask"] = model_mask
+    return batch
