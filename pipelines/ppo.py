@@ -50,10 +50,14 @@ logger = logging.getLogger("roll_lite")
 
 
 class PPOPipeline:
+    # The mask of the tokens the losses train on (loss_mask_keys): every generated token here; the
+    # model's own tokens of a multi-turn trajectory in MultiTurnPipeline (pipelines/multi_turn.py).
+    loss_mask_key = "response_mask"
+
     def __init__(self, config: RunConfig):
         self.config = config
         self.algorithm = config.algorithm
-        self.tokenizer = load_tokenizer(config.model.tokenizer_path)
+        self.tokenizer = load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
         self.train_data = self.eval_data = self.sampler = None  # prepare_data(): in the driver only
         self.warm_start_sft = None  # an SFTPipeline when sft.steps > 0 (prepare_data)
         self.eval_samples: list[dict] = []  # the last evaluate()'s greedy answers
@@ -72,12 +76,13 @@ class PPOPipeline:
         if self.use_reference:
             self._policy_loss = kl_regularized_loss_func(
                 a.loss_agg_mode, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_estimator=a.kl_estimator,
-                seq_len_norm=self.seq_len_norm, policy_mask_key="response_mask", kl_mask_key="response_mask",
+                seq_len_norm=self.seq_len_norm, policy_mask_key=self.loss_mask_key, kl_mask_key=self.loss_mask_key,
                 kl_clamp=a.kl_clamp, **policy_options,
             )
         else:
-            self._policy_loss = ppo_policy_loss_func(a.loss_agg_mode, seq_len_norm=self.seq_len_norm, **policy_options)
-        self._value_loss = value_loss_func(a.loss_agg_mode, a.value_clip, self.seq_len_norm)
+            self._policy_loss = ppo_policy_loss_func(a.loss_agg_mode, seq_len_norm=self.seq_len_norm,
+                                                     mask_key=self.loss_mask_key, **policy_options)
+        self._value_loss = value_loss_func(a.loss_agg_mode, a.value_clip, self.seq_len_norm, self.loss_mask_key)
         self._shuffle = torch.Generator().manual_seed(config.seed)
         self.schedule = RolloutSchedule(config.rollout.async_steps)  # launches, collects, weight syncs
         self.stage = "start-up"  # where run() is: named by a worker failure and by a stop on a signal
@@ -185,9 +190,8 @@ class PPOPipeline:
         batch, weights_behind = self.collect_rollout(step)
         generated = time.perf_counter()
 
-        scores, reward_metrics = self.score(batch)
-        mask = batch["response_mask"]
-        token_rewards = last_token_rewards(scores, mask)
+        scores, token_rewards, reward_metrics = self.rewards(batch)
+        mask = batch[self.loss_mask_key]
 
         if self.reference is not None:
             batch.batch["ref_log_probs"] = self.reference.compute_log_probs(batch)["log_probs"]
@@ -202,7 +206,7 @@ class PPOPipeline:
         batch.batch["advantages"], returns = self.compute_advantages(scores, token_rewards, batch)
         if returns is not None:
             batch.batch["returns"] = returns
-        batch.meta_info.update(loss_mask_keys=["response_mask"], on_policy=self.on_policy)
+        batch.meta_info.update(loss_mask_keys=[self.loss_mask_key], on_policy=self.on_policy)
 
         prepared = time.perf_counter()
         actor_metrics = self.train(self.actor, batch, "policy")
@@ -228,6 +232,11 @@ class PPOPipeline:
             "perf/tokens_per_s": tokens / elapsed,
         }
 
+    def rewards(self, batch: DataProto) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """(scores, token rewards: each score on its row's last response token, metrics)."""
+        scores, metrics = self.score(batch)
+        return scores, last_token_rewards(scores, batch["response_mask"]), metrics
+
     def score(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         """The reward functions on each row: its response text, answer and extra dataset fields
         (non_tensor_batch["extra"], one dict per row, when the data provides them)."""
@@ -239,7 +248,7 @@ class PPOPipeline:
         """(advantages, returns for the critic or None). The estimator's raw advantages, whitened over
         the batch's response tokens when algorithm.whiten_advantages says so (default: gae and
         reinforce_pp); the critic's returns are built from the raw GAE advantages."""
-        a, mask = self.algorithm, batch["response_mask"]
+        a, mask = self.algorithm, batch[self.loss_mask_key]
         returns = None
         if a.advantage == "gae":
             advantages, returns = gae_advantages(token_rewards, batch["values"], mask, a.gamma, a.lam)

@@ -36,7 +36,7 @@ EVAL_CHUNK = 256  # eval sequences per forward call
 class SFTPipeline:
     def __init__(self, config: RunConfig, tokenizer=None):
         self.config, self.sft = config, config.sft
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model.tokenizer_path)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
         self.train_data = self.eval_data = self.sampler = None  # prepare_data(): in the driver only
         self.actor = None
         self.train_loss = "policy"  # the actor workers' name for this pipeline's loss_func; "sft" in a warm start

@@ -38,7 +38,7 @@ def check_run(config: RunConfig) -> PretrainedConfig:
 
 def _tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:
     try:
-        return load_tokenizer(config.model.tokenizer_path)
+        return load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
     except ValueError as error:
         message = str(error)
         if config.model.pretrained_path and config.model.tokenizer_path == config.model.pretrained_path:

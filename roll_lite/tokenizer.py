@@ -46,9 +46,19 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def load_tokenizer(tokenizer_path: str | None) -> PreTrainedTokenizerFast:
+def load_tokenizer(tokenizer_path: str | None, chat_template: str | None = None) -> PreTrainedTokenizerFast:
     """The run's tokenizer: a folder or hub id holding a tokenizer.json, or (None) the built-in
-    character tokenizer. load_config fills `model.tokenizer_path` from `model.pretrained_path`."""
+    character tokenizer. load_config fills `model.tokenizer_path` from `model.pretrained_path`.
+    `chat_template` (model.chat_template): a named template or Jinja source replacing the tokenizer's."""
+    tokenizer = _load(tokenizer_path)
+    if chat_template is not None:
+        from roll_lite.data.chat import chat_template_source
+
+        tokenizer.chat_template = chat_template_source(chat_template)
+    return tokenizer
+
+
+def _load(tokenizer_path: str | None) -> PreTrainedTokenizerFast:
     if tokenizer_path is None:
         return build_char_tokenizer()
     where = locate(tokenizer_path, "model.tokenizer_path", "tokenizer")

@@ -333,7 +333,7 @@ def test_guess_the_number_through_the_runner_with_row_fields(caplog):
 
 
 @pytest.mark.parametrize("override, error", [
-    ({"name": "nope"}, "environment.name: 'nope' is not one of gem, guess_the_number, nor a package.module:Class"),
+    ({"name": "nope"}, "environment.name: 'nope' is not one of gem, guess_the_number, tools, nor a package.module:Class"),
     ({"name": ""}, "environment.name: name a registered environment"),
     ({"kwargs": [1]}, "environment.kwargs: must be a mapping"),
     ({"max_turns": 0}, "environment.max_turns: must be a whole number >= 1, got 0"),
@@ -342,12 +342,15 @@ def test_guess_the_number_through_the_runner_with_row_fields(caplog):
     ({"max_trajectory_tokens": 16}, "environment.max_trajectory_tokens: 16 is less than one turn's"),
     ({"step_timeout_s": math.inf}, "environment.step_timeout_s: must be a number > 0, got inf"),
     ({"on_fault": "retry"}, "environment.on_fault: must be one of zero_reward, drop, got 'retry'"),
+    ({"truncated": "drop"}, "environment.truncated: must be one of train, mask, got 'drop'"),
+    ({"credit": "token"}, "environment.credit: must be one of trajectory, turn, got 'token'"),
 ])
 def test_the_config_names_its_bad_key(override, error):
-    check_environment_config(EnvironmentConfig())
+    check_environment_config(EnvironmentConfig())  # name null: single-turn, nothing else is checked
+    check_environment_config(EnvironmentConfig(name="guess_the_number"))
     check_environment_config(EnvironmentConfig(name="my_pkg.envs:MyEnv", max_trajectory_tokens=None))
     with pytest.raises(ConfigError, match=error.replace("(", r"\(").replace(")", r"\)")):
-        check_environment_config(EnvironmentConfig(**override))
+        check_environment_config(EnvironmentConfig(**{"name": "guess_the_number", **override}))
 
 
 # -- GEM -------------------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ class ModelWorker:
         init_distributed(store=store)
 
         head, trainable = ROLES[self.role]
-        self.tokenizer = load_tokenizer(self.config.model.tokenizer_path)
+        self.tokenizer = load_tokenizer(self.config.model.tokenizer_path, self.config.model.chat_template)
         lm = load_causal_lm(self.config.model, len(self.tokenizer), seed=self.config.seed)
         if trainable and self.config.model.gradient_checkpointing:
             enable_gradient_checkpointing(lm)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from roll_lite.environments.config import EnvironmentConfig
 from roll_lite.strategy.config import StrategyConfig
 
 
@@ -31,6 +32,10 @@ class ModelConfig:
     dtype: str = "float32"
     gradient_checkpointing: bool = False  # recompute activations in backward (actor, critic): less memory, slower
     trust_remote_code: bool = False  # run the model folder's own Python code (config.json auto_map); off: refuse
+    # null: the tokenizer's own chat template; compact: roll_lite's short one ("U: ...", "A: ...<eos>",
+    # "T: ..." for tools; roll_lite/data/chat.py), for the built-in character tokenizer, which has none;
+    # or a Jinja template of your own. It is saved with the tokenizer in final/.
+    chat_template: Optional[str] = None
 
 
 @dataclass
@@ -214,6 +219,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     actor: StrategyConfig = field(default_factory=lambda: StrategyConfig(lr=2e-4, max_grad_norm=1.0))

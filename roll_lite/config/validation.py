@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from roll_lite.config.schema import DataConfig, RolloutConfig, RunConfig, SFTConfig, WorkersConfig
+from roll_lite.environments.config import check_environment_config
 from roll_lite.errors import ConfigError
 from roll_lite.loss import AGG_MODES, ROLLOUT_IS_LEVELS
 from roll_lite.loss.advantages import ADVANTAGE_ESTIMATORS
@@ -63,6 +64,7 @@ def validate(config: RunConfig) -> None:
         raise ConfigError(f"reward.in_driver: true scores only cheap built-in rules ({', '.join(sorted(CHEAP_REWARDS))}) "
                           f"in the driver; {', '.join(guarded)} run(s) in the reward worker's guarded process. "
                           "Set reward.in_driver=null")
+    _validate_environment(config)
     algorithm = config.algorithm
     _one_of(algorithm.advantage, ADVANTAGE_ESTIMATORS, "algorithm.advantage")
     _one_of(algorithm.kl_estimator, ("k1", "k2", "k3"), "algorithm.kl_estimator")
@@ -156,6 +158,25 @@ def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
         vllm_logprobs_mode(rollout.temperature, rollout.top_p, rollout.top_k)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+
+
+def _validate_environment(config: RunConfig) -> None:
+    """environment.name set: multi-turn rollouts (roll_lite/environments/, pipelines/multi_turn.py)."""
+    environment = config.environment
+    check_environment_config(environment)
+    if environment.name is None:
+        return
+    _check(config.pipeline != "roll_lite.pipelines.ppo:PPOPipeline", "pipeline",
+           "environment.name asks for multi-turn rollouts: set pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline "
+           "(or a subclass of it)")
+    _check(config.rollout.async_steps == 0, "rollout.async_steps",
+           "multi-turn rollouts (environment.name) are on-policy for now: set rollout.async_steps=0")
+    _check(bool(config.data.train_files), "data.train_files",
+           "multi-turn rollouts seed one environment per row: name a file of rows (a row's fields go to reset)")
+    if environment.credit == "turn":
+        _check(config.algorithm.advantage in ("grpo", "dr_grpo", "rloo"), "environment.credit",
+               f"turn-level credit is for grpo, dr_grpo and rloo; {config.algorithm.advantage} is per token already "
+               "(each turn's reward on its last token): set environment.credit=trajectory")
 
 
 def _file_list(value: Any, key: str) -> list[str]:

@@ -6,6 +6,32 @@ from __future__ import annotations
 from typing import Any
 
 
+# model.chat_template: compact. One line per message, a role letter first; an assistant turn ends
+# with the end-of-turn token <eos> (multi-turn needs one: roll_lite/environments/turns.py). Short, so
+# that a character-level model's trajectories stay short.
+COMPACT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}A: {{ message['content'] }}<eos>"
+    "{% elif message['role'] == 'system' %}S: {{ message['content'] }}"
+    "{% elif message['role'] == 'tool' %}T: {{ message['content'] }}"
+    "{% else %}U: {{ message['content'] }}"
+    "{% endif %}{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}A: {% endif %}"
+)
+CHAT_TEMPLATES = {"compact": COMPACT_CHAT_TEMPLATE}
+
+
+def chat_template_source(setting: str) -> str:
+    """model.chat_template's Jinja source: a named template (CHAT_TEMPLATES) or the setting itself."""
+    if setting in CHAT_TEMPLATES:
+        return CHAT_TEMPLATES[setting]
+    if "{" not in setting:
+        raise ValueError(f"model.chat_template: '{setting}' is neither one of {', '.join(CHAT_TEMPLATES)} "
+                         "nor a Jinja template")
+    return setting
+
+
 def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 

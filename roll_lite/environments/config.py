@@ -1,5 +1,5 @@
-"""The `environment` section of a multi-turn run (to move into roll_lite/config/schema.py when the
-rollout loop is wired in; the comments are its documentation)."""
+"""The `environment` section of the run config (RunConfig.environment): multi-turn rollouts when
+`name` is set. The comments are the keys' documentation (docs/configuration.md is rendered from them)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,18 @@ from roll_lite.environments.registry import ENVIRONMENTS
 from roll_lite.errors import ConfigError
 
 FAULT_ACTIONS = ("zero_reward", "drop")
+TRUNCATED_ACTIONS = ("train", "mask")
+CREDIT = ("trajectory", "turn")
 
 
 @dataclass
 class EnvironmentConfig:
-    # A registered environment (guess_the_number, gem) or a package.module:Class import path.
-    name: str = "guess_the_number"
+    """Multi-turn rollouts (docs/multi-turn.md): each training row seeds an environment, and the model
+    takes turns with it; the loss covers the model's own tokens only (model_mask)."""
+
+    # A registered environment (guess_the_number, tools, gem) or a package.module:Class import path.
+    # null: single-turn rollouts (the prompt, one completion, the reward functions).
+    name: Optional[str] = None
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the class when it is built
     # The model's turns per trajectory; after the last one the trajectory ends as truncated, whatever
     # the environment says (an environment may also end it earlier with its own limit).
@@ -33,11 +39,27 @@ class EnvironmentConfig:
     # A trajectory ended by a fault (raised, timed_out, bad_return, crashed, lost): zero_reward trains
     # on it with reward 0; drop leaves it out of the batch. Both count it in env/faults/<reason>.
     on_fault: str = "zero_reward"
+    # A trajectory cut short (the environment's truncated, max_turns, max_trajectory_tokens): train
+    # trains on it with the reward it got, which is how a policy learns that running out of turns
+    # fails; mask keeps it out of the loss (its tokens get model_mask 0), for tasks where a cut says
+    # nothing about the policy. Either way it is counted in env/truncated.
+    truncated: str = "train"
+    # trajectory: every model token of a trajectory gets the estimator's advantage of its whole
+    # return; turn: each turn's tokens get the return from that turn on, minus the group baseline
+    # (grpo, dr_grpo, rloo; roll_lite.loss.advantages.turn_level_advantages). gae and reinforce_pp
+    # are per token already, with each turn's reward on its last token.
+    credit: str = "trajectory"
+    # true: reward.functions also score the last model turn's text against the row's answer
+    # (data.answer_key), added to the environment's rewards on the last turn; false: the
+    # environment's rewards alone.
+    final_reward: bool = False
 
 
 def check_environment_config(config: EnvironmentConfig, section: str = "environment") -> None:
     """One ConfigError line naming the first bad key; the class itself is checked when the runner
     loads it (in its processes, where it may import heavy packages)."""
+    if config.name is None:
+        return
     if not isinstance(config.name, str) or not config.name.strip():
         raise ConfigError(f"{section}.name: name a registered environment or a package.module:Class, "
                           f"got {config.name!r}")
@@ -56,8 +78,9 @@ def check_environment_config(config: EnvironmentConfig, section: str = "environm
     timeout = config.step_timeout_s
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
         raise ConfigError(f"{section}.step_timeout_s: must be a number > 0, got {timeout!r}")
-    if config.on_fault not in FAULT_ACTIONS:
-        raise ConfigError(f"{section}.on_fault: must be one of {', '.join(FAULT_ACTIONS)}, got {config.on_fault!r}")
+    for key, allowed in (("on_fault", FAULT_ACTIONS), ("truncated", TRUNCATED_ACTIONS), ("credit", CREDIT)):
+        if getattr(config, key) not in allowed:
+            raise ConfigError(f"{section}.{key}: must be one of {', '.join(allowed)}, got {getattr(config, key)!r}")
 
 
 def _check_positive_int(section: str, key: str, value) -> None:

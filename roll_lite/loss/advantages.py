@@ -70,14 +70,60 @@ def rloo_advantages(scores, group_ids, response_mask):
 
 
 def discounted_returns(rewards, response_mask, gamma: float = 1.0):
-    """Σ_{k≥t} γ^{k-t} r_k over response tokens (rewards outside the mask are ignored)."""
-    mask = response_mask.to(rewards.dtype)
+    """Σ_{k≥t} γ^{k-t} r_k over the masked tokens k (rewards outside the mask are ignored). The masked
+    tokens are the time steps: positions outside the mask (a multi-turn trajectory's environment
+    tokens) are skipped, not discounted."""
+    mask = response_mask.bool()
     returns = torch.zeros_like(rewards)
     running = torch.zeros(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] * mask[:, t] + gamma * running
-        returns[:, t] = running * mask[:, t]
+        running = torch.where(mask[:, t], rewards[:, t] + gamma * running, running)
+        returns[:, t] = torch.where(mask[:, t], running, torch.zeros_like(running))
     return returns
+
+
+def turn_returns(rewards, mask, gamma: float = 1.0):
+    """Multi-turn return-to-go by turn: on every token of turn k, G_k = Σ_{j≥k} γ^{j-k} R_j, where a
+    turn is a run of consecutive masked tokens and R_j sums its token rewards (the environment's
+    reward for a turn sits on its last token). Zero outside the mask."""
+    mask = mask.bool()
+    starts = mask & ~torch.nn.functional.pad(mask[:, :-1], (1, 0), value=False)
+    turn = torch.where(mask, starts.long().cumsum(dim=1), torch.zeros_like(mask, dtype=torch.long))  # 1, 2, ...
+    turns = int(turn.max()) if turn.numel() else 0
+    per_turn = torch.zeros(rewards.shape[0], turns + 2, dtype=rewards.dtype, device=rewards.device)
+    per_turn.scatter_add_(1, turn, torch.where(mask, rewards, torch.zeros_like(rewards)))
+    for k in reversed(range(1, turns + 1)):  # column 0 collects nothing; turns + 1 is the 0 after the last
+        per_turn[:, k] += gamma * per_turn[:, k + 1]
+    return torch.where(mask, per_turn.gather(1, turn), torch.zeros_like(rewards))
+
+
+def first_turn_returns(rewards, mask, gamma: float = 1.0):
+    """[batch]: each row's G_1, the discounted return of its whole trajectory (turn_returns' first turn)."""
+    returns = turn_returns(rewards, mask, gamma)
+    first = mask.bool().long().argmax(dim=1)
+    return returns.gather(1, first[:, None]).squeeze(1)
+
+
+def turn_level_advantages(rewards, mask, group_ids, estimator: str, gamma: float = 1.0, eps: float = 1e-6):
+    """Per-turn credit for the group estimators (grpo, dr_grpo, rloo): on turn k of trajectory i,
+    A_ik = (G_ik - b_i) / s, where G_ik is its return-to-go (turn_returns), b_i the group baseline of
+    the estimator computed from the group's whole-trajectory returns G_j1 (grpo / dr_grpo: their mean;
+    rloo: the mean of the others'), and s the group's std of G_j1 + eps for grpo, else 1. A turn is
+    credited with what followed it, never with the rewards of turns before it."""
+    g_first = first_turn_returns(rewards, mask, gamma)
+    inverse, counts, sums, means, stds = _group_statistics(g_first, group_ids)
+    if estimator == "rloo":
+        if bool((counts < 2).any()):
+            raise ValueError("RLOO needs at least 2 samples per prompt (rollout.num_samples >= 2)")
+        baseline = (sums[inverse] - g_first) / (counts[inverse].to(g_first.dtype) - 1)
+    elif estimator in ("grpo", "dr_grpo"):
+        baseline = means[inverse]
+    else:
+        raise ValueError(f"turn-level credit is for grpo, dr_grpo and rloo, not {estimator}")
+    advantages = turn_returns(rewards, mask, gamma) - baseline[:, None]
+    if estimator == "grpo":
+        advantages = advantages / (stds[inverse] + eps)[:, None]
+    return advantages * mask.to(rewards.dtype)
 
 
 def masked_whiten(values, mask, eps: float = 1e-8):

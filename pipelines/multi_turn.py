@@ -1,0 +1,229 @@
+"""MultiTurnPipeline: PPOPipeline whose rollouts are multi-turn trajectories with an environment
+(config `environment`, roll_lite/environments/), trained on the model's own tokens only.
+
+    pipeline: roll_lite.pipelines.multi_turn:MultiTurnPipeline
+    environment: {name: guess_the_number, max_turns: 8}
+
+The step is PPOPipeline's; what differs is its first part. A training row seeds an environment (its
+fields go to reset; its `seed` field, else one derived from data.seed and the row's index, seeds it,
+the same for every sample of the row, so a GRPO group plays one task). The trajectories run
+(roll_lite/environments/episodes.py) with the rollout engine; the batch holds model_mask, the
+model's sampled tokens, which is loss_mask_keys' mask, so every loss and every global denominator
+counts exactly those tokens. Rewards: each step's reward on the last token of the model turn it
+answered (+ reward.functions on the last turn with environment.final_reward). Faults and truncation
+as environment.on_fault / environment.truncated say; each is counted (env/...).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import torch
+
+from roll_lite.config import ConfigError, RunConfig
+from roll_lite.data import DataProto
+from roll_lite.data.files import read_table
+from roll_lite.environments.episodes import Episode, EpisodeLimits, EpisodeStart, run_episodes
+from roll_lite.environments.turns import trajectory_batch
+from roll_lite.loss.advantages import turn_level_advantages
+from roll_lite.rollout import SamplingParams
+
+from .ppo import PPOPipeline
+
+logger = logging.getLogger("roll_lite")
+
+
+class MultiTurnPipeline(PPOPipeline):
+    loss_mask_key = "model_mask"
+    checkpoint_compat_keys = PPOPipeline.checkpoint_compat_keys + ("environment.name",)
+
+    def __init__(self, config: RunConfig):
+        if config.environment.name is None:
+            raise ConfigError("environment.name: MultiTurnPipeline needs an environment (e.g. environment.name="
+                              "guess_the_number); for single-turn runs use roll_lite.pipelines.ppo:PPOPipeline")
+        super().__init__(config)
+        self.environments = None  # the EnvironmentRunner: in the driver, from start_workers to the end of run()
+        self.episodes: list[Episode] = []  # the step's episodes, and those of them in its batch
+        self.kept: list[Episode] = []
+
+    # -- data: rows that seed environments ---------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        if self.train_data is not None:
+            return
+        from roll_lite.data.sampler import PromptSampler
+        from roll_lite.pipelines.sft import SFTPipeline
+
+        d = self.config.data
+        self.train_data = [row for path in d.train_files for row in read_table(path, "data.train_files").rows]
+        eval_rows = [row for path in d.eval_files for row in read_table(path, "data.eval_files").rows]
+        self.eval_data = eval_rows or None
+        self.sampler = PromptSampler(len(self.train_data), self.data_seed, d.shuffle, d.epochs)
+        if self.config.sft.steps:
+            self.warm_start_sft = SFTPipeline(self.config, self.tokenizer)
+            self.warm_start_sft.train_loss = "sft"
+            self.warm_start_sft.prepare_data()
+
+    def longest_sequences(self) -> tuple[int, int]:
+        """The prompts are the environments' first observations, known only once they reset; the loop
+        keeps each trajectory within the model's positions (EpisodeLimits.max_sequence_tokens)."""
+        self.prepare_data()
+        return 1, self.warm_start_sft.longest_sequences()[1] if self.config.sft.steps else 0
+
+    def start_workers(self) -> None:
+        from roll_lite.environments import EnvironmentRunner
+
+        super().start_workers()
+        self.environments = EnvironmentRunner.from_config(self.config.environment)
+        logger.info("environment: %s in %d process(es)", self.config.environment.name, self.config.environment.max_concurrent)
+
+    def run(self) -> list[dict]:
+        try:
+            return super().run()
+        finally:
+            if self.environments is not None:
+                self.environments.close()
+                self.environments = None
+
+    # -- rollout ------------------------------------------------------------------------------------
+
+    def draw_prompts(self) -> None:
+        """Nothing is launched ahead (rollout.async_steps=0): collect_rollout plays the step's episodes."""
+        return None
+
+    def collect_rollout(self, step: int) -> tuple[DataProto, int]:
+        rows = self.sampler.draw(self.config.rollout.prompts_per_step)
+        if not rows:
+            raise RuntimeError(f"step {step}: the training rows are used up (data.epochs={self.config.data.epochs})")
+        self.episodes = self.play([self.train_data[row] for row in rows], rows, self.sampling_params(), "train")
+        return self.episode_batch(self.episodes, step), 0
+
+    def play(self, rows: list[dict], row_ids: list[int], params: SamplingParams, split: str) -> list[Episode]:
+        """Every row's `params.num_samples` episodes, with the engine's current weights."""
+        self.schedule.wait_sync()
+        e = self.config.environment
+        limits = EpisodeLimits(e.max_turns, e.max_new_tokens_per_turn, e.max_trajectory_tokens, self.positions)
+        starts = [EpisodeStart((split, row_id, sample), self.environment_seed(row, row_id, split), dict(row))
+                  for row, row_id in zip(rows, row_ids) for sample in range(params.num_samples)]
+        return run_episodes(_EngineCalls(self.rollout), self.environments, self.tokenizer, starts, params, limits)
+
+    @property
+    def positions(self) -> int | None:
+        """The model's max_position_embeddings: no trajectory grows past it."""
+        m = self.config.model
+        if m.pretrained_path is None:
+            return m.max_position_embeddings
+        from transformers import AutoConfig
+
+        return getattr(AutoConfig.from_pretrained(m.pretrained_path, trust_remote_code=m.trust_remote_code),
+                       "max_position_embeddings", None)
+
+    def environment_seed(self, row: dict, row_id: int, split: str) -> int:
+        if isinstance(row.get("seed"), int):
+            return row["seed"]
+        return (self.data_seed * 1_000_003 + row_id) * 2 + (split == "eval")
+
+    def episode_batch(self, episodes: list[Episode], step: int) -> DataProto:
+        """The batch of the episodes kept: every one with a model turn, but those that faulted when
+        environment.on_fault=drop. group_ids: the row each came from."""
+        kept = [e for e in episodes if e.trajectory is not None and e.num_turns
+                and not (e.fault is not None and self.config.environment.on_fault == "drop")]
+        if not kept:
+            faults = Counter(e.fault for e in episodes if e.fault is not None)
+            raise RuntimeError(f"step {step}: no trajectory to train on: {len(episodes)} ended in faults "
+                               f"({', '.join(f'{n} {why}' for why, n in faults.items())}); "
+                               f"first error: {next(e.error for e in episodes if e.error)}")
+        batch = trajectory_batch([e.trajectory for e in kept], self.tokenizer.pad_token_id)
+        rows = [e.key[1] for e in kept]
+        batch.batch["group_ids"] = torch.tensor([sorted(set(rows)).index(r) for r in rows])
+        if self.config.environment.truncated == "mask":
+            cut = torch.tensor([e.truncated for e in kept])
+            batch.batch["model_mask"][cut] = 0
+        batch.non_tensor_batch["response_text"] = [e.turn_texts[-1] for e in kept]
+        batch.non_tensor_batch["answer"] = [self.train_data[r].get(self.config.data.answer_key) for r in rows]
+        batch.non_tensor_batch["extra"] = [dict(self.train_data[r]) for r in rows]
+        self.kept = kept
+        return DataProto(batch.batch, batch.non_tensor_batch)
+
+    # -- rewards and credit -------------------------------------------------------------------------
+
+    def rewards(self, batch: DataProto) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """(returns, token rewards, metrics): each step's reward on the last token of the turn it
+        answered; a faulted trajectory gets 0 everywhere (environment.on_fault=zero_reward)."""
+        episodes = self.kept  # the batch's rows, in order
+        token_rewards = torch.zeros(batch["model_mask"].shape, dtype=torch.float32)
+        prompt_lengths = batch["attention_mask"].sum(-1) - batch["response_mask"].sum(-1)
+        final = torch.zeros(len(episodes))
+        reward_metrics = {}
+        if self.config.environment.final_reward:
+            final, reward_metrics = self.score(batch)
+        for row, episode in enumerate(episodes):
+            if episode.fault is not None:
+                continue
+            ends = [int(prompt_lengths[row]) + end for end in episode.turn_ends]
+            token_rewards[row, ends] = torch.tensor(episode.turn_rewards, dtype=torch.float32)
+            token_rewards[row, ends[-1]] += final[row]
+        metrics = {**episode_metrics(self.episodes, "env"), **reward_metrics}
+        return token_rewards.sum(-1), token_rewards, metrics
+
+    def compute_advantages(self, scores, token_rewards, batch):
+        a = self.algorithm
+        if self.config.environment.credit == "turn":
+            advantages = turn_level_advantages(token_rewards, batch[self.loss_mask_key], batch["group_ids"], a.advantage, a.gamma)
+            return advantages, None
+        return super().compute_advantages(scores, token_rewards, batch)
+
+    # -- evaluation ---------------------------------------------------------------------------------
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy episodes on data.eval_files' rows: eval/reward_mean (the mean return) and the
+        episode metrics (eval/terminated, eval/turns, eval/turns_when_terminated, ...)."""
+        self.prepare_data()
+        if self.eval_data is None:
+            return {}
+        e = self.config.environment
+        params = SamplingParams(e.max_new_tokens_per_turn, 1, greedy=True)
+        episodes = self.play(self.eval_data, list(range(len(self.eval_data))), params, "eval")
+        self.eval_samples = [{"prompt": self.tokenizer.decode(ep.trajectory.prompt_ids) if ep.trajectory else None,
+                              "response": self.tokenizer.decode(ep.trajectory.response_ids) if ep.trajectory else None,
+                              "answer": ep.end, "score": ep.env_return} for ep in episodes]
+        return episode_metrics(episodes, "eval")
+
+
+class _EngineCalls:
+    """The rollout client as episodes.TurnEngine."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def start_generate(self, prompts, params):
+        return self.client.start_generate(prompts, params)
+
+    def result(self, handle):
+        return self.client.wait(handle, "generate")
+
+
+def episode_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
+    """Means over the episodes: <prefix>/reward_mean (the return), terminated, truncated, turns,
+    turns_when_terminated, tokens, env_s (the environment's seconds, summed per episode),
+    faults/<reason> and dropped counts, and the steps' info["metrics"] summed per episode."""
+    n = len(episodes)
+    terminated = [e for e in episodes if e.end == "terminated"]
+    metrics = {
+        f"{prefix}/reward_mean": sum(e.env_return for e in episodes if e.fault is None) / n,
+        f"{prefix}/terminated": len(terminated) / n,
+        f"{prefix}/truncated": sum(e.truncated for e in episodes) / n,
+        f"{prefix}/turns": sum(e.num_turns for e in episodes) / n,
+        f"{prefix}/tokens": sum(e.response_tokens for e in episodes) / n,
+        f"{prefix}/env_s": sum(e.env_seconds for e in episodes) / n,
+    }
+    if terminated:
+        metrics[f"{prefix}/turns_when_terminated"] = sum(e.num_turns for e in terminated) / len(terminated)
+    for end in ("max_turns", "token_budget"):
+        metrics[f"{prefix}/ended_{end}"] = sum(e.end == end for e in episodes) / n
+    for reason, count in Counter(e.fault for e in episodes if e.fault is not None).items():
+        metrics[f"{prefix}/faults/{reason}"] = float(count)
+    for name in sorted({name for e in episodes for name in e.metrics}):
+        metrics[f"{prefix}/{name}"] = sum(e.metrics.get(name, 0) for e in episodes) / n
+    return metrics

@@ -1,0 +1,208 @@
+"""Multi-turn rollouts: many trajectories in flight, each alternating the engine's turns with its
+environment's steps, built token in, token out (turns.py).
+
+    episodes = run_episodes(engine, runner, tokenizer, starts, params, limits)
+
+A trajectory starts with its environment's reset; the first observation, chat-templated with the
+generation prompt, is its prompt. Then, until it ends:
+
+- the engine samples the model's turn (at most limits.max_new_tokens_per_turn tokens, and no more
+  than the trajectory's token budget has left);
+- the turn's text goes to the environment's step; its reward belongs to that turn;
+- the trajectory ends when the environment says so (terminated / truncated), after
+  limits.max_turns turns ("max_turns"), when the next observation would pass
+  limits.max_trajectory_tokens ("token_budget"; the observation is then not added), or on a fault of
+  its environment (runner.py: raised, timed_out, bad_return, crashed, lost);
+- else the observation's tokens (turns.observation_ids) are appended. A turn that stopped without the
+  end-of-turn token (it hit its token limit) gets that token first, as the environment's, so the
+  chat template's continuation holds; it is never trained.
+
+Concurrency: the environments step in the runner's processes while the engine generates. When the
+engine is free it takes every trajectory waiting for a turn, as soon as at least half of those still
+running are waiting (or all are): with environments about as slow as a generation, two cohorts form,
+one generating while the other's environments step. `overlap=False` is the plain loop (every
+environment steps, then every running trajectory generates), for comparison.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Protocol
+
+from roll_lite.environments.results import Result
+from roll_lite.environments.turns import Trajectory, observation_ids
+from roll_lite.errors import ConfigError
+from roll_lite.rollout.engine import Completions, SamplingParams
+
+# How a trajectory ended. The first two are the environment's; the next two are the loop's limits.
+ENDINGS = ("terminated", "truncated", "max_turns", "token_budget", "fault")
+TRUNCATIONS = ("truncated", "max_turns", "token_budget")
+
+
+class TurnEngine(Protocol):
+    """What the loop needs of an engine: start a generation, then wait for it (the rollout client's
+    start_generate / wait, or an in-process engine wrapped to return its Completions at once)."""
+
+    def start_generate(self, prompts: list[list[int]], params: SamplingParams) -> Any: ...
+
+    def result(self, handle: Any) -> Completions: ...
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int
+    max_new_tokens_per_turn: int
+    max_trajectory_tokens: int | None = None  # tokens after the prompt; None: no budget
+    max_sequence_tokens: int | None = None  # prompt + response: the model's positions; None: no limit
+
+
+@dataclass(frozen=True)
+class EpisodeStart:
+    key: Hashable  # e.g. (row, sample): the environment's id in the runner
+    seed: int | None
+    fields: dict = field(default_factory=dict)  # the dataset row's fields, passed to reset
+
+
+@dataclass
+class Episode:
+    key: Hashable
+    trajectory: Trajectory | None = None  # None when reset faulted: no prompt, nothing to train
+    turn_rewards: list[float] = field(default_factory=list)  # the environment's reward for each model turn
+    turn_ends: list[int] = field(default_factory=list)  # response index of each model turn's last token
+    turn_texts: list[str] = field(default_factory=list)  # each model turn as the environment got it
+    end: str | None = None  # one of ENDINGS, once over
+    fault: str | None = None  # runner.FAULTS' reason, when end == "fault"
+    error: str | None = None
+    env_seconds: float = 0.0  # the environment's own time, reset and steps
+    metrics: Counter = field(default_factory=Counter)  # the steps' info["metrics"], summed
+    info: dict = field(default_factory=dict)  # the last step's info
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_rewards)
+
+    @property
+    def truncated(self) -> bool:
+        return self.end in TRUNCATIONS
+
+    @property
+    def env_return(self) -> float:
+        return float(sum(self.turn_rewards))
+
+    @property
+    def response_tokens(self) -> int:
+        return 0 if self.trajectory is None else len(self.trajectory.response_ids)
+
+
+def run_episodes(engine: TurnEngine, runner, tokenizer, starts: list[EpisodeStart], params: SamplingParams,
+                 limits: EpisodeLimits, overlap: bool = True) -> list[Episode]:
+    """Run one episode per start to its end; the episodes in the order of `starts`. `params` gives
+    the sampling (its max_new_tokens and num_samples are the loop's: one sample per turn)."""
+    return _Loop(engine, runner, tokenizer, params, limits, overlap).run(starts)
+
+
+class _Loop:
+    def __init__(self, engine, runner, tokenizer, params: SamplingParams, limits: EpisodeLimits, overlap: bool):
+        self.engine, self.runner, self.tokenizer, self.limits, self.overlap = engine, runner, tokenizer, limits, overlap
+        self.params = params
+        self.eos = tokenizer.eos_token_id
+        self.episodes: dict[Hashable, Episode] = {}
+        self.stepping: dict[Future, Hashable] = {}  # environment calls in flight
+        self.waiting: list[Hashable] = []  # trajectories whose next model turn is due
+
+    def run(self, starts: list[EpisodeStart]) -> list[Episode]:
+        keys = [start.key for start in starts]
+        if len(set(keys)) != len(keys):
+            raise ValueError("run_episodes: every start needs its own key")
+        for start in starts:
+            self.episodes[start.key] = Episode(start.key)
+            self.stepping[self.runner.submit_reset(start.key, start.seed, start.fields)] = start.key
+        while self.stepping or self.waiting:
+            if self.waiting and self._generation_due():
+                self._generate()
+            else:
+                self._collect(wait(self.stepping, return_when=FIRST_COMPLETED).done)
+        return [self.episodes[key] for key in keys]
+
+    def _generation_due(self) -> bool:
+        if not self.stepping:
+            return True
+        return self.overlap and 2 * len(self.waiting) >= len(self.waiting) + len(self.stepping)
+
+    def _collect(self, done) -> None:
+        done = set(done) | {future for future in self.stepping if future.done()}
+        for future in done:
+            key = self.stepping.pop(future)
+            self._after_environment(self.episodes[key], future.result())
+
+    def _after_environment(self, episode: Episode, result: Result) -> None:
+        episode.env_seconds += result.seconds
+        if result.fault is not None:
+            episode.end, episode.fault, episode.error = "fault", result.fault, result.error
+            return
+        if episode.trajectory is None:  # the reset
+            messages = _as_messages(result.observation)
+            prompt = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                             return_dict=False))
+            episode.trajectory = Trajectory(prompt)
+            if self._room(episode) < 1:
+                raise ConfigError(f"model.max_position_embeddings: the first observation of {episode.key!r} takes "
+                                  f"{len(prompt)} tokens, leaving no room for a model turn within "
+                                  f"{self.limits.max_sequence_tokens} positions")
+            self.waiting.append(episode.key)
+            return
+        episode.turn_rewards[-1] = result.reward
+        episode.info = result.info
+        for name, value in (result.info.get("metrics") or {}).items():
+            episode.metrics[name] += value
+        if result.terminated or result.truncated:
+            episode.end = "terminated" if result.terminated else "truncated"
+            return
+        if episode.num_turns >= self.limits.max_turns:
+            return self._stop(episode, "max_turns")
+        continuation = [] if episode.trajectory.response_ids[-1] == self.eos else [self.eos]
+        continuation += observation_ids(self.tokenizer, result.observation, self.eos)
+        if self._room(episode) < len(continuation) + 1:  # the observation and one token of a next turn
+            return self._stop(episode, "token_budget")
+        episode.trajectory.add_observation(continuation)
+        self.waiting.append(episode.key)
+
+    def _stop(self, episode: Episode, end: str) -> None:
+        episode.end = end
+        self.runner.release(episode.key)
+
+    def _room(self, episode: Episode) -> int:
+        """Tokens the trajectory may still grow by: its budget's and the model's positions' rest."""
+        budget, positions = self.limits.max_trajectory_tokens, self.limits.max_sequence_tokens
+        room = 10**9 if budget is None else budget - episode.response_tokens
+        if positions is not None:
+            room = min(room, positions - len(episode.trajectory.prompt_ids) - episode.response_tokens)
+        return room
+
+    def _generate(self) -> None:
+        keys, self.waiting = self.waiting, []
+        trajectories = [self.episodes[key].trajectory for key in keys]
+        allowed = [min(self.limits.max_new_tokens_per_turn, self._room(self.episodes[key])) for key in keys]
+        p = self.params
+        params = SamplingParams(max(allowed), 1, p.temperature, p.top_p, p.top_k, p.greedy)
+        completions = self.engine.result(self.engine.start_generate(
+            [t.prompt_ids + t.response_ids for t in trajectories], params))
+        for row, key in enumerate(keys):
+            episode = self.episodes[key]
+            ids = completions.token_ids[row][:allowed[row]]
+            log_probs = (completions.log_probs[row][:allowed[row]] if completions.log_probs is not None
+                         else [0.0] * len(ids))  # greedy (evaluation): nothing is trained
+            if not ids:
+                raise RuntimeError(f"the engine returned an empty turn for trajectory {key!r}")
+            episode.trajectory.add_model_turn(ids, log_probs)
+            episode.turn_ends.append(episode.response_tokens - 1)
+            episode.turn_rewards.append(0.0)
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            episode.turn_texts.append(text)
+            self.stepping[self.runner.submit_step(key, text)] = key
+
+
+def _as_messages(observation) -> list[dict]:
+    return [{"role": "user", "content": observation}] if isinstance(observation, str) else list(observation)
