@@ -1,0 +1,67 @@
+"""The multi-turn demo's data (configs/multiturn.yaml): guess-the-number rows and the conversations of
+a demonstrator, as JSONL files.
+
+- train.jsonl, eval.jsonl: one row per episode, `{"secret": n}`: the environment's reset takes the
+  row's secret (roll_lite/environments/guess_the_number.py). Eval holds every secret of [lo, hi]
+  once, so its success rate is over the whole task; training rows draw secrets uniformly.
+- sft.jsonl: `{"messages": [...]}`: whole conversations played by a demonstrator that guesses
+  uniformly at random among the numbers the hints so far allow. It never repeats a ruled-out number,
+  but it does not bisect: it needs ~30% more guesses than bisection and runs out of turns now and
+  then, which leaves RL something to improve (success, and turns to solve). Its observations are the
+  environment's own, replayed on an instance of it.
+
+Regenerate the files, byte for byte, with
+
+    python -m roll_lite.data.guessing data/guess_the_number
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+from roll_lite.environments.guess_the_number import GuessTheNumber
+
+LO, HI, MAX_TURNS = 1, 16, 5
+NUM_TRAIN, NUM_SFT, SEED = 4096, 2048, 0
+
+
+def demonstration(secret: int, rng: random.Random, lo: int = LO, hi: int = HI, max_turns: int = MAX_TURNS) -> list[dict]:
+    """One conversation: the environment's observations as user turns, the demonstrator's guesses as
+    assistant turns, up to the environment's last observation (not included: the model never answers it)."""
+    env = GuessTheNumber(lo=lo, hi=hi, max_turns=max_turns)
+    observation, _ = env.reset(secret=secret)
+    messages = [{"role": "user", "content": observation}]
+    low, high = lo, hi
+    while True:
+        guess = rng.randint(low, high)
+        messages.append({"role": "assistant", "content": str(guess)})
+        observation, _, terminated, truncated, _ = env.step(str(guess))
+        if terminated or truncated:
+            return messages
+        messages.append({"role": "user", "content": observation})
+        low, high = (guess + 1, high) if guess < secret else (low, guess - 1)
+
+
+def write(folder: Path) -> None:
+    rng = random.Random(SEED)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = {
+        "train.jsonl": [{"secret": rng.randint(LO, HI)} for _ in range(NUM_TRAIN)],
+        "eval.jsonl": [{"secret": secret} for secret in range(LO, HI + 1)],
+        "sft.jsonl": [{"messages": demonstration(rng.randint(LO, HI), rng)} for _ in range(NUM_SFT)],
+    }
+    for name, lines in rows.items():
+        (folder / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    write(parser.parse_args().folder)
+
+
+if __name__ == "__main__":
+    main()

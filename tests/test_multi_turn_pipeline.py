@@ -1,0 +1,173 @@
+"""MultiTurnPipeline's own parts, without workers: the batch of a step's episodes (model_mask, groups,
+what faults and truncation do), rewards on each turn's last token, the credit each turn gets; and
+the config around them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from roll_lite.config import ConfigError, load_config
+from roll_lite.environments.episodes import Episode
+from roll_lite.environments.turns import Trajectory
+from roll_lite.loss.advantages import discounted_returns, first_turn_returns, turn_level_advantages, turn_returns
+from roll_lite.pipelines.multi_turn import MultiTurnPipeline, episode_metrics
+
+MULTI_TURN = ["pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline", "environment.name=guess_the_number",
+              "model.chat_template=compact"]
+
+
+@pytest.fixture
+def rows_file(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"secret": s}) + "\n" for s in (3, 9)))
+    return str(path)
+
+
+def pipeline_for(rows_file, *overrides) -> MultiTurnPipeline:
+    pipeline = MultiTurnPipeline(load_config(None, [*MULTI_TURN, f"data.train_files={rows_file}", *overrides]))
+    pipeline.prepare_data()
+    return pipeline
+
+
+def episode(row: int, sample: int, turns: list[tuple[int, float]], end="terminated", fault=None) -> Episode:
+    """turns: (model tokens, the step's reward) each; observations of 3 tokens between them."""
+    trajectory, turn_ends, position = Trajectory([1, 2]), [], 0
+    for i, (tokens, _) in enumerate(turns):
+        if i:
+            trajectory.add_observation([7, 7, 7])
+            position += 3
+        trajectory.add_model_turn([5] * tokens, [-0.5] * tokens)
+        position += tokens
+        turn_ends.append(position - 1)
+    return Episode(("train", row, sample), trajectory, [r for _, r in turns], turn_ends,
+                   [f"t{i}" for i in range(len(turns))], end, fault, "boom" if fault else None)
+
+
+def test_the_batch_trains_the_models_tokens_and_rewards_sit_on_each_turns_last_token(rows_file):
+    pipeline = pipeline_for(rows_file)
+    episodes = [episode(0, 0, [(2, 0.0), (3, 1.0)]), episode(0, 1, [(1, 0.25)]), episode(1, 0, [(2, 0.0), (1, 0.0)])]
+    pipeline.episodes = episodes
+    batch = pipeline.episode_batch(episodes, step=1)
+    assert batch.meta_info == {} and batch["group_ids"].tolist() == [0, 0, 1]
+    # prompt [1, 2] | 5 5 | 7 7 7 | 5 5 5
+    assert batch["model_mask"][0].tolist() == [0, 0, 1, 1, 0, 0, 0, 1, 1, 1]
+    assert batch["response_mask"][0].tolist() == [0, 0] + [1] * 8
+    assert batch["rollout_log_probs"][0].tolist() == [0, 0, -0.5, -0.5, 0, 0, 0, -0.5, -0.5, -0.5]
+    scores, token_rewards, metrics = pipeline.rewards(batch)
+    assert token_rewards[0].tolist() == [0] * 9 + [1.0] and token_rewards[1, 2].item() == 0.25
+    assert scores.tolist() == [1.0, 0.25, 0.0]
+    assert metrics["env/reward_mean"] == pytest.approx(1.25 / 3) and metrics["env/turns"] == pytest.approx(5 / 3)
+    assert list(batch.non_tensor_batch["response_text"]) == ["t1", "t0", "t1"]
+    assert list(batch.non_tensor_batch["extra"]) == [{"secret": 3}, {"secret": 3}, {"secret": 9}]
+
+
+@pytest.mark.parametrize("on_fault", ["zero_reward", "drop"])
+def test_a_faulted_trajectory_gets_reward_0_or_is_left_out_and_is_counted(rows_file, on_fault):
+    pipeline = pipeline_for(rows_file, f"environment.on_fault={on_fault}")
+    no_reset = Episode((0, 2), end="fault", fault="crashed", error="died")
+    episodes = [episode(0, 0, [(2, 1.0)]), episode(0, 1, [(2, 0.5), (1, 1.0)], end="fault", fault="raised"), no_reset]
+    pipeline.episodes = episodes
+    batch = pipeline.episode_batch(episodes, step=1)
+    assert len(batch) == (2 if on_fault == "zero_reward" else 1)  # a reset that faulted has nothing to train
+    scores, _, metrics = pipeline.rewards(batch)
+    assert scores.tolist() == ([1.0, 0.0] if on_fault == "zero_reward" else [1.0])
+    assert metrics["env/faults/raised"] == 1 and metrics["env/faults/crashed"] == 1
+
+
+def test_a_step_where_every_trajectory_faulted_stops_with_the_reasons(rows_file):
+    pipeline = pipeline_for(rows_file)
+    with pytest.raises(RuntimeError, match="no trajectory to train on: 2 ended in faults .*2 timed_out.*first error: slow"):
+        pipeline.episode_batch([Episode((0, 0), end="fault", fault="timed_out", error="slow")] * 2, step=3)
+
+
+def test_truncated_trajectories_train_by_default_and_mask_keeps_them_out(rows_file):
+    episodes = [episode(0, 0, [(2, 0.0), (2, 0.0)], end="max_turns"), episode(0, 1, [(2, 1.0)])]
+    trained = pipeline_for(rows_file).episode_batch(episodes, 1)
+    masked = pipeline_for(rows_file, "environment.truncated=mask").episode_batch(episodes, 1)
+    assert trained["model_mask"][0].sum() == 4 and masked["model_mask"][0].sum() == 0
+    assert torch.equal(trained["model_mask"][1], masked["model_mask"][1])
+
+
+def test_episode_metrics_count_endings_turns_and_step_metrics():
+    a = episode(0, 0, [(2, 0.0), (1, 1.0)])
+    a.metrics.update(tool_calls=2, tool_errors=1)
+    b = episode(0, 1, [(1, 0.0)], end="token_budget")
+    metrics = episode_metrics([a, b], "eval")
+    assert metrics["eval/terminated"] == 0.5 and metrics["eval/truncated"] == 0.5
+    assert metrics["eval/turns_when_terminated"] == 2 and metrics["eval/ended_token_budget"] == 0.5
+    assert metrics["eval/tool_calls"] == 1 and metrics["eval/tool_errors"] == 0.5
+
+
+# -- credit --------------------------------------------------------------------------------------
+
+MASK = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 0, 1, 0], [0, 1, 1, 1, 0, 0, 0, 0, 0, 0]])
+
+
+def rewards_at(values: dict) -> torch.Tensor:
+    rewards = torch.zeros(MASK.shape, dtype=torch.float64)
+    for (row, column), value in values.items():
+        rewards[row, column] = value
+    return rewards
+
+
+def test_returns_skip_the_environments_tokens_instead_of_discounting_them():
+    rewards = rewards_at({(0, 2): 1.0, (0, 8): 4.0})
+    returns = discounted_returns(rewards, MASK, gamma=0.5)
+    # model tokens 1 2 5 6 8 are five consecutive time steps: 4 at step 5 is worth 4·0.5^3 at position 2
+    assert returns[0, 2].item() == 1.0 + 0.5 ** 3 * 4 and returns[0, 8].item() == 4.0
+    assert returns[0, [0, 3, 4, 7, 9]].abs().sum() == 0
+
+
+def test_turn_returns_and_turn_level_credit_follow_their_formulas():
+    rewards = rewards_at({(0, 2): 1.0, (0, 6): 2.0, (0, 8): 4.0, (1, 3): 3.0})
+    g = turn_returns(rewards, MASK, gamma=0.5)
+    assert g[0].tolist() == [0, 3, 3, 0, 0, 4, 4, 0, 4, 0]  # G3 = 4, G2 = 2 + 0.5·4, G1 = 1 + 0.5·4
+    assert first_turn_returns(rewards, MASK, 1.0).tolist() == [7.0, 3.0]
+    groups = torch.tensor([0, 0])
+    grpo = turn_level_advantages(rewards, MASK, groups, "grpo", gamma=1.0)
+    std = torch.tensor([7.0, 3.0]).std().item()
+    expected = {1: (7 - 5) / std, 5: (6 - 5) / std, 8: (4 - 5) / std}
+    for column, value in expected.items():
+        assert grpo[0, column].item() == pytest.approx(value, rel=1e-5)
+    assert turn_level_advantages(rewards, MASK, groups, "dr_grpo")[1, 1].item() == 3 - 5
+    assert turn_level_advantages(rewards, MASK, groups, "rloo")[0, 8].item() == 4 - 3
+
+
+def test_early_turns_of_a_trajectory_that_ends_well_get_its_credit():
+    """SkyRL #1492: step-wise training gave early turns zero advantage. With the reward on the last
+    turn only, every turn of the winner gets the same positive advantage, at either credit setting."""
+    rewards = rewards_at({(0, 8): 1.0})
+    groups = torch.tensor([0, 0])
+    for advantages in (turn_level_advantages(rewards, MASK, groups, "grpo"),
+                       # trajectory credit: the pipeline's GRPO on the returns, broadcast over model_mask
+                       (lambda s: ((s - s.mean()) / (s.std() + 1e-6))[:, None] * MASK)(rewards.sum(-1))):
+        winner = advantages[0][MASK[0].bool()]
+        assert (winner > 0).all() and torch.allclose(winner, winner[0].expand_as(winner))
+
+
+# -- config ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides, error", [
+    (["environment.name=guess_the_number"], "pipeline: environment.name asks for multi-turn rollouts"),
+    ([*MULTI_TURN, "rollout.async_steps=1"], "rollout.async_steps: multi-turn rollouts .* are on-policy for now"),
+    (MULTI_TURN, "data.train_files: multi-turn rollouts seed one environment per row"),
+    ([*MULTI_TURN, "data.train_files=x.jsonl", "environment.credit=turn", "algorithm.advantage=gae"],
+     "environment.credit: turn-level credit is for grpo, dr_grpo and rloo"),
+    ([*MULTI_TURN, "data.train_files=x.jsonl", "environment.max_turns=0"], "environment.max_turns: must be a whole number"),
+    (["model.chat_template=plain"], "model.chat_template: 'plain' is neither one of compact nor a Jinja template"),
+])
+def test_multi_turn_config_errors_name_the_key(overrides, error):
+    with pytest.raises((ConfigError, ValueError), match=error):
+        config = load_config(None, overrides)
+        from roll_lite.tokenizer import load_tokenizer
+
+        load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
+
+
+def test_the_pipeline_refuses_a_run_without_an_environment():
+    with pytest.raises(ConfigError, match="environment.name: MultiTurnPipeline needs an environment"):
+        MultiTurnPipeline(load_config(None, ["pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline"]))
