@@ -84,3 +84,16 @@ def test_determinism_benchmark_fingerprints_the_machine_and_the_portable_kernels
         assert portable[3] != machine[3] and portable[5] == "no", result.stdout
     ratio = re.search(r"portable / machine, median step time over 1 interleaved rounds: (\d+\.\d+)", result.stdout)
     assert ratio and float(ratio.group(1)) > 0, result.stdout
+
+
+def test_multi_turn_benchmark_plays_the_same_episodes_in_every_row():
+    result = run("benchmarks/multi_turn.py", "--tiny")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
+                                          for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line)}
+    assert set(rows) == {"rows", "sequential", "lockstep", "overlapped"}, result.stdout
+    for name in ("sequential", "lockstep", "overlapped"):
+        assert float(rows[name][1]) > 0 and 0 < float(rows[name][6]) <= 3, result.stdout  # trajectories/s, mean turns
+    assert float(rows["sequential"][7]) == 1.0, result.stdout
+    assert "same episodes as sequential (prompt and response ids, turn texts, rewards, endings): lockstep yes, " \
+           "overlapped yes" in result.stdout, result.stdout
