@@ -25,13 +25,14 @@ from pathlib import Path
 from roll_lite.environments.guess_the_number import GuessTheNumber
 
 LO, HI, MAX_TURNS = 1, 16, 5
+INTRO = "Guess {lo}-{hi}."  # configs/multiturn.yaml's environment.kwargs.intro: short, for a small model
 NUM_TRAIN, NUM_SFT, SEED = 4096, 2048, 0
 
 
 def demonstration(secret: int, rng: random.Random, lo: int = LO, hi: int = HI, max_turns: int = MAX_TURNS) -> list[dict]:
     """One conversation: the environment's observations as user turns, the demonstrator's guesses as
     assistant turns, up to the environment's last observation (not included: the model never answers it)."""
-    env = GuessTheNumber(lo=lo, hi=hi, max_turns=max_turns)
+    env = GuessTheNumber(lo=lo, hi=hi, max_turns=max_turns, intro=INTRO)
     observation, _ = env.reset(secret=secret)
     messages = [{"role": "user", "content": observation}]
     low, high = lo, hi

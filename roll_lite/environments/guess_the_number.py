@@ -1,8 +1,9 @@
 """`guess_the_number`: the environment thinks of a whole number in [lo, hi]; the model guesses, and hears
 whether the number is higher or lower.
 
-Built with `lo` (default 1), `hi` (default 100) and `max_turns` (default 8; binary search needs
-ceil(log2(hi - lo + 2)) guesses, 7 for 1..100). `reset(seed=None, secret=None, lo=None, hi=None)`:
+Built with `lo` (default 1), `hi` (default 100), `max_turns` (default 8; binary search needs
+ceil(log2(hi - lo + 2)) guesses, 7 for 1..100) and `intro` (the first observation, formatted with
+{lo}, {hi} and {max_turns}; default below; a short one keeps a small model's trajectories short). `reset(seed=None, secret=None, lo=None, hi=None)`:
 a row's `lo` / `hi` replace the built ones for that episode; its `secret` is the number, else it
 is drawn uniformly from [lo, hi] with random.Random(seed) (a seed gives the same secret on every
 machine; no seed draws a fresh one).
@@ -38,6 +39,8 @@ import re
 
 from roll_lite.environments.registry import register_environment
 
+INTRO = ("Guess my number: a whole number from {lo} to {hi}. You have {max_turns} guesses; after each one I say "
+         "higher or lower. Reply with just the number.")
 _AFTER_THINKING = re.compile(r"</think>", re.IGNORECASE)
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 # A number not glued to a word or to another number: -3, 42, 1,000, 42.0, 4.5.
@@ -62,8 +65,11 @@ def as_whole_number(written: str) -> int | None:
 
 @register_environment("guess_the_number")
 class GuessTheNumber:
-    def __init__(self, lo: int = 1, hi: int = 100, max_turns: int = 8):
+    def __init__(self, lo: int = 1, hi: int = 100, max_turns: int = 8, intro: str = INTRO):
         self.default_range = _checked_range(lo, hi)
+        if not isinstance(intro, str) or not intro.strip():
+            raise ValueError(f"intro must be a non-empty str, got {intro!r}")
+        self.intro = intro
         if not _is_whole(max_turns) or max_turns < 1:
             raise ValueError(f"max_turns must be a whole number >= 1, got {max_turns!r}")
         self.max_turns = int(max_turns)
@@ -78,9 +84,7 @@ class GuessTheNumber:
         elif not _is_whole(secret) or not self.lo <= secret <= self.hi:
             raise ValueError(f"secret must be a whole number from {self.lo} to {self.hi}, got {secret!r}")
         self.secret, self.turn = int(secret), 0
-        observation = (f"Guess my number: a whole number from {self.lo} to {self.hi}. You have {self.max_turns} "
-                       "guesses; after each one I say higher or lower. Reply with just the number.")
-        return observation, {}
+        return self.intro.format(lo=self.lo, hi=self.hi, max_turns=self.max_turns), {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if self.secret is None:
