@@ -24,7 +24,18 @@ NEWLINE = TOKENIZER("\n", add_special_tokens=False)["input_ids"][0]
 PARAMS = SamplingParams(max_new_tokens=99, temperature=1.0)
 
 FAULTY = '''
+import random, time
+
 from roll_lite.environments.guess_the_number import GuessTheNumber
+
+
+class Jittery(GuessTheNumber):
+    """guess_the_number whose steps take a random 0-20 ms (not seeded: a different timing every run)."""
+
+    def step(self, action):
+        time.sleep(random.SystemRandom().uniform(0, 0.02))
+        return super().step(action)
+
 
 class Faulty(GuessTheNumber):
     """guess_the_number whose step raises at turn `boom_at` of the rows that have it."""
@@ -59,9 +70,11 @@ class BisectingEngine:
         self.lo, self.hi, self.suffix = lo, hi, suffix
         self.returned: list[tuple[list[int], list[float]]] = []
         self.batches: list[int] = []
+        self.calls: list[list[list[int]]] = []  # the prompts of every call
 
     def start_generate(self, prompts, params):
         self.batches.append(len(prompts))
+        self.calls.append([list(p) for p in prompts])
         ids, log_probs = [], []
         for prompt in prompts:
             text = TOKENIZER.decode(prompt, skip_special_tokens=True)
@@ -169,6 +182,17 @@ def test_the_scheduling_changes_the_batching_not_the_episodes():
         assert (ta.prompt_ids, ta.response_ids, ta.model_mask, a.end) == (tb.prompt_ids, tb.response_ids, tb.model_mask, b.end)
     assert sum(plain.batches) == sum(overlapped.batches) == sum(e.num_turns for e in lockstep)
     assert max(plain.batches) == len(secrets)  # lockstep: every running trajectory in one call
+    assert max(overlapped.batches) == len(secrets) // 2  # two cohorts take turns
+
+
+def test_the_generation_calls_follow_from_the_starts_not_from_the_environments_timing(faulty_module):
+    """The engine's sampling depends on which trajectories share a call and on the calls' order; with
+    environments whose steps take random times, both are the same run after run."""
+    engines = [BisectingEngine(), BisectingEngine()]
+    for engine in engines:
+        play(engine, starts_for([2, 5, 7, 9, 11, 14]), EpisodeLimits(max_turns=6, max_new_tokens_per_turn=4),
+             name=f"{faulty_module}:Jittery", max_concurrent=3)
+    assert engines[0].calls == engines[1].calls
 
 
 def test_step_metrics_are_summed_per_trajectory(faulty_module):

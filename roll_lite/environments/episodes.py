@@ -17,17 +17,19 @@ generation prompt, is its prompt. Then, until it ends:
   end-of-turn token (it hit its token limit) gets that token first, as the environment's, so the
   chat template's continuation holds; it is never trained.
 
-Concurrency: the environments step in the runner's processes while the engine generates. When the
-engine is free it takes every trajectory waiting for a turn, as soon as at least half of those still
-running are waiting (or all are): with environments about as slow as a generation, two cohorts form,
-one generating while the other's environments step. `overlap=False` is the plain loop (every
-environment steps, then every running trajectory generates), for comparison.
+Concurrency: the environments step in the runner's processes while the engine generates. The
+trajectories are split into two fixed cohorts (even and odd places in `starts`) that take turns: one
+cohort's running trajectories generate, in one batch, while the other's environments step. Which
+trajectories share a generation call, and the order of the calls, follow from `starts` and what the
+environments answer, never from timing, so a run repeats bit for bit (the engine's sampling depends
+on both). `overlap=False` is one cohort: every environment steps, then every running trajectory
+generates, for comparison.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol
 
@@ -116,26 +118,23 @@ class _Loop:
         keys = [start.key for start in starts]
         if len(set(keys)) != len(keys):
             raise ValueError("run_episodes: every start needs its own key")
+        cohorts = 2 if self.overlap else 1
+        self.place = {key: place for place, key in enumerate(keys)}
         for start in starts:
             self.episodes[start.key] = Episode(start.key)
             self.stepping[self.runner.submit_reset(start.key, start.seed, start.fields)] = start.key
         while self.stepping or self.waiting:
-            if self.waiting and self._generation_due():
-                self._generate()
-            else:
-                self._collect(wait(self.stepping, return_when=FIRST_COMPLETED).done)
+            for cohort in range(cohorts):
+                in_cohort = lambda key: self.place[key] % cohorts == cohort  # noqa: E731
+                calls = [future for future, key in self.stepping.items() if in_cohort(key)]
+                wait(calls)
+                for future in calls:
+                    self._after_environment(self.episodes[self.stepping.pop(future)], future.result())
+                turn = sorted((key for key in self.waiting if in_cohort(key)), key=self.place.__getitem__)
+                if turn:
+                    self.waiting = [key for key in self.waiting if not in_cohort(key)]
+                    self._generate(turn)
         return [self.episodes[key] for key in keys]
-
-    def _generation_due(self) -> bool:
-        if not self.stepping:
-            return True
-        return self.overlap and 2 * len(self.waiting) >= len(self.waiting) + len(self.stepping)
-
-    def _collect(self, done) -> None:
-        done = set(done) | {future for future in self.stepping if future.done()}
-        for future in done:
-            key = self.stepping.pop(future)
-            self._after_environment(self.episodes[key], future.result())
 
     def _after_environment(self, episode: Episode, result: Result) -> None:
         episode.env_seconds += result.seconds
@@ -181,8 +180,7 @@ class _Loop:
             room = min(room, positions - len(episode.trajectory.prompt_ids) - episode.response_tokens)
         return room
 
-    def _generate(self) -> None:
-        keys, self.waiting = self.waiting, []
+    def _generate(self, keys: list[Hashable]) -> None:
         trajectories = [self.episodes[key].trajectory for key in keys]
         allowed = [min(self.limits.max_new_tokens_per_turn, self._room(self.episodes[key])) for key in keys]
         p = self.params

