@@ -6,12 +6,11 @@ import logging
 import math
 import random
 import sys
-import textwrap
 import time
-import uuid
 
 import numpy as np
 import pytest
+from user_modules import user_module as user_module_named
 
 from roll_lite.environments import (
     ENVIRONMENTS,
@@ -94,12 +93,8 @@ class NoStep:
 @pytest.fixture(scope="module")
 def user_module(tmp_path_factory):
     """A user's module of environments, importable here and (through sys.path) in the runner's processes."""
-    name = f"user_envs_{uuid.uuid4().hex[:8]}"
-    folder = tmp_path_factory.mktemp("user_envs")
-    (folder / f"{name}.py").write_text("import sys\n" + textwrap.dedent(SCRIPTED))
-    sys.path.insert(0, str(folder))
-    yield name
-    sys.path.remove(str(folder))
+    with user_module_named(tmp_path_factory, "user_envs", "import sys\n" + SCRIPTED) as name:
+        yield name
 
 
 # -- guess_the_number ----------------------------------------------------------------------------

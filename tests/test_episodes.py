@@ -5,11 +5,9 @@ scheduling changes nothing but the batching."""
 from __future__ import annotations
 
 import re
-import sys
-import textwrap
-import uuid
 
 import pytest
+from user_modules import user_module as user_module_named
 
 from roll_lite.environments import EnvironmentRunner
 from roll_lite.environments.episodes import EpisodeLimits, EpisodeStart, run_episodes
@@ -53,12 +51,8 @@ class Faulty(GuessTheNumber):
 
 @pytest.fixture(scope="module")
 def faulty_module(tmp_path_factory):
-    name = f"faulty_envs_{uuid.uuid4().hex[:8]}"
-    folder = tmp_path_factory.mktemp("faulty_envs")
-    (folder / f"{name}.py").write_text(textwrap.dedent(FAULTY))
-    sys.path.insert(0, str(folder))
-    yield name
-    sys.path.remove(str(folder))
+    with user_module_named(tmp_path_factory, "faulty_envs", FAULTY) as name:
+        yield name
 
 
 class BisectingEngine:

@@ -6,10 +6,9 @@ chat template that knows the tool role."""
 
 import json
 import sys
-import textwrap
-import uuid
 
 import pytest
+from user_modules import user_module as user_module_named
 
 from roll_lite.environments import ENVIRONMENTS, EnvironmentRunner, ToolEnvironment
 from roll_lite.environments.example_tools import calculator
@@ -66,12 +65,8 @@ class ChatTask:
 @pytest.fixture(scope="module")
 def user_module(tmp_path_factory):
     """A user's module of tools, a parser and a task, importable here and in the runner's processes."""
-    name = f"user_tools_{uuid.uuid4().hex[:8]}"
-    folder = tmp_path_factory.mktemp("user_tools")
-    (folder / f"{name}.py").write_text(textwrap.dedent(USER_TOOLS))
-    sys.path.insert(0, str(folder))
-    yield name
-    sys.path.remove(str(folder))
+    with user_module_named(tmp_path_factory, "user_tools", USER_TOOLS) as name:
+        yield name
 
 
 def call(name, **arguments):
