@@ -185,9 +185,11 @@ class MultiTurnPipeline(PPOPipeline):
         e = self.config.environment
         params = SamplingParams(e.max_new_tokens_per_turn, 1, greedy=True)
         episodes = self.play(self.eval_data, list(range(len(self.eval_data))), params, "eval")
+        answer_key = self.config.data.answer_key
         self.eval_samples = [{"prompt": self.tokenizer.decode(ep.trajectory.prompt_ids) if ep.trajectory else None,
                               "response": self.tokenizer.decode(ep.trajectory.response_ids) if ep.trajectory else None,
-                              "answer": ep.end, "score": ep.env_return} for ep in episodes]
+                              "answer": row.get(answer_key), "score": ep.env_return, "end": ep.fault or ep.end,
+                              "turns": ep.num_turns} for row, ep in zip(self.eval_data, episodes)]
         return episode_metrics(episodes, "eval")
 
 
