@@ -24,8 +24,8 @@ Rows, all on the same engine:
   generate one completion, then step its environment and wait; one environment process;
 - lockstep: run_episodes(..., overlap=False) over `--max-concurrent` environment processes: every
   environment steps, then every running trajectory generates in one batch;
-- overlapped: run_episodes(..., overlap=True) over the same processes: the engine takes the waiting
-  trajectories while the others' environments step.
+- overlapped: run_episodes(..., overlap=True) over the same processes: two cohorts of trajectories
+  take turns, one generating while the other's environments step.
 Each of `--repeats` rounds runs the three rows, the order rotated from round to round; the table
 gives medians over the rounds. Start-up (model, processes) is outside the timings.
 """
@@ -261,6 +261,11 @@ def report(results: dict, args) -> None:
           "the rounds of each round's share.")
     print("same episodes as sequential (prompt and response ids, turn texts, rewards, endings): "
           + ", ".join(f"{row} {'yes' if same[row] else 'NO'}" for row in ROWS[1:]))
+    calls = median("sequential", "turns") + 1  # a reset and a step per turn, per trajectory
+    floor = -(-args.trajectories // args.max_concurrent) * calls * args.env_latency_ms / 1000
+    print(f"the environments alone take at least {args.trajectories * calls * args.env_latency_ms / 1000:.2f} s "
+          f"one at a time, and about {floor:.2f} s over {args.max_concurrent} processes (their most loaded one: "
+          f"{-(-args.trajectories // args.max_concurrent)} trajectories × {calls:g} calls × the latency)")
     endings = [o[4] for o in reference]
     print("endings (sequential): " + ", ".join(f"{end} {endings.count(end)}" for end in sorted(set(endings))))
 
