@@ -195,3 +195,14 @@ def test_step_metrics_are_summed_per_trajectory(faulty_module):
                                           "tools": ["roll_lite.environments.example_tools:calculator"]})
     assert episodes[0].end == "terminated"
     assert episodes[0].metrics == {"tool_calls": 0, "tool_errors": 0}
+
+
+def test_every_environment_process_hosts_both_cohorts():
+    """So that all processes step while either cohort generates (with resets placed round-robin in
+    the starts' order, an even max_concurrent put each cohort on half of them)."""
+    with EnvironmentRunner("guess_the_number", {"lo": 1, "hi": 16}, max_concurrent=4, step_timeout_s=10) as runner:
+        run_episodes(BisectingEngine(), runner, TOKENIZER, starts_for([5] * 16), PARAMS,
+                     EpisodeLimits(max_turns=1, max_new_tokens_per_turn=4))
+        process_of = {key: record.process for key, record in runner._records.items()}
+    for cohort in (0, 1):
+        assert sorted({process_of[key] for key in range(16) if key % 2 == cohort}) == [0, 1, 2, 3]

@@ -120,7 +120,9 @@ class _Loop:
             raise ValueError("run_episodes: every start needs its own key")
         cohorts = 2 if self.overlap else 1
         self.place = {key: place for place, key in enumerate(keys)}
-        for start in starts:
+        # Reset cohort by cohort: the runner puts each reset on its least busy process, so every
+        # process then hosts both cohorts and all of them step while either cohort generates.
+        for start in sorted(starts, key=lambda start: self.place[start.key] % cohorts):
             self.episodes[start.key] = Episode(start.key)
             self.stepping[self.runner.submit_reset(start.key, start.seed, start.fields)] = start.key
         while self.stepping or self.waiting:
