@@ -164,7 +164,7 @@ class MultiTurnPipeline(PPOPipeline):
             ends = [int(prompt_lengths[row]) + end for end in episode.turn_ends]
             token_rewards[row, ends] = torch.tensor(episode.turn_rewards, dtype=torch.float32)
             token_rewards[row, ends[-1]] += final[row]
-        metrics = {**episode_metrics(self.episodes, "env"), **reward_metrics}
+        metrics = {**episode_metrics(self.episodes, "env", self.config.environment.max_turns), **reward_metrics}
         return token_rewards.sum(-1), token_rewards, metrics
 
     def compute_advantages(self, scores, token_rewards, batch):
@@ -178,7 +178,7 @@ class MultiTurnPipeline(PPOPipeline):
 
     def evaluate(self) -> dict[str, float]:
         """Greedy episodes on data.eval_files' rows: eval/reward_mean (the mean return) and the
-        episode metrics (eval/terminated, eval/turns, eval/turns_when_terminated, ...)."""
+        episode metrics (eval/terminated, eval/turns_to_terminate, eval/turns, ...)."""
         self.prepare_data()
         if self.eval_data is None:
             return {}
@@ -190,7 +190,7 @@ class MultiTurnPipeline(PPOPipeline):
                               "response": self.tokenizer.decode(ep.trajectory.response_ids) if ep.trajectory else None,
                               "answer": row.get(answer_key), "score": ep.env_return, "end": ep.fault or ep.end,
                               "turns": ep.num_turns} for row, ep in zip(self.eval_data, episodes)]
-        return episode_metrics(episodes, "eval")
+        return episode_metrics(episodes, "eval", e.max_turns)
 
 
 class _EngineCalls:
@@ -206,10 +206,11 @@ class _EngineCalls:
         return self.client.wait(handle, "generate")
 
 
-def episode_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
+def episode_metrics(episodes: list[Episode], prefix: str, max_turns: int) -> dict[str, float]:
     """Means over the episodes: <prefix>/reward_mean (the return), terminated, truncated, turns,
-    turns_when_terminated, tokens, env_s (the environment's seconds, summed per episode),
-    faults/<reason> and dropped counts, and the steps' info["metrics"] summed per episode."""
+    turns_when_terminated, turns_to_terminate (an episode that did not terminate counts max_turns + 1),
+    tokens, env_s (the environment's seconds, summed per episode), faults/<reason> counts, and the
+    steps' info["metrics"] summed per episode."""
     n = len(episodes)
     terminated = [e for e in episodes if e.end == "terminated"]
     metrics = {
@@ -217,6 +218,7 @@ def episode_metrics(episodes: list[Episode], prefix: str) -> dict[str, float]:
         f"{prefix}/terminated": len(terminated) / n,
         f"{prefix}/truncated": sum(e.truncated for e in episodes) / n,
         f"{prefix}/turns": sum(e.num_turns for e in episodes) / n,
+        f"{prefix}/turns_to_terminate": sum(e.num_turns if e.end == "terminated" else max_turns + 1 for e in episodes) / n,
         f"{prefix}/tokens": sum(e.response_tokens for e in episodes) / n,
         f"{prefix}/env_s": sum(e.env_seconds for e in episodes) / n,
     }

@@ -14,7 +14,7 @@ logger = logging.getLogger(__name__)
 PLOTTED = ("reward/mean", "eval/reward_mean", "sft/loss", "eval/sft_loss", "actor/kl", "actor/entropy", "actor/pg_loss", "actor/grad_norm",
            "actor/clipfrac", "perf/step_s",
            # multi-turn runs (pipelines/multi_turn.py)
-           "env/turns", "env/terminated", "eval/terminated", "env/truncated", "eval/turns_when_terminated", "env/env_s")
+           "env/turns", "env/terminated", "eval/terminated", "env/truncated", "eval/turns_to_terminate", "env/env_s")
 
 
 WANDB_ID_FILE = "wandb_run_id"  # in the run directory: the wandb run a resumed run continues

@@ -95,9 +95,10 @@ def test_episode_metrics_count_endings_turns_and_step_metrics():
     a = episode(0, 0, [(2, 0.0), (1, 1.0)])
     a.metrics.update(tool_calls=2, tool_errors=1)
     b = episode(0, 1, [(1, 0.0)], end="token_budget")
-    metrics = episode_metrics([a, b], "eval")
+    metrics = episode_metrics([a, b], "eval", max_turns=5)
     assert metrics["eval/terminated"] == 0.5 and metrics["eval/truncated"] == 0.5
     assert metrics["eval/turns_when_terminated"] == 2 and metrics["eval/ended_token_budget"] == 0.5
+    assert metrics["eval/turns_to_terminate"] == (2 + 6) / 2
     assert metrics["eval/tool_calls"] == 1 and metrics["eval/tool_errors"] == 0.5
 
 
@@ -171,3 +172,35 @@ def test_multi_turn_config_errors_name_the_key(overrides, error):
 def test_the_pipeline_refuses_a_run_without_an_environment():
     with pytest.raises(ConfigError, match="environment.name: MultiTurnPipeline needs an environment"):
         MultiTurnPipeline(load_config(None, ["pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline"]))
+
+
+def test_final_reward_adds_the_reward_functions_score_on_the_last_turn(rows_file, monkeypatch):
+    pipeline = pipeline_for(rows_file, "environment.final_reward=true")
+    episodes = [episode(0, 0, [(2, 0.5), (2, 0.0)]), episode(0, 1, [(1, 0.0)], end="fault", fault="raised")]
+    pipeline.episodes = episodes
+    batch = pipeline.episode_batch(episodes, step=1)
+    scored = []
+    monkeypatch.setattr(pipeline, "score", lambda b: (scored.append(list(b.non_tensor_batch["response_text"])),
+                                                      (torch.tensor([2.0, 3.0]), {"reward/exact_answer": 2.5}))[1])
+    scores, token_rewards, metrics = pipeline.rewards(batch)
+    assert scored == [["t1", "t0"]]  # each trajectory's last model turn
+    assert token_rewards[0, 3].item() == 0.5 and token_rewards[0, 8].item() == 2.0  # turn 1's step; turn 2's + final
+    assert scores.tolist() == [2.5, 0.0] and metrics["reward/exact_answer"] == 2.5  # a faulted one gets 0
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"])
+def test_every_estimator_credits_the_models_tokens_only(rows_file, advantage):
+    pipeline = pipeline_for(rows_file, f"algorithm.advantage={advantage}")
+    episodes = [episode(0, 0, [(2, 0.0), (2, 1.0)]), episode(0, 1, [(3, 0.0)]), episode(1, 0, [(1, 0.0), (1, 1.0)]),
+                episode(1, 1, [(2, 0.5)])]
+    pipeline.episodes = episodes
+    batch = pipeline.episode_batch(episodes, step=1)
+    scores, token_rewards, _ = pipeline.rewards(batch)
+    if advantage == "gae":
+        batch.batch["values"] = torch.linspace(-1, 1, batch["model_mask"].numel()).view(batch["model_mask"].shape)
+    advantages, returns = pipeline.compute_advantages(scores, token_rewards, batch)
+    mask = batch["model_mask"].bool()
+    assert advantages[~mask].abs().sum() == 0 and advantages[mask].abs().sum() > 0
+    assert (returns is not None) == (advantage == "gae")
+    if returns is not None:
+        assert returns[~mask].abs().sum() == 0
