@@ -22,7 +22,7 @@ from roll_lite.config import ConfigError, RunConfig, rollout_dtype
 from roll_lite.data import DataProto
 from roll_lite.data.prompts import PromptData
 from roll_lite.data.sampler import PromptSampler
-from roll_lite.loss import kl_regularized_loss_func, ppo_policy_loss_func, value_loss_func
+from roll_lite.loss import value_loss_func
 from roll_lite.loss.advantages import (
     discounted_returns,
     gae_advantages,
@@ -41,6 +41,7 @@ from roll_lite.tokenizer import load_tokenizer
 
 from .evaluation import evaluate_held_out
 from .fresh_weights import check_fresh_weights
+from .losses import policy_loss_func
 from .rollout_schedule import RolloutSchedule
 from .run_log import describe_async_rollout, fmt, oversubscribed_cpu_warning, progress_line
 from .session import RunSession
@@ -69,19 +70,8 @@ class PPOPipeline:
         self.on_policy = self.algorithm.ppo_epochs == 1 and self.algorithm.mini_batches == 1 and not (
             self.use_reference and self.algorithm.kl_in_reward
         )
+        self._policy_loss = policy_loss_func(self.algorithm, self.loss_mask_key, self.seq_len_norm, self.use_reference)
         a = self.algorithm
-        policy_options = dict(clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
-                              dual_clip_c=a.dual_clip_c, entropy_coef=a.entropy_coef,
-                              rollout_is=a.rollout_is, rollout_is_cap=a.rollout_is_cap)
-        if self.use_reference:
-            self._policy_loss = kl_regularized_loss_func(
-                a.loss_agg_mode, kl_coef=0.0 if a.kl_in_reward else a.kl_coef, kl_estimator=a.kl_estimator,
-                seq_len_norm=self.seq_len_norm, policy_mask_key=self.loss_mask_key, kl_mask_key=self.loss_mask_key,
-                kl_clamp=a.kl_clamp, **policy_options,
-            )
-        else:
-            self._policy_loss = ppo_policy_loss_func(a.loss_agg_mode, seq_len_norm=self.seq_len_norm,
-                                                     mask_key=self.loss_mask_key, **policy_options)
         self._value_loss = value_loss_func(a.loss_agg_mode, a.value_clip, self.seq_len_norm, self.loss_mask_key)
         self._shuffle = torch.Generator().manual_seed(config.seed)
         self.schedule = RolloutSchedule(config.rollout.async_steps)  # launches, collects, weight syncs
@@ -90,7 +80,7 @@ class PPOPipeline:
     # -- losses: run inside the actor / critic workers ------------------------------------------
 
     def loss_func(self, batch: DataProto, output: dict) -> tuple[torch.Tensor, dict]:
-        """Policy loss: PPO clip (+ KL to the reference when it is a loss, + entropy bonus)."""
+        """Policy loss: algorithm.policy_loss (pipelines/losses.py; + KL to the reference when it is a loss)."""
         return self._policy_loss(batch, output)
 
     def critic_loss_func(self, batch: DataProto, output: dict) -> tuple[torch.Tensor, dict]:

@@ -52,11 +52,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     use_terminal_logging(logging.INFO, "%(asctime)s %(message)s", "%H:%M:%S")
     logging.getLogger("roll_lite").setLevel(logging.INFO)
     pipeline = pipeline_class(config)
-    from roll_lite.pipelines.session import finished_run  # after the user's pipeline: from the same tree
+    from roll_lite.pipelines.losses import LossCheckFailed, check_own_losses  # after the user's pipeline: same tree
+    from roll_lite.pipelines.session import finished_run
 
     if (finished := finished_run(pipeline)) is not None:  # resume=auto of a run that reached its steps
         print(f"roll-train: {finished}", file=sys.stderr)
         return 0
+    try:
+        if (checked := check_own_losses(pipeline)) is not None:
+            logging.getLogger("roll_lite").info(checked)
+    except LossCheckFailed as failure:
+        print(f"roll-train: loss check: {failure}", file=sys.stderr)
+        return 2
     try:
         pipeline.prepare_data()  # the data files, checked before Ray starts or the run directory exists
         check_sequence_lengths(config, model_config, *pipeline.longest_sequences())

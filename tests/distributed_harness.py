@@ -18,6 +18,8 @@ import torch.multiprocessing as mp
 
 from roll_lite.loss import (
     AGG_MODES,
+    cispo_policy_loss_func,
+    gspo_token_policy_loss_func,
     kl_regularized_loss_func,
     ppo_policy_loss_func,
     sequence_policy_loss_func,
@@ -32,6 +34,7 @@ SEQ_LEN = 16
 BUDGET = 29  # tokens per micro-batch in the token-budget cases: the two ranks need 2 and 1
 MASK_KEYS = {
     "ppo": ["response_mask"], "sequence": ["response_mask"], "ppo_kl": ["response_mask", "kl_mask"],
+    "gspo_token": ["response_mask"], "cispo": ["response_mask"],
     "value": ["response_mask"],  # the critic: FSDP2Strategy(head='value')
     "sft": ["kl_mask"],  # a target mask with holes, like a conversation's assistant turns (token-mean only)
     # Multi-turn: the model's own tokens (model_mask) between environment / tool spans of varied length
@@ -50,6 +53,12 @@ def make_loss(name: str, mode: str):
         # and per sequence: on the whole row, which a micro-batch always holds
         return sequence_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN,
                                          rollout_is="sequence", rollout_is_cap=1.5)
+    if name == "gspo_token":
+        return gspo_token_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN,
+                                           rollout_is="token", rollout_is_cap=1.2)
+    if name == "cispo":  # a clip range the ratios cross on both sides
+        return cispo_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.1, seq_len_norm=SEQ_LEN,
+                                      entropy_coef=0.01, rollout_is="sequence", rollout_is_cap=1.5)
     if name == "sft":
         return sft_loss_func(MASK_KEYS["sft"][0])
     if name == "value":

@@ -137,10 +137,23 @@ class AlgorithmConfig:
     kl_estimator: str = "k3"
     kl_in_reward: bool = False  # True: subtract kl_coef·KL from token rewards; False: KL as a loss term
     track_kl: bool = True  # run the reference model to report actor/kl even when kl_coef = 0
-    entropy_coef: float = 0.0
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    dual_clip_c: Optional[float] = None
+    # The actor's loss (docs/algorithms.md): ppo (clipped token ratio), gspo (one clipped ratio per
+    # sequence, the geometric mean of its token ratios; use loss_agg_mode seq-mean-token-mean as the paper),
+    # gspo_token (GSPO with per-token advantages), cispo (clipped, detached importance weight times
+    # A·log π: MiniMax-M1), or a loss_func of your own by package.module:function (roll-train checks
+    # it first: check_loss)
+    policy_loss: str = "ppo"
+    entropy_coef: float = 0.0  # ppo and cispo
+    # The ratio's clip range [1 - low, 1 + high]; null: the loss's own default (ppo 0.2 / 0.2, gspo and
+    # gspo_token 3e-4 / 4e-4 as the GSPO paper, cispo 1.0 / 0.28: no lower bound, as MiniMax-M1)
+    clip_ratio_low: Optional[float] = None
+    clip_ratio_high: Optional[float] = None
+    dual_clip_c: Optional[float] = None  # ppo only
+    # A policy_loss of your own, or a pipeline subclass's loss_func, goes through the loss checker
+    # (roll-check-loss) before roll-train starts anything: seconds on CPU; a loss whose step would depend
+    # on D, A or packing stops the run with the checker's diagnosis (exit 2). false skips it, e.g. for a
+    # loss that needs batch keys the checker's synthetic batch does not have. Built-ins are tested instead.
+    check_loss: bool = True
     value_clip: float = 0.2
     loss_agg_mode: str = "token-mean"
     seq_len_norm: Optional[float] = None  # seq-mean-token-sum-norm constant; default: rollout.max_new_tokens

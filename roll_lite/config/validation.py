@@ -7,7 +7,7 @@ from typing import Any
 from roll_lite.config.schema import DataConfig, RolloutConfig, RunConfig, SFTConfig, WorkersConfig
 from roll_lite.environments.config import check_environment_config
 from roll_lite.errors import ConfigError
-from roll_lite.loss import AGG_MODES, ROLLOUT_IS_LEVELS
+from roll_lite.loss import AGG_MODES, POLICY_LOSSES, ROLLOUT_IS_LEVELS
 from roll_lite.loss.advantages import ADVANTAGE_ESTIMATORS
 from roll_lite.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
 from roll_lite.rewards import CHEAP_REWARDS, is_cheap
@@ -70,6 +70,7 @@ def validate(config: RunConfig) -> None:
     _one_of(algorithm.kl_estimator, ("k1", "k2", "k3"), "algorithm.kl_estimator")
     _one_of(algorithm.loss_agg_mode, AGG_MODES, "algorithm.loss_agg_mode")
     _check(algorithm.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
+    _validate_policy_loss(algorithm)
     _check(algorithm.dual_clip_c is None or algorithm.dual_clip_c > 1, "algorithm.dual_clip_c", "must be > 1 or null")
     _check(algorithm.seq_len_norm is None or algorithm.seq_len_norm > 0, "algorithm.seq_len_norm",
            f"must be > 0 or null (null: rollout.max_new_tokens), got {algorithm.seq_len_norm}")
@@ -158,6 +159,27 @@ def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
         vllm_logprobs_mode(rollout.temperature, rollout.top_p, rollout.top_k)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+
+
+def _validate_policy_loss(algorithm) -> None:
+    name = algorithm.policy_loss
+    if ":" in name:  # a user's loss_func: imported here, before Ray starts (like the reward functions)
+        from roll_lite.importing import load_object
+
+        try:
+            loss_func = load_object(name, search_cwd=True)
+        except Exception as error:  # not found, or the module raised while importing
+            raise ConfigError(f"algorithm.policy_loss: {error}") from None
+        _check(callable(loss_func), "algorithm.policy_loss", f"'{name}' is not a function")
+    else:
+        _one_of(name, sorted(POLICY_LOSSES) + ["package.module:function"], "algorithm.policy_loss")
+    for key in ("clip_ratio_low", "clip_ratio_high"):
+        value = getattr(algorithm, key)
+        _check(value is None or value >= 0, f"algorithm.{key}", f"must be >= 0 or null (the loss's default), got {value}")
+    _check(algorithm.dual_clip_c is None or name == "ppo", "algorithm.dual_clip_c",
+           f"dual clip is ppo's; algorithm.policy_loss={name} has none: set it to null")
+    _check(not algorithm.entropy_coef or name in ("ppo", "cispo"), "algorithm.entropy_coef",
+           f"the entropy bonus is in ppo's and cispo's loss; algorithm.policy_loss={name} has none: set it to 0")
 
 
 def _validate_environment(config: RunConfig) -> None:

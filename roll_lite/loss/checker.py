@@ -37,6 +37,7 @@ from roll_lite.loss.checks import (
     undeclared_mask_failure,
     worst_grad_deviation,
 )
+from roll_lite.loss.policy import POLICY_LOSSES
 from roll_lite.metrics import reduce_metrics
 from roll_lite.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, build_causal_lm
 from roll_lite.strategy.config import StrategyConfig
@@ -283,7 +284,9 @@ def check_loss_invariance(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="roll-check-loss", description=__doc__.split("\n\n")[0])
-    parser.add_argument("loss_func", help="import path of the loss_func, package.module:function")
+    parser.add_argument("loss_func", help="import path of the loss_func, package.module:function, or a built-in "
+                                          "policy loss by name (ppo, gspo, gspo_token, cispo: algorithm.policy_loss)")
+    parser.add_argument("--loss-agg-mode", default="token-mean", help="a built-in's aggregation (default: token-mean)")
     parser.add_argument("--mask-keys", default="response_mask", help="comma-separated loss_mask_keys (default: response_mask)")
     parser.add_argument("--model-config", type=Path, help="JSON file of a HF model config (default: a tiny Qwen2)")
     parser.add_argument("--tolerance", type=float, default=1e-9)
@@ -294,7 +297,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="what model_output holds: log_probs + entropy (policy losses) or values (critic)")
     args = parser.parse_args(argv)
     try:
-        loss_func = load_object(args.loss_func, search_cwd=True)  # like `python -m`, after the installed packages
+        if args.loss_func in POLICY_LOSSES:
+            loss_func = POLICY_LOSSES[args.loss_func](args.loss_agg_mode, mask_key=args.mask_keys.split(",")[0])
+        else:
+            loss_func = load_object(args.loss_func, search_cwd=True)  # like `python -m`, after the installed packages
         if not callable(loss_func):
             raise TypeError(f"{args.loss_func} is not callable")
         model_config = json.loads(args.model_config.read_text()) if args.model_config else None

@@ -55,12 +55,51 @@ def sequence_ratio_loss(
     s_i = exp(mean_t (logp - old_logp)) over row i's masked tokens; loss_i = max(-A_i·s_i, -A_i·clip(s_i)).
     With seq-mean-token-mean aggregation this is Σ_i loss_i / B_valid.
     """
-    row_tokens = mask.sum(-1).to(log_probs.dtype).clamp(min=1.0)
-    mean_log_ratio = masked_sum(log_probs - old_log_probs, mask, dim=-1) / row_tokens
-    ratio = torch.exp(mean_log_ratio)
+    ratio = torch.exp(_mean_log_ratio(log_probs, old_log_probs, mask))
     clipped_ratio = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     row_loss = torch.maximum(-seq_advantages * ratio, -seq_advantages * clipped_ratio)
     return row_loss.unsqueeze(-1).expand_as(log_probs)
+
+
+def sequence_ratio_token_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_ratio_low: float = 3e-4,
+    clip_ratio_high: float = 4e-4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO-token (Zheng et al., 2025, eq. 13-14): s_it = sg[s_i] · π(y_t) / sg[π(y_t)], whose value is
+    the sequence ratio s_i and whose gradient is token t's own; loss_it = max(-A_it·s_it, -A_it·clip(s_it)).
+    With the same advantage on every token of a row it equals GSPO in value and gradient; it lets
+    per-token advantages through. Returns (loss_mat, clipped: 1.0 on the rows' tokens that were clipped)."""
+    sequence_log_ratio = _mean_log_ratio(log_probs, old_log_probs, mask).detach()
+    ratio = torch.exp(sequence_log_ratio.unsqueeze(-1) + log_probs - log_probs.detach())
+    clipped_ratio = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    unclipped, clipped = -advantages * ratio, -advantages * clipped_ratio
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).to(log_probs.dtype)
+
+
+def _mean_log_ratio(log_probs, old_log_probs, mask) -> torch.Tensor:
+    """[rows]: the mean over each row's masked tokens of log π - log π_old."""
+    row_tokens = mask.sum(-1).to(log_probs.dtype).clamp(min=1.0)
+    return masked_sum(log_probs - old_log_probs, mask, dim=-1) / row_tokens
+
+
+def cispo_loss(
+    log_probs: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_ratio_low: float = 1.0,
+    clip_ratio_high: float = 0.28,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax-M1, Chen et al., 2025, eq. 4-5) per token: -sg(clip(r_t, 1 - ε_low, 1 + ε_high)) ·
+    A_t · log π(y_t), r_t = π(y_t) / π_old(y_t). The importance weight is clipped, not the update: every
+    token keeps its gradient, A_t·∇log π scaled by the clipped weight. MiniMax sets no lower bound
+    (ε_low large: 1.0 gives 0) and tunes ε_high. Returns (loss_mat, clipped: 1.0 where the weight was cut)."""
+    ratio = torch.exp(log_probs - old_log_probs).detach()
+    weight = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    return -weight * advantages * log_probs, (weight != ratio).to(log_probs.dtype)
 
 
 def old_log_probs(batch, output):
@@ -89,14 +128,42 @@ def ppo_policy_loss_func(
     old_log_probs and advantages, and `mask_key` in loss_mask_keys. rollout_is: truncated importance
     sampling on the engine's log-probs (rollout_correction)."""
 
+    def per_token(log_probs, behaviour_log_probs, advantages):
+        return ppo_clipped_loss(log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high, dual_clip_c)
+
+    return _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key, rollout_is,
+                                   rollout_is_cap)
+
+
+def cispo_policy_loss_func(
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 1.0,
+    clip_ratio_high: float = 0.28,
+    entropy_coef: float = 0.0,
+    seq_len_norm: float | None = None,
+    mask_key: str = "response_mask",
+    rollout_is: str | None = None,
+    rollout_is_cap: float = 2.0,
+):
+    """CISPO (cispo_loss): the clipped, detached importance weight times A·log π, token by token;
+    MiniMax-M1 aggregates it by token-mean. Options as for the PPO loss."""
+
+    def per_token(log_probs, behaviour_log_probs, advantages):
+        return cispo_loss(log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high)
+
+    return _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key, rollout_is,
+                                   rollout_is_cap)
+
+
+def _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key, rollout_is, rollout_is_cap):
+    """A policy loss_func from a per-token loss (log π, log π_old, A) -> (loss_mat, clipped)."""
+
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
         log_probs, behaviour_log_probs, advantages = zero_outside(
             mask, output["log_probs"], old_log_probs(batch, output), batch["advantages"]
         )
-        loss_mat, clipped = ppo_clipped_loss(
-            log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high, dual_clip_c
-        )
+        loss_mat, clipped = per_token(log_probs, behaviour_log_probs, advantages)
         is_weights, correction_metrics = rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is, rollout_is_cap)
         if is_weights is not None:
             loss_mat = loss_mat * is_weights
@@ -129,20 +196,27 @@ def sequence_policy_loss_func(
     mask_key: str = "response_mask",
     rollout_is: str | None = None,
     rollout_is_cap: float = 2.0,
+    token_level: bool = False,
 ):
-    """Sequence-level (GSPO-style) clipped loss: one importance ratio per sequence. The sequence's
-    advantage is the mean of `advantages` over its masked tokens. rollout_is: as for the PPO loss."""
+    """GSPO: one importance ratio per sequence, the geometric mean of its token ratios, clipped per
+    sequence; the sequence's advantage is the mean of `advantages` over its masked tokens. With
+    token_level, GSPO-token (sequence_ratio_token_loss): each token keeps its own advantage.
+    rollout_is: as for the PPO loss."""
 
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
         log_probs, behaviour_log_probs, advantages = zero_outside(
             mask, output["log_probs"], old_log_probs(batch, output), batch["advantages"]
         )
-        row_tokens = mask.sum(-1).clamp(min=1).to(advantages.dtype)
-        seq_advantages = masked_sum(advantages, mask, dim=-1) / row_tokens
-        loss_mat = sequence_ratio_loss(
-            log_probs, behaviour_log_probs, seq_advantages, mask, clip_ratio_low, clip_ratio_high
-        )
+        if token_level:
+            loss_mat, _ = sequence_ratio_token_loss(log_probs, behaviour_log_probs, advantages, mask, clip_ratio_low,
+                                                    clip_ratio_high)
+        else:
+            row_tokens = mask.sum(-1).clamp(min=1).to(advantages.dtype)
+            seq_advantages = masked_sum(advantages, mask, dim=-1) / row_tokens
+            loss_mat = sequence_ratio_loss(
+                log_probs, behaviour_log_probs, seq_advantages, mask, clip_ratio_low, clip_ratio_high
+            )
         is_weights, correction_metrics = rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is, rollout_is_cap)
         if is_weights is not None:
             loss_mat = loss_mat * is_weights
@@ -160,12 +234,17 @@ def kl_regularized_loss_func(
     policy_mask_key: str = "response_mask",
     kl_mask_key: str = "kl_mask",
     kl_clamp: float | None = None,
+    policy_loss=None,
     **policy_options,
 ):
-    """PPO policy loss on one mask plus a KL-to-reference loss on another (or the same) mask: each
+    """A policy loss on one mask plus a KL-to-reference loss on another (or the same) mask: each
     aggregated with its own global stats. Needs ref_log_probs in the batch. Reports 'kl' (the
-    token mean of the estimate over the KL mask) whatever kl_coef is. kl_clamp: see kl_penalty."""
-    policy_loss = ppo_policy_loss_func(loss_agg_mode, seq_len_norm=seq_len_norm, mask_key=policy_mask_key, **policy_options)
+    token mean of the estimate over the KL mask) whatever kl_coef is. kl_clamp: see kl_penalty.
+    policy_loss: a loss_func (any of POLICY_LOSSES', or a user's); default PPO on policy_mask_key
+    with `policy_options`."""
+    if policy_loss is None:
+        policy_loss = ppo_policy_loss_func(loss_agg_mode, seq_len_norm=seq_len_norm, mask_key=policy_mask_key,
+                                           **policy_options)
 
     def loss_func(batch, output):
         loss, metrics = policy_loss(batch, output)
@@ -182,8 +261,24 @@ def kl_regularized_loss_func(
     return loss_func
 
 
+def gspo_token_policy_loss_func(*args, **kwargs):
+    """GSPO-token: sequence_policy_loss_func with token_level=True."""
+    return sequence_policy_loss_func(*args, token_level=True, **kwargs)
+
+
+# algorithm.policy_loss: the actor's loss by name. Each factory takes (loss_agg_mode, clip_ratio_low=,
+# clip_ratio_high=, seq_len_norm=, mask_key=, rollout_is=, rollout_is_cap=) and has its own clip defaults.
+POLICY_LOSSES = {
+    "ppo": ppo_policy_loss_func,
+    "gspo": sequence_policy_loss_func,
+    "gspo_token": gspo_token_policy_loss_func,
+    "cispo": cispo_policy_loss_func,
+}
+
 BUILTIN_LOSSES = {
     "ppo": (ppo_policy_loss_func, ["response_mask"]),
-    "sequence": (sequence_policy_loss_func, ["response_mask"]),
+    "sequence": (sequence_policy_loss_func, ["response_mask"]),  # GSPO
+    "gspo_token": (gspo_token_policy_loss_func, ["response_mask"]),
+    "cispo": (cispo_policy_loss_func, ["response_mask"]),
     "ppo_kl": (kl_regularized_loss_func, ["response_mask", "kl_mask"]),
 }
