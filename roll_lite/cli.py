@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     use_terminal_logging(logging.INFO, "%(asctime)s %(message)s", "%H:%M:%S")
     logging.getLogger("roll_lite").setLevel(logging.INFO)
     pipeline = pipeline_class(config)
-    from roll_lite.pipelines.losses import LossCheckFailed, check_own_losses  # after the user's pipeline: same tree
+    from roll_lite.pipelines.loss_check import LossCheckFailed, check_own_losses  # after the user's pipeline: same tree
     from roll_lite.pipelines.session import finished_run
 
     if (finished := finished_run(pipeline)) is not None:  # resume=auto of a run that reached its steps

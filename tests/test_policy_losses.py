@@ -22,7 +22,7 @@ from roll_lite.loss import (
     sequence_ratio_token_loss,
 )
 from roll_lite.loss.checker import random_rl_batch
-from roll_lite.pipelines.losses import LossCheckFailed, check_own_losses
+from roll_lite.pipelines.loss_check import LossCheckFailed, check_own_losses
 from roll_lite.pipelines.ppo import PPOPipeline
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]

@@ -1,0 +1,40 @@
+"""roll-train's check of a user's own loss before anything starts (algorithm.check_loss)."""
+
+from __future__ import annotations
+
+import time
+
+from roll_lite.loss.checker import check_loss_invariance
+
+from .losses import is_builtin_policy_loss
+from .ppo import PPOPipeline
+
+
+class LossCheckFailed(Exception):
+    """A user's loss fails the loss checker; the message is its report."""
+
+
+def check_own_losses(pipeline) -> str | None:
+    """Before anything starts: put the actor's loss, when it is not a built-in (algorithm.policy_loss by
+    import path, or a subclass's loss_func), and a subclass's critic_loss_func through the loss checker
+    (roll_lite.loss.checker) on a synthetic batch. Returns a line for the log, None when there is nothing
+    to check; raises LossCheckFailed with the checker's report."""
+    if not isinstance(pipeline, PPOPipeline):  # the SFT pipeline: its loss is the built-in SFT loss
+        return None
+    cls, a = type(pipeline), pipeline.config.algorithm
+    own = []
+    if cls.loss_func is not PPOPipeline.loss_func or not is_builtin_policy_loss(a.policy_loss):
+        own.append(("loss_func", pipeline.loss_func, "log_probs"))
+    if pipeline.use_critic and cls.critic_loss_func is not PPOPipeline.critic_loss_func:
+        own.append(("critic_loss_func", pipeline.critic_loss_func, "value"))
+    if not own or not a.check_loss:
+        return None if not own else f"loss check: skipped (algorithm.check_loss=false) for {', '.join(n for n, _, _ in own)}"
+    start, lines = time.perf_counter(), []
+    for name, loss_func, head in own:
+        report = check_loss_invariance(loss_func, [pipeline.loss_mask_key], head=head, raise_on_failure=False)
+        if not report.passed:
+            raise LossCheckFailed(f"{cls.__name__}.{name} ({a.policy_loss if name == 'loss_func' else 'critic'}) fails "
+                                  f"the loss checker, so its step would depend on D, A or packing (algorithm.check_loss="
+                                  f"false skips this check):\n{report.table()}")
+        lines.append(f"{name} passed (worst relative deviation {report.worst:.1e})")
+    return f"loss check: {'; '.join(lines)}, {time.perf_counter() - start:.1f} s"
