@@ -148,8 +148,8 @@ class MultiTurnPipeline(PPOPipeline):
 
     # -- rewards and credit -------------------------------------------------------------------------
 
-    def rewards(self, batch: DataProto) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """(returns, token rewards, metrics): each step's reward on the last token of the turn it
+    def rewards(self, batch: DataProto) -> tuple[DataProto, torch.Tensor, torch.Tensor, dict[str, float]]:
+        """(batch, returns, token rewards, metrics): each step's reward on the last token of the turn it
         answered; a faulted trajectory gets 0 everywhere (environment.on_fault=zero_reward)."""
         episodes = self.kept  # the batch's rows, in order
         token_rewards = torch.zeros(batch["model_mask"].shape, dtype=torch.float32)
@@ -165,7 +165,7 @@ class MultiTurnPipeline(PPOPipeline):
             token_rewards[row, ends] = torch.tensor(episode.turn_rewards, dtype=torch.float32)
             token_rewards[row, ends[-1]] += final[row]
         metrics = {**episode_metrics(self.episodes, "env", self.config.environment.max_turns), **reward_metrics}
-        return token_rewards.sum(-1), token_rewards, metrics
+        return batch, token_rewards.sum(-1), token_rewards, metrics
 
     def compute_advantages(self, scores, token_rewards, batch):
         a = self.algorithm

@@ -40,6 +40,7 @@ from roll_lite.sequences import completion_batch
 from roll_lite.tokenizer import load_tokenizer
 
 from .evaluation import evaluate_held_out
+from .dapo import filter_overlong, keep_informative_groups, shape_overlong
 from .fresh_weights import check_fresh_weights
 from .losses import policy_loss_func
 from .rollout_schedule import RolloutSchedule
@@ -180,7 +181,7 @@ class PPOPipeline:
         batch, weights_behind = self.collect_rollout(step)
         generated = time.perf_counter()
 
-        scores, token_rewards, reward_metrics = self.rewards(batch)
+        batch, scores, token_rewards, reward_metrics = self.rewards(batch)
         mask = batch[self.loss_mask_key]
 
         if self.reference is not None:
@@ -222,10 +223,21 @@ class PPOPipeline:
             "perf/tokens_per_s": tokens / elapsed,
         }
 
-    def rewards(self, batch: DataProto) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """(scores, token rewards: each score on its row's last response token, metrics)."""
+    def rewards(self, batch: DataProto) -> tuple[DataProto, torch.Tensor, torch.Tensor, dict[str, float]]:
+        """(batch, scores, token rewards: each score on its row's last response token, metrics), with
+        DAPO's overlong shaping / filtering and dynamic sampling when on (pipelines/dapo.py)."""
+        scores, metrics = self.shaped_scores(batch)
+        if self.algorithm.dynamic_sampling:
+            batch, scores, metrics = keep_informative_groups(self, batch, scores, metrics)
+        token_rewards = last_token_rewards(scores, batch["response_mask"])
+        if self.algorithm.overlong_filter:
+            metrics = filter_overlong(batch, metrics, self.config.rollout.max_new_tokens, self.tokenizer.eos_token_id)
+        return batch, scores, token_rewards, metrics
+
+    def shaped_scores(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         scores, metrics = self.score(batch)
-        return scores, last_token_rewards(scores, batch["response_mask"]), metrics
+        return shape_overlong(batch, scores, metrics, self.algorithm, self.config.rollout.max_new_tokens,
+                              self.tokenizer.eos_token_id)
 
     def score(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         """The reward functions on each row: its response text, answer and extra dataset fields

@@ -72,7 +72,7 @@ def test_yaml_and_overrides_merge_over_defaults(tmp_path):
     path.write_text("steps: 7\nalgorithm:\n  advantage: rloo\n")
     config = load_config(path, ["rollout.num_samples=4", "actor.lr=3e-4"])
     assert (config.steps, config.algorithm.advantage, config.rollout.num_samples, config.actor.lr) == (7, "rloo", 4, 3e-4)
-    assert config.algorithm.clip_ratio_high == 0.2  # a default
+    assert config.algorithm.clip_ratio_high is None  # a default: null, the policy loss's own (ppo: 0.2)
     assert (config.algorithm.whiten_advantages, config.algorithm.kl_clamp) == (None, None)  # by estimator; exact KL
     assert config.data.train_files == [] and load_config(path, ["data.train_files=a.jsonl"]).data.train_files == ["a.jsonl"]
     with pytest.raises(ConfigError, match="rollout.num_samples: rloo needs >= 2 samples"):

@@ -56,7 +56,7 @@ def test_the_batch_trains_the_models_tokens_and_rewards_sit_on_each_turns_last_t
     assert batch["model_mask"][0].tolist() == [0, 0, 1, 1, 0, 0, 0, 1, 1, 1]
     assert batch["response_mask"][0].tolist() == [0, 0] + [1] * 8
     assert batch["rollout_log_probs"][0].tolist() == [0, 0, -0.5, -0.5, 0, 0, 0, -0.5, -0.5, -0.5]
-    scores, token_rewards, metrics = pipeline.rewards(batch)
+    _, scores, token_rewards, metrics = pipeline.rewards(batch)
     assert token_rewards[0].tolist() == [0] * 9 + [1.0] and token_rewards[1, 2].item() == 0.25
     assert scores.tolist() == [1.0, 0.25, 0.0]
     assert metrics["env/reward_mean"] == pytest.approx(1.25 / 3) and metrics["env/turns"] == pytest.approx(5 / 3)
@@ -72,7 +72,7 @@ def test_a_faulted_trajectory_gets_reward_0_or_is_left_out_and_is_counted(rows_f
     pipeline.episodes = episodes
     batch = pipeline.episode_batch(episodes, step=1)
     assert len(batch) == (2 if on_fault == "zero_reward" else 1)  # a reset that faulted has nothing to train
-    scores, _, metrics = pipeline.rewards(batch)
+    _, scores, _, metrics = pipeline.rewards(batch)
     assert scores.tolist() == ([1.0, 0.0] if on_fault == "zero_reward" else [1.0])
     assert metrics["env/faults/raised"] == 1 and metrics["env/faults/crashed"] == 1
 
@@ -182,7 +182,7 @@ def test_final_reward_adds_the_reward_functions_score_on_the_last_turn(rows_file
     scored = []
     monkeypatch.setattr(pipeline, "score", lambda b: (scored.append(list(b.non_tensor_batch["response_text"])),
                                                       (torch.tensor([2.0, 3.0]), {"reward/exact_answer": 2.5}))[1])
-    scores, token_rewards, metrics = pipeline.rewards(batch)
+    _, scores, token_rewards, metrics = pipeline.rewards(batch)
     assert scored == [["t1", "t0"]]  # each trajectory's last model turn
     assert token_rewards[0, 3].item() == 0.5 and token_rewards[0, 8].item() == 2.0  # turn 1's step; turn 2's + final
     assert scores.tolist() == [2.5, 0.0] and metrics["reward/exact_answer"] == 2.5  # a faulted one gets 0
@@ -195,7 +195,7 @@ def test_every_estimator_credits_the_models_tokens_only(rows_file, advantage):
                 episode(1, 1, [(2, 0.5)])]
     pipeline.episodes = episodes
     batch = pipeline.episode_batch(episodes, step=1)
-    scores, token_rewards, _ = pipeline.rewards(batch)
+    _, scores, token_rewards, _ = pipeline.rewards(batch)
     if advantage == "gae":
         batch.batch["values"] = torch.linspace(-1, 1, batch["model_mask"].numel()).view(batch["model_mask"].shape)
     advantages, returns = pipeline.compute_advantages(scores, token_rewards, batch)

@@ -162,6 +162,16 @@ class AlgorithmConfig:
     # Conventions that differ between frameworks (docs/algorithms.md: verl and ROLL side by side).
     whiten_advantages: Optional[bool] = None  # null: whiten for gae and reinforce_pp, not for grpo, dr_grpo, rloo
     kl_clamp: Optional[float] = None  # null: the exact KL estimate; c > 0: clamp it to [-c, c] (verl: k3 to 10)
+    # DAPO (pipelines/dapo.py, configs/dapo.yaml). dynamic_sampling: drop prompt groups whose scores
+    # are all equal (no GRPO signal) and generate more prompts, up to max_sampling_rounds extra rounds,
+    # until rollout.prompts_per_step informative groups are found (needs grpo, dr_grpo or rloo)
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 3
+    # Overlong reward shaping: the last overlong_buffer tokens before rollout.max_new_tokens cost up to
+    # overlong_penalty, linearly; a response cut there without ending costs overlong_penalty. null: off
+    overlong_buffer: Optional[int] = None
+    overlong_penalty: float = 1.0
+    overlong_filter: bool = False  # responses cut at rollout.max_new_tokens without ending leave the loss
     # Truncated importance sampling on the rollout engine's log-probs (train / inference mismatch):
     # null: off; token: weight each token's loss by min(π_actor / π_rollout, cap); sequence: by the
     # capped product over the response. π_actor is always the actor's own (old_log_probs, or the

@@ -71,6 +71,7 @@ def validate(config: RunConfig) -> None:
     _one_of(algorithm.loss_agg_mode, AGG_MODES, "algorithm.loss_agg_mode")
     _check(algorithm.kl_coef >= 0, "algorithm.kl_coef", "must be >= 0")
     _validate_policy_loss(algorithm)
+    _validate_dapo(config)
     _check(algorithm.dual_clip_c is None or algorithm.dual_clip_c > 1, "algorithm.dual_clip_c", "must be > 1 or null")
     _check(algorithm.seq_len_norm is None or algorithm.seq_len_norm > 0, "algorithm.seq_len_norm",
            f"must be > 0 or null (null: rollout.max_new_tokens), got {algorithm.seq_len_norm}")
@@ -180,6 +181,23 @@ def _validate_policy_loss(algorithm) -> None:
            f"dual clip is ppo's; algorithm.policy_loss={name} has none: set it to null")
     _check(not algorithm.entropy_coef or name in ("ppo", "cispo"), "algorithm.entropy_coef",
            f"the entropy bonus is in ppo's and cispo's loss; algorithm.policy_loss={name} has none: set it to 0")
+
+
+def _validate_dapo(config: RunConfig) -> None:
+    a, multi_turn = config.algorithm, config.environment.name is not None
+    if a.dynamic_sampling:
+        _check(a.advantage in ("grpo", "dr_grpo", "rloo"), "algorithm.dynamic_sampling",
+               f"drops groups of equal scores: it needs a group estimator (grpo, dr_grpo, rloo), not {a.advantage}")
+        _check(config.rollout.async_steps == 0, "algorithm.dynamic_sampling",
+               "samples more prompts with the current weights: it needs rollout.async_steps=0")
+    _check(a.max_sampling_rounds >= 0, "algorithm.max_sampling_rounds", f"must be >= 0, got {a.max_sampling_rounds}")
+    buffer = a.overlong_buffer
+    _check(buffer is None or 0 < buffer <= config.rollout.max_new_tokens, "algorithm.overlong_buffer",
+           f"must be null or in 1..rollout.max_new_tokens ({config.rollout.max_new_tokens}), got {buffer}")
+    _check(a.overlong_penalty >= 0, "algorithm.overlong_penalty", f"must be >= 0, got {a.overlong_penalty}")
+    for key in ("dynamic_sampling", "overlong_buffer", "overlong_filter"):
+        _check(not (multi_turn and getattr(a, key)), f"algorithm.{key}",
+               "is for single-turn rollouts; multi-turn runs (environment.name) have environment.truncated")
 
 
 def _validate_environment(config: RunConfig) -> None:
