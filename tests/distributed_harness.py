@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 
 from roll_lite.loss import (
     AGG_MODES,
+    RolloutCorrection,
     cispo_policy_loss_func,
     gspo_token_policy_loss_func,
     kl_regularized_loss_func,
@@ -35,6 +36,8 @@ BUDGET = 29  # tokens per micro-batch in the token-budget cases: the two ranks n
 MASK_KEYS = {
     "ppo": ["response_mask"], "sequence": ["response_mask"], "ppo_kl": ["response_mask", "kl_mask"],
     "gspo_token": ["response_mask"], "cispo": ["response_mask"],
+    # the rollout correction's masks (weight 0 inside loss_mat, the global denominators unchanged)
+    "ppo_mis": ["response_mask"], "gspo_seqmask": ["response_mask"], "ppo_bypass": ["response_mask"],
     "value": ["response_mask"],  # the critic: FSDP2Strategy(head='value')
     "sft": ["kl_mask"],  # a target mask with holes, like a conversation's assistant turns (token-mean only)
     # Multi-turn: the model's own tokens (model_mask) between environment / tool spans of varied length
@@ -59,6 +62,19 @@ def make_loss(name: str, mode: str):
     if name == "cispo":  # a clip range the ratios cross on both sides
         return cispo_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.1, seq_len_norm=SEQ_LEN,
                                       entropy_coef=0.01, rollout_is="sequence", rollout_is_cap=1.5)
+    if name == "ppo_mis":  # TIS and the token band together (IcePop-like), and the veto
+        correction = RolloutCorrection(rollout_is="token", rollout_is_cap=1.2, rollout_mask="token", rollout_mask_low=0.7,
+                                       rollout_mask_high=1.4, rollout_veto_threshold=3.0)
+        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01, correction=correction)
+    if name == "gspo_seqmask":  # rows dropped by their geometric mean ratio, TIS per sequence on the rest
+        correction = RolloutCorrection(rollout_is="sequence", rollout_is_cap=1.5, rollout_mask="sequence",
+                                       rollout_mask_low=0.9, rollout_mask_high=1.1)
+        return sequence_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN,
+                                         correction=correction)
+    if name == "ppo_bypass":  # the engine's log-probs as π_old, with the sequence mask and the veto
+        correction = RolloutCorrection(rollout_bypass=True, rollout_mask="sequence", rollout_mask_low=0.9,
+                                       rollout_mask_high=1.1, rollout_veto_threshold=3.0)
+        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, entropy_coef=0.01, correction=correction)
     if name == "sft":
         return sft_loss_func(MASK_KEYS["sft"][0])
     if name == "value":

@@ -9,7 +9,7 @@ global-mean metrics are reported with '@sum'. A custom loss_func follows the sam
 aggregation.py  agg_loss, mask_stats / local_mask_stats, zero_outside, token_mean_metric
 policy.py       the policy losses: PPO, GSPO, GSPO-token, CISPO (POLICY_LOSSES by name)
 kl.py           the KL estimate to the reference          value.py  the critic's clipped value loss
-sft.py          supervised fine-tuning's NLL               correction.py  rollout correction (TIS)
+sft.py          supervised fine-tuning's NLL               correction.py  rollout correction (TIS, MIS, veto, bypass)
 advantages.py   advantage estimators and reward shaping
 checks.py, checker.py  the loss-invariance checker (roll-check-loss); not imported here
 """
@@ -24,7 +24,14 @@ from roll_lite.loss.aggregation import (
     token_mean_metric,
     zero_outside,
 )
-from roll_lite.loss.correction import ROLLOUT_IS_LEVELS, rollout_correction, rollout_importance_weights
+from roll_lite.loss.correction import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_MASK_LEVELS,
+    RolloutCorrection,
+    rollout_correction,
+    rollout_drops,
+    rollout_importance_weights,
+)
 from roll_lite.loss.kl import kl_penalty
 from roll_lite.loss.policy import (
     BUILTIN_LOSSES,
@@ -44,10 +51,12 @@ from roll_lite.loss.sft import sft_loss_func
 from roll_lite.loss.value import clipped_value_loss, value_loss_func
 
 __all__ = [
-    "AGG_MODES", "BUILTIN_LOSSES", "POLICY_LOSSES", "ROLLOUT_IS_LEVELS", "agg_loss", "cispo_loss",
+    "AGG_MODES", "BUILTIN_LOSSES", "POLICY_LOSSES", "ROLLOUT_IS_LEVELS", "ROLLOUT_MASK_LEVELS", "RolloutCorrection",
+    "agg_loss", "cispo_loss",
     "cispo_policy_loss_func", "gspo_token_policy_loss_func", "sequence_ratio_token_loss", "check_binary_mask", "clipped_value_loss",
     "kl_penalty", "kl_regularized_loss_func", "local_mask_stats", "mask_stats", "masked_sum", "old_log_probs",
-    "ppo_clipped_loss", "ppo_policy_loss_func", "rollout_correction", "rollout_importance_weights",
+    "ppo_clipped_loss", "ppo_policy_loss_func", "rollout_correction", "rollout_drops",
+    "rollout_importance_weights",
     "sequence_policy_loss_func", "sequence_ratio_loss", "sft_loss_func", "token_mean_metric", "value_loss_func",
     "zero_outside",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from roll_lite.loss.aggregation import agg_loss, mask_stats, masked_sum, token_mean_metric, zero_outside
-from roll_lite.loss.correction import rollout_correction
+from roll_lite.loss.correction import RolloutCorrection, bypass_old_log_probs, rollout_correction
 from roll_lite.loss.kl import kl_penalty
 
 
@@ -102,13 +102,15 @@ def cispo_loss(
     return -weight * advantages * log_probs, (weight != ratio).to(log_probs.dtype)
 
 
-def old_log_probs(batch, output):
+def old_log_probs(batch, output, bypass: bool = False):
     """The behaviour policy's log-probs: batch['old_log_probs'], or, when the controller marked the
     step strictly on-policy (one optimizer step per rollout), the training forward's own log-probs
-    detached: they are the same numbers, so the extra forward is skipped."""
+    detached: they are the same numbers, so the extra forward is skipped. With `bypass`
+    (algorithm.rollout_bypass: the loss's π_old is the engine's) a step may skip that forward too:
+    then the training forward's, detached, are π_actor for the rollout correction."""
     if "old_log_probs" in batch.batch:
         return batch["old_log_probs"]
-    if batch.meta_info.get("on_policy", False):
+    if bypass or batch.meta_info.get("on_policy", False):
         return output["log_probs"].detach()
     raise KeyError("the batch has no 'old_log_probs' and meta_info['on_policy'] is not set")
 
@@ -123,16 +125,18 @@ def ppo_policy_loss_func(
     mask_key: str = "response_mask",
     rollout_is: str | None = None,
     rollout_is_cap: float = 2.0,
+    correction: RolloutCorrection | None = None,
 ):
     """Token-level PPO clipped surrogate (+ optional entropy bonus). Needs batch tensors
-    old_log_probs and advantages, and `mask_key` in loss_mask_keys. rollout_is: truncated importance
-    sampling on the engine's log-probs (rollout_correction)."""
+    old_log_probs and advantages, and `mask_key` in loss_mask_keys. correction: the rollout correction
+    on the engine's log-probs (RolloutCorrection: TIS, masks, veto, bypass); rollout_is /
+    rollout_is_cap: TIS alone, the older form."""
 
     def per_token(log_probs, behaviour_log_probs, advantages):
         return ppo_clipped_loss(log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high, dual_clip_c)
 
-    return _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key, rollout_is,
-                                   rollout_is_cap)
+    return _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key,
+                                   RolloutCorrection.resolve(correction, rollout_is, rollout_is_cap))
 
 
 def cispo_policy_loss_func(
@@ -144,6 +148,7 @@ def cispo_policy_loss_func(
     mask_key: str = "response_mask",
     rollout_is: str | None = None,
     rollout_is_cap: float = 2.0,
+    correction: RolloutCorrection | None = None,
 ):
     """CISPO (cispo_loss): the clipped, detached importance weight times A·log π, token by token;
     MiniMax-M1 aggregates it by token-mean. Options as for the PPO loss."""
@@ -151,20 +156,21 @@ def cispo_policy_loss_func(
     def per_token(log_probs, behaviour_log_probs, advantages):
         return cispo_loss(log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high)
 
-    return _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key, rollout_is,
-                                   rollout_is_cap)
+    return _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key,
+                                   RolloutCorrection.resolve(correction, rollout_is, rollout_is_cap))
 
 
-def _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key, rollout_is, rollout_is_cap):
+def _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key, correction):
     """A policy loss_func from a per-token loss (log π, log π_old, A) -> (loss_mat, clipped)."""
 
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
-        log_probs, behaviour_log_probs, advantages = zero_outside(
-            mask, output["log_probs"], old_log_probs(batch, output), batch["advantages"]
+        log_probs, actor_log_probs, advantages = zero_outside(
+            mask, output["log_probs"], old_log_probs(batch, output, correction.rollout_bypass), batch["advantages"]
         )
+        behaviour_log_probs = bypass_old_log_probs(batch, mask, actor_log_probs, correction)
         loss_mat, clipped = per_token(log_probs, behaviour_log_probs, advantages)
-        is_weights, correction_metrics = rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is, rollout_is_cap)
+        is_weights, correction_metrics = rollout_correction(batch, actor_log_probs, mask, stats, correction=correction)
         if is_weights is not None:
             loss_mat = loss_mat * is_weights
         pg_loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
@@ -197,17 +203,20 @@ def sequence_policy_loss_func(
     rollout_is: str | None = None,
     rollout_is_cap: float = 2.0,
     token_level: bool = False,
+    correction: RolloutCorrection | None = None,
 ):
     """GSPO: one importance ratio per sequence, the geometric mean of its token ratios, clipped per
     sequence; the sequence's advantage is the mean of `advantages` over its masked tokens. With
     token_level, GSPO-token (sequence_ratio_token_loss): each token keeps its own advantage.
-    rollout_is: as for the PPO loss."""
+    correction, rollout_is: as for the PPO loss."""
+    correction = RolloutCorrection.resolve(correction, rollout_is, rollout_is_cap)
 
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
-        log_probs, behaviour_log_probs, advantages = zero_outside(
-            mask, output["log_probs"], old_log_probs(batch, output), batch["advantages"]
+        log_probs, actor_log_probs, advantages = zero_outside(
+            mask, output["log_probs"], old_log_probs(batch, output, correction.rollout_bypass), batch["advantages"]
         )
+        behaviour_log_probs = bypass_old_log_probs(batch, mask, actor_log_probs, correction)
         if token_level:
             loss_mat, _ = sequence_ratio_token_loss(log_probs, behaviour_log_probs, advantages, mask, clip_ratio_low,
                                                     clip_ratio_high)
@@ -217,7 +226,7 @@ def sequence_policy_loss_func(
             loss_mat = sequence_ratio_loss(
                 log_probs, behaviour_log_probs, seq_advantages, mask, clip_ratio_low, clip_ratio_high
             )
-        is_weights, correction_metrics = rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is, rollout_is_cap)
+        is_weights, correction_metrics = rollout_correction(batch, actor_log_probs, mask, stats, correction=correction)
         if is_weights is not None:
             loss_mat = loss_mat * is_weights
         loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
@@ -267,7 +276,8 @@ def gspo_token_policy_loss_func(*args, **kwargs):
 
 
 # algorithm.policy_loss: the actor's loss by name. Each factory takes (loss_agg_mode, clip_ratio_low=,
-# clip_ratio_high=, seq_len_norm=, mask_key=, rollout_is=, rollout_is_cap=) and has its own clip defaults.
+# clip_ratio_high=, seq_len_norm=, mask_key=, correction=RolloutCorrection(...), or the older
+# rollout_is=, rollout_is_cap=) and has its own clip defaults.
 POLICY_LOSSES = {
     "ppo": ppo_policy_loss_func,
     "gspo": sequence_policy_loss_func,
