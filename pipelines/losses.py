@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from roll_lite.config import AlgorithmConfig
 from roll_lite.importing import load_object
-from roll_lite.loss import POLICY_LOSSES, kl_regularized_loss_func
+from roll_lite.loss import POLICY_LOSSES, RolloutCorrection, kl_regularized_loss_func
 
 # The options each built-in takes besides the clip range, rollout correction and the aggregation's.
 EXTRA_OPTIONS = {"ppo": ("dual_clip_c", "entropy_coef"), "cispo": ("entropy_coef",), "gspo": (), "gspo_token": ()}
@@ -19,8 +19,7 @@ def is_builtin_policy_loss(name: str) -> bool:
 def policy_loss_func(a: AlgorithmConfig, mask_key: str, seq_len_norm: float, use_reference: bool):
     """algorithm.policy_loss on `mask_key` (loss_mask_keys' mask), aggregated by algorithm.loss_agg_mode."""
     if is_builtin_policy_loss(a.policy_loss):
-        options = dict(seq_len_norm=seq_len_norm, mask_key=mask_key, rollout_is=a.rollout_is,
-                       rollout_is_cap=a.rollout_is_cap)
+        options = dict(seq_len_norm=seq_len_norm, mask_key=mask_key, correction=RolloutCorrection.from_config(a))
         for key in ("clip_ratio_low", "clip_ratio_high"):  # null: the loss's own default
             if getattr(a, key) is not None:
                 options[key] = getattr(a, key)

@@ -178,6 +178,22 @@ class AlgorithmConfig:
     # training forward's when on-policy), never the engine's.
     rollout_is: Optional[str] = None
     rollout_is_cap: float = 2.0
+    # Masking on the same ratio π_actor / π_rollout (docs/rollout.md): null: off; token: a token whose
+    # ratio is outside [rollout_mask_low, rollout_mask_high] gets weight 0 (IcePop; with rollout_is=token
+    # and a cap >= the band, IcePop's weight exactly); sequence: a whole response whose geometric mean
+    # ratio exp(mean_t log ratio) is outside the band. A dropped token still counts in the loss's
+    # denominators (global, fixed before the step): its term is 0, the mean is over all tokens.
+    rollout_mask: Optional[str] = None
+    rollout_mask_low: float = 0.5  # lower end of the band, in [0, 1) (IcePop: 0.5; verl's geometric: 0.999)
+    rollout_mask_high: float = 2.0  # upper end of the band, > 1 (IcePop: 5; verl's geometric: 1.001)
+    # Veto, τ > 1: a response with any token whose ratio π_actor / π_rollout is above τ or below 1 / τ gets
+    # weight 0 throughout (verl vetoes the low side only: its rollout_token_veto_threshold 1e-4 is τ = 1e4);
+    # null: off.
+    rollout_veto_threshold: Optional[float] = None
+    # Bypass: the engine's log-probs serve as the old policy (π_old := π_rollout), so the loss's ratio is
+    # π_θ / π_rollout and its clip bounds the mismatch too; rollout_is must then be null (the ratio already
+    # carries the weight), masks and veto combine. The actor's own log-probs still feed the masks and metrics.
+    rollout_bypass: bool = False
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 from roll_lite.config.schema import DataConfig, RolloutConfig, RunConfig, SFTConfig, WorkersConfig
 from roll_lite.environments.config import check_environment_config
 from roll_lite.errors import ConfigError
-from roll_lite.loss import AGG_MODES, POLICY_LOSSES, ROLLOUT_IS_LEVELS
+from roll_lite.loss import AGG_MODES, POLICY_LOSSES, ROLLOUT_IS_LEVELS, RolloutCorrection
 from roll_lite.loss.advantages import ADVANTAGE_ESTIMATORS
 from roll_lite.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
 from roll_lite.rewards import CHEAP_REWARDS, is_cheap
@@ -82,6 +82,7 @@ def validate(config: RunConfig) -> None:
     if algorithm.rollout_is is not None:
         _one_of(algorithm.rollout_is, ROLLOUT_IS_LEVELS, "algorithm.rollout_is")
     _check(algorithm.rollout_is_cap > 0, "algorithm.rollout_is_cap", f"must be > 0, got {algorithm.rollout_is_cap}")
+    _validate_rollout_correction(algorithm)
     batch_size = rollout.prompts_per_step * rollout.num_samples
     _check(algorithm.mini_batches <= batch_size, "algorithm.mini_batches",
            f"must be <= the rollout batch ({batch_size} sequences)")
@@ -198,6 +199,13 @@ def _validate_dapo(config: RunConfig) -> None:
     for key in ("dynamic_sampling", "overlong_buffer", "overlong_filter"):
         _check(not (multi_turn and getattr(a, key)), f"algorithm.{key}",
                "is for single-turn rollouts; multi-turn runs (environment.name) have environment.truncated")
+
+
+def _validate_rollout_correction(algorithm) -> None:
+    """The rollout_* keys together (the loss package's RolloutCorrection names each bad one)."""
+    problems = RolloutCorrection.problems(algorithm)
+    if problems:
+        raise ConfigError("; ".join(f"algorithm.{key}: {message}" for key, message in problems))
 
 
 def _validate_environment(config: RunConfig) -> None:
