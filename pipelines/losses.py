@@ -4,7 +4,7 @@ reference around it when the run has a reference (a loss term with kl_coef, and 
 
 from __future__ import annotations
 
-from roll_lite.config import AlgorithmConfig
+from roll_lite.config import AlgorithmConfig, ConfigError
 from roll_lite.importing import load_object
 from roll_lite.loss import POLICY_LOSSES, RolloutCorrection, kl_regularized_loss_func
 
@@ -33,3 +33,17 @@ def policy_loss_func(a: AlgorithmConfig, mask_key: str, seq_len_norm: float, use
                                     kl_estimator=a.kl_estimator, seq_len_norm=seq_len_norm, kl_mask_key=mask_key,
                                     kl_clamp=a.kl_clamp, policy_loss=policy)
 
+
+
+def check_correction_applied(a: AlgorithmConfig, metrics: dict[str, float], pipeline: str) -> None:
+    """After a policy train_step: a rollout correction the config asks for (algorithm.rollout_is,
+    rollout_mask, rollout_veto_threshold) must show in the loss's metrics, or a loss_func of one's
+    own left it silently undone."""
+    asked = [(a.rollout_is, "rollout_is", "rollout_is_weight"), (a.rollout_mask, "rollout_mask", "rollout_dropped"),
+             (a.rollout_veto_threshold, "rollout_veto_threshold", "rollout_dropped")]
+    for setting, key, metric in asked:
+        if setting and metric not in metrics:
+            raise ConfigError(
+                f"algorithm.{key}={setting}: {pipeline}.loss_func applied no rollout correction (it reported no "
+                f"'{metric}@sum'); pass its per-token loss through roll_lite.loss.rollout_correction, or set "
+                f"algorithm.{key}=null")

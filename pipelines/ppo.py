@@ -42,7 +42,7 @@ from roll_lite.tokenizer import load_tokenizer
 from .evaluation import evaluate_held_out
 from .dapo import filter_overlong, keep_informative_groups, shape_overlong
 from .fresh_weights import check_fresh_weights
-from .losses import policy_loss_func
+from .losses import check_correction_applied, policy_loss_func
 from .rollout_schedule import RolloutSchedule
 from .run_log import describe_async_rollout, fmt, oversubscribed_cpu_warning, progress_line
 from .session import RunSession
@@ -114,7 +114,7 @@ class PPOPipeline:
         logger.info(self.rollout.describe())
         logger.info(self.reward.describe())
         if self.config.rollout.async_steps:
-            logger.info(describe_async_rollout(self.config.rollout.async_steps, self.algorithm.rollout_is))
+            logger.info(describe_async_rollout(self.config.rollout.async_steps, self.algorithm))
             if (warning := oversubscribed_cpu_warning(self.config)) is not None:
                 logger.warning(warning)
 
@@ -186,12 +186,13 @@ class PPOPipeline:
 
         if self.reference is not None:
             batch.batch["ref_log_probs"] = self.reference.compute_log_probs(batch)["log_probs"]
-        if not self.on_policy:
+        if not self.on_policy and not a.rollout_bypass:  # bypass: the engine's log-probs are π_old
             batch.batch["old_log_probs"] = self.actor.compute_log_probs(batch)["log_probs"]
         if self.critic is not None:
             batch.batch["values"] = self.critic.compute_values(batch)["values"]
         if self.reference is not None and a.kl_in_reward:
-            token_rewards = kl_shaped_rewards(token_rewards, batch["old_log_probs"], batch["ref_log_probs"], mask,
+            old = batch["rollout_log_probs"] if a.rollout_bypass else batch["old_log_probs"]
+            token_rewards = kl_shaped_rewards(token_rewards, old, batch["ref_log_probs"], mask,
                                               a.kl_coef, a.kl_estimator, a.kl_clamp)
 
         batch.batch["advantages"], returns = self.compute_advantages(scores, token_rewards, batch)
@@ -273,19 +274,9 @@ class PPOPipeline:
             order = torch.randperm(len(batch), generator=self._shuffle)
             for rows in torch.tensor_split(order, self.algorithm.mini_batches):
                 metrics = group.train_step(batch.index_select(rows), loss)
-        if loss == "policy":
-            self.check_rollout_is_applied(metrics)
+        if loss == "policy":  # a loss_func of one's own that ignores an asked-for correction
+            check_correction_applied(self.algorithm, metrics, type(self).__name__)
         return metrics
-
-    def check_rollout_is_applied(self, metrics: dict[str, float]) -> None:
-        """algorithm.rollout_is asks for importance weights; a loss_func of one's own that ignores them
-        would leave the asked-for correction silently undone."""
-        if self.algorithm.rollout_is and "rollout_is_weight" not in metrics:
-            raise ConfigError(
-                f"algorithm.rollout_is={self.algorithm.rollout_is}: {type(self).__name__}.loss_func applied no importance "
-                "weights (it reported no 'rollout_is_weight@sum'); weight its per-token loss with "
-                "roll_lite.loss.rollout_correction, or set algorithm.rollout_is=null"
-            )
 
     def evaluate(self) -> dict[str, float]:
         """Held-out metrics with the actor's latest weights (pipelines/evaluation.py); keeps the greedy

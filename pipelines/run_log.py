@@ -7,12 +7,15 @@ import os
 from roll_lite.config import RunConfig
 
 
-def describe_async_rollout(async_steps: int, rollout_is: str | None) -> str:
-    correction = (f"algorithm.rollout_is={rollout_is} weights the loss by the ratio to the sampling weights"
-                  if rollout_is else "nothing corrects the gap to the sampling weights (algorithm.rollout_is=null)")
+def describe_async_rollout(async_steps: int, algorithm) -> str:
+    asked = [f"algorithm.{key}={value}" for key in ("rollout_is", "rollout_mask", "rollout_veto_threshold", "rollout_bypass")
+             if (value := getattr(algorithm, key))]
+    correction = (f"{', '.join(asked)} correct(s) the gap to the sampling weights" if asked else
+                  "nothing corrects the gap to the sampling weights (algorithm.rollout_is, rollout_mask, "
+                  "rollout_veto_threshold, rollout_bypass: all off)")
+    old = "the engine's log-probs serve as the old ones" if algorithm.rollout_bypass else "the actor recomputes the old log-probs"
     return (f"rollout.async_steps={async_steps}: the next steps' batches are generated while a step trains, with "
-            f"weights up to {async_steps} step(s) older than the actor (rollout/staleness); the actor recomputes the "
-            f"old log-probs, and {correction}")
+            f"weights up to {async_steps} step(s) older than the actor (rollout/staleness); {old}, and {correction}")
 
 
 def oversubscribed_cpu_warning(config: RunConfig) -> str | None:

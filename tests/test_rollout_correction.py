@@ -136,19 +136,19 @@ def test_greedy_decoding_returns_no_log_probs():
     assert out.log_probs is None and len(out.token_ids) == 1
 
 
-def test_a_loss_func_of_ones_own_that_ignores_tis_stops_the_run():
+@pytest.mark.parametrize("asked, metric", [("algorithm.rollout_is=token", "rollout_is_weight"),
+                                            ("algorithm.rollout_mask=token", "rollout_dropped"),
+                                            ("algorithm.rollout_veto_threshold=4", "rollout_dropped")])
+def test_a_loss_func_of_ones_own_that_ignores_an_asked_for_correction_stops_the_run(asked, metric):
     from roll_lite.config import ConfigError, load_config
-    from roll_lite.pipelines.ppo import PPOPipeline
+    from roll_lite.pipelines.losses import check_correction_applied
 
-    class PlainPolicyGradient(PPOPipeline):
-        def loss_func(self, batch, output):  # never looks at batch["rollout_log_probs"]
-            return ppo_policy_loss_func()(batch, output)
-
-    config = load_config(None, ["algorithm.rollout_is=token"])
-    PPOPipeline(config).check_rollout_is_applied({"rollout_is_weight": 1.0, "pg_loss": 0.1})  # the built-in loss applies them
-    with pytest.raises(ConfigError, match="algorithm.rollout_is=token: PlainPolicyGradient.loss_func applied no importance"):
-        PlainPolicyGradient(config).check_rollout_is_applied({"pg_loss": 0.1})
-    PlainPolicyGradient(load_config(None, [])).check_rollout_is_applied({"pg_loss": 0.1})  # not asked for: fine
+    config = load_config(None, [asked])
+    check_correction_applied(config.algorithm, {metric: 1.0, "pg_loss": 0.1}, "PPOPipeline")  # the built-ins report it
+    key = asked.split("=")[0]
+    with pytest.raises(ConfigError, match=f"{key}=.*: PlainPolicyGradient.loss_func applied no rollout correction"):
+        check_correction_applied(config.algorithm, {"pg_loss": 0.1}, "PlainPolicyGradient")
+    check_correction_applied(load_config(None, []).algorithm, {"pg_loss": 0.1}, "PlainPolicyGradient")  # none asked
 
 
 # -- the correction suite: masks, veto, bypass, the k3 metric (hand-worked on ACTOR / ENGINE) --------------
@@ -321,3 +321,18 @@ def test_the_exactness_matrix_corrections_drop_some_tokens_but_not_all():
         seen.update({k: v.item() for k, v in metrics.items() if k.startswith("rollout_")})
     for metric in ("rollout_token_masked@sum", "rollout_seq_masked@sum", "rollout_vetoed@sum", "rollout_dropped@sum"):
         assert 0.05 < seen[metric] < 0.8, (metric, seen)
+
+
+def test_bypass_trains_generating_ahead_without_recomputing_the_old_log_probs(tmp_path):
+    from test_resume import REPO, command, metrics, run
+
+    for name in ("train", "eval"):
+        lines = (REPO / f"data/reverse_digits/{name}.jsonl").read_text().splitlines(keepends=True)[:8]
+        (tmp_path / f"{name}.jsonl").write_text("".join(lines))
+    rows = [f"data.train_files={tmp_path / 'train.jsonl'}", f"data.eval_files={tmp_path / 'eval.jsonl'}"]
+    args = command(rows, tmp_path, "bypass", "steps=2", "eval_every=2", "rollout.async_steps=1",
+                   "algorithm.rollout_bypass=true", "algorithm.rollout_mask=token", "algorithm.rollout_veto_threshold=100")
+    log = run(args).stderr
+    assert "the engine's log-probs serve as the old ones" in log
+    steps = [r for r in metrics(tmp_path / "bypass") if r["step"] > 0]
+    assert len(steps) == 2 and all("actor/rollout_dropped" in r and "actor/rollout_kl_k3" in r for r in steps)
