@@ -97,3 +97,18 @@ def test_multi_turn_benchmark_plays_the_same_episodes_in_every_row():
     assert float(rows["sequential"][7]) == 1.0, result.stdout
     assert "same episodes as sequential (prompt and response ids, turn texts, rewards, endings): lockstep yes, " \
            "overlapped yes" in result.stdout, result.stdout
+
+
+def test_algorithm_menu_benchmark_runs_valid_configs():
+    """Each row's overrides are a valid config of examples/byo/grpo.yaml (the runs themselves take ~25 min)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import algorithm_menu
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from roll_lite.config import load_config
+
+    for name, overrides in algorithm_menu.ALGORITHMS.items():
+        config = load_config(REPO / "examples/byo/grpo.yaml", overrides)
+        assert config.algorithm.policy_loss == {"gspo": "gspo", "cispo": "cispo"}.get(name, "ppo")
+    assert load_config(REPO / "examples/byo/grpo.yaml", algorithm_menu.ALGORITHMS["dapo"]).algorithm.dynamic_sampling
