@@ -31,7 +31,12 @@ def check_own_losses(pipeline) -> str | None:
         return None if not own else f"loss check: skipped (algorithm.check_loss=false) for {', '.join(n for n, _, _ in own)}"
     start, lines = time.perf_counter(), []
     for name, loss_func, head in own:
-        report = check_loss_invariance(loss_func, [pipeline.loss_mask_key], head=head, raise_on_failure=False)
+        try:
+            report = check_loss_invariance(loss_func, [pipeline.loss_mask_key], head=head, raise_on_failure=False)
+        except Exception as error:  # it would raise in the workers too, at the first step
+            raise LossCheckFailed(f"{cls.__name__}.{name} raised on the checker's synthetic batch: "
+                                  f"{type(error).__name__}: {error} (algorithm.check_loss=false skips this check, "
+                                  "e.g. for a loss that needs batch keys the synthetic batch lacks)") from None
         if not report.passed:
             raise LossCheckFailed(f"{cls.__name__}.{name} ({a.policy_loss if name == 'loss_func' else 'critic'}) fails "
                                   f"the loss checker, so its step would depend on D, A or packing (algorithm.check_loss="

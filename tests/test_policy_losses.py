@@ -37,6 +37,10 @@ def good(batch, output):
     return agg_loss(-advantages * log_probs, mask, "token-mean", **stats), {}
 
 
+def needs_a_key(batch, output):  # reads a key the checker's batch does not have
+    return (output["log_probs"] * batch["my_weights"]).sum(), {}
+
+
 def local_mean(batch, output):  # the classic bug: the micro-batch's own token count
     mask = batch["response_mask"]
     return -masked_sum(output["log_probs"] * batch["advantages"], mask) / mask.sum().clamp(min=1), {}
@@ -140,6 +144,9 @@ def test_a_users_loss_by_import_path_is_used_and_checked_first(losses_module):
     bad = PPOPipeline(load_config(None, [f"algorithm.policy_loss={losses_module}:local_mean"]))
     with pytest.raises(LossCheckFailed, match="normalises by the micro-batch's own loss_mask.sum"):
         check_own_losses(bad)
+    raising = PPOPipeline(load_config(None, [f"algorithm.policy_loss={losses_module}:needs_a_key"]))
+    with pytest.raises(LossCheckFailed, match="raised on the checker's synthetic batch: KeyError: .*no tensor 'my_weights'"):
+        check_own_losses(raising)
     skipped = PPOPipeline(load_config(None, [f"algorithm.policy_loss={losses_module}:local_mean",
                                              "algorithm.check_loss=false"]))
     assert check_own_losses(skipped) == "loss check: skipped (algorithm.check_loss=false) for loss_func"
