@@ -82,8 +82,12 @@ def sequence_ratio_token_loss(
 
 def _mean_log_ratio(log_probs, old_log_probs, mask) -> torch.Tensor:
     """[rows]: the mean over each row's masked tokens of log π - log π_old."""
-    row_tokens = mask.sum(-1).to(log_probs.dtype).clamp(min=1.0)
-    return masked_sum(log_probs - old_log_probs, mask, dim=-1) / row_tokens
+    return _row_mean(log_probs - old_log_probs, mask)
+
+
+def _row_mean(values, mask) -> torch.Tensor:
+    """[rows]: the mean of `values` over each row's masked tokens (0 for a row without any)."""
+    return masked_sum(values, mask, dim=-1) / mask.sum(-1).to(values.dtype).clamp(min=1.0)
 
 
 def cispo_loss(
@@ -160,19 +164,29 @@ def cispo_policy_loss_func(
                                    RolloutCorrection.resolve(correction, rollout_is, rollout_is_cap))
 
 
+def _policy_inputs(batch, output, mask, correction: RolloutCorrection):
+    """(log π, the actor's π_old: what the correction compares the engine with, the π_old the loss's
+    ratio is taken against: the engine's with rollout_bypass, A), each zeroed outside the mask."""
+    log_probs, actor_log_probs, advantages = zero_outside(
+        mask, output["log_probs"], old_log_probs(batch, output, correction.rollout_bypass), batch["advantages"]
+    )
+    return log_probs, actor_log_probs, bypass_old_log_probs(batch, mask, actor_log_probs, correction), advantages
+
+
+def _corrected(loss_mat, batch, actor_log_probs, mask, stats, correction: RolloutCorrection):
+    """(loss_mat times the rollout correction's weights, when it asks for any; its metrics)."""
+    weights, metrics = rollout_correction(batch, actor_log_probs, mask, stats, correction=correction)
+    return (loss_mat if weights is None else loss_mat * weights), metrics
+
+
 def _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key, correction):
     """A policy loss_func from a per-token loss (log π, log π_old, A) -> (loss_mat, clipped)."""
 
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
-        log_probs, actor_log_probs, advantages = zero_outside(
-            mask, output["log_probs"], old_log_probs(batch, output, correction.rollout_bypass), batch["advantages"]
-        )
-        behaviour_log_probs = bypass_old_log_probs(batch, mask, actor_log_probs, correction)
+        log_probs, actor_log_probs, behaviour_log_probs, advantages = _policy_inputs(batch, output, mask, correction)
         loss_mat, clipped = per_token(log_probs, behaviour_log_probs, advantages)
-        is_weights, correction_metrics = rollout_correction(batch, actor_log_probs, mask, stats, correction=correction)
-        if is_weights is not None:
-            loss_mat = loss_mat * is_weights
+        loss_mat, correction_metrics = _corrected(loss_mat, batch, actor_log_probs, mask, stats, correction)
         pg_loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
         loss = pg_loss
         metrics = {
@@ -213,22 +227,14 @@ def sequence_policy_loss_func(
 
     def loss_func(batch, output):
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
-        log_probs, actor_log_probs, advantages = zero_outside(
-            mask, output["log_probs"], old_log_probs(batch, output, correction.rollout_bypass), batch["advantages"]
-        )
-        behaviour_log_probs = bypass_old_log_probs(batch, mask, actor_log_probs, correction)
+        log_probs, actor_log_probs, behaviour_log_probs, advantages = _policy_inputs(batch, output, mask, correction)
         if token_level:
             loss_mat, _ = sequence_ratio_token_loss(log_probs, behaviour_log_probs, advantages, mask, clip_ratio_low,
                                                     clip_ratio_high)
         else:
-            row_tokens = mask.sum(-1).clamp(min=1).to(advantages.dtype)
-            seq_advantages = masked_sum(advantages, mask, dim=-1) / row_tokens
-            loss_mat = sequence_ratio_loss(
-                log_probs, behaviour_log_probs, seq_advantages, mask, clip_ratio_low, clip_ratio_high
-            )
-        is_weights, correction_metrics = rollout_correction(batch, actor_log_probs, mask, stats, correction=correction)
-        if is_weights is not None:
-            loss_mat = loss_mat * is_weights
+            loss_mat = sequence_ratio_loss(log_probs, behaviour_log_probs, _row_mean(advantages, mask), mask,
+                                           clip_ratio_low, clip_ratio_high)
+        loss_mat, correction_metrics = _corrected(loss_mat, batch, actor_log_probs, mask, stats, correction)
         loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
         return loss, {"seq_pg_loss@sum": loss.detach(), **correction_metrics}
 
