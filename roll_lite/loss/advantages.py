@@ -99,9 +99,12 @@ def turn_returns(rewards, mask, gamma: float = 1.0):
 
 def first_turn_returns(rewards, mask, gamma: float = 1.0):
     """[batch]: each row's G_1, the discounted return of its whole trajectory (turn_returns' first turn)."""
-    returns = turn_returns(rewards, mask, gamma)
+    return _at_first_masked_token(turn_returns(rewards, mask, gamma), mask)
+
+
+def _at_first_masked_token(values, mask):
     first = mask.bool().long().argmax(dim=1)
-    return returns.gather(1, first[:, None]).squeeze(1)
+    return values.gather(1, first[:, None]).squeeze(1)
 
 
 def turn_level_advantages(rewards, mask, group_ids, estimator: str, gamma: float = 1.0, eps: float = 1e-6):
@@ -110,7 +113,8 @@ def turn_level_advantages(rewards, mask, group_ids, estimator: str, gamma: float
     the estimator computed from the group's whole-trajectory returns G_j1 (grpo / dr_grpo: their mean;
     rloo: the mean of the others'), and s the group's std of G_j1 + eps for grpo, else 1. A turn is
     credited with what followed it, never with the rewards of turns before it."""
-    g_first = first_turn_returns(rewards, mask, gamma)
+    returns = turn_returns(rewards, mask, gamma)
+    g_first = _at_first_masked_token(returns, mask)
     inverse, counts, sums, means, stds = _group_statistics(g_first, group_ids)
     if estimator == "rloo":
         if bool((counts < 2).any()):
@@ -120,7 +124,7 @@ def turn_level_advantages(rewards, mask, group_ids, estimator: str, gamma: float
         baseline = means[inverse]
     else:
         raise ValueError(f"turn-level credit is for grpo, dr_grpo and rloo, not {estimator}")
-    advantages = turn_returns(rewards, mask, gamma) - baseline[:, None]
+    advantages = returns - baseline[:, None]
     if estimator == "grpo":
         advantages = advantages / (stds[inverse] + eps)[:, None]
     return advantages * mask.to(rewards.dtype)
