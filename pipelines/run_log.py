@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 
 from roll_lite.config import RunConfig
+from roll_lite.loss import RolloutCorrection
 
 
 def describe_async_rollout(async_steps: int, algorithm) -> str:
-    asked = [f"algorithm.{key}={value}" for key in ("rollout_is", "rollout_mask", "rollout_veto_threshold", "rollout_bypass")
-             if (value := getattr(algorithm, key))]
+    asked = [f"algorithm.{key}={value}" for key, value in RolloutCorrection.from_config(algorithm).settings_on()]
     correction = (f"{', '.join(asked)} correct(s) the gap to the sampling weights" if asked else
                   "nothing corrects the gap to the sampling weights (algorithm.rollout_is, rollout_mask, "
                   "rollout_veto_threshold, rollout_bypass: all off)")

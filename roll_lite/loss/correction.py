@@ -88,11 +88,15 @@ class RolloutCorrection:
         """Whether the loss gets weights (TIS, a mask or the veto)."""
         return bool(self.rollout_is or self.rollout_mask or self.rollout_veto_threshold is not None)
 
+    def settings_on(self) -> list[tuple[str, object]]:
+        """(key, value) of each correction that is on: rollout_is, rollout_mask, rollout_veto_threshold,
+        rollout_bypass."""
+        keys = ("rollout_is", "rollout_mask", "rollout_veto_threshold", "rollout_bypass")
+        return [(key, getattr(self, key)) for key in keys if getattr(self, key) not in (None, False)]
+
     def describe(self) -> str:
         """The settings that are on, as config keys: 'algorithm.rollout_mask / algorithm.rollout_bypass'."""
-        on = [k for k in ("rollout_is", "rollout_mask", "rollout_veto_threshold", "rollout_bypass")
-              if getattr(self, k) not in (None, False)]
-        return " / ".join(f"algorithm.{k}" for k in on) or "no rollout correction"
+        return " / ".join(f"algorithm.{key}" for key, _ in self.settings_on()) or "no rollout correction"
 
 
 def rollout_importance_weights(
