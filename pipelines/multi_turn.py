@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from functools import cached_property
 
 import torch
 
@@ -49,21 +50,12 @@ class MultiTurnPipeline(PPOPipeline):
 
     # -- data: rows that seed environments ---------------------------------------------------------
 
-    def prepare_data(self) -> None:
-        if self.train_data is not None:
-            return
-        from roll_lite.data.sampler import PromptSampler
-        from roll_lite.pipelines.sft import SFTPipeline
-
+    def read_data(self) -> tuple[list[dict], list[dict] | None]:
+        """The rows of data.train_files and data.eval_files (None without): each seeds an environment."""
         d = self.config.data
-        self.train_data = [row for path in d.train_files for row in read_table(path, "data.train_files").rows]
-        eval_rows = [row for path in d.eval_files for row in read_table(path, "data.eval_files").rows]
-        self.eval_data = eval_rows or None
-        self.sampler = PromptSampler(len(self.train_data), self.data_seed, d.shuffle, d.epochs)
-        if self.config.sft.steps:
-            self.warm_start_sft = SFTPipeline(self.config, self.tokenizer)
-            self.warm_start_sft.train_loss = "sft"
-            self.warm_start_sft.prepare_data()
+        train = [row for path in d.train_files for row in read_table(path, "data.train_files").rows]
+        held_out = [row for path in d.eval_files for row in read_table(path, "data.eval_files").rows]
+        return train, held_out or None
 
     def longest_sequences(self) -> tuple[int, int]:
         """The prompts are the environments' first observations, known only once they reset; the loop
@@ -108,7 +100,7 @@ class MultiTurnPipeline(PPOPipeline):
                   for row, row_id in zip(rows, row_ids) for sample in range(params.num_samples)]
         return run_episodes(_EngineCalls(self.rollout), self.environments, self.tokenizer, starts, params, limits)
 
-    @property
+    @cached_property
     def positions(self) -> int | None:
         """The model's max_position_embeddings: no trajectory grows past it."""
         m = self.config.model
@@ -136,7 +128,7 @@ class MultiTurnPipeline(PPOPipeline):
                                f"first error: {next(e.error for e in episodes if e.error)}")
         batch = trajectory_batch([e.trajectory for e in kept], self.tokenizer.pad_token_id)
         rows = [e.key[1] for e in kept]
-        batch.batch["group_ids"] = torch.tensor([sorted(set(rows)).index(r) for r in rows])
+        batch.batch["group_ids"] = torch.unique(torch.tensor(rows), return_inverse=True)[1]
         if self.config.environment.truncated == "mask":
             cut = torch.tensor([e.truncated for e in kept])
             batch.batch["model_mask"][cut] = 0
@@ -153,7 +145,6 @@ class MultiTurnPipeline(PPOPipeline):
         answered; a faulted trajectory gets 0 everywhere (environment.on_fault=zero_reward)."""
         episodes = self.kept  # the batch's rows, in order
         token_rewards = torch.zeros(batch["model_mask"].shape, dtype=torch.float32)
-        prompt_lengths = batch["attention_mask"].sum(-1) - batch["response_mask"].sum(-1)
         final = torch.zeros(len(episodes))
         reward_metrics = {}
         if self.config.environment.final_reward:
@@ -161,7 +152,7 @@ class MultiTurnPipeline(PPOPipeline):
         for row, episode in enumerate(episodes):
             if episode.fault is not None:
                 continue
-            ends = [int(prompt_lengths[row]) + end for end in episode.turn_ends]
+            ends = [len(episode.trajectory.prompt_ids) + end for end in episode.turn_ends]
             token_rewards[row, ends] = torch.tensor(episode.turn_rewards, dtype=torch.float32)
             token_rewards[row, ends[-1]] += final[row]
         metrics = {**episode_metrics(self.episodes, "env", self.config.environment.max_turns), **reward_metrics}

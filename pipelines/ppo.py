@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from roll_lite.config import ConfigError, RunConfig, rollout_dtype
+from roll_lite.config import RunConfig, rollout_dtype
 from roll_lite.data import DataProto
 from roll_lite.data.prompts import PromptData
 from roll_lite.data.sampler import PromptSampler
@@ -124,18 +124,22 @@ class PPOPipeline:
         Idempotent: run() calls it too."""
         if self.train_data is not None:
             return
-        from roll_lite.data.prompts import prepare_datasets
-
         d = self.config.data
-        prepared = prepare_datasets(d, self.tokenizer)
-        self.train_data, self.eval_data = prepared.train, prepared.eval
+        self.train_data, self.eval_data = self.read_data()
         self.sampler = PromptSampler(len(self.train_data), self.data_seed, d.shuffle, d.epochs)
-        for note in prepared.notes:
-            logger.info(note)
         if self.config.sft.steps:
             self.warm_start_sft = SFTPipeline(self.config, self.tokenizer)
             self.warm_start_sft.train_loss = "sft"  # the built-in SFT loss, not this pipeline's loss_func
             self.warm_start_sft.prepare_data()
+
+    def read_data(self) -> tuple[PromptData, PromptData | None]:
+        """(the training prompts, the held-out ones or None), tokenized."""
+        from roll_lite.data.prompts import prepare_datasets
+
+        prepared = prepare_datasets(self.config.data, self.tokenizer)
+        for note in prepared.notes:
+            logger.info(note)
+        return prepared.train, prepared.eval
 
     def longest_sequences(self) -> tuple[int, int]:
         """(tokens of the longest prompt, of the longest warm-start SFT sequence; 0 without a warm start)."""

@@ -33,6 +33,7 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol
 
+from roll_lite.data.chat import as_messages, render_chat
 from roll_lite.environments.results import Result
 from roll_lite.environments.turns import Trajectory, observation_ids
 from roll_lite.errors import ConfigError
@@ -144,9 +145,7 @@ class _Loop:
             episode.end, episode.fault, episode.error = "fault", result.fault, result.error
             return
         if episode.trajectory is None:  # the reset
-            messages = _as_messages(result.observation)
-            prompt = list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                             return_dict=False))
+            prompt = render_chat(self.tokenizer, as_messages(result.observation))
             episode.trajectory = Trajectory(prompt)
             if self._room(episode) < 1:
                 raise ConfigError(f"model.max_position_embeddings: the first observation of {episode.key!r} takes "
@@ -202,7 +201,3 @@ class _Loop:
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             episode.turn_texts.append(text)
             self.stepping[self.runner.submit_step(key, text)] = key
-
-
-def _as_messages(observation) -> list[dict]:
-    return [{"role": "user", "content": observation}] if isinstance(observation, str) else list(observation)
