@@ -75,8 +75,8 @@ def keep_informative_groups(pipeline, batch: DataProto, scores: torch.Tensor, me
     """Dynamic sampling: (batch, scores, metrics) of at most prompts_per_step informative groups, drawn
     in up to algorithm.max_sampling_rounds extra rounds (pipeline.generate with the current weights)."""
     wanted, rounds = pipeline.config.rollout.prompts_per_step, 0
-    first = (batch, scores)
-    batches, kept_scores, seen = [], [], 0
+    first_batch, first_scores = batch, scores
+    batches, kept_scores, found, seen = [], [], 0, 0
     metrics = {**metrics, "reward/mean_sampled": scores.double().mean().item()}  # before any group is dropped
     while True:
         keep = informative_rows(scores, batch["group_ids"])
@@ -84,11 +84,11 @@ def keep_informative_groups(pipeline, batch: DataProto, scores: torch.Tensor, me
         if keep.any():
             rows = keep.nonzero().flatten()
             part = batch.index_select(rows)
-            offset = sum(len(torch.unique(b["group_ids"])) for b in batches)
-            part.batch["group_ids"] = torch.unique(part["group_ids"], return_inverse=True)[1] + offset
+            groups = torch.unique(part["group_ids"], return_inverse=True)[1]
+            part.batch["group_ids"] = groups + found  # numbered on from the groups found before
+            found += int(groups.max()) + 1
             batches.append(part)
             kept_scores.append(scores[rows])
-        found = sum(len(torch.unique(b["group_ids"])) for b in batches)
         if found >= wanted or rounds >= pipeline.algorithm.max_sampling_rounds:
             break
         drawn = pipeline.draw_prompts()
@@ -99,14 +99,14 @@ def keep_informative_groups(pipeline, batch: DataProto, scores: torch.Tensor, me
         batch = pipeline.generate(pipeline.train_data.select(rows), pipeline.sampling_params())
         scores, _ = pipeline.shaped_scores(batch)
     metrics = {**metrics, "dapo/informative_groups": found / seen, "dapo/extra_rounds": float(rounds)}
+    if not batches:  # every advantage is 0: the step changes nothing but the optimizer's state
+        logger.warning("dynamic sampling: no group with different scores in %d groups; the step trains on the "
+                       "first batch, whose advantages are all 0", seen)
+        return first_batch, first_scores, metrics
     if found < wanted:
         logger.warning("dynamic sampling: %d of %d informative groups after %d extra round(s) "
                        "(algorithm.max_sampling_rounds=%d); training on those", found, wanted, rounds,
                        pipeline.algorithm.max_sampling_rounds)
-    if not batches:  # every advantage is 0: the step changes nothing but the optimizer's state
-        logger.warning("dynamic sampling: no group with different scores in %d groups; the step trains on the "
-                       "first batch, whose advantages are all 0", seen)
-        return first[0], first[1], metrics
     batch, scores = concat_padded(batches, pipeline.tokenizer.pad_token_id), torch.cat(kept_scores)
     keep = batch["group_ids"] < wanted  # the first prompts_per_step groups found
     return batch.index_select(keep.nonzero().flatten()), scores[keep], metrics
