@@ -36,9 +36,9 @@ def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def as_messages(prompt: Any) -> list[dict]:
-    """A string prompt becomes one user message; chat messages stay as they are."""
-    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+def as_messages(prompt: Any, role: str = "user") -> list[dict]:
+    """A string prompt becomes one `role` message; chat messages stay as they are."""
+    return [{"role": role, "content": prompt}] if isinstance(prompt, str) else list(prompt)
 
 
 def message_problem(prompt: Any) -> str | None:
@@ -54,8 +54,9 @@ def message_problem(prompt: Any) -> str | None:
     return None
 
 
-def render_chat(tokenizer, messages: list[dict]) -> list[int]:
+def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
     """Token ids of the messages under the tokenizer's chat template, ending with the generation
-    prompt (the template adds its own special tokens, so no BOS is prepended)."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    prompt unless told not to (the template adds its own special tokens, so no BOS is prepended)."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
+                                        return_dict=False)
     return list(ids)

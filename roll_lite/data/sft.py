@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from roll_lite.data.chat import as_messages, has_chat_template, message_problem
+from roll_lite.data.chat import as_messages, has_chat_template, message_problem, render_chat
 from roll_lite.data.files import DataError, Table
 from roll_lite.data.lengths import load_within_limit
 
@@ -146,11 +146,9 @@ def conversation_sequence(tokenizer, messages: list[dict]) -> tuple[list[int], l
 
 def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> list[int]:
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True,
-                                            return_dict=False)
+        return render_chat(tokenizer, messages, generation_prompt)
     except Exception as error:  # a template may raise on messages it does not accept (e.g. roles)
         raise ValueError(f"the tokenizer's chat template failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
-    return list(ids)
 
 
 def _field(table: Table, i: int, row: dict, key: str, config_key: str):

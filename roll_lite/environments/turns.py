@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from roll_lite.data import DataProto
+from roll_lite.data.chat import as_messages, render_chat
 from roll_lite.sequences import build_sequence_batch
 
 # A conversation the template renders before the observation; only what follows its last assistant
@@ -34,9 +35,8 @@ def observation_ids(tokenizer, observation: str | list[dict], end_of_turn_id: in
     turn that ended with `end_of_turn_id` (default: the tokenizer's EOS), up to and including the
     generation prompt of the model's next turn."""
     end = tokenizer.eos_token_id if end_of_turn_id is None else end_of_turn_id
-    messages = [{"role": role, "content": observation}] if isinstance(observation, str) else list(observation)
-    before = _render(tokenizer, _BEFORE, generation_prompt=False)
-    after = _render(tokenizer, _BEFORE + messages, generation_prompt=True)
+    before = render_chat(tokenizer, _BEFORE, add_generation_prompt=False)
+    after = render_chat(tokenizer, _BEFORE + as_messages(observation, role))
     if end not in before:
         raise TemplateError(f"the chat template does not end an assistant turn with the end-of-turn token (id {end}); "
                             "multi-turn needs one that does, so that a sampled turn ends where the template's does")
@@ -45,11 +45,6 @@ def observation_ids(tokenizer, observation: str | list[dict], end_of_turn_id: in
         raise TemplateError("the chat template renders earlier turns differently once a message follows them "
                             "(e.g. it strips <think> from history); a trajectory cannot be continued token by token")
     return after[cut:]
-
-
-def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False)
-    return list(ids)
 
 
 @dataclass
