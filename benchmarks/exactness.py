@@ -21,7 +21,7 @@ from roll_lite.loss import AGG_MODES  # noqa: E402
 
 
 def model_of(case) -> str:
-    return "critic" if case.loss in CRITIC_LOSSES else "actor"
+    return "critic" if case.loss in CRITIC_LOSSES else "actor (LoRA)" if case.lora else "actor"
 
 
 def main():
@@ -30,11 +30,12 @@ def main():
     for dtype in (torch.float64, torch.float32):
         start = time.perf_counter()
         results = run_strategy(cases, dtype)
-        references = {key: reference(key[0], key[1], dtype, key[2]) for key in {(c.loss, c.mode, c.rows) for c in cases}}
+        keys = {(c.loss, c.mode, c.rows, c.lora) for c in cases}
+        references = {key: reference(key[0], key[1], dtype, key[2], key[3]) for key in keys}
         for mode in AGG_MODES:
-            for model in ("actor", "critic"):
+            for model in ("actor", "actor (LoRA)", "critic"):
                 selected = [c for c in cases if c.mode == mode and model_of(c) == model]
-                errors = [deviations(results[c], references[(c.loss, c.mode, c.rows)]) for c in selected]
+                errors = [deviations(results[c], references[(c.loss, c.mode, c.rows, c.lora)]) for c in selected]
                 rows.append((str(dtype).removeprefix("torch."), mode, model, max(e[0] for e in errors), max(e[1] for e in errors), len(errors)))
         print(f"{dtype}: {len(cases)} cases in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print("| dtype | agg mode | model | worst loss rel. err | worst grad rel. err | cases |")

@@ -27,6 +27,8 @@ from roll_lite.loss import (
     sft_loss_func,
     value_loss_func,
 )
+from roll_lite.lora import add_adapters
+from roll_lite.lora_settings import LoraSettings
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch, relative_deviation
 from roll_lite.modeling import build_causal_lm
 from roll_lite.strategy.distributed import close_distributed, free_port
@@ -106,12 +108,32 @@ class Case:
     grad_accum_steps: int
     micro_batching: str  # padded | packed | budget
     rows: int = 7  # rows of the global batch: 1 leaves the second rank with an empty share
+    lora: bool = False  # LoRA adapters on a frozen base: only they train (lora_model)
 
     @property
     def id(self) -> str:
         a = "budget" if self.micro_batching == "budget" else f"A{self.grad_accum_steps}"
-        suffix = "" if self.rows == 7 else f"-{self.rows}row"
+        suffix = ("" if self.rows == 7 else f"-{self.rows}row") + ("-lora" if self.lora else "")
         return f"{self.loss}-{self.mode}-D{self.world_size}-{a}-{self.micro_batching}{suffix}"
+
+
+LORA = LoraSettings(rank=4, alpha=8.0, target_modules="all-linear")
+
+
+def lora_model(dtype: torch.dtype) -> torch.nn.Module:
+    """The tiny model with adapters on every Linear layer but the head, lora_B non-zero (it starts at
+    zero, which would leave lora_A without a gradient)."""
+    lm = add_adapters(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0), LORA, seed=1)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, parameter in lm.named_parameters():
+            if ".lora_B." in name:
+                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator, dtype=torch.float64))
+    return lm
+
+
+def case_model(case: Case, dtype: torch.dtype) -> torch.nn.Module:
+    return lora_model(dtype) if case.lora else build_causal_lm(TINY_MODEL, dtype=dtype, seed=0)
 
 
 def all_cases() -> list[Case]:
@@ -123,6 +145,12 @@ def all_cases() -> list[Case]:
                     for micro_batching in ("padded", "packed"):
                         cases.append(Case(loss, mode, world_size, a, micro_batching))
                 cases.append(Case(loss, mode, world_size, 1, "budget"))
+    # LoRA: the adapters' gradients, the base frozen (FSDP2 shards both), every agg mode.
+    for world_size in (1, 2):
+        for loss in ("ppo", "ppo_kl"):
+            for mode in AGG_MODES:
+                cases += [Case(loss, mode, world_size, a, mb, lora=True) for a in (1, 2, 3) for mb in ("padded", "packed")]
+                cases.append(Case(loss, mode, world_size, 1, "budget", lora=True))
     # One row for two ranks: rank 1 only runs placeholder passes.
     for loss in ("ppo_kl", "value"):
         cases += [Case(loss, "seq-mean-token-mean", 2, 2, mb, rows=1) for mb in ("padded", "packed", "budget")]
@@ -172,7 +200,7 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
             lr=0.0, max_grad_norm=None, param_dtype=DTYPE_NAMES[dtype], logprob_chunk_size=8,
         )
         critic = case.loss in CRITIC_LOSSES
-        strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0), config, head="value" if critic else "log_probs")
+        strategy = FSDP2Strategy(case_model(case, dtype), config, head="value" if critic else "log_probs")
         if critic:
             options = StateDictOptions(full_state_dict=True, strict=False)
             set_model_state_dict(strategy.model, value_head_weights(dtype), options=options)
@@ -227,9 +255,10 @@ def _critic_output(lm, batch, head: dict) -> dict:
     return {"values": _token_aligned(next_values, batch["attention_mask"])}
 
 
-def reference(loss_name: str, mode: str, dtype: torch.dtype, rows: int = 7):
-    """(loss, grads) of one float64 forward/backward of the plain HF model over the global batch."""
-    lm = copy.deepcopy(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0)).double()
+def reference(loss_name: str, mode: str, dtype: torch.dtype, rows: int = 7, lora: bool = False):
+    """(loss, grads) of one float64 forward/backward of the plain HF model (with LoRA: peft's) over
+    the global batch."""
+    lm = copy.deepcopy(lora_model(dtype) if lora else build_causal_lm(TINY_MODEL, dtype=dtype, seed=0)).double()
     data = global_batch(dtype, rows)
     batch = {k: (v.double() if v.is_floating_point() else v) for k, v in data.batch.items()}
     head = {}
@@ -250,7 +279,7 @@ def reference(loss_name: str, mode: str, dtype: torch.dtype, rows: int = 7):
     params = dict(lm.named_parameters())
     if loss_name in CRITIC_LOSSES:
         params = {n: p for n, p in params.items() if not n.startswith("lm_head.")} | head
-    return loss.item(), {n: p.grad for n, p in params.items()}
+    return loss.item(), {n: p.grad for n, p in params.items() if p.requires_grad}
 
 
 def deviations(result, ref) -> tuple[float, float]:

@@ -3,7 +3,8 @@ for every agg mode × built-in loss (policy, sequence, KL, the critic's value lo
 FSDP2Strategy(head='value'), and the SFT loss: token-mean over a target mask with holes; and multi-turn
 batches, where policy, KL, entropy and value losses read model_mask, the model's own tokens between
 environment spans of varied length) × D ∈ {1, 2} (real gloo processes) × A ∈ {1, 2, 3} ×
-padded / packed / token-budget micro-batches. float64, relative error ≤ 1e-10."""
+padded / packed / token-budget micro-batches; and LoRA (adapter gradients on a frozen base, policy and
+KL losses, every agg mode). float64, relative error ≤ 1e-10."""
 
 import pytest
 import torch
@@ -28,9 +29,9 @@ def references():
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_step_equals_global_forward_backward(case, strategy_results, references):
-    key = (case.loss, case.mode, case.rows)
+    key = (case.loss, case.mode, case.rows, case.lora)
     if key not in references:
-        references[key] = reference(case.loss, case.mode, torch.float64, case.rows)
+        references[key] = reference(case.loss, case.mode, torch.float64, case.rows, case.lora)
     loss_error, grad_error = deviations(strategy_results[case], references[key])
     assert loss_error <= 1e-10 and grad_error <= 1e-10, (loss_error, grad_error)
 

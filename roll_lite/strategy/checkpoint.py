@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_state_dict,
     set_model_state_dict,
@@ -24,11 +25,17 @@ from torch.distributed.checkpoint.state_dict import (
 SCHEDULE_FILE = "schedule.pt"
 
 
+def _options(strategy) -> StateDictOptions:
+    # Frozen parameters (LoRA's base) never change: the run rebuilds them from the model's source, and
+    # a checkpoint holds what trains.
+    return StateDictOptions(ignore_frozen_params=strategy.has_frozen_parameters)
+
+
 def _sharded_state(strategy) -> dict:
     """The model's (and optimizer's) state as DCP sees it: sharded DTensors, keyed by parameter name."""
     if strategy.optimizer is None:
-        return {"model": get_model_state_dict(strategy.model)}
-    model, optimizer = get_state_dict(strategy.model, strategy.optimizer)
+        return {"model": get_model_state_dict(strategy.model, options=_options(strategy))}
+    model, optimizer = get_state_dict(strategy.model, strategy.optimizer, options=_options(strategy))
     return {"model": model, "optimizer": optimizer}
 
 
@@ -64,10 +71,10 @@ def load_sharded(strategy, folder: Path) -> None:
     with one_torch_thread():
         dcp.load(state, checkpoint_id=str(folder))
     if strategy.optimizer is None:
-        set_model_state_dict(strategy.model, state["model"])
+        set_model_state_dict(strategy.model, state["model"], options=_options(strategy))
         return
     set_state_dict(strategy.model, strategy.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
+                   optim_state_dict=state["optimizer"], options=_options(strategy))
     schedule = torch.load(folder / SCHEDULE_FILE, weights_only=True)
     strategy.scheduler.load_state_dict(schedule["scheduler"])
     strategy.skipped_in_a_row = schedule["skipped_in_a_row"]

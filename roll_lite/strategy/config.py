@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from roll_lite.lora_settings import LoraSettings
 
 LR_SCHEDULES = ("constant", "cosine")
 PARAM_DTYPES = ("float32", "bfloat16", "float64")
@@ -32,6 +34,7 @@ class StrategyConfig:
     # where foreach's goes through MKL's vector math, which rounds otherwise on AVX-512 than on AVX2
     # CPUs; reproducible=portable turns it on for the actor and the critic
     adamw_fused: bool = False
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
     def validate(self, prefix: str = "") -> None:
         def fail(key, message):
@@ -60,3 +63,4 @@ class StrategyConfig:
             fail("max_consecutive_skipped_steps", f"must be >= 1 or null, got {self.max_consecutive_skipped_steps}")
         if self.temperature <= 0:
             fail("temperature", f"must be > 0, got {self.temperature}")
+        self.lora.validate(f"{prefix}lora.")
