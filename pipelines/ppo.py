@@ -23,22 +23,14 @@ from roll_lite.data import DataProto
 from roll_lite.data.prompts import PromptData
 from roll_lite.data.sampler import PromptSampler
 from roll_lite.loss import value_loss_func
-from roll_lite.loss.advantages import (
-    discounted_returns,
-    gae_advantages,
-    grpo_advantages,
-    kl_shaped_rewards,
-    last_token_rewards,
-    masked_whiten,
-    rloo_advantages,
-    whitens_advantages,
-)
+from roll_lite.loss.advantages import kl_shaped_rewards, last_token_rewards
 from roll_lite.progress import progress_bar, seconds_in_all
 from roll_lite.rollout import SamplingParams
 from roll_lite.rollout.ahead import staleness
 from roll_lite.sequences import completion_batch
 from roll_lite.tokenizer import load_tokenizer
 
+from .advantages import estimate_advantages
 from .evaluation import evaluate_held_out
 from .dapo import filter_overlong, keep_informative_groups, shape_overlong
 from .fresh_weights import check_fresh_weights
@@ -67,6 +59,8 @@ class PPOPipeline:
                              else config.rollout.max_new_tokens)
         self.use_critic = self.algorithm.advantage == "gae"
         self.use_reference = self.algorithm.kl_coef > 0 or self.algorithm.track_kl
+        # LoRA: the reference is the actor with its adapters off, no model of its own
+        self.reference_in_actor = self.use_reference and config.actor.lora.rank > 0
         # One optimizer step per rollout: the training forward's log-probs are the old ones.
         self.on_policy = self.algorithm.ppo_epochs == 1 and self.algorithm.mini_batches == 1 and not (
             self.use_reference and self.algorithm.kl_in_reward
@@ -97,10 +91,11 @@ class PPOPipeline:
         # On GPUs, rank i of every model group, and the rollout worker unless it has GPUs of its own
         # (workers.rollout_gpus), share one GPU.
         colocated_rollout = w.rollout_gpus == 0
-        placement = Placement(self.config, roles_on_a_gpu=1 + self.use_reference + self.use_critic + colocated_rollout)
+        reference_worker = self.use_reference and not self.reference_in_actor
+        placement = Placement(self.config, roles_on_a_gpu=1 + reference_worker + self.use_critic + colocated_rollout)
         # All worker processes start at once; wait_ready then builds their models.
         self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)
-        self.reference = ModelGroup("reference", w.reference_dp, placement, self.config) if self.use_reference else None
+        self.reference = ModelGroup("reference", w.reference_dp, placement, self.config) if reference_worker else None
         self.critic = ModelGroup("critic", w.critic_dp, placement, self.config) if self.use_critic else None
         in_actor = self.config.rollout.in_actor  # then the actor's process generates, once it is ready
         self.rollout = None if in_actor else RolloutClient(self.config, placement)
@@ -188,13 +183,13 @@ class PPOPipeline:
         batch, scores, token_rewards, reward_metrics = self.rewards(batch)
         mask = batch[self.loss_mask_key]
 
-        if self.reference is not None:
-            batch.batch["ref_log_probs"] = self.reference.compute_log_probs(batch)["log_probs"]
+        if self.use_reference:
+            batch.batch["ref_log_probs"] = self.reference_log_probs(batch)
         if not self.on_policy and not a.rollout_bypass:  # bypass: the engine's log-probs are π_old
             batch.batch["old_log_probs"] = self.actor.compute_log_probs(batch)["log_probs"]
         if self.critic is not None:
             batch.batch["values"] = self.critic.compute_values(batch)["values"]
-        if self.reference is not None and a.kl_in_reward:
+        if self.use_reference and a.kl_in_reward:
             old = batch["rollout_log_probs"] if a.rollout_bypass else batch["old_log_probs"]
             token_rewards = kl_shaped_rewards(token_rewards, old, batch["ref_log_probs"], mask,
                                               a.kl_coef, a.kl_estimator, a.kl_clamp)
@@ -228,6 +223,12 @@ class PPOPipeline:
             "perf/tokens_per_s": tokens / elapsed,
         }
 
+    def reference_log_probs(self, batch: DataProto) -> torch.Tensor:
+        """The reference model's: a worker group of its own, or with LoRA the actor's adapters off."""
+        if self.reference_in_actor:
+            return self.actor.compute_reference_log_probs(batch)["log_probs"]
+        return self.reference.compute_log_probs(batch)["log_probs"]
+
     def rewards(self, batch: DataProto) -> tuple[DataProto, torch.Tensor, torch.Tensor, dict[str, float]]:
         """(batch, scores, token rewards: each score on its row's last response token, metrics), with
         DAPO's overlong shaping / filtering and dynamic sampling when on (pipelines/dapo.py)."""
@@ -252,23 +253,9 @@ class PPOPipeline:
                                  None if extras is None else list(extras))
 
     def compute_advantages(self, scores, token_rewards, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(advantages, returns for the critic or None). The estimator's raw advantages, whitened over
-        the batch's response tokens when algorithm.whiten_advantages says so (default: gae and
-        reinforce_pp); the critic's returns are built from the raw GAE advantages."""
-        a, mask = self.algorithm, batch[self.loss_mask_key]
-        returns = None
-        if a.advantage == "gae":
-            advantages, returns = gae_advantages(token_rewards, batch["values"], mask, a.gamma, a.lam)
-        elif a.advantage in ("grpo", "dr_grpo"):
-            shaped = token_rewards.sum(-1)  # the score, minus the KL penalty when it is in the reward
-            advantages = grpo_advantages(shaped, batch["group_ids"], mask, normalize_std=a.advantage == "grpo")
-        elif a.advantage == "rloo":
-            advantages = rloo_advantages(token_rewards.sum(-1), batch["group_ids"], mask)
-        else:  # reinforce_pp: discounted returns, whitened below (reinforce_pp_advantages)
-            advantages = discounted_returns(token_rewards, mask, a.gamma)
-        if whitens_advantages(a.advantage, a.whiten_advantages):
-            advantages = masked_whiten(advantages, mask)
-        return advantages, returns
+        """(advantages, returns for the critic or None): algorithm.advantage's estimator
+        (pipelines/advantages.py) on the batch's loss mask."""
+        return estimate_advantages(self.algorithm, token_rewards, batch, batch[self.loss_mask_key])
 
     def train(self, group, batch: DataProto, loss: str) -> dict[str, float]:
         """ppo_epochs × mini_batches optimizer steps; each mini-batch gets its own global stats
@@ -311,7 +298,7 @@ class PPOPipeline:
         self.rollout.sync(self.actor, rollout_dtype(self.config), version)
         others = [group for group in (self.reference, self.critic) if group is not None]
         if others:
-            state = self.actor.state_dict_ref()
+            state = self.actor.state_dict_ref(part="merged")
             for group in others:
                 group.load_state_dict(state)
 

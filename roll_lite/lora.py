@@ -72,6 +72,13 @@ def add_adapters(lm: nn.Module, settings: LoraSettings, seed: int, key: str = "a
     return lm
 
 
+def adapted_modules(model: nn.Module) -> list[str]:
+    """The short names of the modules that hold an adapter (target_modules as resolved)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)})
+
+
 def has_adapters(model: nn.Module) -> bool:
     return any(ADAPTER_TENSOR.search(name) for name, _ in model.named_parameters())
 
@@ -109,6 +116,22 @@ def merged_state(state: dict[str, torch.Tensor], scale: float) -> dict[str, torc
             tensor = (tensor.double() + scale * (b.double() @ a.double())).to(tensor.dtype)
         merged[base_name(name)] = tensor
     return merged
+
+
+def to_adapted_names(state: dict[str, torch.Tensor], lm: nn.Module) -> dict[str, torch.Tensor]:
+    """A plain HF state dict under the names of `lm`, whose adapted layers hold `base_layer`."""
+    names = set(lm.state_dict())
+    adapted = {}
+    for name, tensor in state.items():
+        prefix, _, leaf = name.rpartition(".")
+        inner = f"{prefix}.base_layer.{leaf}"
+        adapted[inner if inner in names else name] = tensor
+    return adapted
+
+
+def base_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The frozen base under plain HF names (the adapters left out)."""
+    return {base_name(name): tensor for name, tensor in state.items() if not is_adapter(name)}
 
 
 def peft_names(adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -31,9 +31,27 @@ def check_run(config: RunConfig) -> PretrainedConfig:
             "on have no embedding: use the model's own tokenizer"
         )
     _check_positions(config, model_config, longest_prompt=None)
+    _check_lora_targets(config, model_config)
     _check_rollout_engine(config)
     _check_cpus(config)
     return model_config
+
+
+def _check_lora_targets(config: RunConfig, model_config: PretrainedConfig) -> None:
+    """actor.lora / critic.lora target_modules against the model's Linear modules (a model on the meta
+    device: no memory, no weights)."""
+    roles = [role for role in ("actor", "critic") if getattr(config, role).lora.rank]
+    if not roles:
+        return
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from roll_lite.lora import target_modules
+
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(model_config, trust_remote_code=config.model.trust_remote_code)
+    for role in roles:
+        target_modules(getattr(config, role).lora, lm, key=f"{role}.lora")
 
 
 def _tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:

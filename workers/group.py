@@ -160,6 +160,10 @@ class ModelGroup:
     def compute_log_probs(self, data: DataProto, with_entropy: bool = False) -> DataProto:
         return self._forward("compute_log_probs", data, with_entropy=with_entropy)
 
+    def compute_reference_log_probs(self, data: DataProto) -> DataProto:
+        """The actor with LoRA: the base model's log-probs (its adapters off)."""
+        return self._forward("compute_reference_log_probs", data)
+
     def compute_values(self, data: DataProto) -> DataProto:
         return self._forward("compute_values", data)
 
@@ -171,13 +175,13 @@ class ModelGroup:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return unflatten_state_dict(ray.get(self.state_dict_ref()))
 
-    def state_dict_ref(self, dtype: str | None = None) -> ray.ObjectRef:
+    def state_dict_ref(self, dtype: str | None = None, part: str = "full") -> ray.ObjectRef:
         """Rank 0's full state dict as FlatWeights (cast to `dtype` if given), left in the object
         store: a worker can take it from there without a hop through the controller. Every rank
-        takes part in the gather."""
+        takes part in the gather. With LoRA, `part`: full, adapters or merged (ModelWorker.state_dict)."""
         # Rank 0 puts the weights into the object store and returns the small ref to them, so a
         # failed gather is reported here, naming its rank, without fetching the weights.
-        return self._get([w.state_dict.remote(dtype) for w in self.workers], "state_dict")[0]
+        return self._get([w.state_dict.remote(dtype, part) for w in self.workers], "state_dict")[0]
 
     def save_pretrained(self, path: str) -> None:
         self._get([w.save_pretrained.remote(path) for w in self.workers], "save_pretrained")
@@ -207,6 +211,9 @@ class RolloutClient:
 
     def __init__(self, config: RunConfig, placement: Placement, actor: ModelGroup | None = None):
         self._get = WorkerCalls("rollout", config.workers).get
+        # LoRA: the first sync (and the first after a resume) sends the base too, every later one only
+        # the adapters
+        self.adapters_only, self.base_synced = config.actor.lora.rank > 0, False
         self.in_actor = actor is not None
         if self.in_actor:
             self.worker = actor.workers[0]
@@ -238,7 +245,9 @@ class RolloutClient:
         In the actor's process nothing travels: the engine's model already is the actor's parameters."""
         if self.in_actor:
             return self._call("use_actor_weights", version)
-        return self._call("update_weights", actor.state_dict_ref(dtype), version)
+        part = "adapters" if self.adapters_only and self.base_synced else "full"
+        self.base_synced = True
+        return self._call("update_weights", actor.state_dict_ref(dtype, part), version)
 
     def wait(self, ref: ray.ObjectRef, method: str):
         """The answer of a started call (a failure raises WorkerError naming `method`)."""

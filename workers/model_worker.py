@@ -16,6 +16,8 @@ import torch
 from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
 from roll_lite.importing import enter_import_root, load_object
+from roll_lite.lora import add_adapters, adapters_disabled, has_adapters, merged_state, scaling, to_adapted_names
+from roll_lite.lora_export import save_lora_final
 from roll_lite.loss import sft_loss_func
 from roll_lite.modeling import enable_gradient_checkpointing, load_causal_lm
 from roll_lite.reproducibility import check_kernels
@@ -77,6 +79,9 @@ class ModelWorker:
         head, trainable = ROLES[self.role]
         self.tokenizer = load_tokenizer(self.config.model.tokenizer_path, self.config.model.chat_template)
         lm = load_causal_lm(self.config.model, len(self.tokenizer), seed=self.config.seed)
+        self.lora = strategy_config(self.config, self.role).lora if trainable else None
+        if self.lora is not None and self.lora.rank:
+            add_adapters(lm, self.lora, seed=self.config.seed, key=f"{self.role}.lora")
         if trainable and self.config.model.gradient_checkpointing:
             enable_gradient_checkpointing(lm)
         self.strategy = FSDP2Strategy(lm, strategy_config(self.config, self.role), head=head, trainable=trainable)
@@ -99,6 +104,11 @@ class ModelWorker:
         with self.on_device():
             return self.strategy.compute_log_probs(data, with_entropy)
 
+    def compute_reference_log_probs(self, data: DataProto) -> DataProto:
+        """With LoRA: the reference's log-probs, those of the base model (the adapters off)."""
+        with self.on_device(), adapters_disabled(self.strategy.model):
+            return self.strategy.compute_log_probs(data)
+
     def compute_values(self, data: DataProto) -> DataProto:
         with self.on_device():
             return self.strategy.compute_values(data)
@@ -109,15 +119,19 @@ class ModelWorker:
         with self.on_device():
             return self.strategy.train_step(data, loss_func)
 
-    def state_dict(self, dtype: str | None = None):
+    def state_dict(self, dtype: str | None = None, part: str = "full"):
         """Rank 0: a ref to its full state dict as FlatWeights in the object store, floating-point
-        tensors cast to `dtype` if given (the rollout engine's); other ranks: None."""
+        tensors cast to `dtype` if given (the rollout engine's); other ranks: None. With LoRA, `part`
+        picks: full (base_layer and adapter tensors, the model's own names), adapters (only them) or
+        merged (a plain HF state dict of base + adapters)."""
         import ray
 
         with self.on_device():
-            state = self.strategy.full_state_dict()  # a collective: every rank calls it
+            state = self.strategy.full_state_dict(trainable_only=part == "adapters")  # a collective: every rank calls it
         if self.rank != 0:
             return None
+        if part == "merged" and has_adapters(self.strategy.model):
+            state = merged_state(state, scaling(self.lora))
         if dtype is not None:
             cast = getattr(torch, dtype)
             state = {name: value.to(cast) if value.is_floating_point() else value for name, value in state.items()}
@@ -136,8 +150,12 @@ class ModelWorker:
         return getattr(self.rollout, method)(*args)
 
     def load_state_dict(self, weights: FlatWeights) -> None:
+        """A plain HF state dict (the actor's, merged) into this model; with LoRA into the frozen base."""
+        state = unflatten_state_dict(weights)
+        if has_adapters(self.strategy.model):
+            state = to_adapted_names(state, self.strategy.model.lm)
         with self.on_device():
-            self.strategy.load_full_state_dict(unflatten_state_dict(weights))
+            self.strategy.load_full_state_dict(state)
 
     def save_pretrained(self, path: str) -> None:
         """Write the model as a HF folder (config.json and generation_config.json with the tokenizer's
@@ -147,6 +165,13 @@ class ModelWorker:
             state = self.strategy.full_state_dict()
         if self.rank != 0:
             return
+        if has_adapters(self.strategy.model):
+            save_lora_final(Path(path), state, self.lora, self.strategy.model.lm, self._save_hf,
+                            self.config.model.pretrained_path)
+            return
+        self._save_hf(Path(path), state)
+
+    def _save_hf(self, target: Path, state: dict) -> None:
         from transformers import AutoModelForCausalLM
 
         trained = self.strategy.model.lm
@@ -157,7 +182,6 @@ class ModelWorker:
         lm.config.update(special_ids)  # config.json too: not only generate() reads them (pipelines, vLLM, exporters)
         lm.generation_config = copy.deepcopy(trained.generation_config)
         lm.generation_config.update(**special_ids)
-        target = Path(path)
         partial = target.with_name(target.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         lm.save_pretrained(partial)

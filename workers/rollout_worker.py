@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -11,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from roll_lite.config import RunConfig, rollout_dtype
+from roll_lite.lora import add_adapters, adapter_state, base_state, is_adapter, write_peft_adapter
 from roll_lite.modeling import load_causal_lm
 from roll_lite.reproducibility import check_kernels
 from roll_lite.rollout import Completions, HFEngine, SamplingParams, choose_engine
@@ -32,9 +36,11 @@ class RolloutWorker:
         tokenizer = load_tokenizer(config.model.tokenizer_path)
         self.offload = config.workers.offload and torch.cuda.is_available()
         self.actor_weights = actor_weights
+        self.lora = config.actor.lora if config.actor.lora.rank else None
+        self.adapter_folders = AdapterFolders()  # vllm with LoRA: each version's adapter, in PEFT's format
         if actor_weights is not None:
-            self.engine = HFEngine(_architecture(config, len(tokenizer)), tokenizer.pad_token_id, tokenizer.eos_token_id,
-                                   seed=config.seed)
+            model = self._with_adapters(_architecture(config, len(tokenizer)))
+            self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed)
             self.engine.share_weights(actor_weights())
             why = ("rollout.in_actor: in the actor's process, on the actor's own parameters, no weight copies; "
                    "rollout.in_actor=false gives the engine a process of its own")
@@ -42,7 +48,8 @@ class RolloutWorker:
             self.engine, started = _start_vllm(config, tokenizer)
             why = f"{started}; {why}"
         else:
-            model = load_causal_lm(config.model, len(tokenizer), seed=config.seed).to(getattr(torch, rollout_dtype(config)))
+            model = load_causal_lm(config.model, len(tokenizer), seed=config.seed)
+            model = self._with_adapters(model).to(getattr(torch, rollout_dtype(config)))
             if config.workers.gpus_per_rank and torch.cuda.is_available():  # the GPU Ray assigned (workers/placement.py)
                 model.to(torch.device("cuda", local_gpu_index(config.workers.gpus_per_rank)))
             self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed)
@@ -64,9 +71,30 @@ class RolloutWorker:
             torch.cuda.empty_cache()
         return completions
 
+    def _with_adapters(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The hf engine's model with the actor's LoRA adapters (their values come with every sync)."""
+        return model if self.lora is None else add_adapters(model, self.lora, seed=0)
+
     def update_weights(self, weights: FlatWeights, version: int) -> None:
-        self.engine.update_weights(unflatten_state_dict(weights))
+        """The actor's weights: all of them, or with LoRA after the first sync only its adapters."""
+        state = unflatten_state_dict(weights)
+        if self.lora is None:
+            self.engine.update_weights(state)
+        elif isinstance(self.engine, HFEngine):
+            adapters_only = all(is_adapter(name) for name in state)
+            model_adapters = {name for name in self.engine.model.state_dict() if is_adapter(name)}
+            self.engine.update_weights(state, part_of=model_adapters if adapters_only else None)
+        else:  # vllm: the base into the model, the adapters as a LoRA request of their own
+            if not all(is_adapter(name) for name in state):
+                self.engine.update_weights(base_state(state))
+            folder = self.adapter_folders.new(version)
+            write_peft_adapter(folder, adapter_state(state), self.lora, self.lora_targets(state))
+            self.engine.update_adapter(str(folder), version)
+            self.adapter_folders.drop_older_than(folder)
         self.weight_version = version
+
+    def lora_targets(self, state: dict[str, torch.Tensor]) -> list[str]:
+        return sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in state if is_adapter(name)})
 
     def use_actor_weights(self, version: int) -> None:
         """rollout.in_actor: generate with the actor's parameters as they are now (no copy)."""
@@ -120,3 +148,21 @@ def _start_vllm(config: RunConfig, tokenizer):
                                     seed=config.seed, release_memory=r.release_memory,
                                     checkpoint_names=vllm_engine.checkpoint_names(hf_config))
     return engine, vllm_engine.describe(r.tensor_parallel_size, logprobs_mode, r.release_memory, on_cpu)
+
+
+class AdapterFolders:
+    """A temporary folder per adapter version (vllm loads a LoRA adapter from a PEFT folder); the
+    older ones go once the engine holds a newer one."""
+
+    def __init__(self):
+        self.root: Path | None = None
+
+    def new(self, version: int) -> Path:
+        if self.root is None:
+            self.root = Path(tempfile.mkdtemp(prefix="roll_lite_adapters_"))
+        return self.root / f"version_{version}_{time.monotonic_ns()}"
+
+    def drop_older_than(self, current: Path) -> None:
+        for folder in self.root.iterdir():
+            if folder != current:
+                shutil.rmtree(folder, ignore_errors=True)

@@ -68,9 +68,17 @@ class HFEngine:
     def load_state_dict(self, state: dict) -> None:
         self.generator_seed, self.calls = int(state["seed"]), int(state["calls"])
 
-    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy `state_dict` into the model's parameters."""
-        self._load(state_dict, assign=False)
+    def update_weights(self, state_dict: dict[str, torch.Tensor], part_of: set[str] | None = None) -> None:
+        """Copy `state_dict` into the model's parameters: all of them, or with `part_of` exactly those
+        names (LoRA's adapters: the rest stays as it is)."""
+        if part_of is None:
+            self._load(state_dict, assign=False)
+            return
+        if set(state_dict) != part_of:
+            missing, unexpected = sorted(part_of - set(state_dict)), sorted(set(state_dict) - part_of)
+            raise KeyError(f"rollout weight sync: missing {missing[:5]} ({len(missing)}), unexpected {unexpected[:5]} "
+                           f"({len(unexpected)})")
+        self.model.load_state_dict(state_dict, strict=False)
 
     def share_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Make `state_dict`'s tensors the model's parameters (no copy): the engine then samples with

@@ -25,10 +25,12 @@ from torch.distributed.checkpoint.state_dict import (
 SCHEDULE_FILE = "schedule.pt"
 
 
-def _options(strategy) -> StateDictOptions:
+def _options(strategy, loading: bool = False) -> StateDictOptions:
     # Frozen parameters (LoRA's base) never change: the run rebuilds them from the model's source, and
-    # a checkpoint holds what trains.
-    return StateDictOptions(ignore_frozen_params=strategy.has_frozen_parameters)
+    # a checkpoint holds what trains. Loading is then not strict about the frozen ones; dcp.load has
+    # already failed if the checkpoint lacked any of the others.
+    frozen = strategy.has_frozen_parameters
+    return StateDictOptions(ignore_frozen_params=frozen, strict=not (loading and frozen))
 
 
 def _sharded_state(strategy) -> dict:
@@ -71,10 +73,10 @@ def load_sharded(strategy, folder: Path) -> None:
     with one_torch_thread():
         dcp.load(state, checkpoint_id=str(folder))
     if strategy.optimizer is None:
-        set_model_state_dict(strategy.model, state["model"], options=_options(strategy))
+        set_model_state_dict(strategy.model, state["model"], options=_options(strategy, loading=True))
         return
     set_state_dict(strategy.model, strategy.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"], options=_options(strategy))
+                   optim_state_dict=state["optimizer"], options=_options(strategy, loading=True))
     schedule = torch.load(folder / SCHEDULE_FILE, weights_only=True)
     strategy.scheduler.load_state_dict(schedule["scheduler"])
     strategy.skipped_in_a_row = schedule["skipped_in_a_row"]
