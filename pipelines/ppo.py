@@ -285,6 +285,8 @@ class PPOPipeline:
         actor's optimizer starts afresh at actor.lr."""
         self.warm_start_sft.actor = self.actor
         metrics = self.warm_start_sft.train()
+        if self.config.actor.lora.rank:  # the warm-started model becomes the base (and the reference)
+            self.actor.merge_adapters()
         self.actor.reset_optimizer()
         return metrics
 

@@ -77,6 +77,11 @@ VALUE_CASES = [
     ("model.num_key_value_heads=3", "model.num_key_value_heads: 3 must divide model.num_attention_heads 4"),
     ("model.model_type=gpt5", "model.model_type: 'gpt5' is not a model type of transformers (e.g. qwen2, llama)"),
     ("sft.batch_size=0", "sft.batch_size: must be >= 1, got 0"),
+    ("actor.lora.rank=-2", "actor.lora.rank: must be >= 0 (0: no LoRA), got -2"),
+    ("actor.lora.rank=8 actor.lora.target_modules=[q_proj,qkv] sft.steps=0",
+     "actor.lora.target_modules: ['qkv'] match no Linear module of Qwen2ForCausalLM; its Linear modules (the LM head "
+     "cannot take an adapter) are ['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']"),
+    ("critic.lora.rank=8 critic.lora.target_modules=lm_head", "critic.lora.target_modules: ['lm_head'] match no Linear"),
     ("sft.lr=0", "sft.lr: must be > 0, got 0.0"),
     ("rollout.engine=vllm rollout.release_memory=true", "rollout.release_memory: vLLM has no sleep mode on CPU"),
     ("rollout.engine=vllm rollout.tensor_parallel_size=2", "rollout.tensor_parallel_size: vllm on CPU runs one worker"),

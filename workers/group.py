@@ -196,6 +196,10 @@ class ModelGroup:
     def reset_optimizer(self, lr: float | None = None) -> None:
         self._get([w.reset_optimizer.remote(lr) for w in self.workers], "reset_optimizer")
 
+    def merge_adapters(self) -> None:
+        """LoRA: the adapters into the base, lora_B back to zero (ModelWorker.merge_adapters)."""
+        self._get([w.merge_adapters.remote() for w in self.workers], "merge_adapters")
+
     def load_state_dict(self, weights: ray.ObjectRef) -> None:
         """Load FlatWeights (an object ref from `state_dict_ref`) on every rank."""
         self._get([w.load_state_dict.remote(weights) for w in self.workers], "load_state_dict")

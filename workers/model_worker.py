@@ -16,7 +16,15 @@ import torch
 from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
 from roll_lite.importing import enter_import_root, load_object
-from roll_lite.lora import add_adapters, adapters_disabled, has_adapters, merged_state, scaling, to_adapted_names
+from roll_lite.lora import (
+    adapter_state,
+    adapters_disabled,
+    add_adapters,
+    has_adapters,
+    merged_state,
+    scaling,
+    to_adapted_names,
+)
 from roll_lite.lora_export import save_lora_final
 from roll_lite.loss import sft_loss_func
 from roll_lite.modeling import enable_gradient_checkpointing, load_causal_lm
@@ -80,6 +88,7 @@ class ModelWorker:
         self.tokenizer = load_tokenizer(self.config.model.tokenizer_path, self.config.model.chat_template)
         lm = load_causal_lm(self.config.model, len(self.tokenizer), seed=self.config.seed)
         self.lora = strategy_config(self.config, self.role).lora if trainable else None
+        self.base_is_source = True  # the frozen base is still model.pretrained_path's (or the seeded build)
         if self.lora is not None and self.lora.rank:
             add_adapters(lm, self.lora, seed=self.config.seed, key=f"{self.role}.lora")
         if trainable and self.config.model.gradient_checkpointing:
@@ -166,8 +175,8 @@ class ModelWorker:
         if self.rank != 0:
             return
         if has_adapters(self.strategy.model):
-            save_lora_final(Path(path), state, self.lora, self.strategy.model.lm, self._save_hf,
-                            self.config.model.pretrained_path)
+            source = self.config.model.pretrained_path if self.base_is_source else None
+            save_lora_final(Path(path), state, self.lora, self.strategy.model.lm, self._save_hf, source)
             return
         self._save_hf(Path(path), state)
 
@@ -203,9 +212,22 @@ class ModelWorker:
 
         with self.on_device():
             self.strategy.load_checkpoint(path)
+        self.base_is_source = not self.strategy.frozen_in_checkpoint
         rng_file = Path(path) / f"rng_rank{self.rank}.pkl"
         if rng_file.exists():
             load_rng(rng_file)
+
+    def merge_adapters(self) -> None:
+        """LoRA after a warm start: the trained adapters go into the base (which becomes the reference,
+        as the warm-started model is without LoRA) and lora_B starts again from zero."""
+        with self.on_device():
+            state = self.strategy.full_state_dict()
+            merged = to_adapted_names(merged_state(state, scaling(self.lora)), self.strategy.model.lm)
+            adapters = {name: torch.zeros_like(t) if ".lora_B." in name else t.clone() for name, t in adapter_state(state).items()}
+            self.strategy.load_full_state_dict({**merged, **adapters})
+        # the base is no longer model.pretrained_path's: checkpoints and final/ hold it from now on
+        self.base_is_source = False
+        self.strategy.frozen_in_checkpoint = True
 
     def reset_optimizer(self, lr: float | None = None) -> None:
         with self.on_device():

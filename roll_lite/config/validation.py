@@ -94,7 +94,6 @@ def validate(config: RunConfig) -> None:
             getattr(config, name).validate(f"{name}.")
         except ValueError as error:
             raise ConfigError(str(error)) from None
-    _validate_lora(config)
     w = config.workers
     _check(w.gpus_per_rank in (0, 1), "workers.gpus_per_rank",
            f"must be 0 (CPU) or 1 (a GPU per rank: nccl needs one device per rank), got {w.gpus_per_rank}")
@@ -249,17 +248,6 @@ def _validate_data(data: DataConfig) -> None:
     _check(data.epochs is None or data.epochs >= 1, "data.epochs", f"must be >= 1 or null (unbounded), got {data.epochs}")
     _check(data.eval_num_samples >= 0, "data.eval_num_samples",
            f"must be >= 0 (0: greedy eval only), got {data.eval_num_samples}")
-
-
-def _validate_lora(config: RunConfig) -> None:
-    """LoRA's reference is the actor with its adapters off, i.e. the model before any training: a
-    warm start would train the adapters, and the KL would then pull towards the model before it."""
-    a = config.algorithm
-    _check(not (config.actor.lora.rank and config.sft.steps and (a.kl_coef > 0 or a.track_kl)), "sft.steps",
-           "a warm start with actor.lora and a reference (algorithm.kl_coef > 0 or track_kl): with LoRA the "
-           "reference is the base model, not the warm-started one. Run the SFT first as a run of its own "
-           "(configs/sft.yaml, its final/ folder merged with actor.lora.save_merged=true) and start RL from it "
-           "with model.pretrained_path, or set algorithm.kl_coef=0 and algorithm.track_kl=false")
 
 
 def _validate_sft(sft: SFTConfig) -> None:

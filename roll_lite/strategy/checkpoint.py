@@ -26,11 +26,17 @@ SCHEDULE_FILE = "schedule.pt"
 
 
 def _options(strategy, loading: bool = False) -> StateDictOptions:
-    # Frozen parameters (LoRA's base) never change: the run rebuilds them from the model's source, and
-    # a checkpoint holds what trains. Loading is then not strict about the frozen ones; dcp.load has
+    # Frozen parameters (LoRA's base) do not train: the run rebuilds them from the model's source, and
+    # a checkpoint holds what trains, unless the base changed since (strategy.frozen_in_checkpoint: a
+    # warm start merged into it). Loading is then not strict about the frozen ones; dcp.load has
     # already failed if the checkpoint lacked any of the others.
-    frozen = strategy.has_frozen_parameters
-    return StateDictOptions(ignore_frozen_params=frozen, strict=not (loading and frozen))
+    skip = strategy.has_frozen_parameters and not strategy.frozen_in_checkpoint
+    return StateDictOptions(ignore_frozen_params=skip, strict=not (loading and skip))
+
+
+def _holds_frozen_parameters(strategy, folder: Path) -> bool:
+    saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    return any(f"model.{name}" in saved for name, p in strategy.model.named_parameters() if not p.requires_grad)
 
 
 def _sharded_state(strategy) -> dict:
@@ -69,6 +75,7 @@ def save_sharded(strategy, folder: Path) -> None:
 
 def load_sharded(strategy, folder: Path) -> None:
     """A collective; the folder may have been written by another number of ranks."""
+    strategy.frozen_in_checkpoint = _holds_frozen_parameters(strategy, folder)
     state = _sharded_state(strategy)  # the targets: this run's shapes and sharding
     with one_torch_thread():
         dcp.load(state, checkpoint_id=str(folder))

@@ -92,6 +92,7 @@ class FSDP2Strategy:
         self.optimizer = self.scheduler = None
         self.skipped_in_a_row = 0
         self.offloaded = False
+        self.frozen_in_checkpoint = False  # checkpoints hold frozen parameters too (roll_lite/strategy/checkpoint.py)
         if trainable:
             self.reset_optimizer()
         self.attention_path, why = packed_attention_path(self.device, DTYPES[config.param_dtype])

@@ -1,0 +1,74 @@
+"""LoRA in real roll-train runs (tiny model, PPO with a critic and a KL to the reference): a warm start
+merged into the base, the reference as the actor's adapters off, the rollout engine in a process of
+its own fed the adapters alone after the first sync (every step checked against the actor's
+log-probs with rollout.max_logp_gap), the final folder, and SIGKILL + resume bit for bit."""
+
+import json
+import random
+
+import pytest
+import torch
+from test_resume import assert_same_trajectory, command, metrics, run, run_until
+
+from roll_lite.checkpoint import layout
+
+LORA = ["actor.lora.rank=4", "actor.lora.alpha=8", "actor.lr=1e-2", "algorithm.kl_coef=0.05", "sft.steps=4",
+        "rollout.in_actor=false", "rollout.max_logp_gap=1e-4", "save_model=true", "actor.lora.save_merged=true"]
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    from test_resume import REPO
+
+    folder = tmp_path_factory.mktemp("data")
+    for name, rows in (("train", 8), ("eval", 8)):
+        lines = (REPO / f"data/reverse_digits/{name}.jsonl").read_text().splitlines(keepends=True)[:rows]
+        (folder / f"{name}.jsonl").write_text("".join(lines))
+    return [f"data.train_files={folder / 'train.jsonl'}", f"data.eval_files={folder / 'eval.jsonl'}",
+            f"sft.train_files={folder / 'train.jsonl'}"]
+
+
+@pytest.fixture(scope="module")
+def lora_run(data, tmp_path_factory):
+    output = tmp_path_factory.mktemp("lora")
+    log = run(command(data, output, "ref", *LORA)).stderr
+    return output / "ref", log
+
+
+def test_every_step_samples_with_the_actors_adapters_and_the_kl_is_to_the_warm_started_base(lora_run):
+    run_dir, log = lora_run
+    records = metrics(run_dir)[1:]
+    assert len(records) == STEPS
+    # max_logp_gap=1e-4 held on every step, or the run would have stopped; the engine is float32
+    assert all(r["actor/rollout_logp_gap"] < 1e-5 for r in records)
+    # step 1: the adapters start at zero (lora_B), so the policy is its reference; then it moves away
+    assert records[0]["actor/kl"] == 0 and records[-1]["actor/kl"] > 0
+    assert "ModelWorker(reference" not in log
+
+
+def test_the_final_folder_loads_with_peft_and_its_merged_model_is_the_same_policy(lora_run):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    final = lora_run[0] / "final"
+    config = json.loads((final / "adapter_config.json").read_text())
+    assert config["r"] == 4 and config["lora_alpha"] == 8 and config["base_model_name_or_path"] == str(final / "base")
+    policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(final / "base"), str(final))
+    merged = AutoModelForCausalLM.from_pretrained(final / "merged")
+    base = AutoModelForCausalLM.from_pretrained(final / "base")
+    ids = torch.randint(3, 20, (3, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = policy(input_ids=ids).logits
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
+        assert (base(input_ids=ids).logits - expected).abs().max() > 1e-3  # RL moved the adapters
+
+
+def test_killed_and_resumed_with_lora_the_metrics_equal_an_uninterrupted_run(data, lora_run, tmp_path):
+    kill_after = random.randint(3, STEPS - 1)
+    print(f"SIGKILL after step {kill_after}")
+    run_until(command(data, tmp_path, "killed", *LORA), f"step {kill_after}/{STEPS} |")
+    run_dir = tmp_path / "killed"
+    assert layout.committed_steps(run_dir)
+    run(command(data, tmp_path, "killed", *LORA))
+    assert_same_trajectory(metrics(run_dir), metrics(lora_run[0]))
