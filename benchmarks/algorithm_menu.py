@@ -1,9 +1,10 @@
-"""The algorithm menu side by side on the byo example: GRPO, GSPO, CISPO and DAPO from the same SFT
-model, with the same seeds and step budget; the held-out reward (greedy, `math`, 128 problems) at the
-start and the end, and DAPO's filtered fraction and extra sampling.
+"""The algorithm menu side by side on the byo example: GRPO, GSPO, CISPO, DAPO and GRPO training LoRA
+adapters from the same SFT model, with the same seeds and step budget; the held-out reward (greedy,
+`math`, 128 problems) at the start and the end, and DAPO's filtered fraction and extra sampling.
 
-    python benchmarks/algorithm_menu.py                  # 4 algorithms x seeds 0, 1; ~25 min on 2 cores
+    python benchmarks/algorithm_menu.py                  # 5 rows x seeds 0, 1; ~30 min on 2 cores
     python benchmarks/algorithm_menu.py --seeds 0 --steps 20 --algorithms grpo cispo
+    python benchmarks/algorithm_menu.py --algorithms grpo grpo_lora   # full fine-tuning vs LoRA r=16
 
 It builds the byo assets and runs its SFT (examples/byo/sft.yaml) when outputs/byo_sft/final is
 missing, then one `roll-train --config examples/byo/grpo.yaml` per (algorithm, seed), as a user would,
@@ -31,6 +32,9 @@ ALGORITHMS = {
     # filtering; byo solutions take ~18 of rollout.max_new_tokens=24 tokens, so the last 4 cost
     "dapo": ["algorithm.clip_ratio_low=0.2", "algorithm.clip_ratio_high=0.28", "algorithm.dynamic_sampling=true",
              "algorithm.max_sampling_rounds=3", "algorithm.overlong_buffer=4", "algorithm.overlong_filter=true"],
+    # GRPO training LoRA adapters (rank 16, alpha 32, every Linear but the LM head) on the frozen SFT model,
+    # at 10x the full fine-tuning learning rate, as is usual for LoRA; the rollout engine gets the adapters only
+    "grpo_lora": ["actor.lora.rank=16", "actor.lora.alpha=32", "actor.lr=1e-3"],
 }
 
 

@@ -112,3 +112,16 @@ def test_algorithm_menu_benchmark_runs_valid_configs():
         config = load_config(REPO / "examples/byo/grpo.yaml", overrides)
         assert config.algorithm.policy_loss == {"gspo": "gspo", "cispo": "cispo"}.get(name, "ppo")
     assert load_config(REPO / "examples/byo/grpo.yaml", algorithm_menu.ALGORITHMS["dapo"]).algorithm.dynamic_sampling
+    assert load_config(REPO / "examples/byo/grpo.yaml", algorithm_menu.ALGORITHMS["grpo_lora"]).actor.lora.rank == 16
+
+
+def test_lora_benchmark_trains_and_syncs_every_row_on_a_tiny_model():  # ~6 s: one process, one step per row
+    result = run("benchmarks/lora.py", "--smoke")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in result.stdout.splitlines()
+            if line.startswith(("| full fine-tuning |", "| LoRA r="))]
+    assert [row[0] for row in rows] == ["full fine-tuning", "LoRA r=8", "LoRA r=64"] * 2, result.stdout
+    train, sync = rows[:3], rows[3:]
+    assert train[0][2] == "100.00" and 0 < float(train[1][2]) < float(train[2][2]) < 100, result.stdout
+    assert all(row[-1] == "yes" for row in sync), result.stdout  # the engine holds the actor's weights after the sync
+    assert float(sync[1][2]) < float(sync[0][2]), result.stdout  # r=8's adapters are fewer bytes than the model

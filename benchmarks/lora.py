@@ -1,0 +1,181 @@
+"""LoRA against full fine-tuning on a ~100 M-parameter Qwen2 built from config (float32, CPU, one rank of
+FSDP2Strategy): trainable parameters, AdamW state, peak memory and step time of a GRPO train step, and
+what a step's weight sync to an hf rollout engine moves and costs.
+
+    python benchmarks/lora.py                  # full, LoRA r=8, LoRA r=64; 2 rounds; ~10 min on 2 cores
+    python benchmarks/lora.py --rounds 3 --steps 5 --rows 8 --max-len 128 --threads 2
+    python benchmarks/lora.py --smoke          # a tiny model, one step per row, in one process (the test suite)
+
+Each (row, round) runs in a fresh process, the rows alternating within a round, so each peak RSS is
+that row's alone: `ru_maxrss` after the warm-up and timed steps, and what it adds over the resident
+size once the model (with its adapters) and the strategy are built. The model is built the way the
+workers build it (workers/model_worker.py setup): `add_adapters(lm, LoraSettings(...), seed)` on
+every Linear but the LM head (all-linear), then `FSDP2Strategy`. The step is the PPO clipped loss
+(`ppo_policy_loss_func`, token-mean) on `random_rl_batch` rows, packed, in 2 micro-batches.
+
+The sync is what a step's weight sync does in the workers but Ray's object store: the actor's
+`full_state_dict(trainable_only=...)` (all weights; with LoRA the adapters alone, as every sync after
+the first), `flatten_state_dict` (the FlatWeights sent), `unflatten_state_dict` on arrival, and
+`HFEngine.update_weights` into a second model (with LoRA: `part_of` the engine's adapter names),
+checked equal to the actor's weights afterwards. LoRA's first sync moves the base too: a full one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from logprob_memory import _status
+
+MODEL = dict(model_type="qwen2", vocab_size=32_000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+             num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=True)
+SMOKE_MODEL = dict(MODEL, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2)
+ROWS = {"full fine-tuning": 0, "LoRA r=8": 8, "LoRA r=64": 64}  # rank; alpha = 2 x rank
+LR = {0: 1e-5, 8: 1e-4, 64: 1e-4}
+RESULT = "RESULT "  # the child's result line on stdout
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def measure(rank: int, args) -> dict:
+    """One row in this process: build, train, peak RSS, then the weight sync."""
+    from roll_lite.lora import add_adapters, is_adapter
+    from roll_lite.lora_settings import LoraSettings
+    from roll_lite.loss import ppo_policy_loss_func
+    from roll_lite.loss.checker import random_rl_batch
+    from roll_lite.modeling import build_causal_lm
+    from roll_lite.rollout.hf import HFEngine
+    from roll_lite.strategy import FSDP2Strategy
+    from roll_lite.strategy.config import StrategyConfig
+    from roll_lite.weights import flatten_state_dict, unflatten_state_dict
+
+    torch.set_num_threads(args.threads)
+    model_config = SMOKE_MODEL if args.smoke else MODEL
+    settings = LoraSettings(rank=rank, alpha=2.0 * rank) if rank else LoraSettings()
+    lm = build_causal_lm(model_config, seed=0)
+    if rank:
+        add_adapters(lm, settings, seed=0)
+    config = StrategyConfig(lr=LR[rank], use_packing=True, grad_accum_steps=2, lora=settings)
+    strategy = FSDP2Strategy(lm, config)
+    loaded = _status("VmRSS")
+    data = random_rl_batch(num_rows=args.rows, seq_len=args.max_len, vocab_size=model_config["vocab_size"], seed=0,
+                           dtype=torch.float32)
+    loss_func = ppo_policy_loss_func("token-mean")
+    times = []
+    for _ in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        strategy.train_step(data, loss_func)
+        times.append(time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    params = list(strategy.model.parameters())
+    trainable = strategy.trainable_parameters()
+    adam = _bytes(t for state in strategy.optimizer.state.values() for t in state.values() if torch.is_tensor(t))
+
+    engine_lm = build_causal_lm(model_config, seed=1)  # the rollout engine's copy (other values: the sync must fill it)
+    if rank:
+        add_adapters(engine_lm, settings, seed=1)
+    engine = HFEngine(engine_lm, 0, model_config["vocab_size"] - 1)
+    engine.update_weights(unflatten_state_dict(flatten_state_dict(strategy.full_state_dict())))  # LoRA's first sync
+    part_of = {name for name in engine.model.state_dict() if is_adapter(name)} if rank else None
+    phases = {"gather": [], "flatten": [], "unflatten": [], "load": []}
+    for _ in range(args.syncs):
+        strategy.train_step(data, loss_func)  # new values to send
+        start = time.perf_counter()
+        state = strategy.full_state_dict(trainable_only=bool(rank))
+        gathered = time.perf_counter()
+        flat = flatten_state_dict(state)
+        flattened = time.perf_counter()
+        arrived = unflatten_state_dict(flat)
+        unflattened = time.perf_counter()
+        engine.update_weights(arrived, part_of=part_of)
+        loaded_at = time.perf_counter()
+        for phase, seconds in zip(phases, (gathered - start, flattened - gathered, unflattened - flattened,
+                                           loaded_at - unflattened)):
+            phases[phase].append(seconds)
+    actor, synced = strategy.full_state_dict(), engine.model.state_dict()
+    same = set(actor) <= set(synced) and all(torch.equal(actor[name], synced[name]) for name in actor)
+    return {"rank": rank, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
+            "adam": adam, "loaded": loaded, "peak": peak, "step_s": statistics.median(times[args.warmup:]),
+            "sync_tensors": len(flat.entries), "sync_bytes": sum(a.nbytes for a in flat.buffers.values()),
+            "sync_same": same, **{f"{phase}_s": statistics.median(values) for phase, values in phases.items()}}
+
+
+def _per_round(values: list[float]) -> str:
+    return " / ".join(f"{value:.2f}" for value in values)
+
+
+def child(rank: int, args) -> dict:
+    command = [sys.executable, __file__, f"--one={rank}", f"--rows={args.rows}", f"--max-len={args.max_len}",
+               f"--steps={args.steps}", f"--warmup={args.warmup}", f"--syncs={args.syncs}", f"--threads={args.threads}"]
+    output = subprocess.run(command + (["--smoke"] if args.smoke else []), capture_output=True, text=True, check=True).stdout
+    return json.loads(next(line for line in output.splitlines() if line.startswith(RESULT)).removeprefix(RESULT))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3, help="timed train steps per row, after the warm-up")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--syncs", type=int, default=3, help="timed weight syncs per row (a train step before each)")
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--max-len", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, one step, one sync, one round, one process")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one row, a RESULT line on stdout
+    args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.steps, args.warmup, args.syncs, args.rows, args.max_len = 1, 1, 0, 1, 4, 16
+    if args.one is not None:
+        print(RESULT + json.dumps(measure(args.one, args)), flush=True)
+        return
+
+    results = {label: [] for label in ROWS}
+    for _ in range(args.rounds):
+        for label, rank in ROWS.items():
+            # --smoke: in this process (the test suite's time); the peaks then are those of the rows so far
+            results[label].append(measure(rank, args) if args.smoke else child(rank, args))
+            print(f"{label}: {results[label][-1]['step_s']:.2f} s/step", file=sys.stderr, flush=True)
+    first = next(iter(results.values()))[0]
+    model = "tiny Qwen2 (--smoke)" if args.smoke else "Qwen2 from config (hidden 768, 12 layers, 12 / 4 heads, MLP 2048, vocab 32000, tied)"
+    print(f"\n{model}: {first['params'] / 1e6:.1f} M parameters, float32; {args.rows} rows ≤ {args.max_len} tokens, "
+          f"packed, 2 micro-batches, PPO clipped loss; {args.threads} torch thread(s); {args.rounds} round(s), each row "
+          f"in a fresh process; median of {args.steps} steps after {args.warmup} warm-up\n")
+    print("| row | trainable params | % of all (base + adapters) | AdamW state MiB | peak RSS GiB, per round | added over the built model GiB | "
+          "s/step, per round | step ÷ full |")
+    print("|---|---|---|---|---|---|---|---|")
+    full_step = statistics.median(r["step_s"] for r in results["full fine-tuning"])
+    for label, runs in results.items():
+        r = runs[0]
+        step = statistics.median(run["step_s"] for run in runs)
+        peaks = _per_round([run["peak"] / 2**30 for run in runs])
+        added = _per_round([(run["peak"] - run["loaded"]) / 2**30 for run in runs])
+        print(f"| {label} | {r['trainable']:,} | {100 * r['trainable'] / r['params']:.2f} | {r['adam'] / 2**20:.1f} | "
+              f"{peaks} | {added} | {_per_round([run['step_s'] for run in runs])} | {step / full_step:.2f} |")
+
+    print(f"\nweight sync per step to an hf engine (no Ray), median of {args.syncs} syncs per process, ms "
+          "(rounds pooled: median of the per-process medians)\n")
+    print("| row | tensors | MiB moved | gather | flatten | unflatten | load into engine | total | total ÷ full | engine = actor |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    phases = ("gather_s", "flatten_s", "unflatten_s", "load_s")
+    totals = {label: statistics.median(sum(run[p] for p in phases) for run in runs) for label, runs in results.items()}
+    for label, runs in results.items():
+        r = runs[0]
+        cells = " | ".join(f"{1e3 * statistics.median(run[p] for run in runs):.1f}" for p in phases)
+        print(f"| {label} | {r['sync_tensors']} | {r['sync_bytes'] / 2**20:.2f} | {cells} | {1e3 * totals[label]:.1f} | "
+              f"{totals[label] / totals['full fine-tuning']:.4f} | {'yes' if all(run['sync_same'] for run in runs) else 'NO'} |")
+    if not all(run["sync_same"] for runs in results.values() for run in runs):
+        raise SystemExit("the engine's weights differ from the actor's after a sync")
+
+
+if __name__ == "__main__":
+    main()
