@@ -106,6 +106,11 @@ class PPOPipeline:
         if in_actor:
             self.rollout = RolloutClient(self.config, placement, actor=self.actor)
         self.schedule.engine = self.rollout
+        for group in (self.actor, self.critic):
+            if group is not None and getattr(self.config, group.role).lora.rank:
+                logger.info(group.describe_lora())
+        if self.reference_in_actor:
+            logger.info("reference: the actor with its LoRA adapters off (no model of its own)")
         logger.info(self.rollout.describe())
         logger.info(self.reward.describe())
         if self.config.rollout.async_steps:

@@ -5,15 +5,21 @@ log-probs with rollout.max_logp_gap), the final folder, and SIGKILL + resume bit
 
 import json
 import random
+import shlex
 
+import doc_commands
 import pytest
 import torch
 from test_resume import assert_same_trajectory, command, metrics, run, run_until
 
 from roll_lite.checkpoint import layout
 
-LORA = ["actor.lora.rank=4", "actor.lora.alpha=8", "actor.lr=1e-2", "algorithm.kl_coef=0.05", "sft.steps=4",
-        "rollout.in_actor=false", "rollout.max_logp_gap=1e-4", "save_model=true", "actor.lora.save_merged=true"]
+# docs/lora.md's command, verbatim (its config is test_resume.command's, configs/ppo.yaml), then a short
+# warm start, the engine in a process of its own, the sync checked tightly, and the final folder
+DOCS_COMMAND = shlex.split(doc_commands.commands("roll-train", "actor.lora.rank")[0])
+assert DOCS_COMMAND[1:3] == ["--config", "configs/ppo.yaml"], DOCS_COMMAND
+LORA = DOCS_COMMAND[3:] + ["sft.steps=4", "rollout.in_actor=false", "rollout.max_logp_gap=1e-4", "save_model=true",
+                           "actor.lora.save_merged=true"]
 STEPS = 6
 
 
@@ -53,7 +59,8 @@ def test_the_final_folder_loads_with_peft_and_its_merged_model_is_the_same_polic
 
     final = lora_run[0] / "final"
     config = json.loads((final / "adapter_config.json").read_text())
-    assert config["r"] == 4 and config["lora_alpha"] == 8 and config["base_model_name_or_path"] == str(final / "base")
+    assert f"actor.lora.rank={config['r']}" in LORA and f"actor.lora.alpha={config['lora_alpha']:g}" in LORA
+    assert config["base_model_name_or_path"] == str(final / "base")
     policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(final / "base"), str(final))
     merged = AutoModelForCausalLM.from_pretrained(final / "merged")
     base = AutoModelForCausalLM.from_pretrained(final / "base")

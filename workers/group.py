@@ -196,6 +196,9 @@ class ModelGroup:
     def reset_optimizer(self, lr: float | None = None) -> None:
         self._get([w.reset_optimizer.remote(lr) for w in self.workers], "reset_optimizer")
 
+    def describe_lora(self) -> str:
+        return self._get([self.workers[0].describe_lora.remote()], "describe_lora")[0]
+
     def merge_adapters(self) -> None:
         """LoRA: the adapters into the base, lora_B back to zero (ModelWorker.merge_adapters)."""
         self._get([w.merge_adapters.remote() for w in self.workers], "merge_adapters")

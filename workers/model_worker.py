@@ -17,6 +17,7 @@ from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
 from roll_lite.importing import enter_import_root, load_object
 from roll_lite.lora import (
+    adapted_modules,
     adapter_state,
     adapters_disabled,
     add_adapters,
@@ -216,6 +217,13 @@ class ModelWorker:
         rng_file = Path(path) / f"rng_rank{self.rank}.pkl"
         if rng_file.exists():
             load_rng(rng_file)
+
+    def describe_lora(self) -> str:
+        model = self.strategy.model
+        total = sum(p.numel() for p in model.parameters())  # a DTensor counts its whole tensor
+        trained = sum(p.numel() for p in self.strategy.trainable_parameters())
+        return (f"{self.role}: LoRA r={self.lora.rank}, alpha={self.lora.alpha:g} on {adapted_modules(model)}: "
+                f"{trained:,} of {total:,} parameters train ({100 * trained / total:.2f} %)")
 
     def merge_adapters(self) -> None:
         """LoRA after a warm start: the trained adapters go into the base (which becomes the reference,
