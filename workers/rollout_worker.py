@@ -138,15 +138,16 @@ def _start_vllm(config: RunConfig, tokenizer):
     on_cpu = config.workers.gpus_per_rank == 0  # choose_engine checked that the installed build is vLLM's CPU one
     hf_config = causal_lm_config(config.model, len(tokenizer))
     logprobs_mode = vllm_engine.vllm_logprobs_mode(r.temperature, r.top_p, r.top_k)
+    lora_rank = config.actor.lora.rank or None  # the engine serves the actor's adapters (update_adapter)
     llm, sampling_params_class = vllm_engine.start_llm(
         hf_config, dtype=rollout_dtype(config), seed=config.seed, logprobs_mode=logprobs_mode,
         tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
         sleep_mode=r.release_memory, cpu_kv_cache_gib=r.cpu_kv_cache_gib,
-        enforce_eager=on_cpu if r.enforce_eager is None else r.enforce_eager)
+        enforce_eager=on_cpu if r.enforce_eager is None else r.enforce_eager, lora_rank=lora_rank)
     engine = vllm_engine.VLLMEngine(llm, sampling_params_class, tokenizer.eos_token_id,
                                     tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
                                     seed=config.seed, release_memory=r.release_memory,
-                                    checkpoint_names=vllm_engine.checkpoint_names(hf_config))
+                                    checkpoint_names=vllm_engine.checkpoint_names(hf_config), lora_rank=lora_rank)
     return engine, vllm_engine.describe(r.tensor_parallel_size, logprobs_mode, r.release_memory, on_cpu)
 
 
