@@ -148,7 +148,10 @@ def _start_vllm(config: RunConfig, tokenizer):
                                     tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
                                     seed=config.seed, release_memory=r.release_memory,
                                     checkpoint_names=vllm_engine.checkpoint_names(hf_config), lora_rank=lora_rank)
-    return engine, vllm_engine.describe(r.tensor_parallel_size, logprobs_mode, r.release_memory, on_cpu)
+    described = vllm_engine.describe(r.tensor_parallel_size, logprobs_mode, r.release_memory, on_cpu)
+    if lora_rank:
+        described += f"; serves the actor's LoRA adapter (rank {lora_rank}), a new LoRA request per sync"
+    return engine, described
 
 
 class AdapterFolders:
