@@ -161,8 +161,11 @@ def _checkpoint_rank(rank: int, world_size: int, port: int, mode: str, folder: s
     else:
         strategy.load_checkpoint(folder)
     loaded = {name: value.clone() for name, value in strategy.full_state_dict().items()}
+    adapters = strategy.full_state_dict(trainable_only=True)  # what an adapter-only sync gathers
     metrics = strategy.train_step(share, make_loss("ppo", "token-mean"))
     if rank == 0:
+        assert adapters.keys() == adapter_state(loaded).keys()
+        assert all(torch.equal(adapters[name], loaded[name]) for name in adapters)
         torch.save((loaded, metrics), out_path)
     close_distributed()
 
