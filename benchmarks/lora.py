@@ -2,7 +2,7 @@
 FSDP2Strategy): trainable parameters, AdamW state, peak memory and step time of a GRPO train step, and
 what a step's weight sync to an hf rollout engine moves and costs.
 
-    python benchmarks/lora.py                  # full, LoRA r=8, LoRA r=64; 3 rounds; ~15 min on 2 cores
+    python benchmarks/lora.py                  # full, LoRA r=8, LoRA r=64; 3 rounds; ~5 min on 2 cores
     python benchmarks/lora.py --rounds 3 --steps 3 --syncs 10 --rows 8 --max-len 128 --threads 1 [--no-vllm]
     python benchmarks/lora.py --smoke          # a tiny model, one step per row, in one process (the test suite)
 
