@@ -131,10 +131,13 @@ def measure(spec: dict) -> dict:
     from roll_lite.modeling import build_causal_lm, enable_gradient_checkpointing
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     baseline = _status("VmRSS")
-    model_config = dict(SIZES[spec["size"]], model_type="qwen2", max_position_embeddings=spec["seq_len"])
+    shape = spec["model"] if "model" in spec else SIZES[spec["size"]]  # largest_model.py passes its own shapes
+    model_config = dict(shape, model_type="qwen2", max_position_embeddings=spec["seq_len"])
     checkpointing, compiled = VARIANTS[spec["variant"]]
     lm = build_causal_lm(model_config, dtype=torch.float32, seed=0)
     if checkpointing:
@@ -222,14 +225,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps (median) after the first")
     parser.add_argument("--dtype", default=None, help="compute dtype; default bfloat16 on a GPU, float32 on CPU")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's dense peak; default: by GPU name")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU: checks the script")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads; default torch's")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU, one thread, no compile: checks the script")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one measurement, JSON on stdout
     args = parser.parse_args()
     if args.one:
         print(json.dumps(measure(json.loads(args.one))))
         return
     if args.smoke:
-        args.sizes, args.rows, args.seq_len, args.budget, args.steps = "tiny", 8, 64, 128, 1
+        args.sizes, args.rows, args.seq_len, args.budget, args.steps, args.threads = "tiny", 8, 64, 128, 1, 1
+        if args.variants == ",".join(VARIANTS):
+            args.variants = "off,ac"  # compiling takes tens of seconds (tests/test_compile_layers.py does it)
     sizes, variants = args.sizes.split(","), args.variants.split(",")
     for name, chosen, known in (("--sizes", sizes, SIZES), ("--variants", variants, VARIANTS)):
         unknown = [item for item in chosen if item not in known]
@@ -248,7 +254,7 @@ def main() -> None:
         reference = None
         for variant in variants:
             spec = dict(size=size, variant=variant, rows=args.rows, seq_len=args.seq_len, budget=args.budget,
-                        steps=args.steps, dtype=dtype)
+                        steps=args.steps, dtype=dtype, threads=args.threads)
             result = run_child(spec)
             reference = result if variant == "off" else reference
             print(row(size, variant, result, reference, peak_tflops(result.get("device", "cpu"), args.peak_tflops)),
