@@ -28,7 +28,7 @@ import argparse
 
 from mfu import VARIANTS, VOCAB_QWEN, run_child
 
-SMOKE_SHAPES = [(32, 1), (64, 2), (128, 2), (256, 2), (384, 4)]  # hidden, layers; vocabulary 512
+SMOKE_SHAPES = [(64, 2), (256, 2), (384, 4)]  # hidden, layers; vocabulary 512
 LADDER = [(896, 24), (1536, 28), (2048, 36), (2560, 36), (3072, 36), (3584, 28), (3584, 36), (4096, 36), (4096, 48),
           (5120, 48)]
 

@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from logprob_memory import _status  # resident memory from /proc/self/status
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from a checkout without an install (the GPU machine)
@@ -58,13 +60,6 @@ SIZES = {  # Qwen2 shapes: Qwen2.5-0.5B's and -1.5B's dimensions, cuda_check.py'
 }
 VARIANTS = {"off": (False, False), "ac": (True, False), "compile": (False, True), "ac+compile": (True, True)}
 SPLIT = ("decoder forward", "decoder backward", "head", "optimizer", "other")
-
-
-def _status(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def flop_counts(model_config: dict, lm, data) -> tuple[float, float]:
@@ -167,6 +162,7 @@ def measure(spec: dict) -> dict:
         timer.switch("other")
         step(timer.wrap_loss(loss_func))
         timer.switch("other")
+        profile = profile_step(step, device) if spec.get("profile") else None
     except torch.OutOfMemoryError as error:
         return {"oom": str(error).splitlines()[0]}
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -175,8 +171,26 @@ def measure(spec: dict) -> dict:
         "micro_batches": int(metrics["num_micro_batches"]), "first_s": first, "step_s": sorted(times)[len(times) // 2],
         "dense_flops": dense_flops, "attention_flops": attention_flops, "peak_bytes": peak, "graphs": graphs,
         "split": {phase: seconds / sum(timer.times.values()) for phase, seconds in timer.times.items()},
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "profile": profile,
     }
+
+
+def profile_step(step, device) -> str:
+    """One more step under torch.profiler: the top kernels (operators on CPU) by their own time, and on
+    a GPU the share of the step's wall time that kernels ran (the rest: gaps, the GPU waiting)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        seconds = step()[0]
+    averages = prof.key_averages()
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    text = averages.table(sort_by=sort_by, row_limit=15, max_name_column_width=80)
+    if device.type == "cuda":
+        kernel_s = sum(event.self_device_time_total for event in averages) / 1e6
+        text += f"\nkernels ran {kernel_s:.3f} s of the profiled step's {seconds:.3f} s ({kernel_s / seconds:.0%})"
+    return text
 
 
 def run_child(spec: dict, timeout: float | None = None) -> dict:
@@ -225,6 +239,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps (median) after the first")
     parser.add_argument("--dtype", default=None, help="compute dtype; default bfloat16 on a GPU, float32 on CPU")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's dense peak; default: by GPU name")
+    parser.add_argument("--profile", action="store_true", help="print each run's top kernels (torch.profiler)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads; default torch's")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU, one thread, no compile: checks the script")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one measurement, JSON on stdout
@@ -250,15 +265,19 @@ def main() -> None:
           "MFU 6·N·T | MFU + attention | peak GiB | memory / off | time / off | "
           f"split: {' / '.join(SPLIT)} | compiled graphs |")
     print("|" + "---|" * 16)
+    profiles = []
     for size in sizes:
         reference = None
         for variant in variants:
             spec = dict(size=size, variant=variant, rows=args.rows, seq_len=args.seq_len, budget=args.budget,
-                        steps=args.steps, dtype=dtype, threads=args.threads)
+                        steps=args.steps, dtype=dtype, threads=args.threads, profile=args.profile)
             result = run_child(spec)
             reference = result if variant == "off" else reference
             print(row(size, variant, result, reference, peak_tflops(result.get("device", "cpu"), args.peak_tflops)),
                   flush=True)
+            if result.get("profile"):
+                profiles.append(f"\n{size}, {variant}:\n{result['profile']}")
+    print("".join(profiles))
 
 
 if __name__ == "__main__":
