@@ -22,6 +22,8 @@ Recomputation (checkpointing, the chunked head's backward) is not counted: every
 same model FLOPs. Peak memory: on a GPU torch's max_memory_allocated; on CPU the process's peak
 resident memory (VmHWM) above what it held before building the model (weights, gradients, AdamW
 state and activations), large allocations mmapped so that freed memory leaves the resident set.
+"Above rest": that peak less what is held between steps (weights, gradients, AdamW state), i.e.
+what a step adds, mostly activations: the part checkpointing shrinks.
 
 The split comes from one more step with hooks that synchronize the GPU at every mark (so it is
 timed apart from the steps above): decoder forward; decoder backward (the recomputation with ac);
@@ -39,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-from logprob_memory import _status  # resident memory from /proc/self/status
+from logprob_memory import _ratio, _status  # a ratio (nan over 0); resident memory from /proc/self/status
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -82,8 +84,8 @@ class PhaseTimer:
         handles.append(decoder.get_input_embeddings().register_forward_hook(self._embedded))
         handles.append(decoder.register_forward_hook(self._decoder_done))
         handles.append(model.register_forward_hook(lambda *_: self.switch("other")))  # the loss
-        self.handles = handles
-        optimizer_step = strategy.optimizer.step
+        self.handles, self.optimizer = handles, strategy.optimizer
+        self.optimizer_step = optimizer_step = strategy.optimizer.step
 
         def timed_step(*args, **kwargs):
             self.switch("optimizer")
@@ -92,6 +94,11 @@ class PhaseTimer:
             return result
 
         strategy.optimizer.step = timed_step
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.optimizer.step = self.optimizer_step
 
     def _embedded(self, _module, _inputs, output) -> None:
         output.register_hook(lambda _grad: self.switch("other"))  # the decoder's backward is done
@@ -158,10 +165,13 @@ def measure(spec: dict) -> dict:
         first, metrics = step()  # the compile, the allocator's and AdamW state's first use
         times = [step()[0] for _ in range(spec["steps"])]
         peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _status("VmHWM") - baseline
+        # between steps: weights, gradients, AdamW state; what a step adds above that is mostly activations
+        rest = torch.cuda.memory_allocated() if device.type == "cuda" else _status("VmRSS") - baseline
         timer = PhaseTimer(strategy, sync)
         timer.switch("other")
         step(timer.wrap_loss(loss_func))
         timer.switch("other")
+        timer.remove()
         profile = profile_step(step, device) if spec.get("profile") else None
     except torch.OutOfMemoryError as error:
         return {"oom": str(error).splitlines()[0]}
@@ -170,6 +180,7 @@ def measure(spec: dict) -> dict:
         "params": sum(p.numel() for p in lm.parameters()), "tokens": int(data["attention_mask"].sum()),
         "micro_batches": int(metrics["num_micro_batches"]), "first_s": first, "step_s": sorted(times)[len(times) // 2],
         "dense_flops": dense_flops, "attention_flops": attention_flops, "peak_bytes": peak, "graphs": graphs,
+        "above_rest_bytes": peak - rest,
         "split": {phase: seconds / sum(timer.times.values()) for phase, seconds in timer.times.items()},
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "profile": profile,
     }
@@ -220,13 +231,14 @@ def row(size: str, variant: str, result: dict, reference: dict | None, peak: flo
     tflops = result["dense_flops"] / step_s / 1e12
     with_attention = (result["dense_flops"] + result["attention_flops"]) / step_s / 1e12
     mfu = (f"{tflops / peak:.1%} | {with_attention / peak:.1%}" if peak else "- | -")
-    ratios = "- | -"
+    ratios = "- | - | -"
     if reference and "params" in reference and variant != "off":
-        ratios = f"{result['peak_bytes'] / reference['peak_bytes']:.2f} | {step_s / reference['step_s']:.2f}"
+        ratios = " | ".join(f"{_ratio(result[key], reference[key]):.2f}" for key in ("peak_bytes", "above_rest_bytes", "step_s"))
     split = " / ".join(f"{result['split'][phase]:.0%}" for phase in SPLIT)
     return (f"| {size} | {variant} | {result['params'] / 1e6:,.1f} M | {result['tokens']:,} | {result['micro_batches']} | "
             f"{result['first_s']:.2f} | {step_s:.3f} | {result['tokens'] / step_s:,.0f} | {tflops:.2f} | {mfu} | "
-            f"{result['peak_bytes'] / 2**30:.2f} | {ratios} | {split} | {result['graphs']} |")
+            f"{result['peak_bytes'] / 2**30:.2f} | {result['above_rest_bytes'] / 2**30:.2f} | {ratios} | {split} | "
+            f"{result['graphs']} |")
 
 
 def main() -> None:
@@ -262,9 +274,9 @@ def main() -> None:
     print(f"torch {torch.__version__}; {args.rows} rows of up to {args.seq_len} tokens, packed micro-batches of "
           f"≤ {args.budget} tokens, {dtype} compute (float32 weights and AdamW), median of {args.steps} steps after the first\n")
     print("| size | variant | params | tokens/step | micro-batches | first step s | step s | tokens/s | TFLOP/s (6·N·T) | "
-          "MFU 6·N·T | MFU + attention | peak GiB | memory / off | time / off | "
+          "MFU 6·N·T | MFU + attention | peak GiB | step's peak above rest GiB | peak / off | above rest / off | time / off | "
           f"split: {' / '.join(SPLIT)} | compiled graphs |")
-    print("|" + "---|" * 16)
+    print("|" + "---|" * 18)
     profiles = []
     for size in sizes:
         reference = None
