@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from roll_lite.compiling import compile_decoder_layers
+from roll_lite.config import load_config
 from roll_lite.loss import ppo_policy_loss_func
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch, relative_deviation
-from roll_lite.modeling import build_causal_lm, enable_gradient_checkpointing
+from roll_lite.modeling import build_causal_lm, decoder_layers, enable_gradient_checkpointing
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 
 
@@ -46,3 +47,12 @@ def test_compiled_layers_train_like_eager_and_compile_once_for_all_lengths():
         errors = {name: relative_deviation(grads[name], grad) for name, grad in eager_grads.items()}  # the last step's
         assert max(errors.values()) < 1e-6, errors
         assert graphs[0] > 0 and graphs[-1] == graphs[0], graphs  # compiled at the first step only
+
+
+def test_the_worker_compiles_the_layers_when_the_config_says_so(monkeypatch):
+    from test_model import _worker  # a ModelWorker set up in this process
+
+    for compiled in (False, True):
+        config = load_config(None, [f"model.compile_layers={compiled}", "model.dtype=float64", "actor.param_dtype=float64"])
+        layers = decoder_layers(_worker("actor", config, monkeypatch).strategy.model)
+        assert all(hasattr(vars(layer).get("forward"), "_torchdynamo_orig_callable") == compiled for layer in layers)
