@@ -138,7 +138,8 @@ def test_mfu_benchmark_smoke_trains_with_and_without_checkpointing():
     assert list(rows) == ["off", "ac"], result.stdout
     for variant, cells in rows.items():
         tokens, step_s, tokens_per_s = int(cells[3].replace(",", "")), float(cells[6]), float(cells[7].replace(",", ""))
-        assert int(cells[4]) >= 2 and tokens_per_s == pytest.approx(tokens / step_s, rel=0.01, abs=1), cells
+        assert int(cells[4]) >= 2, cells  # micro-batches
+        assert tokens / (step_s + 0.0005) - 1 <= tokens_per_s <= tokens / max(step_s - 0.0005, 1e-9) + 1, cells  # s to 3 places
         assert float(cells[11]) > 0 and float(cells[12]) <= float(cells[11]), cells  # peak, its part above rest
         split = [float(share.rstrip("%")) for share in cells[16].split(" / ")]
         assert len(split) == 5 and sum(split) == pytest.approx(100, abs=3) and min(split[:3]) > 0, cells
