@@ -1,6 +1,7 @@
 """model.compile_layers: decoder layers compiled with inductor give eager's losses and gradients, with
-and without activation checkpointing (unwrapped, and under FSDP2 on one rank), on packed micro-batches whose length changes every step,
-without compiling again for each new length; parameter names stay the HF ones."""
+and without activation checkpointing (unwrapped, and under FSDP2 on one rank), on packed micro-batches
+whose length changes every step, without compiling again for each new length; parameter names stay the
+HF ones; the worker compiles them when the config says so."""
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ def _train(compiled: bool, checkpointing: bool, batches, wrapped: bool = False):
         step = strategy.train_step(data, ppo_policy_loss_func("token-mean"))
         metrics += [step["loss"], step["grad_norm"]]
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-    grads = {name: getattr(param.grad, "full_tensor", lambda: param.grad)() for name, param in strategy.model.named_parameters()}
+    grads = {name: param.grad.full_tensor() if wrapped else param.grad for name, param in strategy.model.named_parameters()}
     return metrics, grads, graphs
 
 
