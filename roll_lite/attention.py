@@ -143,12 +143,20 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout=
         raise ValueError(f"packed attention expects one packed row, got batch {query.shape[0]}")
     if kwargs.get("sliding_window") is not None:
         raise NotImplementedError("packed attention does not implement sliding-window attention")
-    path, _ = packed_attention_path(query.device, query.dtype, float(dropout))
+    return _packed_attention(query, key, value, cu_seqlens, kwargs["max_length_q"], scaling, float(dropout)), None
+
+
+# Compiled decoder layers (model.compile_layers) run this eagerly, between two compiled regions: each
+# path is one kernel already (or a loop over sequences), and traced it would recompile for every new
+# count of sequences or longest sequence in a pack.
+@torch.compiler.disable
+def _packed_attention(query, key, value, cu_seqlens, max_seqlen, scaling, dropout):
+    path, _ = packed_attention_path(query.device, query.dtype, dropout)
     if path == "flash-attn":
-        return _flash_attn_varlen(query, key, value, cu_seqlens, kwargs["max_length_q"], scaling, dropout), None
+        return _flash_attn_varlen(query, key, value, cu_seqlens, max_seqlen, scaling, dropout)
     if path == "torch-varlen":
-        return _torch_varlen(query, key, value, cu_seqlens, kwargs["max_length_q"], scaling), None
-    return _per_sequence_sdpa(query, key, value, cu_seqlens, scaling, dropout), None
+        return _torch_varlen(query, key, value, cu_seqlens, max_seqlen, scaling)
+    return _per_sequence_sdpa(query, key, value, cu_seqlens, scaling, dropout)
 
 
 def register_attention() -> str:

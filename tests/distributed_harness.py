@@ -30,7 +30,7 @@ from roll_lite.loss import (
 from roll_lite.lora import add_adapters
 from roll_lite.lora_settings import LoraSettings
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch, relative_deviation
-from roll_lite.modeling import build_causal_lm
+from roll_lite.modeling import build_causal_lm, enable_gradient_checkpointing
 from roll_lite.strategy.distributed import close_distributed, free_port
 
 SEQ_LEN = 16
@@ -109,11 +109,13 @@ class Case:
     micro_batching: str  # padded | packed | budget
     rows: int = 7  # rows of the global batch: 1 leaves the second rank with an empty share
     lora: bool = False  # LoRA adapters on a frozen base: only they train (lora_model)
+    checkpointing: bool = False  # model.gradient_checkpointing: each decoder layer recomputed in backward
 
     @property
     def id(self) -> str:
         a = "budget" if self.micro_batching == "budget" else f"A{self.grad_accum_steps}"
         suffix = ("" if self.rows == 7 else f"-{self.rows}row") + ("-lora" if self.lora else "")
+        suffix += "-checkpointing" if self.checkpointing else ""
         return f"{self.loss}-{self.mode}-D{self.world_size}-{a}-{self.micro_batching}{suffix}"
 
 
@@ -154,6 +156,10 @@ def all_cases() -> list[Case]:
     # One row for two ranks: rank 1 only runs placeholder passes.
     for loss in ("ppo_kl", "value"):
         cases += [Case(loss, "seq-mean-token-mean", 2, 2, mb, rows=1) for mb in ("padded", "packed", "budget")]
+    # Activation checkpointing under FSDP2 (and unwrapped on one rank), packed and token-budget.
+    for loss in ("ppo_kl", "value"):
+        cases += [Case(loss, "seq-mean-token-mean", d, a, mb, checkpointing=True)
+                  for d in (1, 2) for a, mb in ((2, "packed"), (1, "budget"))]
     return cases
 
 
@@ -200,7 +206,10 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
             lr=0.0, max_grad_norm=None, param_dtype=DTYPE_NAMES[dtype], logprob_chunk_size=8,
         )
         critic = case.loss in CRITIC_LOSSES
-        strategy = FSDP2Strategy(case_model(case, dtype), config, head="value" if critic else "log_probs")
+        lm = case_model(case, dtype)
+        if case.checkpointing:
+            enable_gradient_checkpointing(lm)
+        strategy = FSDP2Strategy(lm, config, head="value" if critic else "log_probs")
         if critic:
             options = StateDictOptions(full_state_dict=True, strict=False)
             set_model_state_dict(strategy.model, value_head_weights(dtype), options=options)

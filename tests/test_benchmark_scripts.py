@@ -1,11 +1,14 @@
 """The benchmarks the README and the docs quote exist and start; the cheap ones run on a tiny size."""
 
+import importlib
 import importlib.util
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import doc_commands
 import pytest
 from doc_commands import doc_text
 
@@ -125,3 +128,88 @@ def test_lora_benchmark_trains_and_syncs_every_row_on_a_tiny_model():  # ~6 s: o
     assert train[0][2] == "100.00" and 0 < float(train[1][2]) < float(train[2][2]) < 100, result.stdout
     assert all(row[-1] == "yes" for row in sync), result.stdout  # the engine holds the actor's weights after the sync
     assert float(sync[1][2]) < float(sync[0][2]), result.stdout  # r=8's adapters are fewer bytes than the model
+
+
+def _table_rows(stdout: str, first_cell: str) -> list[list[str]]:
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in stdout.splitlines() if re.match(rf"\| {first_cell} \|", line)]
+
+
+def _benchmarks_module(name: str):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+def test_mfu_benchmark_smoke_trains_with_and_without_checkpointing():
+    (line,) = doc_commands.commands("python", "benchmarks/mfu.py --smoke")  # the docs' command, verbatim
+    result = run(*shlex.split(line)[1:], timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = {cells[1]: cells for cells in _table_rows(result.stdout, "tiny")}
+    assert list(rows) == ["off", "ac"], result.stdout
+    for variant, cells in rows.items():
+        tokens, step_s, tokens_per_s = int(cells[3].replace(",", "")), float(cells[6]), float(cells[7].replace(",", ""))
+        assert int(cells[4]) >= 2, cells  # micro-batches
+        assert tokens / (step_s + 0.0005) - 1 <= tokens_per_s <= tokens / max(step_s - 0.0005, 1e-9) + 1, cells  # s to 3 places
+        assert float(cells[11]) > 0 and float(cells[12]) <= float(cells[11]), cells  # peak, its part above rest
+        split = [float(share.rstrip("%")) for share in cells[16].split(" / ")]
+        assert len(split) == 5 and sum(split) == pytest.approx(100, abs=3) and min(split[:3]) > 0, cells
+    assert float(rows["ac"][13]) > 0 and float(rows["ac"][15]) > 0, rows["ac"]  # peak and time / off
+
+
+def test_mfu_flop_counts_follow_the_stated_formulas():
+    import torch
+
+    from roll_lite.loss.checker import random_rl_batch
+    from roll_lite.modeling import build_causal_lm
+
+    mfu = _benchmarks_module("mfu")
+    data = random_rl_batch(num_rows=4, seq_len=10, vocab_size=512, seed=0)
+    lengths = data["attention_mask"].sum(-1)
+    for tied in (False, True):
+        shape = dict(mfu.SIZES["tiny"], tie_word_embeddings=tied)
+        lm = build_causal_lm(dict(shape, model_type="qwen2"), dtype=torch.float32, seed=0)
+        total, embedding = sum(p.numel() for p in lm.parameters()), 512 * 64
+        dense, attention = mfu.flop_counts(shape, lm, data)
+        # the input embedding is a lookup; the head multiplies, counted once when tied
+        assert dense == 6 * (total if tied else total - embedding) * int(lengths.sum())
+        assert attention == 6 * 2 * 64 * int((lengths**2).sum())
+
+
+def test_largest_model_bisection_finds_the_last_rung_that_fits():
+    search = _benchmarks_module("largest_model").search
+    for rungs in (1, 2, 5, 10):
+        for fitting in range(rungs + 1):  # the first `fitting` rungs fit
+            probed = []
+
+            def probe(rung):
+                probed.append(rung)
+                return {"fits": rung < fitting}
+
+            found, results = search(list(range(rungs)), probe)
+            assert found == (fitting - 1 if fitting else None) and sorted(results) == sorted(probed)
+            assert len(probed) <= rungs.bit_length()
+
+
+def test_largest_model_smoke_probes_under_a_memory_cap():
+    (line,) = doc_commands.commands("python", "benchmarks/largest_model.py --smoke")
+    result = run(*shlex.split(line)[1:], timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    cap = float(re.search(r"cap (\d+\.\d+) GiB", result.stdout).group(1))
+    rows = _table_rows(result.stdout, r"\d+")
+    params = [float(cells[4].split()[0]) for cells in rows]
+    assert params == sorted(params) and len(rows) == 3, result.stdout
+    probed = [(index, cells) for index, cells in enumerate(rows) if cells[7] != "-"]
+    assert probed, result.stdout
+    for _, cells in probed:  # a rung fits exactly when its measured peak is under the cap
+        assert (cells[7] == "yes") == (float(cells[6]) <= cap + 0.005), cells
+    fitting = [index for index, cells in probed if cells[7] == "yes"]
+    largest = re.search(r"largest that fits: (.*)", result.stdout).group(1)
+    if fitting:
+        best = max(fitting)
+        assert largest.startswith(f"hidden {rows[best][0]}, {rows[best][1]} layers"), result.stdout
+        assert best == len(rows) - 1 or rows[best + 1][7] == "no", result.stdout  # the next rung was tried
+    else:
+        assert largest == "none" and rows[0][7] == "no", result.stdout

@@ -3,8 +3,9 @@ for every agg mode × built-in loss (policy, sequence, KL, the critic's value lo
 FSDP2Strategy(head='value'), and the SFT loss: token-mean over a target mask with holes; and multi-turn
 batches, where policy, KL, entropy and value losses read model_mask, the model's own tokens between
 environment spans of varied length) × D ∈ {1, 2} (real gloo processes) × A ∈ {1, 2, 3} ×
-padded / packed / token-budget micro-batches; and LoRA (adapter gradients on a frozen base, policy and
-KL losses, every agg mode). float64, relative error ≤ 1e-10."""
+padded / packed / token-budget micro-batches; with activation checkpointing (model.gradient_checkpointing)
+on one and two ranks; and LoRA (adapter gradients on a frozen base, policy and KL losses, every agg
+mode). float64, relative error ≤ 1e-10."""
 
 import pytest
 import torch

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from roll_lite.compiling import compile_decoder_layers
 from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
 from roll_lite.importing import enter_import_root, load_object
@@ -94,6 +95,8 @@ class ModelWorker:
             add_adapters(lm, self.lora, seed=self.config.seed, key=f"{self.role}.lora")
         if trainable and self.config.model.gradient_checkpointing:
             enable_gradient_checkpointing(lm)
+        if self.config.model.compile_layers:
+            compile_decoder_layers(lm)
         self.strategy = FSDP2Strategy(lm, strategy_config(self.config, self.role), head=head, trainable=trainable)
         if self.config.workers.offload:
             self.strategy.offload()

@@ -31,6 +31,9 @@ class ModelConfig:
     tokenizer_path: Optional[str] = None  # a folder or hub id; null: pretrained_path's, else the built-in characters
     dtype: str = "float32"
     gradient_checkpointing: bool = False  # recompute activations in backward (actor, critic): less memory, slower
+    # torch.compile each decoder layer (inductor, dynamic shapes; roll_lite/compiling.py): tens of seconds
+    # of compiling at the first step; off until its gain is measured on a GPU (docs/benchmarks.md, MFU)
+    compile_layers: bool = False
     trust_remote_code: bool = False  # run the model folder's own Python code (config.json auto_map); off: refuse
     # null: the tokenizer's own chat template; compact: roll_lite's short one ("U: ...", "A: ...<eos>",
     # "T: ..." for tools; roll_lite/data/chat.py), for the built-in character tokenizer, which has none;
