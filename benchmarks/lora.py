@@ -13,7 +13,7 @@ workers build it (workers/model_worker.py setup): `add_adapters(lm, LoraSettings
 every Linear but the LM head (all-linear), then `FSDP2Strategy`. The step is the PPO clipped loss
 (`ppo_policy_loss_func`, token-mean) on `random_rl_batch` rows, packed, in 2 micro-batches.
 
-The sync is what a step's weight sync does in the workers but Ray's object store: the actor's
+The sync is what a step's weight sync does in the workers, without Ray's object store: the actor's
 `full_state_dict(trainable_only=...)` (all weights; with LoRA the adapters alone, as every sync after
 the first), `flatten_state_dict` (the FlatWeights sent), `unflatten_state_dict` on arrival, and
 `HFEngine.update_weights` into a second model (with LoRA: `part_of` the engine's adapter names),
