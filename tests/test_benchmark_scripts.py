@@ -203,8 +203,11 @@ def test_largest_model_smoke_probes_under_a_memory_cap():
     assert params == sorted(params) and len(rows) == 3, result.stdout
     probed = [(index, cells) for index, cells in enumerate(rows) if cells[7] != "-"]
     assert probed, result.stdout
-    for _, cells in probed:  # a rung fits exactly when its measured peak is under the cap
-        assert (cells[7] == "yes") == (float(cells[6]) <= cap + 0.005), cells
+    for _, cells in probed:  # a rung fits exactly when its measured peak is under the cap (both printed to 0.01)
+        if cells[7] == "yes":
+            assert float(cells[6]) <= cap + 0.01, cells
+        elif re.fullmatch(r"\d+\.\d+", cells[6]):  # out of memory prints no peak
+            assert float(cells[6]) >= cap - 0.01, cells
     fitting = [index for index, cells in probed if cells[7] == "yes"]
     largest = re.search(r"largest that fits: (.*)", result.stdout).group(1)
     if fitting:
