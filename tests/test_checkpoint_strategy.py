@@ -11,11 +11,11 @@ import tempfile
 import pytest
 import torch
 import torch.multiprocessing as mp
-from distributed_harness import MASK_KEYS, global_batch, make_loss
+from distributed_harness import MASK_KEYS, global_batch, leave_after_checkpoints, make_loss
 
 from roll_lite.loss.checker import TINY_MODEL
 from roll_lite.modeling import build_causal_lm
-from roll_lite.strategy.distributed import close_distributed, free_port
+from roll_lite.strategy.distributed import free_port
 
 LOSS = ("ppo", "token-mean")
 SETTINGS = dict(lr=1e-2, warmup_steps=5, weight_decay=0.1, param_dtype="float64")
@@ -53,7 +53,7 @@ def _rank(rank: int, world_size: int, port: int, mode: str, folder: str, out_pat
     after = _full_state(strategy)
     if rank == 0:
         torch.save((loaded, metrics, after), out_path)
-    close_distributed()
+    leave_after_checkpoints()
 
 
 def _spawn(world_size: int, mode: str, folder: str, out_path: str, settings: dict = SETTINGS):
@@ -141,7 +141,7 @@ def _save_and_load_at_two_threads(rank: int, port: int, folder: str, out_path: s
     strategy.load_checkpoint(folder)
     torch.save({"before": before, "after": _threads_named("pt_gloo_runloop"), "torch_threads": torch.get_num_threads()},
                out_path)
-    close_distributed()
+    leave_after_checkpoints()
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names from /proc (Linux)")

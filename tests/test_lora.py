@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 import torch.multiprocessing as mp
-from distributed_harness import LORA, MASK_KEYS, global_batch, lora_model, make_loss
+from distributed_harness import LORA, MASK_KEYS, global_batch, leave_after_checkpoints, lora_model, make_loss
 
 from roll_lite.errors import ConfigError
 from roll_lite.lora import (
@@ -27,7 +27,7 @@ from roll_lite.lora_settings import LoraSettings
 from roll_lite.loss.checker import TINY_MODEL
 from roll_lite.modeling import build_causal_lm
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
-from roll_lite.strategy.distributed import close_distributed, free_port
+from roll_lite.strategy.distributed import free_port
 
 LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
 
@@ -167,7 +167,7 @@ def _checkpoint_rank(rank: int, world_size: int, port: int, mode: str, folder: s
         assert adapters.keys() == adapter_state(loaded).keys()
         assert all(torch.equal(adapters[name], loaded[name]) for name in adapters)
         torch.save((loaded, metrics), out_path)
-    close_distributed()
+    leave_after_checkpoints()
 
 
 def _spawn(world_size, mode, folder, out_path):
