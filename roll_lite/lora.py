@@ -13,7 +13,6 @@ weight directly, so an adapter there would be skipped in training. Only nn.Linea
 
 from __future__ import annotations
 
-import json
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +25,7 @@ from roll_lite.lora_settings import LoraSettings
 
 ADAPTER = "default"  # peft's adapter name; one adapter per model
 ADAPTER_TENSOR = re.compile(r"\.lora_[AB]\.")
-CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+WEIGHTS_FILE = "adapter_model.safetensors"
 
 
 def linear_module_names(lm: nn.Module) -> list[str]:
@@ -77,6 +76,11 @@ def adapted_modules(model: nn.Module) -> list[str]:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)})
+
+
+def adapted_modules_in(adapters: dict[str, torch.Tensor]) -> list[str]:
+    """adapted_modules from adapter tensors' names alone (where there is no model to look at)."""
+    return sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in adapters if is_adapter(name)})
 
 
 def has_adapters(model: nn.Module) -> bool:
@@ -148,10 +152,6 @@ def write_peft_adapter(folder: Path, adapters: dict[str, torch.Tensor], settings
     peft_config(settings, targets, base_model).save_pretrained(str(folder))
     tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in peft_names(adapters).items()}
     save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
-
-
-def adapter_targets(folder: Path) -> list[str]:
-    return sorted(json.loads((folder / CONFIG_FILE).read_text())["target_modules"])
 
 
 # -- the reference ----------------------------------------------------------------------------

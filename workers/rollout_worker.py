@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from roll_lite.config import RunConfig, rollout_dtype
-from roll_lite.lora import add_adapters, adapter_state, base_state, is_adapter, write_peft_adapter
+from roll_lite.lora import adapted_modules_in, add_adapters, adapter_state, base_state, is_adapter, write_peft_adapter
 from roll_lite.modeling import load_causal_lm
 from roll_lite.reproducibility import check_kernels
 from roll_lite.rollout import Completions, HFEngine, SamplingParams, choose_engine
@@ -88,13 +88,11 @@ class RolloutWorker:
             if not all(is_adapter(name) for name in state):
                 self.engine.update_weights(base_state(state))
             folder = self.adapter_folders.new(version)
-            write_peft_adapter(folder, adapter_state(state), self.lora, self.lora_targets(state))
+            adapters = adapter_state(state)
+            write_peft_adapter(folder, adapters, self.lora, adapted_modules_in(adapters))
             self.engine.update_adapter(str(folder), version)
             self.adapter_folders.drop_older_than(folder)
         self.weight_version = version
-
-    def lora_targets(self, state: dict[str, torch.Tensor]) -> list[str]:
-        return sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in state if is_adapter(name)})
 
     def use_actor_weights(self, version: int) -> None:
         """rollout.in_actor: generate with the actor's parameters as they are now (no copy)."""

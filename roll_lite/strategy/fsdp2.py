@@ -299,9 +299,11 @@ class FSDP2Strategy:
         `trainable_only`, only the parameters that train (LoRA: the adapters). On one rank its tensors
         may be the parameters themselves: copy what must outlive the next optimizer step."""
         if self.world_size == 1:  # each shard is the whole tensor: no gather (16 ms -> 2 ms for 1 M params on CPU)
-            trainable = {name.removeprefix("lm.") for name, p in self.model.named_parameters() if p.requires_grad}
-            return {name: value.cpu() for name, value in self.own_parameters().items()
-                    if not trainable_only or name in trainable}
+            state = {name: value.cpu() for name, value in self.own_parameters().items()}
+            if not trainable_only:
+                return state
+            trainable = (name.removeprefix("lm.") for name, p in self.model.named_parameters() if p.requires_grad)
+            return {name: state[name] for name in trainable}
         # cpu_offload=True would leave the dict empty on ranks other than 0
         options = StateDictOptions(full_state_dict=True, ignore_frozen_params=trainable_only)
         state = get_model_state_dict(self.model, options=options)
