@@ -32,6 +32,13 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", f"slow: measured over {SLOW_S:g} s, or sharing a slow fixture (tests/conftest.py)")
     config._recorded_durations = defaultdict(lambda: [0.0, 0.0])
+    if hasattr(config, "workerinput"):  # one of scripts/test.sh's pytest processes, beside the other
+        import torch
+
+        # Two OpenMP threads each in two processes on two cores wait for each other's preempted threads:
+        # test_invariance.py took 69 s beside the other process, 12 s alone. Threads of the processes the
+        # tests start (roll-train, Ray workers, spawned ranks) are set where they start, as before.
+        torch.set_num_threads(1)
     global _config
     _config = config
 

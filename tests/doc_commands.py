@@ -1,7 +1,7 @@
 """What the README and the docs show, for the tests that run it: their text, fenced code blocks and
 command lines (a line ending in a backslash continues on the next one; a ` # comment` is dropped).
 
-README.md and docs/**/*.md are read together, so a command keeps its test when it moves between
+README.md, CONTRIBUTING.md and docs/**/*.md are read together, so a command keeps its test when it moves between
 them. A fenced block right after `<!-- not run here: REASON -->` is marked as not run by the test
 suite (tests/test_docs.py allows only the ones it lists)."""
 
@@ -25,11 +25,11 @@ class Block:
 
 
 def doc_files() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    return [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 
 def doc_text() -> str:
-    """README.md and every page under docs/, one after the other."""
+    """README.md, CONTRIBUTING.md and every page under docs/, one after the other."""
     return "\n\n".join(path.read_text() for path in doc_files())
 
 

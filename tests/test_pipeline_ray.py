@@ -3,9 +3,11 @@
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -135,19 +137,24 @@ def test_ray_job_submit_to_a_local_head_runs_the_custom_loss_example(tmp_path):
     token_file = tmp_path / "ray_auth_token"
     token_file.write_text(secrets.token_hex(32))
     token_file.chmod(0o600)
-    env = {key: value for key, value in os.environ.items() if key != "RAY_AUTH_TOKEN"}
+    env = {key: value for key, value in os.environ.items() if key not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
     ray = str(Path(sys.executable).parent / "ray")
     from roll_lite.strategy.distributed import free_port
 
     port, dashboard_port, agent_port, client_port = free_port(), free_port(), free_port(), free_port()
+    # A temp dir of its own: Ray's job supervisor points the job's driver at the cluster named in
+    # <temp dir>/ray_current_cluster, which is the last one `ray start` began on this machine; with the
+    # default /tmp/ray a cluster that another test started after this head would get the job. Short,
+    # for Ray's socket paths.
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     # --block keeps `ray start` in the foreground; stopping it (SIGTERM) stops this head only, where
     # `ray stop` would stop every Ray cluster on the machine (a training run beside the suite too).
     head = subprocess.Popen(
         [ray, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--dashboard-host=127.0.0.1",
          f"--dashboard-port={dashboard_port}", "--num-cpus=2", "--disable-usage-stats",
          # ports of its own, not Ray's defaults: the suite runs other clusters beside this one (-n 2)
-         f"--dashboard-agent-listen-port={agent_port}", f"--ray-client-server-port={client_port}"],
+         f"--dashboard-agent-listen-port={agent_port}", f"--ray-client-server-port={client_port}", f"--temp-dir={temp_dir}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
     )
     try:
@@ -181,3 +188,4 @@ def test_ray_job_submit_to_a_local_head_runs_the_custom_loss_example(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
             head.wait(timeout=30)
+        shutil.rmtree(temp_dir, ignore_errors=True)

@@ -1,0 +1,46 @@
+"""The suite's own scheduling (tests/conftest.py): CONTRIBUTING.md's fast loop leaves out the tests
+measured slow and those sharing their fixtures, and the full suite runs the slowest files first."""
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import doc_commands
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def collected(*args: str) -> list[str]:
+    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [line for line in result.stdout.splitlines() if "::" in line]
+
+
+def test_the_fast_loop_leaves_out_what_was_measured_slow_and_keeps_the_unit_tests():
+    line = doc_commands.commands("python -m pytest", "not slow")[0]
+    fast = collected(*shlex.split(line)[3:])  # CONTRIBUTING.md's command verbatim, --collect-only added
+    measured = json.loads((REPO / "tests" / "durations.json").read_text())["tests"]
+    slow = {nodeid for nodeid, (setup, call) in measured.items() if setup > 1.0 or call > 1.0}
+    assert slow and not slow & set(fast)
+    # the exactness matrix shares one fixture measured at over a minute: every case goes with it
+    assert not [n for n in fast if n.startswith("tests/test_exactness.py::")]
+    for unit in ("tests/test_agg_loss.py::test_modes_by_hand", "tests/test_packing.py::", "tests/test_tools.py::"):
+        assert any(n.startswith(unit) for n in fast), unit
+    everything = collected()
+    assert len(fast) < len(everything) and set(fast) < set(everything)
+
+
+def test_the_slowest_file_runs_first_and_the_measurements_name_only_files_that_exist():
+    measured = json.loads((REPO / "tests" / "durations.json").read_text())["tests"]
+    files: dict[str, float] = {}
+    for nodeid, (setup, call) in measured.items():
+        files[nodeid.split("::")[0]] = files.get(nodeid.split("::")[0], 0.0) + setup + call
+    assert not [path for path in files if not (REPO / path).is_file()]  # re-record after removing a file
+    order = list(dict.fromkeys(n.split("::")[0] for n in collected()))
+    measured_order = [path for path in order if path in files]
+    assert measured_order == sorted(measured_order, key=lambda path: -files[path])
+    unmeasured = [path for path in order if path not in files]
+    assert order[:len(unmeasured)] == unmeasured  # a new file is not known to be fast: it goes first
