@@ -2,6 +2,7 @@
 measured slow and those sharing their fixtures, and the full suite runs the slowest files first."""
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -13,8 +14,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def collected(*args: str) -> list[str]:
+    # without the options of the pytest that runs this test (PYTEST_ADDOPTS: --record-durations PATH, say)
+    env = {key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"}
     result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+                            cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [line for line in result.stdout.splitlines() if "::" in line]
 
