@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-_config = None  # the session's config, for pytest_runtest_logreport (it gets no config argument)
 DURATIONS = Path(__file__).with_name("durations.json")
 SLOW_S = 1.0
 # Function-scoped fixtures every test may use: their setup is cheap, so they do not make a test slow.
@@ -31,7 +30,9 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", f"slow: measured over {SLOW_S:g} s, or sharing a slow fixture (tests/conftest.py)")
-    config._recorded_durations = defaultdict(lambda: [0.0, 0.0])
+    path = config.getoption("--record-durations")
+    if path and not hasattr(config, "workerinput"):  # under xdist the controller sees every worker's reports
+        config.pluginmanager.register(DurationRecorder(Path(path)), "record-durations")
     if hasattr(config, "workerinput"):  # one of scripts/test.sh's pytest processes, beside the other
         import torch
 
@@ -39,8 +40,10 @@ def pytest_configure(config):
         # test_invariance.py took 69 s beside the other process, 12 s alone. Threads of the processes the
         # tests start (roll-train, Ray workers, spawned ranks) are set where they start, as before.
         torch.set_num_threads(1)
-    global _config
-    _config = config
+
+
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::")[0]
 
 
 def measured() -> dict[str, list[float]]:
@@ -54,7 +57,7 @@ def slow_fixtures(items, times) -> dict[str, set[str]]:
     for item in items:
         setup, _ = times.get(item.nodeid, (0.0, 0.0))
         if setup > SLOW_S:
-            found[item.nodeid.split("::")[0]] |= set(getattr(item, "fixturenames", ())) - CHEAP_FIXTURES
+            found[file_of(item.nodeid)] |= set(getattr(item, "fixturenames", ())) - CHEAP_FIXTURES
     return found
 
 
@@ -63,27 +66,28 @@ def pytest_collection_modifyitems(config, items):
     shared = slow_fixtures(items, times)
     file_seconds = defaultdict(float)
     for item in items:
-        path = item.nodeid.split("::")[0]
+        path = file_of(item.nodeid)
         setup, call = times.get(item.nodeid, (0.0, 0.0))
         file_seconds[path] += setup + call
         if setup > SLOW_S or call > SLOW_S or shared[path] & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    known = {nodeid.split("::")[0] for nodeid in times}
+    known = {file_of(nodeid) for nodeid in times}
     # A stable sort: within a file the tests keep their order (module fixtures are set up once).
-    items.sort(key=lambda item: (item.nodeid.split("::")[0] in known, -file_seconds[item.nodeid.split("::")[0]]))
+    items.sort(key=lambda item: (file_of(item.nodeid) in known, -file_seconds[file_of(item.nodeid)]))
 
 
-def pytest_runtest_logreport(report):
-    # Under xdist the controller sees every worker's reports too; it alone records them.
-    config = _config
-    if config is not None and not hasattr(config, "workerinput") and report.when in ("setup", "call"):
-        config._recorded_durations[report.nodeid][0 if report.when == "setup" else 1] = round(report.duration, 3)
+class DurationRecorder:
+    """Each test's setup and call seconds, written to `path` when the session ends."""
 
+    def __init__(self, path: Path):
+        self.path, self.tests = path, defaultdict(lambda: [0.0, 0.0])
 
-def pytest_sessionfinish(session):
-    path = session.config.getoption("--record-durations")
-    if path and not hasattr(session.config, "workerinput"):
-        write_durations(Path(path), session.config._recorded_durations)
+    def pytest_runtest_logreport(self, report):
+        if report.when in ("setup", "call"):
+            self.tests[report.nodeid][0 if report.when == "setup" else 1] = round(report.duration, 3)
+
+    def pytest_sessionfinish(self):
+        write_durations(self.path, self.tests)
 
 
 def write_durations(path: Path, tests: dict[str, list[float]]) -> None:
