@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 
 import torch
-import torch.multiprocessing as mp
+from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.loss import (
     AGG_MODES,
@@ -32,7 +31,6 @@ from roll_lite.lora import add_adapters
 from roll_lite.lora_settings import LoraSettings
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch, relative_deviation
 from roll_lite.modeling import build_causal_lm, enable_gradient_checkpointing
-from roll_lite.strategy.distributed import close_distributed, free_port
 
 SEQ_LEN = 16
 BUDGET = 29  # tokens per micro-batch in the token-budget cases: the two ranks need 2 and 1
@@ -189,8 +187,7 @@ def multi_turn_mask(response_mask: torch.Tensor, seed: int = 23) -> torch.Tensor
 
 
 def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: torch.dtype, out_path: str):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    torch.set_num_threads(1)
+    join_group(rank, world_size, port)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.tensor import DTensor
 
@@ -224,18 +221,7 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
         results[case] = (metrics["loss"], grads, metrics["num_micro_batches"])
     if rank == 0:
         torch.save(results, out_path)
-    close_distributed()
-
-
-def leave_after_checkpoints() -> None:
-    """The end of a spawned rank that used DCP: leave the group, then exit at once. DCP's collectives
-    leave gloo helper threads behind; a rank whose interpreter then tore down normally was now and then
-    aborted ("terminate called without an active exception", 1 CI run in 3 on 2026-11-25, after
-    close_distributed's barrier). Its results are written by then, so skipping the teardown loses nothing."""
-    close_distributed()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_group()
 
 
 def run_strategy(cases: list[Case], dtype: torch.dtype) -> dict:
@@ -245,7 +231,7 @@ def run_strategy(cases: list[Case], dtype: torch.dtype) -> dict:
         group = [c for c in cases if c.world_size == world_size]
         with tempfile.TemporaryDirectory() as tmp:
             out_path = os.path.join(tmp, "results.pt")
-            mp.spawn(_rank_main, args=(world_size, free_port(), group, dtype, out_path), nprocs=world_size, join=True)
+            spawn_ranks(_rank_main, world_size, group, dtype, out_path)
             results.update(torch.load(out_path, weights_only=False))
     return results
 
@@ -315,8 +301,7 @@ OPTIMIZER_SETTINGS = dict(lr=1e-2, max_grad_norm=0.05, weight_decay=0.1)
 
 
 def _rank_optimizer_step(rank: int, world_size: int, port: int, out_path: str):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    torch.set_num_threads(1)
+    join_group(rank, world_size, port)
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
     from roll_lite.strategy.micro_batches import split_for_data_parallel
 
@@ -329,12 +314,12 @@ def _rank_optimizer_step(rank: int, world_size: int, port: int, out_path: str):
     state = strategy.full_state_dict()
     if rank == 0:
         torch.save((metrics, state), out_path)
-    close_distributed()
+    leave_group()
 
 
 def run_optimizer_step(world_size: int):
     """(metrics, full state dict after one clipped AdamW step) from real FSDP2 ranks."""
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "step.pt")
-        mp.spawn(_rank_optimizer_step, args=(world_size, free_port(), out_path), nprocs=world_size, join=True)
+        spawn_ranks(_rank_optimizer_step, world_size, out_path)
         return torch.load(out_path, weights_only=False)

@@ -10,12 +10,11 @@ import tempfile
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from distributed_harness import MASK_KEYS, global_batch, leave_after_checkpoints, make_loss
+from distributed_harness import MASK_KEYS, global_batch, make_loss
+from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.loss.checker import TINY_MODEL
 from roll_lite.modeling import build_causal_lm
-from roll_lite.strategy.distributed import free_port
 
 LOSS = ("ppo", "token-mean")
 SETTINGS = dict(lr=1e-2, warmup_steps=5, weight_decay=0.1, param_dtype="float64")
@@ -32,8 +31,7 @@ def _full_state(strategy):
 
 
 def _rank(rank: int, world_size: int, port: int, mode: str, folder: str, out_path: str, settings: dict):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    torch.set_num_threads(1)
+    join_group(rank, world_size, port)
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
     from roll_lite.strategy.micro_batches import split_for_data_parallel
 
@@ -53,11 +51,11 @@ def _rank(rank: int, world_size: int, port: int, mode: str, folder: str, out_pat
     after = _full_state(strategy)
     if rank == 0:
         torch.save((loaded, metrics, after), out_path)
-    leave_after_checkpoints()
+    leave_group()
 
 
 def _spawn(world_size: int, mode: str, folder: str, out_path: str, settings: dict = SETTINGS):
-    mp.spawn(_rank, args=(world_size, free_port(), mode, folder, out_path, settings), nprocs=world_size, join=True)
+    spawn_ranks(_rank, world_size, mode, folder, out_path, settings)
     return torch.load(out_path, weights_only=False)
 
 
@@ -124,9 +122,8 @@ def _threads_named(name: str) -> int:
     return sum(1 for task in os.listdir(tasks) if open(f"{tasks}/{task}/comm").read().strip() == name)
 
 
-def _save_and_load_at_two_threads(rank: int, port: int, folder: str, out_path: str):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    torch.set_num_threads(2)
+def _save_and_load_at_two_threads(rank: int, world_size: int, port: int, folder: str, out_path: str):
+    join_group(rank, world_size, port, threads=2)
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 
     data = global_batch(torch.float64)
@@ -141,7 +138,7 @@ def _save_and_load_at_two_threads(rank: int, port: int, folder: str, out_path: s
     strategy.load_checkpoint(folder)
     torch.save({"before": before, "after": _threads_named("pt_gloo_runloop"), "torch_threads": torch.get_num_threads()},
                out_path)
-    leave_after_checkpoints()
+    leave_group()
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names from /proc (Linux)")
@@ -152,7 +149,7 @@ def test_a_checkpoint_starts_no_openmp_team_on_the_process_groups_threads():
     on 2 cores. The strategy saves and loads at one torch thread, then goes back to the run's."""
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "threads.pt")
-        mp.spawn(_save_and_load_at_two_threads, args=(free_port(), os.path.join(tmp, "ckpt"), out_path), nprocs=1, join=True)
+        spawn_ranks(_save_and_load_at_two_threads, 1, os.path.join(tmp, "ckpt"), out_path)
         counts = torch.load(out_path)
     assert counts["before"] >= 1  # the group's helper threads, by the name the test looks for
     assert counts["after"] == counts["before"]

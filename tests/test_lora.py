@@ -2,12 +2,10 @@
 reference as the adapters switched off, and the strategy training and checkpointing adapters only.
 (The adapters' gradients under D x A x packing: tests/test_exactness.py's LoRA cases.)"""
 
-import os
-
 import pytest
 import torch
-import torch.multiprocessing as mp
-from distributed_harness import LORA, MASK_KEYS, global_batch, leave_after_checkpoints, lora_model, make_loss
+from distributed_harness import LORA, MASK_KEYS, global_batch, lora_model, make_loss
+from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.errors import ConfigError
 from roll_lite.lora import (
@@ -27,7 +25,6 @@ from roll_lite.lora_settings import LoraSettings
 from roll_lite.loss.checker import TINY_MODEL
 from roll_lite.modeling import build_causal_lm
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
-from roll_lite.strategy.distributed import free_port
 
 LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
 
@@ -140,8 +137,7 @@ SETTINGS = dict(lr=1e-2, warmup_steps=5, weight_decay=0.1, param_dtype="float64"
 
 
 def _checkpoint_rank(rank: int, world_size: int, port: int, mode: str, folder: str, out_path: str):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size))
-    torch.set_num_threads(1)
+    join_group(rank, world_size, port)
     from roll_lite.strategy.micro_batches import split_for_data_parallel
 
     data = global_batch(torch.float64)
@@ -167,11 +163,11 @@ def _checkpoint_rank(rank: int, world_size: int, port: int, mode: str, folder: s
         assert adapters.keys() == adapter_state(loaded).keys()
         assert all(torch.equal(adapters[name], loaded[name]) for name in adapters)
         torch.save((loaded, metrics), out_path)
-    leave_after_checkpoints()
+    leave_group()
 
 
 def _spawn(world_size, mode, folder, out_path):
-    mp.spawn(_checkpoint_rank, args=(world_size, free_port(), mode, folder, out_path), nprocs=world_size, join=True)
+    spawn_ranks(_checkpoint_rank, world_size, mode, folder, out_path)
     return torch.load(out_path, weights_only=False)
 
 

@@ -48,7 +48,7 @@ def init_distributed(device: torch.device | None = None, store: dist.Store | Non
 
     With `store` (open_group_store / join_group_store; Ray workers), RANK and WORLD_SIZE come from
     the environment; otherwise RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT when set (torchrun);
-    without them it creates a one-process group on a free local port.
+    without them it creates a one-process group.
     """
     if not dist.is_initialized():
         device = resolve_device(device)
@@ -61,7 +61,8 @@ def init_distributed(device: torch.device | None = None, store: dist.Store | Non
         elif "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend=backend)
         else:
-            dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+            # a one-process group meets no one: an in-memory store, no port another process could take
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
 
 
