@@ -26,6 +26,7 @@ from roll_lite.config import ConfigError, RunConfig
 from roll_lite.data import DataProto
 from roll_lite.data.files import read_table
 from roll_lite.environments.episodes import Episode, EpisodeLimits, EpisodeStart, run_episodes
+from roll_lite.environments.seeds import derived_seed
 from roll_lite.environments.turns import trajectory_batch
 from roll_lite.loss.advantages import turn_level_advantages
 from roll_lite.rollout import SamplingParams
@@ -114,7 +115,7 @@ class MultiTurnPipeline(PPOPipeline):
     def environment_seed(self, row: dict, row_id: int, split: str) -> int:
         if isinstance(row.get("seed"), int):
             return row["seed"]
-        return (self.data_seed * 1_000_003 + row_id) * 2 + (split == "eval")
+        return derived_seed(self.data_seed, split, row_id)
 
     def episode_batch(self, episodes: list[Episode], step: int) -> DataProto:
         """The batch of the episodes kept: every one with a model turn, but those that faulted when

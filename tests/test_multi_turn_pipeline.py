@@ -204,3 +204,20 @@ def test_every_estimator_credits_the_models_tokens_only(rows_file, advantage):
     assert (returns is not None) == (advantage == "gae")
     if returns is not None:
         assert returns[~mask].abs().sum() == 0
+
+
+def test_derived_environment_seeds_show_no_pattern_that_tells_training_from_eval(rows_file):
+    """A row without a `seed` gets one hashed from data.seed, the split and the row. The affine formula
+    before it made every training seed even and every eval seed odd: an environment that picks its task
+    by seed % n trained on half of its tasks and was evaluated on the other half."""
+    pipeline, rows = pipeline_for(rows_file, "seed=3"), range(4000)
+    seeds = {split: [pipeline.environment_seed({}, row, split) for row in rows] for split in ("train", "eval")}
+    for n in (2, 3, 4, 8):
+        for split, drawn in seeds.items():
+            shares = [sum(seed % n == r for seed in drawn) / len(drawn) for r in range(n)]
+            assert max(abs(share - 1 / n) for share in shares) < 0.04, (split, n, shares)  # 5 standard deviations
+    assert all(0 <= seed < 2**31 for drawn in seeds.values() for seed in drawn)
+    assert len(set(seeds["train"]) | set(seeds["eval"])) == 2 * len(rows)
+    assert [pipeline.environment_seed({}, row, "train") for row in rows] == seeds["train"]  # a resumed run replays them
+    assert pipeline_for(rows_file, "seed=4").environment_seed({}, 0, "train") != seeds["train"][0]
+    assert pipeline.environment_seed({"seed": 12}, 0, "eval") == 12  # the row's own seed wins
