@@ -124,6 +124,28 @@ def test_the_gsm8k_config_passes_validation():
     assert config.data.answer_key == "reward_model.ground_truth" and config.rollout.num_samples == 8
 
 
+def test_the_gsm8k_configs_home_relative_data_paths_are_read(tmp_path, monkeypatch):
+    """configs/grpo_gsm8k.yaml names ~/data/gsm8k/*.parquet (where verl's preprocessing writes them):
+    `~` is the home folder in every path key, as in a shell, and the files are read from there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from roll_lite.data.files import read_table
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "data" / "gsm8k").mkdir(parents=True)
+    row = {"prompt": [{"role": "user", "content": "1 + 1?"}], "reward_model": {"style": "rule", "ground_truth": "2"}}
+    for name in ("train", "test"):
+        pq.write_table(pa.Table.from_pylist([row]), tmp_path / "data" / "gsm8k" / f"{name}.parquet")
+    config = load_config(REPO / "configs/grpo_gsm8k.yaml", ["output_dir=~/runs"])
+    assert config.data.train_files == [str(tmp_path / "data/gsm8k/train.parquet")]
+    assert config.data.eval_files == [str(tmp_path / "data/gsm8k/test.parquet")]
+    assert config.output_dir == str(tmp_path / "runs") and config.model.pretrained_path == "Qwen/Qwen2.5-0.5B-Instruct"
+    for key in ("data.train_files", "data.eval_files"):
+        table = read_table(getattr(config.data, key.split(".")[1])[0], key)
+        assert table.rows[0]["reward_model"]["ground_truth"] == "2", key
+
+
 def test_the_gpu_configs_ask_for_gpus_and_bf16_mixed_precision():
     """configs/grpo_gpu.yaml ran on an H100 (README); here only its settings can be checked."""
     for name in ("grpo_gpu.yaml", "grpo_gsm8k.yaml"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
@@ -78,6 +79,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
         key = getattr(error, "full_key", None) or "config"
         message = str(error).splitlines()[0]
         raise ConfigError(f"{key}: {message}") from None
+    _expand_home(config)
     for key in ("critic_dp", "reference_dp"):
         if getattr(config.workers, key) is None:
             setattr(config.workers, key, config.workers.actor_dp if config.workers.gpus_per_rank else 1)
@@ -91,6 +93,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
     if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
         config.model.tokenizer_path = config.model.pretrained_path
     return config
+
+
+def _expand_home(config: RunConfig) -> None:
+    """A leading `~` in every path key means the home folder, as in a shell (configs/grpo_gsm8k.yaml
+    names ~/data/gsm8k); a hub id never starts with one."""
+    def expand(value):
+        if isinstance(value, str):
+            return os.path.expanduser(value) if value.startswith("~") else value
+        return [expand(item) for item in value] if isinstance(value, list) else value
+
+    for section, key in (("data", "train_files"), ("data", "eval_files"), ("sft", "train_files"),
+                         ("sft", "eval_files"), ("model", "pretrained_path"), ("model", "tokenizer_path")):
+        setattr(getattr(config, section), key, expand(getattr(getattr(config, section), key)))
+    config.output_dir, config.resume = expand(config.output_dir), expand(config.resume)
 
 
 def _load_yaml(path: Path):
