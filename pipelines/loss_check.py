@@ -41,5 +41,12 @@ def check_own_losses(pipeline) -> str | None:
             raise LossCheckFailed(f"{cls.__name__}.{name} ({a.policy_loss if name == 'loss_func' else 'critic'}) fails "
                                   f"the loss checker, so its step would depend on D, A or packing (algorithm.check_loss="
                                   f"false skips this check):\n{report.table()}")
+        max_gap = pipeline.config.rollout.max_logp_gap
+        if name == "loss_func" and max_gap is not None and "rollout_logp_gap@sum" not in report.metrics:
+            raise LossCheckFailed(
+                f"{cls.__name__}.loss_func reports no 'rollout_logp_gap@sum' (it reports {sorted(report.metrics) or 'nothing'}), "
+                f"so the check that the rollout engine samples with the actor's weights (rollout.max_logp_gap={max_gap}) "
+                "would stop the run after its first step: add the metrics of roll_lite.loss.rollout_correction(batch, "
+                "old_log_probs, mask, stats) to the ones it returns, as the built-in losses do, or set rollout.max_logp_gap=null")
         lines.append(f"{name} passed (worst relative deviation {report.worst:.1e})")
     return f"loss check: {'; '.join(lines)}, {time.perf_counter() - start:.1f} s"

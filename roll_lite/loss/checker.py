@@ -164,6 +164,16 @@ def read_keys(model, data: DataProto, loss_func: LossFunc) -> tuple[set, set]:
     return probe.batch.read, probe.meta_info.read
 
 
+def reported_metrics(model, data: DataProto, loss_func: LossFunc) -> set[str]:
+    """The names of the metrics loss_func returns on the whole batch ('pg_loss@sum', ...)."""
+    keys = loss_mask_keys(data)
+    stats_meta = global_stats_meta(local_mask_sums(data, keys), keys)
+    with torch.no_grad():
+        output = forward_micro_batch(model, data, StrategyConfig(), with_entropy=True)
+        _, metrics = call_loss_func(loss_func, DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, **stats_meta}), output)
+    return set(metrics)
+
+
 def diagnose(model, data: DataProto, loss_func: LossFunc) -> list[str]:
     """Likely causes of a partition deviation, found by watching loss_func on the whole batch."""
     keys = loss_mask_keys(data)
@@ -196,6 +206,7 @@ class InvarianceReport:
     tolerance: float
     causes: list[str]  # likely causes of a partition deviation
     failures: list[str] = field(default_factory=list)  # one line per failed check (partitions included)
+    metrics: set[str] = field(default_factory=set)  # the names of the metrics the loss reports
 
     @property
     def worst(self) -> float:
@@ -263,7 +274,7 @@ def check_loss_invariance(
     for partition in partitions:
         loss, grads = simulate_step(model, data, loss_func, partition, apply_loss_scale)
         rows.append((partition.label, relative_deviation(loss, reference[0]), worst_grad_deviation(grads, reference[1])))
-    report = InvarianceReport(rows, tolerance, [])
+    report = InvarianceReport(rows, tolerance, [], metrics=reported_metrics(model, data, loss_func))
     if report.worst > tolerance:
         label, loss_dev, grad_dev = max(rows, key=lambda row: max(row[1], row[2]))
         report.failures.append(f"partitions: the step under {label} deviates from the global batch by "

@@ -28,7 +28,6 @@ class StrategyConfig:
     total_steps: int = 0  # for the cosine schedule
     param_dtype: str = "float32"  # compute dtype under FSDP2 mixed precision (bfloat16 on GPU)
     logprob_chunk_size: int = 1024  # tokens per chunk of the LM head
-    temperature: float = 1.0  # log-probs of softmax(logits / temperature), as sampled
     max_consecutive_skipped_steps: int | None = 3  # stop after this many nan/inf steps in a row; null: never
     # AdamW's fused kernel instead of foreach: on CPU its sqrt is the exact (IEEE) one on every CPU,
     # where foreach's goes through MKL's vector math, which rounds otherwise on AVX-512 than on AVX2
@@ -61,6 +60,4 @@ class StrategyConfig:
             fail("logprob_chunk_size", f"must be >= 1, got {self.logprob_chunk_size}")
         if self.max_consecutive_skipped_steps is not None and self.max_consecutive_skipped_steps < 1:
             fail("max_consecutive_skipped_steps", f"must be >= 1 or null, got {self.max_consecutive_skipped_steps}")
-        if self.temperature <= 0:
-            fail("temperature", f"must be > 0, got {self.temperature}")
         self.lora.validate(f"{prefix}lora.")

@@ -109,10 +109,11 @@ def split_for_data_parallel(data: DataProto, world_size: int, balance_tokens: bo
 
 def forward_micro_batch(model, micro_batch: DataProto, config: StrategyConfig, with_entropy: bool) -> dict:
     """The model's outputs for a micro-batch, packed or padded, as token-aligned [rows, seq] tensors
-    (zero at position 0 and on padding)."""
+    (zero at position 0 and on padding). Log-probs are of softmax(logits / meta_info["temperature"]),
+    1 when the batch names none: an RL pipeline names the temperature its engine sampled at."""
     input_ids, attention_mask = micro_batch["input_ids"], micro_batch["attention_mask"]
     seq_len = input_ids.shape[1]
-    head_options = dict(temperature=config.temperature, with_entropy=with_entropy)
+    head_options = dict(temperature=float(micro_batch.meta_info.get("temperature", 1.0)), with_entropy=with_entropy)
     if config.use_packing:
         packed = pack_rows(input_ids, row_lengths(attention_mask))
         outputs = model(
