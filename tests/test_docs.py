@@ -267,6 +267,29 @@ def test_the_readme_custom_loss_trains_through_roll_train_at_another_temperature
     assert step["actor/rollout_logp_gap"] < 1e-4, step["actor/rollout_logp_gap"]
 
 
+def config_keys(cls=None, prefix: str = "") -> set[str]:
+    """Every dotted key of RunConfig (nested sections included)."""
+    from roll_lite.config.schema import RunConfig
+
+    found = set()
+    for f in dataclasses.fields(cls or RunConfig):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        found |= config_keys(type(default), f"{prefix}{f.name}.") if dataclasses.is_dataclass(default) else {prefix + f.name}
+    return found
+
+
+def test_the_troubleshooting_page_names_real_keys_and_what_roll_train_prints():
+    page, keys = (REPO / "docs/troubleshooting.md").read_text(), config_keys()
+    sections = "|".join(sorted({key.split(".")[0] for key in keys if "." in key}))
+    named = {m for code in re.findall(r"`([^`]+)`", page)
+             for m in re.findall(rf"(?<![\w./-])((?:{sections})\.[a-z_][a-z_.]*[a-z_])(?![\w(/])", code)}
+    assert named and not named - keys, sorted(named - keys)
+    cli = (REPO / "roll_lite/cli.py").read_text()
+    outcomes = set(re.findall(r"\| `roll-train: (config error|data error|loss check|worker failure|rollout error|stopped by)", page))
+    assert len(outcomes) == 6 and all(f"roll-train: {outcome}" in cli or outcome == "worker failure" for outcome in outcomes)
+    assert "worker failure: " in cli
+
+
 def documented_runs() -> dict[tuple[str, str], set[tuple[str, ...]]]:
     """{(output_dir, run_name): the settings of each documented roll-train command writing there}."""
     runs = defaultdict(set)
