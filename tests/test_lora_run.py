@@ -15,12 +15,13 @@ from test_resume import assert_same_trajectory, command, data, metrics, run, run
 
 from roll_lite.checkpoint import layout
 
-# docs/lora.md's command, verbatim (its config is test_resume.command's, configs/ppo.yaml), then a short
-# warm start, the engine in a process of its own, the sync checked tightly, and the final folder
+# docs/lora.md's command, verbatim (its config is test_resume.command's, configs/ppo.yaml) but for its
+# run_name (each run here names its own), then a short warm start, the engine in a process of its own,
+# the sync checked tightly, and the final folder
 DOCS_COMMAND = shlex.split(doc_commands.commands("roll-train", "actor.lora.rank")[0])
 assert DOCS_COMMAND[1:3] == ["--config", "configs/ppo.yaml"], DOCS_COMMAND
-LORA = DOCS_COMMAND[3:] + ["sft.steps=4", "rollout.in_actor=false", "rollout.max_logp_gap=1e-4", "save_model=true",
-                           "actor.lora.save_merged=true"]
+LORA = [word for word in DOCS_COMMAND[3:] if not word.startswith("run_name=")] + [
+    "sft.steps=4", "rollout.in_actor=false", "rollout.max_logp_gap=1e-4", "save_model=true", "actor.lora.save_merged=true"]
 STEPS = 6
 
 
