@@ -176,12 +176,12 @@ def render(root: Any = None) -> str:
     out = [
         "# Configuration reference",
         "",
-        "Every key of a run's config, generated when the docs are built from the config dataclasses "
-        "(`roll_lite.config_reference`), with the defaults of the dataclasses. A YAML file "
+        "Every key of a run's config, generated from the config dataclasses "
+        "by `python -m roll_lite.config_reference > docs/configuration.md` (tests/test_docs.py checks that "
+        "this file is what the code renders), with the defaults of the dataclasses. A YAML file "
         "(`roll-train --config FILE`) sets some of them (`configs/ppo.yaml`, the embedded CPU default, "
         "sets the demo's data, warm start and algorithm), and `key=value` overrides come last. "
-        "An unknown key or a bad value stops `roll-train` with one line naming the key (exit code 2). "
-        "`python -m roll_lite.config_reference` prints this page.",
+        "An unknown key or a bad value stops `roll-train` with one line naming the key (exit code 2).",
         "",
     ]
     for section in sections(root):

