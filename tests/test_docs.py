@@ -242,20 +242,38 @@ def test_the_custom_losses_pages_subclass_is_the_examples_code():
     assert quoted[0].body.strip() in (REPO / "examples/custom_loss/pipeline.py").read_text()
 
 
+def quickstart_log_patterns() -> list[re.Pattern]:
+    """The log lines docs/quickstart.md shows, as patterns: any number, any run directory, `...` anything.
+    The warm start's lines are left out (the demo test runs none)."""
+    patterns = []
+    for block in doc_commands.blocks([REPO / "docs/quickstart.md"], lang=""):
+        for line in block.body.splitlines():
+            if re.match(r"\d\d:\d\d:\d\d ", line) and "sft step" not in line:
+                message = re.escape(line[9:]).replace(re.escape("..."), ".*")
+                message = re.sub(r"outputs/\S+?(?=\\ |;|$)", r"\\S+", message)
+                patterns.append(re.compile(re.sub(r"\d+(\\\.\d+)?", r"[-+.\\de]+", message)))
+    return patterns
+
+
 def test_readme_demo_command_runs_and_draws_its_curves(tmp_path):
     # The README's demo command verbatim, from the repository root, with overrides appended that keep it
-    # to one tiny step; the README then sends the reader to outputs/<run_name>/curves.png.
+    # to two tiny steps; the README then sends the reader to outputs/<run_name>/curves.png, and the
+    # quickstart shows the log lines a reader should see.
     line = "roll-train --config configs/ppo.yaml"
     assert line in doc_commands.command_lines("\n".join(block.body for block in readme_bash_blocks()))
-    data = [f"data.{split}_files={REPO / 'data/reverse_digits' / split}.jsonl" for split in ("train", "eval")]
-    one_step = [*SMALL, *data, "steps=1", "eval_every=1", "save_model=false", "wandb_mode=disabled"]
-    argv = [str(BIN / "roll-train"), *shlex.split(line)[1:], *one_step, f"output_dir={tmp_path}", "run_name=demo"]
+    two_steps = [*SMALL, "steps=2", "eval_every=2", "wandb_mode=disabled"]
+    argv = [str(BIN / "roll-train"), *shlex.split(line)[1:], *two_steps, f"output_dir={tmp_path}", "run_name=demo"]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600,
                             env={**env, "RAY_AUTH_MODE": "disabled"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (tmp_path / "demo" / "curves.png").stat().st_size > 1000
     assert "advantage: gae" in (tmp_path / "demo" / "config.yaml").read_text()
+    patterns = quickstart_log_patterns()
+    assert len(patterns) >= 8
+    printed = [line[9:] for line in result.stderr.splitlines() if re.match(r"\d\d:\d\d:\d\d ", line)]
+    unseen = [p.pattern for p in patterns if not any(p.fullmatch(line) for line in printed)]
+    assert not unseen, f"docs/quickstart.md shows log lines the demo no longer prints: {unseen}\n" + "\n".join(printed)
 
 
 def test_the_readme_custom_loss_trains_through_roll_train_at_another_temperature(tmp_path):
