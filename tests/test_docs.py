@@ -193,7 +193,7 @@ IN_OTHER_REPOSITORIES = {"examples/data_preprocess/gsm8k.py": "verl"}  # a path 
 def test_every_path_the_docs_configs_and_examples_name_exists():
     """Each repository path named in the README, the contributor notes, docs/, configs/ and examples/
     exists (examples/byo/grpo.yaml once sent readers to an examples/byo/README that never was)."""
-    files = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md")),
+    files = [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md")),
              *sorted((REPO / "configs").glob("*.yaml")),
              *sorted(p for p in (REPO / "examples").rglob("*") if p.suffix in (".yaml", ".py", ".sh", ".md"))]
     missing = []
