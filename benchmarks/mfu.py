@@ -189,7 +189,6 @@ def measure(spec: dict) -> dict:
 def profile_step(step, device) -> str:
     """One more step under torch.profiler: the top kernels (operators on CPU) by their own time, and on
     a GPU the share of the step's wall time that kernels ran (the rest: gaps, the GPU waiting)."""
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])

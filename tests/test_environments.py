@@ -5,7 +5,6 @@ concurrency, and one GEM game through the contract (skipped without gem-llm)."""
 import logging
 import math
 import random
-import sys
 import time
 
 import numpy as np

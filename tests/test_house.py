@@ -150,3 +150,13 @@ def test_the_loss_package_is_pure_tensor_code():
     assert len(files) > 1, "roll_lite/loss/ is missing: where did the loss package go?"
     found = imports_matching(forbidden, files)
     assert not found, f"roll_lite/loss/ is pure tensor functions (no distributed code, Ray or config objects): {found}"
+
+
+def test_the_linter_passes():
+    """ruff with the rules in pyproject.toml ([tool.ruff.lint]) over the whole tree."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
