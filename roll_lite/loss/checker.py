@@ -152,33 +152,24 @@ def simulate_step(model, data: DataProto, loss_func: LossFunc, partition: Partit
     return reduce_metrics(records)["loss"], grads
 
 
-def read_keys(model, data: DataProto, loss_func: LossFunc) -> tuple[set, set]:
-    """(batch keys, meta_info keys) that one call of loss_func on the whole batch reads."""
+def read_keys(model, data: DataProto, loss_func: LossFunc) -> tuple[set, set, set]:
+    """(batch keys, meta_info keys) that one call of loss_func on the whole batch reads, and the names
+    of the metrics it returns ('pg_loss@sum', ...)."""
     keys = loss_mask_keys(data)
     stats_meta = global_stats_meta(local_mask_sums(data, keys), keys)
     with torch.no_grad():
         output = forward_micro_batch(model, data, StrategyConfig(), with_entropy=True)
         probe = DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, **stats_meta})
         probe.batch, probe.meta_info = RecordingDict(probe.batch), RecordingDict(probe.meta_info)
-        call_loss_func(loss_func, probe, output)
-    return probe.batch.read, probe.meta_info.read
-
-
-def reported_metrics(model, data: DataProto, loss_func: LossFunc) -> set[str]:
-    """The names of the metrics loss_func returns on the whole batch ('pg_loss@sum', ...)."""
-    keys = loss_mask_keys(data)
-    stats_meta = global_stats_meta(local_mask_sums(data, keys), keys)
-    with torch.no_grad():
-        output = forward_micro_batch(model, data, StrategyConfig(), with_entropy=True)
-        _, metrics = call_loss_func(loss_func, DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, **stats_meta}), output)
-    return set(metrics)
+        _, metrics = call_loss_func(loss_func, probe, output)
+    return probe.batch.read, probe.meta_info.read, set(metrics)
 
 
 def diagnose(model, data: DataProto, loss_func: LossFunc) -> list[str]:
     """Likely causes of a partition deviation, found by watching loss_func on the whole batch."""
     keys = loss_mask_keys(data)
     stats_meta = global_stats_meta(local_mask_sums(data, keys), keys)
-    _, meta_read = read_keys(model, data, loss_func)
+    _, meta_read, _ = read_keys(model, data, loss_func)
     with torch.no_grad():
         output = forward_micro_batch(model, data, StrategyConfig(), with_entropy=True)
         with_stats = lambda meta: DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, **meta})  # noqa: E731
@@ -274,13 +265,14 @@ def check_loss_invariance(
     for partition in partitions:
         loss, grads = simulate_step(model, data, loss_func, partition, apply_loss_scale)
         rows.append((partition.label, relative_deviation(loss, reference[0]), worst_grad_deviation(grads, reference[1])))
-    report = InvarianceReport(rows, tolerance, [], metrics=reported_metrics(model, data, loss_func))
+    batch_read, _, reported = read_keys(model, data, loss_func)
+    report = InvarianceReport(rows, tolerance, [], metrics=reported)
     if report.worst > tolerance:
         label, loss_dev, grad_dev = max(rows, key=lambda row: max(row[1], row[2]))
         report.failures.append(f"partitions: the step under {label} deviates from the global batch by "
                                f"{max(loss_dev, grad_dev):.1e} (relative; tolerance {tolerance:.0e})")
         report.causes = diagnose(model, data, loss_func)
-    stray = undeclared_mask_reads(data, list(loss_mask_keys), read_keys(model, data, loss_func)[0])
+    stray = undeclared_mask_reads(data, list(loss_mask_keys), batch_read)
     if stray and not allow_undeclared_masks:
         report.failures.append(undeclared_mask_failure(stray, loss_mask_keys))
     keys = list(loss_mask_keys)
