@@ -89,8 +89,8 @@ class PPOPipeline:
 
         w = self.config.workers
         # On GPUs, rank i of every model group, and the rollout worker unless it has GPUs of its own
-        # (workers.rollout_gpus), share one GPU.
-        colocated_rollout = w.rollout_gpus == 0
+        # (workers.rollout_gpus) or runs in the actor's process (rollout.in_actor), share one GPU.
+        colocated_rollout = w.rollout_gpus == 0 and not self.config.rollout.in_actor
         reference_worker = self.use_reference and not self.reference_in_actor
         placement = Placement(self.config, roles_on_a_gpu=1 + reference_worker + self.use_critic + colocated_rollout)
         # All worker processes start at once; wait_ready then builds their models.

@@ -52,7 +52,8 @@ def run_cli(*args, cwd):
         ("rollout.in_actor=true|workers.actor_dp=2", "workers.actor_dp: rollout.in_actor=true needs workers.actor_dp=1"),
         ("rollout.in_actor=true|rollout.async_steps=1", "rollout.async_steps: rollout.in_actor=true needs rollout.async_steps=0"),
         ("rollout.in_actor=true|workers.offload=true", "workers.offload: rollout.in_actor=true needs workers.offload=false"),
-        ("rollout.in_actor=true|rollout.dtype=bfloat16", "rollout.dtype: rollout.in_actor=true needs rollout.dtype=model.dtype (float32)"),
+        ("rollout.in_actor=true|workers.gpus_per_rank=1|workers.rollout_gpus=1",
+         "workers.rollout_gpus: rollout.in_actor=true needs workers.rollout_gpus=0 (the engine generates on the actor's GPU)"),
     ],
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):  # override: a|b for two
@@ -85,7 +86,13 @@ def test_yaml_and_overrides_merge_over_defaults(tmp_path):
     (["workers.actor_dp=2"], False),
     (["rollout.async_steps=1"], False),
     (["rollout.dtype=bfloat16"], False),
-    (["workers.gpus_per_rank=1"], False),
+    (["workers.gpus_per_rank=1"], False),  # on a GPU (a copy of the weights in the engine's dtype): asked for
 ])
 def test_rollout_in_actor_null_is_chosen_exactly_when_it_can_run(overrides, in_actor):
     assert load_config(REPO / "configs/ppo.yaml", overrides).rollout.in_actor is in_actor
+
+
+@pytest.mark.parametrize("overrides", [["rollout.dtype=bfloat16"], ["workers.gpus_per_rank=1"]])
+def test_rollout_in_actor_true_runs_with_a_copy_of_its_own(overrides):
+    """A rollout dtype of its own or a GPU: the engine copies the actor's parameters on the device."""
+    assert load_config(REPO / "configs/ppo.yaml", ["rollout.in_actor=true", *overrides]).rollout.in_actor is True

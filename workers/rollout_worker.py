@@ -29,7 +29,8 @@ logger = logging.getLogger(__name__)
 class RolloutWorker:
     def __init__(self, config: RunConfig, actor_weights: Callable[[], dict[str, torch.Tensor]] | None = None):
         """`actor_weights` (rollout.in_actor, in the actor's process): returns the actor's parameters
-        themselves, HF-named; the engine's model is made of them, so a weight update copies nothing."""
+        themselves, HF-named. The engine's model is made of them (same dtype, CPU: a sync copies
+        nothing), or holds a copy in the rollout dtype on their device, refreshed in place each sync."""
         torch.set_num_threads(config.workers.torch_threads)
         check_kernels(config.reproducible)  # the kernels' variables reached this process
         engine, why = choose_engine(config.rollout.engine, on_gpu=config.workers.gpus_per_rank > 0)
@@ -38,12 +39,21 @@ class RolloutWorker:
         self.actor_weights = actor_weights
         self.lora = config.actor.lora if config.actor.lora.rank else None
         self.adapter_folders = AdapterFolders()  # vllm with LoRA: each version's adapter, in PEFT's format
+        static_cache = config.rollout.hf_static_cache
+        if static_cache is None:
+            static_cache = bool(config.workers.gpus_per_rank) and torch.cuda.is_available()
         if actor_weights is not None:
+            self.shares_actor_tensors = not config.workers.gpus_per_rank and rollout_dtype(config) == config.model.dtype
             model = self._with_adapters(_architecture(config, len(tokenizer)))
-            self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed)
-            self.engine.share_weights(actor_weights())
-            why = ("rollout.in_actor: in the actor's process, on the actor's own parameters, no weight copies; "
-                   "rollout.in_actor=false gives the engine a process of its own")
+            if not self.shares_actor_tensors:
+                device = next(iter(actor_weights().values())).device
+                model = model.to(device=device, dtype=getattr(torch, rollout_dtype(config)))
+            self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed,
+                                   static_cache=static_cache)
+            self._follow_actor()
+            how = ("on the actor's own parameters, no weight copies" if self.shares_actor_tensors else
+                   f"a {rollout_dtype(config)} copy of the actor's parameters on {device}, refreshed in place each sync")
+            why = f"rollout.in_actor: in the actor's process, {how}; rollout.in_actor=false gives the engine a process of its own"
         elif engine == "vllm":
             self.engine, started = _start_vllm(config, tokenizer)
             why = f"{started}; {why}"
@@ -52,7 +62,10 @@ class RolloutWorker:
             model = self._with_adapters(model).to(getattr(torch, rollout_dtype(config)))
             if config.workers.gpus_per_rank and torch.cuda.is_available():  # the GPU Ray assigned (workers/placement.py)
                 model.to(torch.device("cuda", local_gpu_index(config.workers.gpus_per_rank)))
-            self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed)
+            self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed,
+                                   static_cache=static_cache)
+        if engine == "hf" and static_cache:
+            why += "; static KV cache" + (", compiled decoding" if self.engine.device.type == "cuda" else "")
         self.engine_description = f"rollout engine: {engine} ({why})"
         self.weight_version = -1
 
@@ -95,9 +108,15 @@ class RolloutWorker:
         self.weight_version = version
 
     def use_actor_weights(self, version: int) -> None:
-        """rollout.in_actor: generate with the actor's parameters as they are now (no copy)."""
-        self.engine.share_weights(self.actor_weights())
+        """rollout.in_actor: generate with the actor's parameters as they are now."""
+        self._follow_actor()
         self.weight_version = version
+
+    def _follow_actor(self) -> None:
+        if self.shares_actor_tensors:
+            self.engine.share_weights(self.actor_weights())
+        else:  # device to device, cast to the engine's dtype; the tensors keep their addresses (CUDA graphs)
+            self.engine.update_weights(self.actor_weights())
 
     def save_checkpoint(self, path: str) -> None:
         """The engine's sampling position and this process's random generators."""

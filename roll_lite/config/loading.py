@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from roll_lite.config.schema import RunConfig
-from roll_lite.config.validation import in_actor_blockers, rewards_needing_a_worker, validate
+from roll_lite.config.validation import in_actor_by_default, rewards_needing_a_worker, validate
 from roll_lite.errors import ConfigError
 
 
@@ -86,7 +86,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
     if config.rollout.release_memory is None:
         config.rollout.release_memory = config.workers.rollout_gpus == 0 and config.workers.gpus_per_rank > 0
     if config.rollout.in_actor is None:
-        config.rollout.in_actor = not in_actor_blockers(config)
+        config.rollout.in_actor = in_actor_by_default(config)
     if config.reward.in_driver is None:
         config.reward.in_driver = not rewards_needing_a_worker(config.reward.functions)
     validate(config)

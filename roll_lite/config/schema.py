@@ -96,12 +96,17 @@ class RolloutConfig:
     # trains, with weights at most N steps old (rollout/staleness); the actor recomputes the old
     # log-probs, and algorithm.rollout_is corrects the gap to the stale weights that sampled
     async_steps: int = 0
-    # true: the actor's process generates (hf engine) with a model whose tensors are the actor's own
-    # parameters, so nothing is copied to sync the weights and no rollout process runs. Needs one actor
-    # rank (workers.actor_dp=1) on CPU, on-policy (async_steps=0), no workers.offload, rollout.dtype = model.dtype.
-    # null: true exactly when those hold (the same run, bit for bit, without a second process and copy);
-    # false: a rollout worker of its own
+    # true: the actor's process generates (hf engine), so no rollout process runs and no weights travel
+    # through Ray's object store. On CPU with rollout.dtype = model.dtype the engine's tensors are the
+    # actor's own parameters (a sync copies nothing); on a GPU or in another dtype the engine holds a
+    # copy that each sync refreshes in place, on the device. Needs one actor rank (workers.actor_dp=1),
+    # on-policy (async_steps=0), no workers.offload, the engine on the actor's GPU (workers.rollout_gpus=0).
+    # null: true exactly where it shares the parameters (CPU, same dtype: the same run, bit for bit,
+    # without a second process and copy); false: a rollout worker of its own
     in_actor: Optional[bool] = None
+    # the hf engine's KV cache: true a static one (fixed shape; on a GPU transformers compiles the decoding
+    # step with CUDA graphs), false transformers' dynamic cache. null: true where the engine runs on a GPU
+    hf_static_cache: Optional[bool] = None
     # rollout.engine=vllm only (roll_lite/rollout/vllm_engine.py): the fraction of each GPU vLLM takes for
     # its weights and KV cache (colocated, it shares the GPU with the actor, reference and critic);
     # release_memory: after each generation the engine sleeps (weights to CPU, KV cache dropped) and

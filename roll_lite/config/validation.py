@@ -128,9 +128,16 @@ def in_actor_blockers(config: RunConfig) -> list[tuple[str, str]]:
              ("workers.actor_dp", config.workers.actor_dp == 1, "1 (one rank holds every parameter)"),
              ("rollout.async_steps", config.rollout.async_steps == 0, "0 (one process cannot train and generate at once)"),
              ("workers.offload", not config.workers.offload, "false (offload moves the parameters)"),
-             ("workers.gpus_per_rank", not config.workers.gpus_per_rank, "0 (built for CPU; on GPUs use rollout.engine=vllm)"),
-             ("rollout.dtype", rollout_dtype(config) == config.model.dtype, f"model.dtype ({config.model.dtype})")]
+             ("workers.rollout_gpus", config.workers.rollout_gpus == 0, "0 (the engine generates on the actor's GPU)")]
     return [(key, value) for key, ok, value in needs if not ok]
+
+
+def in_actor_by_default(config: RunConfig) -> bool:
+    """rollout.in_actor=null: on where it changes nothing but the processes (CPU, the engine's weights
+    the actor's own tensors). On a GPU, or with a rollout.dtype of its own, the engine holds a copy
+    that each sync refreshes on the device; that is asked for with rollout.in_actor=true."""
+    return (not in_actor_blockers(config) and not config.workers.gpus_per_rank
+            and rollout_dtype(config) == config.model.dtype)
 
 
 def _validate_in_actor(config: RunConfig) -> None:

@@ -9,9 +9,16 @@ from roll_lite.rollout.engine import Completions, SamplingParams
 
 
 class HFEngine:
-    """transformers `generate`, batched over all prompts × samples, left-padded."""
+    """transformers `generate`, batched over all prompts × samples, left-padded; each row stops at its EOS.
 
-    def __init__(self, model: nn.Module, pad_token_id: int, eos_token_id: int, seed: int = 0):
+    `static_cache`: a KV cache of fixed shape (transformers' StaticCache) instead of one that grows by
+    a token per step. On a GPU transformers then compiles the decoding step (torch.compile, CUDA graphs:
+    "reduce-overhead") once per batch size; on CPU it decodes eagerly. The cache keeps the longest
+    length any call needed, so calls of the same batch size reuse the compiled step.
+    """
+
+    def __init__(self, model: nn.Module, pad_token_id: int, eos_token_id: int, seed: int = 0,
+                 static_cache: bool = False):
         from transformers import GenerationConfig
 
         self.model = model.eval()
@@ -19,6 +26,7 @@ class HFEngine:
         # A model folder's generation_config.json (repetition_penalty, top_k, ...) would silently
         # change what is sampled: generate() fills every setting we leave unset from it.
         self.model.generation_config = GenerationConfig(pad_token_id=pad_token_id, eos_token_id=eos_token_id)
+        self.static_cache = static_cache
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.device = next(model.parameters()).device
         self.generator_seed = seed
@@ -35,6 +43,8 @@ class HFEngine:
             input_ids[i, width - len(prompt):] = torch.tensor(prompt)
             attention_mask[i, width - len(prompt):] = 1
         options = dict(max_new_tokens=params.max_new_tokens, pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
+        if self.static_cache:
+            options.update(cache_implementation="static")
         recorder = None
         if params.greedy:
             if params.num_samples != 1:
