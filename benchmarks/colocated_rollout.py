@@ -8,19 +8,19 @@ an engine that follows the actor in place (rollout.in_actor=true on a GPU).
 Needs torch, transformers, omegaconf and the checkout (no Ray, no install). Sections (--sections):
 
 fresh   rollout.in_actor=true as the actor's worker runs it (workers/rollout_worker.py): the actor
-        (FSDP2, float32 weights, bf16 compute) and a bf16 engine that copies its parameters in place,
+        (FSDP2, float32 weights, bf16 compute) and a bf16 engine (static KV cache) that copies its parameters in place,
         on the device, at each sync. |engine log p − actor log p| per sampled token, token mean: before
         training, after a train step and a sync, and after a second step without a sync (the stale
         engine a broken sync leaves, which rollout.max_logp_gap must tell apart).
+engine  HFEngine with the dynamic cache against the static one (compiled decoding on a GPU) on one
+        model and the same prompts: sampled tokens/s (prompts × samples, up to --new-tokens each; the
+        first call, which compiles, timed apart; then the two engines alternate) and greedy outputs,
+        row by row.
 sync    the actor's weights into a bf16 engine model on the same GPU, per model size: today's path
         (FSDP2Strategy.full_state_dict to CPU, cast, one flat buffer per dtype, back into tensors, copied
         to the GPU; Ray's object store put / get, which today's path adds on top, is left out, so it is
         a lower bound) against the in-place device copy (HFEngine.update_weights(own_parameters())).
         Both must leave the engine holding exactly the actor's weights cast to bf16.
-engine  HFEngine with the dynamic cache against the static one (compiled decoding on a GPU) on one
-        model and the same prompts: sampled tokens/s (prompts × samples, up to --new-tokens each; the
-        first call, which compiles, timed apart; then the two engines alternate) and greedy outputs,
-        row by row.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ except ModuleNotFoundError:  # a checkout that is not installed (the GPU machine
 
 from mfu import SIZES  # noqa: E402  (Qwen2 shapes; the script's folder is on sys.path)
 
-SECTIONS = ("fresh", "sync", "engine")
+SECTIONS = ("fresh", "engine", "sync")  # the order they run in
 
 
 def timed(fn, sync) -> float:
@@ -82,7 +82,7 @@ def fresh(device, smoke: bool) -> None:
     from roll_lite.workers.rollout_worker import RolloutWorker
 
     config = RunConfig()
-    config.rollout.in_actor, config.rollout.dtype = True, "bfloat16"
+    config.rollout.in_actor, config.rollout.dtype, config.rollout.hf_static_cache = True, "bfloat16", True
     config.workers.gpus_per_rank = int(device.type == "cuda")
     tokenizer = load_tokenizer(None)
     lm = load_causal_lm(config.model, len(tokenizer), seed=0)
@@ -114,8 +114,9 @@ def sync_times(size: str, device, repeats: int) -> str:
     from roll_lite.weights import flatten_state_dict, unflatten_state_dict
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    engine = HFEngine(build_causal_lm(model_config(size), dtype=torch.bfloat16, seed=1).to(device), 0, 1)
-    actor = build_causal_lm(model_config(size), dtype=torch.float32, seed=0)
+    with device:  # initialised where they live: at 1.5 B a CPU init took most of the section's time
+        engine = HFEngine(build_causal_lm(model_config(size), dtype=torch.bfloat16, seed=1), 0, 1)
+        actor = build_causal_lm(model_config(size), dtype=torch.float32, seed=0)
     strategy = FSDP2Strategy(actor, StrategyConfig(param_dtype="bfloat16"), trainable=False, device=device)
     parts = {"gather to CPU": [], "cast + flatten + unflatten": [], "into the engine": []}
 
@@ -157,7 +158,8 @@ def engine_speed(size: str, device, smoke: bool, new_tokens: int, prompts_count:
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     config = model_config(size)
-    model = build_causal_lm(config, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32, seed=0).to(device)
+    with device:
+        model = build_causal_lm(config, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32, seed=0)
     eos = config["vocab_size"] - 1
     generator = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, eos, (int(torch.randint(16, 65, (1,), generator=generator)),), generator=generator).tolist()
@@ -207,6 +209,8 @@ def main() -> None:
     print(f"{name}; torch {torch.__version__}")
     if "fresh" in sections:
         fresh(device, args.smoke)
+    if "engine" in sections:
+        engine_speed(args.engine_size, device, args.smoke, args.new_tokens, args.prompts, args.samples, args.calls)
     if "sync" in sections:
         print("\n| size | bf16 GiB | through CPU s (gather / cast + flatten + unflatten / into the engine) | "
               "in place on the device | ratio |\n|---|---|---|---|---|")
@@ -214,8 +218,6 @@ def main() -> None:
             print(sync_times(size, device, repeats=1 if args.smoke else 3), flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()  # the size's models are gone with sync_times' frame
-    if "engine" in sections:
-        engine_speed(args.engine_size, device, args.smoke, args.new_tokens, args.prompts, args.samples, args.calls)
 
 
 if __name__ == "__main__":

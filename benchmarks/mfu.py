@@ -198,7 +198,10 @@ def profile_step(step, device) -> str:
     sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     text = averages.table(sort_by=sort_by, row_limit=15, max_name_column_width=80)
     if device.type == "cuda":
-        kernel_s = sum(event.self_device_time_total for event in averages) / 1e6
+        from torch.autograd import DeviceType
+
+        # the kernels' own rows: an operator's row (aten::mm) holds its kernels' time again
+        kernel_s = sum(event.self_device_time_total for event in averages if event.device_type == DeviceType.CUDA) / 1e6
         text += f"\nkernels ran {kernel_s:.3f} s of the profiled step's {seconds:.3f} s ({kernel_s / seconds:.0%})"
     return text
 

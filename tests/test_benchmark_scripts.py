@@ -216,3 +216,24 @@ def test_largest_model_smoke_probes_under_a_memory_cap():
         assert best == len(rows) - 1 or rows[best + 1][7] == "no", result.stdout  # the next rung was tried
     else:
         assert largest == "none" and rows[0][7] == "no", result.stdout
+
+
+def test_colocated_rollout_smoke_tells_a_stale_engine_from_a_fresh_one():
+    (line,) = doc_commands.commands("python", "benchmarks/colocated_rollout.py --smoke")
+    result = run(*shlex.split(line)[1:], timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    gaps = {cells[0]: float(cells[1]) for cells in _table_rows(result.stdout, r"[^|]+") if len(cells) == 2 and "gap" not in cells[1]}
+    fresh = [value for key, value in gaps.items() if not key.startswith("after a step without")]
+    stale = [value for key, value in gaps.items() if key.startswith("after a step without")]
+    assert len(fresh) == 2 and len(stale) == 1 and max(fresh) < 0.01 < 0.1 < stale[0], gaps
+    assert "4 of 4 rows identical" in result.stdout  # greedy: static cache = dynamic cache
+    assert "| tiny |" in result.stdout  # the sync table: both paths left the engine with the actor's weights
+
+
+def test_head_speed_smoke_compares_both_paths_with_float64():
+    (line,) = doc_commands.commands("python", "benchmarks/head_speed.py --smoke")
+    result = run(*shlex.split(line)[1:], timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = {cells[0]: cells for cells in _table_rows(result.stdout, r"[^|]+")}
+    assert {"bf16 operands", "float32 copies"} <= set(rows), result.stdout
+    assert float(rows["float32 copies"][3]) < 1e-5, rows  # log p against float64

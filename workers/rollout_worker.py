@@ -38,8 +38,6 @@ class RolloutWorker:
         self.lora = config.actor.lora if config.actor.lora.rank else None
         self.adapter_folders = AdapterFolders()  # vllm with LoRA: each version's adapter, in PEFT's format
         static_cache = config.rollout.hf_static_cache
-        if static_cache is None:
-            static_cache = bool(config.workers.gpus_per_rank) and torch.cuda.is_available()
         if actor_weights is not None:
             self.shares_actor_tensors = not config.workers.gpus_per_rank and rollout_dtype(config) == config.model.dtype
             model = self._with_adapters(_architecture(config, len(tokenizer)))
