@@ -63,7 +63,7 @@ def model_config(size: str) -> dict:
 
 def gap(strategy, prompts, completions, pad_token_id: int) -> float:
     """Token mean of |engine log p − actor log p| over the sampled tokens."""
-    from roll_lite.sequences import build_sequence_batch
+    from roll_lite.data.sequences import build_sequence_batch
 
     batch = build_sequence_batch(prompts, completions.token_ids, pad_token_id, completions.log_probs)
     actor = strategy.compute_log_probs(batch)["log_probs"]
@@ -75,10 +75,10 @@ def fresh(device, smoke: bool) -> None:
     from roll_lite.config import RunConfig
     from roll_lite.loss import ppo_policy_loss_func
     from roll_lite.loss.checker import random_rl_batch
-    from roll_lite.modeling import load_causal_lm
+    from roll_lite.model.modeling import load_causal_lm
     from roll_lite.rollout import SamplingParams
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
-    from roll_lite.tokenizer import load_tokenizer
+    from roll_lite.model.tokenizer import load_tokenizer
     from roll_lite.workers.rollout_worker import RolloutWorker
 
     config = RunConfig()
@@ -108,10 +108,10 @@ def fresh(device, smoke: bool) -> None:
 
 
 def sync_times(size: str, device, repeats: int) -> str:
-    from roll_lite.modeling import build_causal_lm
+    from roll_lite.model.modeling import build_causal_lm
     from roll_lite.rollout import HFEngine
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
-    from roll_lite.weights import flatten_state_dict, unflatten_state_dict
+    from roll_lite.model.weights import flatten_state_dict, unflatten_state_dict
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with device:  # initialised where they live: at 1.5 B a CPU init took most of the section's time
@@ -153,7 +153,7 @@ def sync_times(size: str, device, repeats: int) -> str:
 
 
 def engine_speed(size: str, device, smoke: bool, new_tokens: int, prompts_count: int, samples: int, calls: int) -> None:
-    from roll_lite.modeling import build_causal_lm
+    from roll_lite.model.modeling import build_causal_lm
     from roll_lite.rollout import HFEngine, SamplingParams
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

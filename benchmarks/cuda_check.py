@@ -34,10 +34,10 @@ from distributed_harness import (  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: E402
 from torch.distributed.fsdp import FSDPModule  # noqa: E402
 
-import roll_lite.attention as attention  # noqa: E402
+import roll_lite.model.attention as attention  # noqa: E402
 from roll_lite.loss import AGG_MODES, ppo_policy_loss_func  # noqa: E402
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch  # noqa: E402
-from roll_lite.modeling import CausalLMWithLogProbs, build_causal_lm  # noqa: E402
+from roll_lite.model.modeling import CausalLMWithLogProbs, build_causal_lm  # noqa: E402
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig  # noqa: E402
 from roll_lite.strategy.micro_batches import forward_micro_batch  # noqa: E402
 

@@ -1,6 +1,6 @@
 """What the numbers of a CPU run depend on, and what `reproducible=portable` costs: the same training
 under each kernel setting and thread count, each in a fresh process whose environment holds the
-setting's variables from the start (roll_lite/reproducibility.py), fingerprinted bit for bit.
+setting's variables from the start (roll_lite/runtime/reproducibility.py), fingerprinted bit for bit.
 
 Each process builds the demo's actor model (~1 M-parameter Qwen2 of configs/ppo.yaml) from seed 0,
 takes `--steps` AdamW steps on fixed random token batches, then decodes greedily; AdamW is foreach,
@@ -30,7 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from roll_lite.reproducibility import KERNEL_VARIABLES, kernel_env
+from roll_lite.runtime.reproducibility import KERNEL_VARIABLES, kernel_env
 
 PORTABLE = kernel_env("portable")
 # (name, environment, torch threads, fused AdamW); the interleaved timing rounds of machine and portable come first.
@@ -54,7 +54,7 @@ def train_and_decode(steps: int, threads: int, hidden: int | None, fused: bool) 
     import torch
 
     from roll_lite.config import RunConfig
-    from roll_lite.modeling import load_causal_lm
+    from roll_lite.model.modeling import load_causal_lm
 
     torch.set_num_threads(threads)
     model_config = RunConfig().model

@@ -71,8 +71,8 @@ VOCAB_48M = 32_000
 def hf_config(name: str):
     """The model's HF config, as the rollout worker makes it (causal_lm_config of a `model` section)."""
     from roll_lite.config.schema import ModelConfig
-    from roll_lite.modeling import causal_lm_config
-    from roll_lite.tokenizer import build_char_tokenizer
+    from roll_lite.model.modeling import causal_lm_config
+    from roll_lite.model.tokenizer import build_char_tokenizer
 
     vocab = len(build_char_tokenizer()) if name == "demo" else VOCAB_48M
     return causal_lm_config(dataclasses.replace(ModelConfig(), **MODELS[name]), vocab)
@@ -89,7 +89,7 @@ def measure(name: str, args) -> dict:
     import vllm  # noqa: F401
 
     import_s = time.perf_counter() - start
-    from roll_lite.modeling import build_causal_lm
+    from roll_lite.model.modeling import build_causal_lm
     from roll_lite.rollout import SamplingParams
     from roll_lite.rollout.hf import HFEngine
     from roll_lite.rollout.vllm_engine import VLLMEngine, checkpoint_names, start_llm, vllm_logprobs_mode

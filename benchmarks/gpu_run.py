@@ -35,8 +35,8 @@ DENSE_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # vendor figu
 
 def parameter_count(config_path: str, overrides: list[str]) -> int:
     from roll_lite.config import load_config
-    from roll_lite.modeling import load_causal_lm
-    from roll_lite.tokenizer import load_tokenizer
+    from roll_lite.model.modeling import load_causal_lm
+    from roll_lite.model.tokenizer import load_tokenizer
 
     config = load_config(config_path, overrides)
     tokenizer = load_tokenizer(config.model.tokenizer_path)

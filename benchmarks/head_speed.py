@@ -1,4 +1,4 @@
-"""The LM head's log-probs on a GPU, forward + backward, in bf16 compute: roll_lite.logprobs on the
+"""The LM head's log-probs on a GPU, forward + backward, in bf16 compute: roll_lite.model.logprobs on the
 bf16 operands (the tensor cores' matmul, float32 output) against the same call on float32 copies
 (the float32 matmul it ran for bf16 models before), and both against float64.
 
@@ -26,7 +26,7 @@ if str(REPO) not in sys.path:
 
 
 def run(hidden, weight, targets, g, chunk: int):
-    from roll_lite.logprobs import chunked_log_probs
+    from roll_lite.model.logprobs import chunked_log_probs
 
     hidden = hidden.detach().requires_grad_()
     weight = weight.detach().requires_grad_()

@@ -1,5 +1,5 @@
 """Peak memory and time of the LM head's log-probs (+ entropy), forward + backward: full logits
-(log_softmax over [tokens, vocab], autograd) against roll_lite.logprobs.chunked_log_probs.
+(log_softmax over [tokens, vocab], autograd) against roll_lite.model.logprobs.chunked_log_probs.
 
     python benchmarks/logprob_memory.py [--tokens 2048 --chunk 256 --vocab 151936 --hidden 896]
 
@@ -36,7 +36,7 @@ def measure(method: str, tokens: int, chunk: int, vocab: int, hidden_size: int, 
     """In this process: (peak added bytes, median seconds) of one forward + backward."""
     import torch
 
-    from roll_lite.logprobs import chunked_log_probs
+    from roll_lite.model.logprobs import chunked_log_probs
 
     torch.manual_seed(0)
     hidden = (torch.randn(tokens, hidden_size) * 0.5).requires_grad_()

@@ -60,15 +60,15 @@ def _bytes(tensors) -> int:
 
 def measure(rank: int, args) -> dict:
     """One row in this process: build, train, peak RSS, then the weight sync."""
-    from roll_lite.lora import add_adapters, is_adapter
-    from roll_lite.lora_settings import LoraSettings
+    from roll_lite.lora.adapters import add_adapters, is_adapter
+    from roll_lite.lora.settings import LoraSettings
     from roll_lite.loss import ppo_policy_loss_func
     from roll_lite.loss.checker import random_rl_batch
-    from roll_lite.modeling import build_causal_lm
+    from roll_lite.model.modeling import build_causal_lm
     from roll_lite.rollout.hf import HFEngine
     from roll_lite.strategy import FSDP2Strategy
     from roll_lite.strategy.config import StrategyConfig
-    from roll_lite.weights import flatten_state_dict, unflatten_state_dict
+    from roll_lite.model.weights import flatten_state_dict, unflatten_state_dict
 
     torch.set_num_threads(args.threads)
     model_config = SMOKE_MODEL if args.smoke else MODEL
@@ -127,9 +127,9 @@ def measure_vllm(rank: int, args) -> dict:
     """In this process: the vllm engine's side of a step's sync, full weights or the adapter folder."""
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave this process's CPU affinity alone
     torch.set_num_threads(args.threads)  # before vLLM's import: its CPU worker makes this a no-op
-    from roll_lite.lora import WEIGHTS_FILE, adapted_modules, adapter_state, add_adapters, write_peft_adapter
-    from roll_lite.lora_settings import LoraSettings
-    from roll_lite.modeling import build_causal_lm
+    from roll_lite.lora.adapters import WEIGHTS_FILE, adapted_modules, adapter_state, add_adapters, write_peft_adapter
+    from roll_lite.lora.settings import LoraSettings
+    from roll_lite.model.modeling import build_causal_lm
     from roll_lite.rollout import SamplingParams
     from roll_lite.rollout.vllm_engine import VLLMEngine, checkpoint_names, start_llm, vllm_weights
 

@@ -27,7 +27,7 @@ what a step adds, mostly activations: the part checkpointing shrinks.
 
 The split comes from one more step with hooks that synchronize the GPU at every mark (so it is
 timed apart from the steps above): decoder forward; decoder backward (the recomputation with ac);
-the log-probs head, forward and backward (roll_lite/logprobs.py); the optimizer step; other (the
+the log-probs head, forward and backward (roll_lite/model/logprobs.py); the optimizer step; other (the
 loss, grad-norm clipping, micro-batching, FSDP2's root).
 """
 
@@ -127,10 +127,10 @@ def measure(spec: dict) -> dict:
     """In this process: one size × variant (spec from main), its step times, FLOPs, peak and split."""
     import torch
 
-    from roll_lite.compiling import compile_decoder_layers
+    from roll_lite.model.compiling import compile_decoder_layers
     from roll_lite.loss import ppo_policy_loss_func
     from roll_lite.loss.checker import random_rl_batch
-    from roll_lite.modeling import build_causal_lm, enable_gradient_checkpointing
+    from roll_lite.model.modeling import build_causal_lm, enable_gradient_checkpointing
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 
     if spec.get("threads"):

@@ -19,7 +19,7 @@ import torch
 
 from roll_lite.data import DataProto
 from roll_lite.loss.checker import random_rl_batch
-from roll_lite.packing import row_lengths
+from roll_lite.model.packing import row_lengths
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.micro_batches import split_for_data_parallel, split_micro_batches
 
@@ -69,7 +69,7 @@ def token_table(data: DataProto, cap: int) -> None:
 
 def time_steps(steps: int) -> None:
     from roll_lite.loss import ppo_policy_loss_func
-    from roll_lite.modeling import build_causal_lm
+    from roll_lite.model.modeling import build_causal_lm
     from roll_lite.strategy import FSDP2Strategy
 
     model_config = dict(model_type="qwen2", vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=4,

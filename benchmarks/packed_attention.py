@@ -4,7 +4,7 @@ as separate tensors, forward + backward, as the number of sequences in the pack 
     python benchmarks/packed_attention.py [--tokens 4096 --heads 4 --kv-heads 2 --dim 32 --repeats 5]
 
 The pack holds `--tokens` tokens split into n equal sequences. Three ways, same inputs, same result:
-separate (each sequence its own leaf tensors: the floor), packed (roll_lite.attention's path, which
+separate (each sequence its own leaf tensors: the floor), packed (roll_lite.model.attention's path, which
 splits the packed row), and packed by slicing (how it was done before: each slice's backward builds a
 zero gradient of the whole row). Prints the median seconds and the ratio to separate.
 """
@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from roll_lite.attention import _per_sequence_sdpa
+from roll_lite.model.attention import _per_sequence_sdpa
 
 
 def _sliced(query, key, value, cu_seqlens):

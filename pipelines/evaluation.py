@@ -11,7 +11,7 @@ import torch
 from roll_lite.config import RolloutConfig
 from roll_lite.data import DataProto
 from roll_lite.data.prompts import PromptData
-from roll_lite.progress import on_terminal, progress_bar
+from roll_lite.runtime.progress import on_terminal, progress_bar
 from roll_lite.rollout import SamplingParams
 
 logger = logging.getLogger("roll_lite")

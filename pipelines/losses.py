@@ -5,7 +5,7 @@ reference around it when the run has a reference (a loss term with kl_coef, and 
 from __future__ import annotations
 
 from roll_lite.config import AlgorithmConfig, ConfigError
-from roll_lite.importing import load_object
+from roll_lite.runtime.importing import load_object
 from roll_lite.loss import POLICY_LOSSES, RolloutCorrection, kl_regularized_loss_func
 
 # The options each built-in takes besides the clip range, rollout correction and the aggregation's.

@@ -24,11 +24,11 @@ from roll_lite.data.prompts import PromptData
 from roll_lite.data.sampler import PromptSampler
 from roll_lite.loss import value_loss_func
 from roll_lite.loss.advantages import kl_shaped_rewards, last_token_rewards
-from roll_lite.progress import progress_bar, seconds_in_all
+from roll_lite.runtime.progress import progress_bar, seconds_in_all
 from roll_lite.rollout import SamplingParams
 from roll_lite.rollout.ahead import staleness
-from roll_lite.sequences import completion_batch
-from roll_lite.tokenizer import load_tokenizer
+from roll_lite.data.sequences import completion_batch
+from roll_lite.model.tokenizer import load_tokenizer
 
 from .advantages import estimate_advantages
 from .evaluation import evaluate_held_out
@@ -162,7 +162,7 @@ class PPOPipeline:
         return SamplingParams(r.max_new_tokens, r.num_samples, r.temperature, r.top_p, r.top_k)
 
     def generate(self, prompts: PromptData, params: SamplingParams) -> DataProto:
-        """Generate now, with the actor's latest weights (roll_lite.sequences.completion_batch)."""
+        """Generate now, with the actor's latest weights (roll_lite.data.sequences.completion_batch)."""
         self.schedule.wait_sync()
         return completion_batch(prompts, self.rollout.generate(prompts.prompt_ids, params), self.tokenizer)
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from roll_lite.config import to_yaml
-from roll_lite.failures import WorkerError
+from roll_lite.runtime.failures import WorkerError
 
 if TYPE_CHECKING:
     from roll_lite.workers.placement import Reservation
@@ -60,7 +60,7 @@ class RunSession:
     # -- entering and leaving -----------------------------------------------------------------------
 
     def __enter__(self) -> RunSession:
-        from roll_lite.reproducibility import kernel_env, pin_kernels
+        from roll_lite.runtime.reproducibility import kernel_env, pin_kernels
         from roll_lite.workers.cluster import start_ray
 
         # Before Ray starts: a local cluster's workers inherit this process's environment.
@@ -87,7 +87,7 @@ class RunSession:
             if isinstance(error, WorkerError):
                 error.stage = stage
                 logger.error("%s; stopping the workers", error.headline())
-            elif isinstance(error, KeyboardInterrupt):  # SIGINT / SIGTERM (roll_lite/signals.py)
+            elif isinstance(error, KeyboardInterrupt):  # SIGINT / SIGTERM (roll_lite/runtime/signals.py)
                 logger.warning("interrupted during %s; stopping the workers", stage)
                 self.checkpoint_on_stop()
         finally:
@@ -120,7 +120,7 @@ class RunSession:
         the tracker (metrics.jsonl continued from the checkpoint's records) and the checkpointer.
         Returns the checkpoint's step, 0 for a fresh run."""
         from roll_lite.checkpoint import Checkpointer
-        from roll_lite.tracking import RunLogger
+        from roll_lite.runtime.tracking import RunLogger
 
         c, resumed_step, history = self.config, 0, None
         if self.claim.resume_from is not None:

@@ -23,9 +23,9 @@ from roll_lite.config import ConfigError, RunConfig
 from roll_lite.data import DataProto
 from roll_lite.data.sampler import PromptSampler
 from roll_lite.loss import sft_loss_func
-from roll_lite.progress import progress_bar, seconds_in_all
-from roll_lite.sequences import build_target_batch
-from roll_lite.tokenizer import load_tokenizer
+from roll_lite.runtime.progress import progress_bar, seconds_in_all
+from roll_lite.data.sequences import build_target_batch
+from roll_lite.model.tokenizer import load_tokenizer
 
 from .session import RunSession
 

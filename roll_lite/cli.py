@@ -20,12 +20,12 @@ from typing import Sequence
 from roll_lite.config import ConfigError, load_config
 from roll_lite.errors import StaleRolloutWeights
 from roll_lite.data import DataError
-from roll_lite.failures import WorkerError
-from roll_lite.importing import load_object
-from roll_lite.preflight import check_run, check_sequence_lengths
-from roll_lite.progress import close_bars, plain_text_off_terminal, process_start, start_clock, use_terminal_logging
-from roll_lite.reproducibility import pin_kernels
-from roll_lite.signals import received_signal
+from roll_lite.runtime.failures import WorkerError
+from roll_lite.runtime.importing import load_object
+from roll_lite.pipelines.preflight import check_run, check_sequence_lengths
+from roll_lite.runtime.progress import close_bars, plain_text_off_terminal, process_start, start_clock, use_terminal_logging
+from roll_lite.runtime.reproducibility import pin_kernels
+from roll_lite.runtime.signals import received_signal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         close_bars()
         print(f"roll-train: {'' if error.kind == 'stopped' else 'worker failure: '}{error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # SIGINT or SIGTERM (roll_lite/signals.py), or Ctrl-C before Ray started
+    except KeyboardInterrupt:  # SIGINT or SIGTERM (roll_lite/runtime/signals.py), or Ctrl-C before Ray started
         signum = received_signal() or signal.SIGINT
         close_bars()
         print(f"roll-train: stopped by {signal.Signals(signum).name} during {pipeline.stage}, which was abandoned; "

@@ -27,10 +27,10 @@ from roll_lite.loss import (
     sft_loss_func,
     value_loss_func,
 )
-from roll_lite.lora import add_adapters
-from roll_lite.lora_settings import LoraSettings
+from roll_lite.lora.adapters import add_adapters
+from roll_lite.lora.settings import LoraSettings
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch, relative_deviation
-from roll_lite.modeling import build_causal_lm, enable_gradient_checkpointing
+from roll_lite.model.modeling import build_causal_lm, enable_gradient_checkpointing
 
 SEQ_LEN = 16
 BUDGET = 29  # tokens per micro-batch in the token-budget cases: the two ranks need 2 and 1

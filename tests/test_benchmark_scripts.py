@@ -163,7 +163,7 @@ def test_mfu_flop_counts_follow_the_stated_formulas():
     import torch
 
     from roll_lite.loss.checker import random_rl_batch
-    from roll_lite.modeling import build_causal_lm
+    from roll_lite.model.modeling import build_causal_lm
 
     mfu = _benchmarks_module("mfu")
     data = random_rl_batch(num_rows=4, seq_len=10, vocab_size=512, seed=0)

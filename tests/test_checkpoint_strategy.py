@@ -14,7 +14,7 @@ from distributed_harness import MASK_KEYS, global_batch, make_loss
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.loss.checker import TINY_MODEL
-from roll_lite.modeling import build_causal_lm
+from roll_lite.model.modeling import build_causal_lm
 
 LOSS = ("ppo", "token-mean")
 SETTINGS = dict(lr=1e-2, warmup_steps=5, weight_decay=0.1, param_dtype="float64")

@@ -6,11 +6,11 @@ HF ones; the worker compiles them when the config says so."""
 import pytest
 import torch
 
-from roll_lite.compiling import compile_decoder_layers
+from roll_lite.model.compiling import compile_decoder_layers
 from roll_lite.config import load_config
 from roll_lite.loss import ppo_policy_loss_func
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch, relative_deviation
-from roll_lite.modeling import build_causal_lm, decoder_layers, enable_gradient_checkpointing
+from roll_lite.model.modeling import build_causal_lm, decoder_layers, enable_gradient_checkpointing
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 
 
@@ -42,7 +42,7 @@ def test_compiled_layers_train_like_eager_and_compile_once_for_all_lengths():
     for checkpointing in (False, True):  # with checkpointing under FSDP2 too (its hooks outside the compiled code)
         metrics, grads, graphs = _train(True, checkpointing, batches, wrapped=checkpointing)
         # HF's RMSNorm computes in float32 even in a float64 model, and inductor rounds that float32
-        # arithmetic otherwise than eager (roll_lite/compiling.py): equal to float32 precision, not 1e-15
+        # arithmetic otherwise than eager (roll_lite/model/compiling.py): equal to float32 precision, not 1e-15
         assert metrics == pytest.approx(eager_metrics, rel=1e-6)  # each step's loss and grad norm
         assert grads.keys() == eager_grads.keys()  # no _orig_mod. in the names
         errors = {name: relative_deviation(grads[name], grad) for name, grad in eager_grads.items()}  # the last step's

@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 
 from roll_lite.loss import value_loss_func
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch
-from roll_lite.modeling import CausalLMWithValueHead, build_causal_lm
+from roll_lite.model.modeling import CausalLMWithValueHead, build_causal_lm
 from roll_lite.strategy.distributed import close_distributed
 
 

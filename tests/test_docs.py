@@ -108,7 +108,7 @@ def inline_comments(cls) -> dict[str, str]:
 
 def test_the_configuration_reference_lists_every_key_with_its_default_and_comment():
     from roll_lite.config import RunConfig
-    from roll_lite.config_reference import render
+    from roll_lite.config.reference import render
 
     rows = reference_rows(render())
     keys = list(leaf_fields(RunConfig()))
@@ -129,12 +129,12 @@ def test_the_configuration_reference_lists_every_key_with_its_default_and_commen
 
 def test_the_committed_configuration_reference_is_what_the_code_renders_and_every_key_is_explained():
     """docs/configuration.md reads on a code host without building the site; regenerate it with
-    `python -m roll_lite.config_reference > docs/configuration.md` after changing a config dataclass."""
-    from roll_lite.config_reference import render
+    `python -m roll_lite.config.reference > docs/configuration.md` after changing a config dataclass."""
+    from roll_lite.config.reference import render
 
     rendered = render()
     assert (REPO / "docs/configuration.md").read_text() == rendered + "\n", \
-        "docs/configuration.md is stale: python -m roll_lite.config_reference > docs/configuration.md"
+        "docs/configuration.md is stale: python -m roll_lite.config.reference > docs/configuration.md"
     unexplained = [key for key, (_, _, comment) in reference_rows(rendered).items() if not comment.strip()]
     assert not unexplained, f"config keys without a comment in their dataclass: {unexplained}"
 
@@ -160,7 +160,7 @@ class _Outer:
 
 
 def test_the_generator_reads_comments_above_after_and_shared():
-    from roll_lite.config_reference import field_comments, render
+    from roll_lite.config.reference import field_comments, render
 
     assert field_comments(_Inner) == {"alpha": "the alpha, continued here", "gamma": "about gamma and delta",
                                       "delta": "about gamma and delta", "epsilon": "its own"}

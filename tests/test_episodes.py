@@ -14,7 +14,7 @@ from roll_lite.environments.episodes import EpisodeLimits, EpisodeStart, run_epi
 from roll_lite.environments.guess_the_number import GuessTheNumber
 from roll_lite.errors import ConfigError
 from roll_lite.rollout import Completions, SamplingParams
-from roll_lite.tokenizer import load_tokenizer
+from roll_lite.model.tokenizer import load_tokenizer
 
 TOKENIZER = load_tokenizer(None, "compact")
 EOS = TOKENIZER.eos_token_id

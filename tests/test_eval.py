@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from roll_lite.config import load_config
-from roll_lite.modeling import load_causal_lm
+from roll_lite.model.modeling import load_causal_lm
 from roll_lite.rollout import HFEngine, SamplingParams
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",

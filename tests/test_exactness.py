@@ -12,7 +12,7 @@ import torch
 
 from distributed_harness import BUDGET, all_cases, deviations, global_batch, reference, run_strategy
 
-from roll_lite.packing import row_lengths, token_budget_groups
+from roll_lite.model.packing import row_lengths, token_budget_groups
 from roll_lite.strategy.micro_batches import split_for_data_parallel
 
 CASES = all_cases()

@@ -160,3 +160,36 @@ def test_the_linter_passes():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+TOP_LEVEL_MODULES = {"__init__.py", "cli.py", "errors.py"}  # the CLI and the package's face
+
+
+def test_roll_lite_keeps_only_packages_the_cli_and_its_face_at_the_top():
+    loose = sorted(path.name for path in (REPO / "roll_lite").glob("*.py") if path.name not in TOP_LEVEL_MODULES)
+    assert not loose, f"modules at the top of roll_lite/: {loose}; put each in the package that owns its concern"
+
+
+def package_of(module: str) -> str:
+    """roll_lite.model.modeling -> roll_lite.model; roll_lite.cli -> roll_lite.cli (a module of the top)."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_no_package_imports_a_package_that_imports_it_back():
+    """The package-level graph (lazy imports included) has no cycle: each package sits above or below
+    every other it touches, so a new one has an obvious place."""
+    modules = project_modules()
+    graph = import_graph(modules)
+    packages: dict[str, dict[str, str]] = {}
+    for module, edges in graph.items():
+        for target, line in edges.items():
+            source, destination = package_of(module), package_of(target)
+            if source != destination:
+                packages.setdefault(source, {}).setdefault(destination, f"{relative(modules[module])}:{line}")
+    package_graph = {name: {target: 0 for target in targets} for name, targets in packages.items()}
+    for name in {t for targets in packages.values() for t in targets}:
+        package_graph.setdefault(name, {})
+    cycles = import_cycles(package_graph)
+    described = [" -> ".join(f"{a} ({packages[a][b]})" for a, b in zip(cycle, cycle[1:])) for cycle in cycles]
+    assert not cycles, "packages that import each other (package (file:line) -> ...):\n" + "\n".join(described)

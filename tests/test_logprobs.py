@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from roll_lite.logprobs import chunked_log_probs
+from roll_lite.model.logprobs import chunked_log_probs
 
 
 def naive(hidden, weight, targets, temperature):
@@ -71,7 +71,7 @@ def test_an_entropy_no_loss_uses_adds_nothing_to_the_gradient_and_vice_versa():
 
 @pytest.mark.parametrize("scratch", [1, 120])  # one row at a time; two rows of 50 and an odd last block
 def test_rows_taken_a_few_at_a_time_give_the_same_result(monkeypatch, scratch):
-    import roll_lite.logprobs as logprobs
+    import roll_lite.model.logprobs as logprobs
 
     monkeypatch.setattr(logprobs, "SCRATCH_ELEMENTS", scratch)
     test_matches_naive_forward_and_backward(chunk_size=7, temperature=0.7)

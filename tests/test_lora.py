@@ -1,4 +1,4 @@
-"""LoRA (roll_lite/lora.py) against peft itself: targets, the frozen base, merging, the PEFT folder, the
+"""LoRA (roll_lite/lora/adapters.py) against peft itself: targets, the frozen base, merging, the PEFT folder, the
 reference as the adapters switched off, and the strategy training and checkpointing adapters only.
 (The adapters' gradients under D x A x packing: tests/test_exactness.py's LoRA cases.)"""
 
@@ -8,7 +8,7 @@ from distributed_harness import LORA, MASK_KEYS, global_batch, lora_model, make_
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.errors import ConfigError
-from roll_lite.lora import (
+from roll_lite.lora.adapters import (
     adapted_modules,
     adapter_state,
     adapters_disabled,
@@ -21,9 +21,9 @@ from roll_lite.lora import (
     to_adapted_names,
     write_peft_adapter,
 )
-from roll_lite.lora_settings import LoraSettings
+from roll_lite.lora.settings import LoraSettings
 from roll_lite.loss.checker import TINY_MODEL
-from roll_lite.modeling import build_causal_lm
+from roll_lite.model.modeling import build_causal_lm
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 
 LINEAR = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
@@ -68,7 +68,7 @@ def test_adapters_start_as_the_base_model_and_only_they_train():
 def test_merge_equals_peft_merge_and_unload():
     from peft import get_peft_model
 
-    from roll_lite.lora import peft_config
+    from roll_lite.lora.adapters import peft_config
 
     lm = lora_model(torch.float64)
     ours = merged_state(lm.state_dict(), scaling(LORA))

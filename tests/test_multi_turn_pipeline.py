@@ -164,7 +164,7 @@ def test_early_turns_of_a_trajectory_that_ends_well_get_its_credit():
 def test_multi_turn_config_errors_name_the_key(overrides, error):
     with pytest.raises((ConfigError, ValueError), match=error):
         config = load_config(None, overrides)
-        from roll_lite.tokenizer import load_tokenizer
+        from roll_lite.model.tokenizer import load_tokenizer
 
         load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
 

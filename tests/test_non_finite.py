@@ -15,7 +15,7 @@ from roll_lite.loss import (
     value_loss_func,
 )
 from roll_lite.loss.checker import TINY_MODEL, Partition, _model_with_head, random_rl_batch, simulate_step
-from roll_lite.modeling import build_causal_lm
+from roll_lite.model.modeling import build_causal_lm
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 from roll_lite.strategy.non_finite import NonFiniteStepsError
 

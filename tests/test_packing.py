@@ -5,8 +5,8 @@ import torch
 
 from roll_lite.data import DataProto
 from roll_lite.loss.checker import random_rl_batch
-from roll_lite.modeling import CausalLMWithLogProbs, build_causal_lm
-from roll_lite.packing import karmarkar_karp, pack_rows, row_lengths, token_budget_groups, unpack_next_token_values
+from roll_lite.model.modeling import CausalLMWithLogProbs, build_causal_lm
+from roll_lite.model.packing import karmarkar_karp, pack_rows, row_lengths, token_budget_groups, unpack_next_token_values
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.micro_batches import forward_micro_batch
 
@@ -102,7 +102,7 @@ def test_packed_rows_do_not_see_each_other():
 
 
 def test_varlen_attention_equals_attention_per_sequence():
-    from roll_lite.attention import varlen_attention_forward
+    from roll_lite.model.attention import varlen_attention_forward
 
     gen = torch.Generator().manual_seed(0)
     lengths = [3, 1, 5]
@@ -124,7 +124,7 @@ def test_varlen_attention_equals_attention_per_sequence():
 
 
 def test_packed_forward_takes_the_varlen_path(monkeypatch):
-    import roll_lite.attention as attention
+    import roll_lite.model.attention as attention
 
     calls = []
     original = attention._per_sequence_sdpa
@@ -138,7 +138,7 @@ def test_packed_forward_takes_the_varlen_path(monkeypatch):
 
 @pytest.fixture
 def fresh_path_choice(monkeypatch):
-    import roll_lite.attention as attention
+    import roll_lite.model.attention as attention
 
     monkeypatch.delenv(attention.OVERRIDE_ENV, raising=False)
     attention._choose_path.cache_clear()
@@ -183,7 +183,7 @@ def test_torch_varlen_wrapper_follows_the_varlen_attn_contract(monkeypatch):
     # tensors, int32 offsets, window_size=(-1, 0) for causal, the model's scale, kv heads expanded.
     import torch.nn.attention.varlen as varlen
 
-    from roll_lite.attention import _per_sequence_sdpa, _torch_varlen
+    from roll_lite.model.attention import _per_sequence_sdpa, _torch_varlen
 
     def contract(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), **unused):
         assert q.dim() == 3 and q.shape == k.shape == v.shape and cu_q.dtype == torch.int32

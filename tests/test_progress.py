@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from roll_lite.progress import TqdmLogHandler, close_bars, progress_bar
+from roll_lite.runtime.progress import TqdmLogHandler, close_bars, progress_bar
 
 
 @pytest.fixture(autouse=True)
@@ -95,7 +95,7 @@ def test_roll_train_into_a_file_writes_no_ansi_codes_and_counts_all_its_time(tmp
 
 
 def test_off_a_terminal_ansi_codes_are_taken_out_and_on_one_they_stay(monkeypatch):
-    from roll_lite.progress import WithoutAnsi, plain_text_off_terminal
+    from roll_lite.runtime.progress import WithoutAnsi, plain_text_off_terminal
 
     pipe, terminal = io.StringIO(), Terminal()
     for stream in (pipe, terminal):

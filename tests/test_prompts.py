@@ -11,7 +11,7 @@ import pytest
 from roll_lite.config import DataConfig, load_config
 from roll_lite.data import DataError
 from roll_lite.data.prompts import prepare_datasets
-from roll_lite.tokenizer import build_char_tokenizer
+from roll_lite.model.tokenizer import build_char_tokenizer
 
 ROWS = [
     {"prompt": "12=", "answer": "21", "level": 1, "tests": ["a", "b"]},
@@ -24,7 +24,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{%
 
 def char_ids(tokenizer, text):
     # The character tokenizer's symbols are byte-level: space is 'Ġ', newline 'Ċ'.
-    from roll_lite.tokenizer import _byte_level
+    from roll_lite.model.tokenizer import _byte_level
 
     return tokenizer.convert_tokens_to_ids([_byte_level(c) for c in text])
 

@@ -1,4 +1,4 @@
-"""`reproducible=portable` (roll_lite/reproducibility.py): the kernel variables, set in the driver, reach
+"""`reproducible=portable` (roll_lite/runtime/reproducibility.py): the kernel variables, set in the driver, reach
 every process of a run, and there the libraries compute with the pinned kernels.
 
 The numbers are checked with kernel_fingerprint(): a few ATen and MKL ops whose results depend on the
@@ -28,7 +28,7 @@ import torch
 
 from roll_lite.config import ConfigError, load_config
 from roll_lite.loss.advantages import _group_statistics, exact_sqrt
-from roll_lite.reproducibility import SETTINGS, check_kernels, kernel_env, main, pin_kernels
+from roll_lite.runtime.reproducibility import SETTINGS, check_kernels, kernel_env, main, pin_kernels
 
 from test_pipeline_ray import small
 
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 PORTABLE = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "COMPATIBLE"}
 RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 FINGERPRINT = ("import torch; torch.set_num_threads(1); "
-               "from roll_lite.reproducibility import kernel_fingerprint; print(kernel_fingerprint())")
+               "from roll_lite.runtime.reproducibility import kernel_fingerprint; print(kernel_fingerprint())")
 VM_SQRT = ("import hashlib, torch; x = torch.arange(1, 100001, dtype=torch.float32) / 7; "
            "print(hashlib.sha256(x.sqrt().numpy().tobytes()).hexdigest()[:16])")  # MKL's vector math sqrt
 QEMU = shutil.which("qemu-x86_64-static")
@@ -115,7 +115,7 @@ def test_pinning_in_the_running_driver_gives_the_kernels_of_a_process_started_wi
     # process whose environment had them from the start (ATen reads its variable at its first op, MKL
     # at its first call), the same set again by hand (any case) is fine.
     code = ("import os; os.environ['mkl_cbwr'.upper()] = 'compatible'; "
-            "from roll_lite.reproducibility import pin_kernels; print(pin_kernels('portable')); " + FINGERPRINT)
+            "from roll_lite.runtime.reproducibility import pin_kernels; print(pin_kernels('portable')); " + FINGERPRINT)
     result = python(code)
     assert result.returncode == 0, result.stderr[-2000:]
     line, printed = result.stdout.strip().splitlines()
@@ -126,7 +126,7 @@ def test_pinning_in_the_running_driver_gives_the_kernels_of_a_process_started_wi
 def test_pinning_after_torch_computed_is_refused():
     if machine_kernels() == "AVX2":
         pytest.skip("this CPU's own kernels are the pinned ones: nothing to tell apart")
-    result = python("import torch; torch.ones(2).sum(); from roll_lite.reproducibility import pin_kernels; "
+    result = python("import torch; torch.ones(2).sum(); from roll_lite.runtime.reproducibility import pin_kernels; "
                     "pin_kernels('portable')")
     assert result.returncode != 0
     assert "torch computes with its" in result.stderr and "not AVX2" in result.stderr, result.stderr[-2000:]
@@ -149,7 +149,7 @@ from pathlib import Path
 import torch
 
 from roll_lite.pipelines.ppo import PPOPipeline
-from roll_lite.reproducibility import KERNEL_VARIABLES, kernel_fingerprint
+from roll_lite.runtime.reproducibility import KERNEL_VARIABLES, kernel_fingerprint
 
 REPORTS = Path(__file__).parent / "reports"
 
@@ -263,7 +263,7 @@ def test_a_joined_clusters_workers_get_the_variables_from_the_jobs_runtime_env(m
     def kernels_here():
         import torch
 
-        from roll_lite.reproducibility import KERNEL_VARIABLES, kernel_fingerprint
+        from roll_lite.runtime.reproducibility import KERNEL_VARIABLES, kernel_fingerprint
 
         torch.set_num_threads(1)
         return {"aten": torch.backends.cpu.get_cpu_capability(), "fingerprint": kernel_fingerprint(),
@@ -307,7 +307,7 @@ def test_grpo_group_std_is_the_float64_sqrt_rounded_to_float32_bit_for_bit():
 
 def test_a_portable_runs_model_workers_train_with_fused_adamw():
     from roll_lite.loss.checker import TINY_MODEL
-    from roll_lite.modeling import build_causal_lm
+    from roll_lite.model.modeling import build_causal_lm
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
     from roll_lite.workers.model_worker import strategy_config
 

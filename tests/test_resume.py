@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from roll_lite.checkpoint import layout
-from roll_lite.tracking import step_span
+from roll_lite.runtime.tracking import step_span
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from roll_lite.data.digits import noisy_demonstration, reverse_digits_rows, write_reverse_digits
-from roll_lite.tokenizer import build_char_tokenizer
+from roll_lite.model.tokenizer import build_char_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def test_char_tokenizer_roundtrip(tmp_path):
 
 
 def test_load_tokenizer_from_a_folder_and_errors(tmp_path):
-    from roll_lite.tokenizer import load_tokenizer
+    from roll_lite.model.tokenizer import load_tokenizer
 
     build_char_tokenizer().save_pretrained(tmp_path / "tok")
     assert load_tokenizer(str(tmp_path / "tok"))("42")["input_ids"] == build_char_tokenizer()("42")["input_ids"]

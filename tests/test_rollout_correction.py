@@ -20,7 +20,7 @@ from roll_lite.loss import (
     sequence_policy_loss_func,
 )
 from roll_lite.loss.checker import TINY_MODEL
-from roll_lite.modeling import build_causal_lm
+from roll_lite.model.modeling import build_causal_lm
 from roll_lite.rollout import HFEngine, SamplingParams
 
 MASK = torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]])

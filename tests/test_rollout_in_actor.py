@@ -7,10 +7,10 @@ import torch
 from roll_lite.config import RunConfig
 from roll_lite.loss import ppo_policy_loss_func
 from roll_lite.loss.checker import random_rl_batch
-from roll_lite.modeling import load_causal_lm
+from roll_lite.model.modeling import load_causal_lm
 from roll_lite.rollout import SamplingParams
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
-from roll_lite.tokenizer import load_tokenizer
+from roll_lite.model.tokenizer import load_tokenizer
 from roll_lite.workers.rollout_worker import RolloutWorker
 
 

@@ -8,8 +8,8 @@ from distributed_harness import OPTIMIZER_CASE, OPTIMIZER_SETTINGS, global_batch
 
 from roll_lite.data import DataProto
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch
-from roll_lite.metrics import reduce_metrics
-from roll_lite.modeling import build_causal_lm
+from roll_lite.runtime.metrics import reduce_metrics
+from roll_lite.model.modeling import build_causal_lm
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 from roll_lite.strategy.micro_batches import micro_batch_groups
 

@@ -7,7 +7,7 @@ import torch
 
 from roll_lite.loss import sft_loss_func
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch
-from roll_lite.modeling import build_causal_lm
+from roll_lite.model.modeling import build_causal_lm
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 
 

@@ -15,7 +15,7 @@ from roll_lite.environments.example_tools import calculator
 from roll_lite.environments.tool_calls import ToolCall, ToolCallError, parse_qwen, read_calls
 from roll_lite.environments.tools import tool_schema
 from roll_lite.environments.turns import observation_ids
-from roll_lite.tokenizer import build_char_tokenizer
+from roll_lite.model.tokenizer import build_char_tokenizer
 from test_turns import TEMPLATE
 
 CALCULATOR = "roll_lite.environments.example_tools:calculator"

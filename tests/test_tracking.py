@@ -1,11 +1,11 @@
-"""RunLogger (roll_lite/tracking.py) on resume: metrics.jsonl is cut back to the checkpoint and
+"""RunLogger (roll_lite/runtime/tracking.py) on resume: metrics.jsonl is cut back to the checkpoint and
 continued, and the run directory's wandb run (real wandb, offline) is continued under the same id,
 without sending again the steps the stopped run had already logged."""
 
 import json
 import re
 
-from roll_lite.tracking import WANDB_ID_FILE, RunLogger, step_span
+from roll_lite.runtime.tracking import WANDB_ID_FILE, RunLogger, step_span
 
 
 def test_a_resumed_run_continues_metrics_jsonl_and_its_wandb_run(tmp_path):

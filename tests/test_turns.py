@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from roll_lite.environments.turns import TemplateError, Trajectory, observation_ids, trajectory_batch
-from roll_lite.tokenizer import build_char_tokenizer
+from roll_lite.model.tokenizer import build_char_tokenizer
 
 # Qwen's shape with the character tokenizer's specials: <bos> opens a turn, <eos> (the EOS) ends it,
 # and a newline follows the end of every turn

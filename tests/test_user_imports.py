@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import doc_commands
-from roll_lite.importing import enter_import_root, load_object, roll_lite_dir
+from roll_lite.runtime.importing import enter_import_root, load_object, roll_lite_dir
 
 from test_pipeline_ray import SMALL
 

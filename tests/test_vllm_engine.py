@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from roll_lite.modeling import build_causal_lm
+from roll_lite.model.modeling import build_causal_lm
 from roll_lite.rollout import SamplingParams
 from roll_lite.rollout.vllm_engine import (
     VLLMEngine,

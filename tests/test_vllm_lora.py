@@ -143,7 +143,7 @@ def engine_checks(tied: bool, folder: str) -> dict:
     from vllm_checks import PROMPT_LENGTH, actor_log_probs, gap, model_settings
 
     from roll_lite.errors import StaleRolloutWeights
-    from roll_lite.modeling import build_causal_lm
+    from roll_lite.model.modeling import build_causal_lm
     from roll_lite.pipelines.fresh_weights import check_fresh_weights
     from roll_lite.rollout import SamplingParams, vllm_engine
 

@@ -1,6 +1,6 @@
 import torch
 
-from roll_lite.weights import flatten_state_dict, unflatten_state_dict
+from roll_lite.model.weights import flatten_state_dict, unflatten_state_dict
 
 
 def test_flatten_roundtrip_keeps_names_order_shapes_dtypes_and_values():

@@ -4,7 +4,7 @@ as Ray builds them). tests/test_failures.py sees them through real runs."""
 import ray
 import torch
 
-from roll_lite.failures import WorkerError
+from roll_lite.runtime.failures import WorkerError
 from roll_lite.workers.group import worker_error
 
 
@@ -57,7 +57,7 @@ PEER_DIED = """
 import os, time
 import ray
 from roll_lite.config import WorkersConfig
-from roll_lite.failures import WorkerError
+from roll_lite.runtime.failures import WorkerError
 from roll_lite.workers.group import WorkerCalls
 
 @ray.remote(num_cpus=0)

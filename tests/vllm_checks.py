@@ -20,7 +20,7 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave this proce
 import torch  # noqa: E402
 
 from roll_lite.errors import StaleRolloutWeights  # noqa: E402
-from roll_lite.modeling import build_causal_lm  # noqa: E402
+from roll_lite.model.modeling import build_causal_lm  # noqa: E402
 from roll_lite.pipelines.fresh_weights import check_fresh_weights  # noqa: E402
 from roll_lite.rollout import HFEngine, SamplingParams  # noqa: E402
 from roll_lite.rollout import vllm_engine  # noqa: E402

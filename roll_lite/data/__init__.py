@@ -2,7 +2,8 @@
 
 Kept light on purpose: importing roll_lite.data must not import `datasets` (tests/test_imports.py).
 The dataset modules are imported where they are used: files (read one file with `datasets`),
-prompts (validate, tokenize), sft (SFT rows and their target masks),
+prompts (validate, tokenize), sft (SFT rows and their target masks), sequences (token-id lists into
+batch tensors), masks (loss masks are 0/1),
 lengths (the length filter both share), sampler
 (seeded per-epoch order with a saved state), chat (chat templates), digits (the demo's data).
 """

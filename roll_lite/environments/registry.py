@@ -1,5 +1,5 @@
 """Built-in environments by name, and resolving the config's `environment.name`: a registered name or a
-`package.module:Class` import path (roll_lite.importing.load_object)."""
+`package.module:Class` import path (roll_lite.runtime.importing.load_object)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def is_import_path(spec: str) -> bool:
 def resolve_environment(spec: str, search_cwd: bool = False) -> type:
     """The environment class `spec` names, checked against the contract's class side (TypeError)."""
     if is_import_path(spec):
-        from roll_lite.importing import load_object
+        from roll_lite.runtime.importing import load_object
 
         environment_class = load_object(spec, search_cwd=search_cwd)
     elif spec in ENVIRONMENTS:

@@ -69,7 +69,7 @@ def resolve_parser(spec: str) -> tuple[Callable, str | None]:
     if ":" not in spec:
         raise KeyError(f"unknown tool call parser '{spec}'; built in: {', '.join(sorted(PARSERS))}, "
                        "or name a package.module:function")
-    from roll_lite.importing import load_object
+    from roll_lite.runtime.importing import load_object
 
     parser = load_object(spec)
     if not callable(parser):

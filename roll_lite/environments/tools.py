@@ -173,7 +173,7 @@ def _resolve_tools(specs) -> dict:
     """name -> function, for the import paths (or functions) in `specs`."""
     if isinstance(specs, str) or not specs:
         raise ValueError(f"tools must be a non-empty list of package.module:function import paths, got {specs!r}")
-    from roll_lite.importing import load_object
+    from roll_lite.runtime.importing import load_object
 
     tools = {}
     for spec in specs:

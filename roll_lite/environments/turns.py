@@ -19,7 +19,7 @@ import torch
 
 from roll_lite.data import DataProto
 from roll_lite.data.chat import as_messages, render_chat
-from roll_lite.sequences import build_sequence_batch
+from roll_lite.data.sequences import build_sequence_batch
 
 # A conversation the template renders before the observation; only what follows its last assistant
 # turn's end-of-turn token is kept, so these contents never reach a trajectory.
@@ -82,7 +82,7 @@ class Trajectory:
 
 
 def trajectory_batch(trajectories: list[Trajectory], pad_token_id: int) -> DataProto:
-    """The rows of roll_lite.sequences.build_sequence_batch (prompt + response, right-padded:
+    """The rows of roll_lite.data.sequences.build_sequence_batch (prompt + response, right-padded:
     input_ids, attention_mask, response_mask on every token after the prompt, rollout_log_probs) and
     model_mask: the model's sampled tokens, the loss mask (the environment's tokens get 0 there and
     0 log-prob)."""

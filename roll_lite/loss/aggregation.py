@@ -14,20 +14,9 @@ from typing import Mapping
 
 import torch
 
+from roll_lite.data.masks import check_binary_mask
+
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-
-
-def check_binary_mask(mask: torch.Tensor, name: str) -> None:
-    """Masks are 0/1 (or bool): a token counts or it does not. Weighted masks are rejected rather
-    than binarised; to weight tokens, multiply the per-token loss by the weights instead."""
-    if mask.dtype == torch.bool:
-        return
-    if not bool(((mask == 0) | (mask == 1)).all()):
-        bad = mask[(mask != 0) & (mask != 1)]
-        raise ValueError(
-            f"mask '{name}' holds values other than 0 and 1 (e.g. {bad.flatten()[0].item()!r}); masks mark which "
-            "tokens count and are not weights: multiply the per-token loss by your weights instead"
-        )
 
 
 def zero_outside(mask: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

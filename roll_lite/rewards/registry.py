@@ -43,10 +43,10 @@ def is_import_path(spec: str) -> bool:
 
 def resolve_reward(spec: str, search_cwd: bool = False) -> RewardFn:
     """A registered name, or a `package.module:function` import path (with `search_cwd`, found from the
-    current directory after the installed packages, as roll_lite.importing.load_object does)."""
+    current directory after the installed packages, as roll_lite.runtime.importing.load_object does)."""
     if not is_import_path(spec):
         return get_reward(spec)
-    from roll_lite.importing import load_object
+    from roll_lite.runtime.importing import load_object
 
     fn = load_object(spec, search_cwd=search_cwd)
     if not callable(fn):

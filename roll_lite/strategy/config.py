@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from roll_lite.lora_settings import LoraSettings
+from roll_lite.lora.settings import LoraSettings
 
 LR_SCHEDULES = ("constant", "cosine")
 PARAM_DTYPES = ("float32", "bfloat16", "float64")

@@ -29,10 +29,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from roll_lite.attention import packed_attention_path
+from roll_lite.model.attention import packed_attention_path
 from roll_lite.data import DataProto, undo_permutation
-from roll_lite.metrics import reduce_metrics, to_float
-from roll_lite.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, decoder_layers
+from roll_lite.runtime.metrics import reduce_metrics, to_float
+from roll_lite.model.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, decoder_layers
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import init_distributed, resolve_device
 from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite, skipped_step_message
@@ -121,7 +121,7 @@ class FSDP2Strategy:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config))
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        """What the optimizer steps: every parameter, or with LoRA (roll_lite/lora.py) the adapters
+        """What the optimizer steps: every parameter, or with LoRA (roll_lite/lora/adapters.py) the adapters
         alone. Frozen parameters get no gradient, so clipping and the non-finite guard skip them too."""
         return [p for p in self.model.parameters() if p.requires_grad]
 

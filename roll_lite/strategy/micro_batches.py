@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 import torch
 
 from roll_lite.data import DataProto
-from roll_lite.loss import check_binary_mask
-from roll_lite.packing import karmarkar_karp, pack_rows, row_lengths, token_budget_groups, unpack_next_token_values
+from roll_lite.data.masks import check_binary_mask
+from roll_lite.model.packing import karmarkar_karp, pack_rows, row_lengths, token_budget_groups, unpack_next_token_values
 from roll_lite.strategy.config import StrategyConfig
 
 LossFunc = Callable[[DataProto, dict], tuple[torch.Tensor, dict]]

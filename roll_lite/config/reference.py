@@ -11,7 +11,7 @@ e.g. `actor` and `critic` from one `StrategyConfig`, shows its own) and its comm
 - comment lines right after a field whose own comment ends mid-sentence (`,` `;` `(` ...) continue it.
 
 A class docstring introduces its section. The docs build renders this page at build time
-(docs/hooks.py), so it cannot drift from the code; `python -m roll_lite.config_reference` prints it.
+(docs/hooks.py), so it cannot drift from the code; `python -m roll_lite.config.reference` prints it.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def render(root: Any = None) -> str:
         "# Configuration reference",
         "",
         "Every key of a run's config, generated from the config dataclasses "
-        "by `python -m roll_lite.config_reference > docs/configuration.md` (tests/test_docs.py checks that "
+        "by `python -m roll_lite.config.reference > docs/configuration.md` (tests/test_docs.py checks that "
         "this file is what the code renders), with the defaults of the dataclasses. A YAML file "
         "(`roll-train --config FILE`) sets some of them (`configs/ppo.yaml`, the embedded CPU default, "
         "sets the demo's data, warm start and algorithm), and `key=value` overrides come last. "

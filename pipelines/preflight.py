@@ -13,9 +13,9 @@ import os
 from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 from roll_lite.config import ConfigError, RunConfig
-from roll_lite.modeling import causal_lm_config
-from roll_lite.model_files import first_line, locate
-from roll_lite.tokenizer import load_tokenizer
+from roll_lite.model.modeling import causal_lm_config
+from roll_lite.model.files import first_line, locate
+from roll_lite.model.tokenizer import load_tokenizer
 
 
 def check_run(config: RunConfig) -> PretrainedConfig:
@@ -46,7 +46,7 @@ def _check_lora_targets(config: RunConfig, model_config: PretrainedConfig) -> No
     import torch
     from transformers import AutoModelForCausalLM
 
-    from roll_lite.lora import target_modules
+    from roll_lite.lora.adapters import target_modules
 
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(model_config, trust_remote_code=config.model.trust_remote_code)

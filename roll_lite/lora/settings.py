@@ -1,4 +1,4 @@
-"""The `lora` keys of a trained role (actor.lora, critic.lora): roll_lite/lora.py applies them."""
+"""The `lora` keys of a trained role (actor.lora, critic.lora): roll_lite/lora/adapters.py applies them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 @dataclass
 class LoraSettings:
     """LoRA adapters (peft) on the model's Linear layers: only they train, the base stays frozen
-    (roll_lite/lora.py, docs/lora.md)."""
+    (roll_lite/lora/adapters.py, docs/lora.md)."""
 
     rank: int = 0  # r; 0: no adapters, every weight trains
     alpha: float = 16.0  # the adapter's output is scaled by alpha / rank

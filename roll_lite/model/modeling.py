@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from roll_lite.attention import register_attention
-from roll_lite.logprobs import chunked_log_probs
+from roll_lite.model.attention import register_attention
+from roll_lite.model.logprobs import chunked_log_probs
 
 
 def build_causal_lm(model_config: Mapping[str, Any] | PretrainedConfig, dtype: torch.dtype = torch.float32, seed: int | None = None) -> nn.Module:

@@ -36,8 +36,8 @@ environment before torch computes anything. roll-train sets them in the driver b
 cluster's workers get them from the job's runtime_env (workers/cluster.py); each worker checks what it
 got (check_kernels). For processes you start yourself:
 
-    eval "$(python -m roll_lite.reproducibility portable)"     # prints the export lines
-    python -m roll_lite.reproducibility --fingerprint          # compare it between two machines
+    eval "$(python -m roll_lite.runtime.reproducibility portable)"     # prints the export lines
+    python -m roll_lite.runtime.reproducibility --fingerprint          # compare it between two machines
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def check_kernels(setting: str) -> None:
             f"reproducible={setting}: torch computes with its {aten} kernels here, not {ATEN_KERNELS[setting]}: "
             f"this CPU lacks {ATEN_KERNELS[setting]}, or torch computed something in this process before "
             f"ATEN_CPU_CAPABILITY was set (start Python with the variables set: "
-            f"eval \"$(python -m roll_lite.reproducibility {setting})\")")
+            f"eval \"$(python -m roll_lite.runtime.reproducibility {setting})\")")
 
 
 def describe(setting: str) -> str:
@@ -156,7 +156,7 @@ def main(argv: list[str]) -> int:
               f"{torch.get_num_threads()} threads)")
         return 0
     if len(argv) != 1 or argv[0] not in SETTINGS:
-        print(f"usage: python -m roll_lite.reproducibility {{{','.join(SETTINGS)}}} | --fingerprint", file=sys.stderr)
+        print(f"usage: python -m roll_lite.runtime.reproducibility {{{','.join(SETTINGS)}}} | --fingerprint", file=sys.stderr)
         return 2
     for name, value in kernel_env(argv[0]).items():
         print(f"export {name}={value}")

@@ -19,7 +19,7 @@ import string
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from roll_lite.model_files import first_line, locate
+from roll_lite.model.files import first_line, locate
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARACTERS = string.digits + string.ascii_lowercase + string.ascii_uppercase + " =+-*/.,:;?!()<>[]{}#'\"_\n"

@@ -12,7 +12,7 @@ a demonstrator, as JSONL files.
 
 Regenerate the files, byte for byte, with
 
-    python -m roll_lite.data.guessing data/guess_the_number
+    python -m roll_lite.environments.guess_the_number_data data/guess_the_number
 """
 
 from __future__ import annotations

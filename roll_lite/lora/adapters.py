@@ -7,7 +7,7 @@ so the strategy, the decoder-layer sharding and the chunked log-prob head see th
 without LoRA. Names here are the model's own (`model.layers.0.self_attn.q_proj.lora_A.default.weight`);
 `peft_names` turns them into what `PeftModel.save_pretrained` writes.
 
-The LM head is never adapted: the chunked log-prob head (roll_lite/logprobs.py) multiplies by its
+The LM head is never adapted: the chunked log-prob head (roll_lite/model/logprobs.py) multiplies by its
 weight directly, so an adapter there would be skipped in training. Only nn.Linear modules are.
 """
 
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from roll_lite.errors import ConfigError
-from roll_lite.lora_settings import LoraSettings
+from roll_lite.lora.settings import LoraSettings
 
 ADAPTER = "default"  # peft's adapter name; one adapter per model
 ADAPTER_TENSOR = re.compile(r"\.lora_[AB]\.")

@@ -4,7 +4,7 @@ Each decoder layer's `forward` is compiled, not the module: FSDP2's hooks (regis
 module) and HF's activation checkpointing (its `__call__`) stay outside the compiled code, and the
 parameter names do not change (no `_orig_mod.` in checkpoints or weight syncs). All layers share one
 compiled graph (they run the same code on tensors of the same shapes). Packed attention runs eagerly
-between the two compiled parts of a layer (roll_lite/attention.py).
+between the two compiled parts of a layer (roll_lite/model/attention.py).
 
 Shapes are dynamic from the start (`dynamic=True`): a micro-batch's token count changes every step,
 and a static compile would compile again for the second length seen. A compile still happens for
