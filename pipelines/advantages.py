@@ -20,15 +20,18 @@ def estimate_advantages(a: AlgorithmConfig, token_rewards: torch.Tensor, batch: 
                         mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(advantages, returns for the critic or None). The estimator's raw advantages, whitened over the
     masked tokens when algorithm.whiten_advantages says so (default: gae and reinforce_pp); the
-    critic's returns are built from the raw GAE advantages."""
+    critic's returns are built from the raw GAE advantages. Rows the rewards left unscored under
+    reward.on_failure=drop (batch["scored"] false; their mask is already 0) stay out of the group
+    baselines."""
     returns = None
+    valid = batch["scored"] if "scored" in batch else None
     if a.advantage == "gae":
         advantages, returns = gae_advantages(token_rewards, batch["values"], mask, a.gamma, a.lam)
     elif a.advantage in ("grpo", "dr_grpo"):
         shaped = token_rewards.sum(-1)  # the score, minus the KL penalty when it is in the reward
-        advantages = grpo_advantages(shaped, batch["group_ids"], mask, normalize_std=a.advantage == "grpo")
+        advantages = grpo_advantages(shaped, batch["group_ids"], mask, normalize_std=a.advantage == "grpo", valid=valid)
     elif a.advantage == "rloo":
-        advantages = rloo_advantages(token_rewards.sum(-1), batch["group_ids"], mask)
+        advantages = rloo_advantages(token_rewards.sum(-1), batch["group_ids"], mask, valid=valid)
     else:  # reinforce_pp: discounted returns, whitened below (reinforce_pp_advantages)
         advantages = discounted_returns(token_rewards, mask, a.gamma)
     if whitens_advantages(a.advantage, a.whiten_advantages):

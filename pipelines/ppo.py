@@ -39,6 +39,7 @@ from .rollout_schedule import RolloutSchedule
 from .run_log import describe_async_rollout, fmt, oversubscribed_cpu_warning, progress_line
 from .session import RunSession
 from .sft import SFTPipeline
+from .unscored import drop_unscored
 
 logger = logging.getLogger("roll_lite")
 
@@ -186,6 +187,7 @@ class PPOPipeline:
         generated = time.perf_counter()
 
         batch, scores, token_rewards, reward_metrics = self.rewards(batch)
+        reward_metrics = drop_unscored(batch, self.loss_mask_key, scores, {"reward/mean": scores.mean().item(), **reward_metrics})
         batch.meta_info["temperature"] = self.config.rollout.temperature  # every log-prob below at the sampling one
         mask = batch[self.loss_mask_key]
 
@@ -215,7 +217,6 @@ class PPOPipeline:
         elapsed = time.perf_counter() - start
         tokens = int(batch["attention_mask"].sum())
         return {
-            "reward/mean": scores.mean().item(),
             **reward_metrics,
             **{f"actor/{k}": v for k, v in actor_metrics.items()},
             **{f"critic/{k}": v for k, v in critic_metrics.items()},
@@ -253,10 +254,15 @@ class PPOPipeline:
 
     def score(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         """The reward functions on each row: its response text, answer and extra dataset fields
-        (non_tensor_batch["extra"], one dict per row, when the data provides them)."""
+        (non_tensor_batch["extra"], one dict per row, when the data provides them). With
+        reward.on_failure=drop it also marks the rows every function scored: batch["scored"]."""
         extras = batch.non_tensor_batch.get("extra")
-        return self.reward.score(list(batch.non_tensor_batch["response_text"]), list(batch.non_tensor_batch["answer"]),
-                                 None if extras is None else list(extras))
+        scores, scored, metrics = self.reward.score(list(batch.non_tensor_batch["response_text"]),
+                                                    list(batch.non_tensor_batch["answer"]),
+                                                    None if extras is None else list(extras))
+        if self.config.reward.on_failure == "drop":
+            batch.batch["scored"] = scored
+        return scores, metrics
 
     def compute_advantages(self, scores, token_rewards, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(advantages, returns for the critic or None): algorithm.advantage's estimator

@@ -27,7 +27,7 @@ def length_score(response: str) -> float:
 class LengthReward:
     def score(self, responses, answers, *extra):
         values = torch.tensor([length_score(r) for r in responses])
-        return values, {"reward/length": values.mean().item()}
+        return values, torch.ones(len(values), dtype=torch.bool), {"reward/length": values.mean().item()}
 
 
 class Recording:

@@ -174,6 +174,11 @@ def test_the_pipeline_refuses_a_run_without_an_environment():
         MultiTurnPipeline(load_config(None, ["pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline"]))
 
 
+def test_the_pipeline_refuses_to_drop_unscored_responses_for_now(rows_file):
+    with pytest.raises(ConfigError, match="reward.on_failure: drop is not supported by MultiTurnPipeline yet"):
+        pipeline_for(rows_file, "reward.on_failure=drop")
+
+
 def test_final_reward_adds_the_reward_functions_score_on_the_last_turn(rows_file, monkeypatch):
     pipeline = pipeline_for(rows_file, "environment.final_reward=true")
     episodes = [episode(0, 0, [(2, 0.5), (2, 0.0)]), episode(0, 1, [(1, 0.0)], end="fault", fault="raised")]

@@ -49,3 +49,30 @@ def test_reinforce_pp_whitens_by_default():
     assert ret is None and adv[MASK.bool()].tolist() == pytest.approx([-1 / s3, -1 / s3, 2 / s3], rel=1e-6)
     adv, _ = advantages("algorithm.advantage=reinforce_pp", "algorithm.whiten_advantages=false")
     assert adv[MASK.bool()].tolist() == pytest.approx([1.0, 1.0, 2.0])
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
+def test_unscored_rows_leave_their_groups_baselines(estimator):
+    """reward.on_failure=drop: the estimator on the scored rows alone, group by group; unscored rows and
+    the rows of a group left with fewer than two scored ones get 0."""
+    from roll_lite.data import DataProto
+    from roll_lite.pipelines.unscored import drop_unscored
+
+    pipeline = PPOPipeline(load_config(None, ["rollout.num_samples=4", f"algorithm.advantage={estimator}"]))
+    scores = torch.tensor([1.0, 0.0, 7.0, 0.5, 3.0, 2.0, 9.0, 1.0], dtype=D)
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    scored = torch.tensor([True, True, False, True, True, False, False, False])  # group 1 keeps one row
+    mask = torch.tensor([[0, 1, 1]] * 8)
+    rewards = torch.zeros(8, 3, dtype=D)
+    rewards[:, 2] = scores
+    batch = DataProto({"response_mask": mask.clone(), "group_ids": groups, "scored": scored})
+    metrics = drop_unscored(batch, "response_mask", scores.float(), {"reward/mean": 0.0})
+    assert batch["response_mask"][~scored].sum() == 0 and torch.equal(batch["response_mask"][scored], mask[scored])
+    assert metrics["reward/dropped"] == 4 and metrics["reward/mean"] == pytest.approx((1.0 + 0.0 + 0.5 + 3.0) / 4)
+
+    advantages, _ = pipeline.compute_advantages(scores, rewards, batch)
+    kept = [0, 1, 3]  # group 0's scored rows
+    alone = PPOPipeline(load_config(None, ["rollout.num_samples=3", f"algorithm.advantage={estimator}"]))
+    expected, _ = alone.compute_advantages(scores[kept], rewards[kept], {"response_mask": mask[kept], "group_ids": groups[kept]})
+    assert torch.equal(advantages[kept], expected)
+    assert advantages[[2, 4, 5, 6, 7]].abs().sum() == 0  # unscored, or alone in its group

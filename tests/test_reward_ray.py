@@ -1,6 +1,6 @@
 """A user's reward module, named by import path, in a one-step roll-train run on Ray: the reward
 worker imports it from the directory the driver found it in, a function that raises on every call
-gives 0 and is counted, and the run goes on."""
+is counted and, under reward.on_failure=drop, takes every response out of the loss; the run goes on."""
 
 import json
 import os
@@ -30,29 +30,33 @@ def broken(response, ground_truth, extra):
 '''
 
 
-def test_a_user_reward_module_scores_a_ray_run_and_a_raising_one_is_counted(tmp_path):
+def test_a_user_reward_module_scores_a_ray_run_and_a_raising_one_is_counted_and_dropped(tmp_path):
     user_dir, output = tmp_path / "user", tmp_path / "out"
     user_dir.mkdir()
     (user_dir / "my_rewards_for_ray.py").write_text(textwrap.dedent(USER_REWARDS))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     command = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *small(tmp_path),
                "reward.functions={my_rewards_for_ray:score: 1.0, my_rewards_for_ray:broken: 2.0}",  # replaces SMALL's
-               "steps=1", "eval_every=1", "save_model=false", f"output_dir={output}", "run_name=rewards"]
+               "reward.on_failure=drop", "steps=1", "eval_every=1", "save_model=false", f"output_dir={output}",
+               "run_name=rewards"]
     result = subprocess.run(command, cwd=user_dir, capture_output=True, text=True, timeout=600,
                             env={**env, "RAY_AUTH_MODE": "disabled"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [json.loads(line) for line in (output / "rewards" / "metrics.jsonl").read_text().splitlines()]
     step = records[1]
     rows = 4 * 8  # grpo.yaml: prompts_per_step × num_samples
-    assert step["reward/mean"] == 0.25  # 1.0 · 0.25 + 2.0 · 0 (every broken call gives 0)
     assert step["reward/my_rewards_for_ray:score"] == 0.25
     assert step["reward/my_rewards_for_ray:score/failed"] == 0 and step["reward/my_rewards_for_ray:score/timed_out"] == 0
-    assert step["reward/my_rewards_for_ray:broken/failed"] == rows
+    assert step["reward/my_rewards_for_ray:broken/failed"] == rows and step["reward/unscored"] == rows
+    # drop: no response was scored by every function, so none is in the loss: zero loss, zero gradient
+    assert step["reward/dropped"] == rows and step["reward/mean"] == 0.0 and step["actor/grad_norm"] == 0.0
     assert records[0]["eval/reward/my_rewards_for_ray:broken/failed"] == 8  # the 8 eval prompts of the SMALL data
     assert "reward/token_accuracy" not in step  # the override replaced SMALL's reward.functions
-    warning = f"reward my_rewards_for_ray:broken: {rows} of {rows} responses scored 0 ({rows} failed, 0 timed out); " \
-              "first: RuntimeError: no luck"
+    warning = (f"rewards: {rows} of {rows} responses unscored (my_rewards_for_ray:broken: {rows} failed), taken out of "
+               "the loss and their groups' baselines (reward.on_failure=drop); first: my_rewards_for_ray:broken: "
+               "RuntimeError: no luck")
     assert warning in result.stdout + result.stderr
+    assert "rewards: no response of this step was scored (reward.on_failure=drop)" in result.stdout + result.stderr
     # Called in the reward worker's guarded process, not in the driver (which only imported it to check it).
     calls = [json.loads(p.read_text()) for p in user_dir.glob("called-*.json")]
     assert len(calls) == 1, calls

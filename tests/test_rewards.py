@@ -110,26 +110,37 @@ def user_rewards(tmp_path, monkeypatch):
     sys.modules.pop("user_rewards_for_test", None)
 
 
-def test_runner_gives_zero_to_calls_that_raise_hang_crash_or_return_no_number(user_rewards):
+def test_runner_gives_a_typed_outcome_to_calls_that_raise_hang_crash_or_return_no_number(user_rewards):
     runner = RewardRunner([f"{user_rewards}:flaky"], timeout_s=1.0)
     try:
         responses = ["ab", "raise", "abc", "hang", "a", "nan", "text", "crash", "abcd"]
         start = time.monotonic()
-        outcome = runner.score(f"{user_rewards}:flaky", responses, ["x"] * 9, [{}] * 9)
+        outcomes = runner.score(f"{user_rewards}:flaky", responses, ["x"] * 9, [{}] * 9)
         elapsed = time.monotonic() - start
-        assert outcome.scores == [2.0, 0.0, 3.0, 0.0, 1.0, 0.0, 0.0, 0.0, 4.0]
-        assert (outcome.failed, outcome.timed_out) == (4, 1)  # raise, nan, text, crash; hang
-        assert outcome.first_error == "ValueError: cannot score raise"
+        assert [o.value for o in outcomes] == [2.0, 0.0, 3.0, 0.0, 1.0, 0.0, 0.0, 0.0, 4.0]
+        assert [o.kind for o in outcomes] == ["ok", "failed", "ok", "timed_out", "ok", "failed", "failed", "failed", "ok"]
+        assert outcomes[1].reason == "ValueError: cannot score raise"
+        assert all(o.reason for o in outcomes if not o.ok)
         # The hang is bounded by the timeout (plus two restarts of the process: hang and crash).
         assert 1.0 <= elapsed < 15.0, elapsed
         assert runner.process.starts == 3
         # The process goes on serving the next batch.
         again = runner.score(f"{user_rewards}:flaky", ["hang", "abcde"], ["x", "x"], [{}, {}])
-        assert again.scores == [0.0, 5.0] and again.timed_out == 1
-        assert again.first_error == "no result within reward.timeout_s=1 s"
+        assert [(o.kind, o.value) for o in again] == [("timed_out", 0.0), ("ok", 5.0)]
+        assert again[0].reason == "no result within reward.timeout_s=1 s"
     finally:
         runner.close()
     assert runner.process.process.poll() is not None  # closed: nothing left running
+
+
+def test_a_score_is_ok_with_a_finite_value_or_names_why_it_is_not():
+    from roll_lite.rewards.outcomes import Score, failed, scored, unparseable
+
+    assert scored(0.5).ok and not failed("boom").ok and unparseable("no verdict").kind == "unparseable"
+    for bad in (dict(kind="ok", value=float("nan")), dict(kind="failed", reason=None), dict(kind="failed", value=1.0, reason="x"),
+                dict(kind="zero")):
+        with pytest.raises(ValueError):
+            Score(**bad)
 
 
 def test_reward_worker_weights_functions_passes_extras_and_counts_failures(user_rewards, caplog):
@@ -137,37 +148,41 @@ def test_reward_worker_weights_functions_passes_extras_and_counts_failures(user_
                           timeout_s=2.0)
     try:
         with caplog.at_level(logging.WARNING, logger="roll_lite.rewards"):
-            scores, metrics = worker.score(["12", "raise", "7"], ["12", "3", "7"],
-                                           [{"weight": 2.0}, {"weight": 4.0}, {"weight": 1.0}])
-        # exact: [1, 0, 1]; by_extra: weight * exact = [2, 0, 1]; flaky: len = [2, 0 (raised), 1]
+            scores, scored, metrics = worker.score(["12", "raise", "7"], ["12", "3", "7"],
+                                                   [{"weight": 2.0}, {"weight": 4.0}, {"weight": 1.0}])
+        # exact: [1, 0, 1]; by_extra: weight * exact = [2, 0, 1]; flaky: len = [2, failed, 1]
         assert scores.tolist() == pytest.approx([1 + 0.5 * 2 + 0.25 * 2, 0.0, 1 + 0.5 * 1 + 0.25 * 1])
+        assert scored.tolist() == [True, False, True]
         assert metrics["reward/exact_answer"] == pytest.approx(2 / 3)
         assert metrics[f"reward/{user_rewards}:by_extra"] == pytest.approx(1.0)
-        assert metrics[f"reward/{user_rewards}:flaky"] == pytest.approx(1.0)
+        assert metrics[f"reward/{user_rewards}:flaky"] == pytest.approx(1.5)  # over the two rows it scored
         assert metrics[f"reward/{user_rewards}:flaky/failed"] == 1.0
         assert metrics[f"reward/{user_rewards}:flaky/timed_out"] == 0.0
-        assert metrics["reward/exact_answer/failed"] == 0.0
+        assert metrics[f"reward/{user_rewards}:flaky/unparseable"] == 0.0
+        assert metrics["reward/exact_answer/failed"] == 0.0 and metrics["reward/unscored"] == 1.0
         warnings = [r.getMessage() for r in caplog.records]
-        assert warnings == [f"reward {user_rewards}:flaky: 1 of 3 responses scored 0 (1 failed, 0 timed out); "
-                            "first: ValueError: cannot score raise"]
+        assert warnings == [f"rewards: 1 of 3 responses unscored ({user_rewards}:flaky: 1 failed), scored 0 by those "
+                            f"functions (reward.on_failure=zero); first: {user_rewards}:flaky: ValueError: cannot score raise"]
         # No extras (the pipeline has none): by_extra finds no 'weight' and fails on every row.
-        scores, metrics = worker.score(["1"], ["1"], None)
+        scores, scored, metrics = worker.score(["1"], ["1"], None)
         assert scores.tolist() == [1.0 + 0.25 * 1] and metrics[f"reward/{user_rewards}:by_extra/failed"] == 1.0
+        assert scored.tolist() == [False]
     finally:
         worker.close()
 
 
 def test_an_inline_built_in_that_raises_is_counted_too():
     worker = RewardWorker({"token_accuracy": 1.0})
-    scores, metrics = worker.score(["12", None], ["12", "3"])  # None has no .strip()
+    scores, scored, metrics = worker.score(["12", None], ["12", "3"])  # None has no .strip()
     assert scores.tolist() == [1.0, 0.0] and metrics["reward/token_accuracy/failed"] == 1.0
+    assert scored.tolist() == [True, False]
 
 
 def test_math_runs_in_the_guarded_process():
     worker = RewardWorker({"math": 1.0}, timeout_s=30.0)
     try:
         assert worker.runner.process is not None and not worker.runner.inline
-        scores, metrics = worker.score(["\\boxed{\\frac{1}{2}}", "\\boxed{2}", "none"], ["0.5", "3", "1"])
+        scores, _, metrics = worker.score(["\\boxed{\\frac{1}{2}}", "\\boxed{2}", "none"], ["0.5", "3", "1"])
         assert scores.tolist() == [1.0, 0.0, 0.0] and metrics["reward/math/failed"] == 0.0
     finally:
         worker.close()

@@ -286,13 +286,14 @@ class RewardClient:
         reward = config.reward
         self._get = WorkerCalls("reward", config.workers).get
         if reward.in_driver:
-            self.worker, self.local = None, RewardWorker(dict(reward.functions), reward.timeout_s)
+            self.worker, self.local = None, RewardWorker(dict(reward.functions), reward.timeout_s,
+                                                         on_failure=reward.on_failure)
             return
         # The worker imports the user's reward modules from where the driver found them.
         roots = sorted({import_root(spec) for spec in reward.functions if is_import_path(spec)} - {None})
         self.local = None
         self.worker = ray.remote(RewardWorker).options(num_cpus=0).remote(
-            dict(reward.functions), reward.timeout_s, roots, roll_lite_dir())
+            dict(reward.functions), reward.timeout_s, roots, roll_lite_dir(), reward.on_failure)
 
     def describe(self) -> str:
         if self.local is not None:
@@ -301,7 +302,8 @@ class RewardClient:
         return "rewards: scored by a reward worker of its own"
 
     def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None):
-        """(scores, metrics); `extras`: each row's extra dataset fields, None when there are none."""
+        """(scores, scored rows, metrics) (RewardWorker.score); `extras`: each row's extra dataset
+        fields, None when there are none."""
         if self.local is not None:
             return self.local.score(responses, answers, extras)
         return self._get(self.worker.score.remote(responses, answers, extras), "score")

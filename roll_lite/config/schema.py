@@ -133,6 +133,11 @@ class RewardConfig:
     # A YAML file's or a `reward.functions={...}` override's dict replaces this one (no merging).
     functions: dict[str, float] = field(default_factory=lambda: {"exact_answer": 1.0})
     timeout_s: float = 5.0  # per call, for functions run in the guarded process (math, the user's)
+    # a response some function did not score (it raised, returned no finite number, crashed or timed out:
+    # reward/<name>/failed, /timed_out; reward/unscored): zero = that function adds 0 and the response
+    # trains on the rest; drop = the response leaves the loss and its group's baseline (GRPO, RLOO, ...
+    # use the group's other responses; a group left with one has no advantage)
+    on_failure: str = "zero"
     # Where the scoring runs. null: in the driver when every function is a cheap built-in string rule
     # (a Ray round trip to a reward worker would cost more than the scoring), else a reward worker of
     # its own; true: the driver (only for cheap built-ins); false: always a reward worker.

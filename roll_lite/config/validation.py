@@ -60,6 +60,7 @@ def validate(config: RunConfig) -> None:
         check_reward_config(config.reward.functions, config.reward.timeout_s)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    _one_of(config.reward.on_failure, ("zero", "drop"), "reward.on_failure")
     if config.reward.in_driver and (guarded := rewards_needing_a_worker(config.reward.functions)):
         raise ConfigError(f"reward.in_driver: true scores only cheap built-in rules ({', '.join(sorted(CHEAP_REWARDS))}) "
                           f"in the driver; {', '.join(guarded)} run(s) in the reward worker's guarded process. "

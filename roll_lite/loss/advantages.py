@@ -49,9 +49,13 @@ def _group_statistics(scores: torch.Tensor, group_ids: torch.Tensor):
     return inverse, counts, sums, means, stds
 
 
-def grpo_advantages(scores, group_ids, response_mask, normalize_std: bool = True, eps: float = 1e-6):
+def grpo_advantages(scores, group_ids, response_mask, normalize_std: bool = True, eps: float = 1e-6, valid=None):
     """GRPO: (score - group mean) / (group std + eps) on every response token. With
-    normalize_std=False it is Dr. GRPO's advantage (no std division)."""
+    normalize_std=False it is Dr. GRPO's advantage (no std division). `valid` ([rows] bool, optional):
+    only those rows make their group's statistics; the others, and every row of a group left with
+    fewer than two valid rows, get 0 (reward.on_failure=drop)."""
+    if valid is not None:
+        return _over_valid_rows(grpo_advantages, scores, group_ids, response_mask, valid, normalize_std=normalize_std, eps=eps)
     inverse, _, _, means, stds = _group_statistics(scores, group_ids)
     advantages = scores - means[inverse]
     if normalize_std:
@@ -59,14 +63,30 @@ def grpo_advantages(scores, group_ids, response_mask, normalize_std: bool = True
     return advantages[:, None] * response_mask.to(scores.dtype)
 
 
-def rloo_advantages(scores, group_ids, response_mask):
-    """RLOO: score minus the mean score of the other samples of the same prompt."""
+def rloo_advantages(scores, group_ids, response_mask, valid=None):
+    """RLOO: score minus the mean score of the other samples of the same prompt. `valid`: as in
+    grpo_advantages."""
+    if valid is not None:
+        return _over_valid_rows(rloo_advantages, scores, group_ids, response_mask, valid)
     inverse, counts, sums, _, _ = _group_statistics(scores, group_ids)
     if bool((counts < 2).any()):
         raise ValueError("RLOO needs at least 2 samples per prompt (rollout.num_samples >= 2)")
     n = counts[inverse].to(scores.dtype)
     baseline = (sums[inverse] - scores) / (n - 1)
     return (scores - baseline)[:, None] * response_mask.to(scores.dtype)
+
+
+def _over_valid_rows(estimator, scores, group_ids, response_mask, valid, **options):
+    """`estimator` on the valid rows of the groups that keep at least two of them; 0 elsewhere."""
+    valid = valid.bool()
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    valid_per_group = torch.zeros(int(inverse.max()) + 1 if len(inverse) else 0, dtype=torch.long).index_add_(
+        0, inverse, valid.long())
+    rows = (valid & (valid_per_group[inverse] >= 2)).nonzero().flatten()
+    advantages = torch.zeros(response_mask.shape, dtype=scores.dtype, device=scores.device)
+    if len(rows):
+        advantages[rows] = estimator(scores[rows], group_ids[rows], response_mask[rows], **options)
+    return advantages
 
 
 def discounted_returns(rewards, response_mask, gamma: float = 1.0):

@@ -1,5 +1,6 @@
-"""Calling the configured reward functions on a batch: a call that raises, returns no finite number
-or runs past `reward.timeout_s` gives that response 0 and is counted; the batch goes on.
+"""Calling the configured reward functions on a batch: one typed outcome per response (outcomes.py).
+A call that raises, returns no finite number or crashes is `failed`, one that runs past
+`reward.timeout_s` is `timed_out`; either costs that response only, and the batch goes on.
 
 Cheap built-ins (registry.CHEAP_REWARDS: exact_answer, token_accuracy, format, digits_only) run
 inline, in this process: they are pure string rules with bounded time, and a round trip to another
@@ -9,20 +10,9 @@ guarded child process (guarded.py) that is killed and started again when a call 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from roll_lite.rewards.calls import call
+from roll_lite.rewards.outcomes import Score, failed, scored, timed_out
 from roll_lite.rewards.registry import is_cheap, resolve_reward
-
-
-@dataclass
-class Outcome:
-    """One function over one batch: a score per response (0 where the call failed)."""
-
-    scores: list[float]
-    failed: int = 0  # raised, returned a non-number / nan / inf, or crashed the process
-    timed_out: int = 0
-    first_error: str | None = None
 
 
 class RewardRunner:
@@ -34,20 +24,14 @@ class RewardRunner:
         guarded = [spec for spec in specs if spec not in self.inline]
         self.process = GuardedProcess(guarded) if guarded else None
 
-    def score(self, spec: str, responses: list[str], answers: list[str], extras: list[dict]) -> Outcome:
+    def score(self, spec: str, responses: list[str], answers: list[str], extras: list[dict]) -> list[Score]:
         items = list(zip(responses, answers, extras))
         if spec in self.inline:
             results = [(*call(self.inline[spec], *item), False) for item in items]
         else:
             results = self.process.score(spec, items, self.timeout_s)
-        outcome = Outcome([score for score, _, _ in results])
-        for _, reason, timed_out in results:
-            if reason is None:
-                continue
-            outcome.timed_out += timed_out
-            outcome.failed += not timed_out
-            outcome.first_error = outcome.first_error or reason
-        return outcome
+        return [scored(value) if reason is None else timed_out(reason) if late else failed(reason)
+                for value, reason, late in results]
 
     def close(self) -> None:
         if self.process is not None:
