@@ -27,7 +27,7 @@ from roll_lite.loss.advantages import kl_shaped_rewards, last_token_rewards
 from roll_lite.runtime.progress import progress_bar, seconds_in_all
 from roll_lite.rollout import SamplingParams
 from roll_lite.rollout.ahead import staleness
-from roll_lite.data.sequences import completion_batch
+from roll_lite.data.sequences import completion_batch, token_ids
 from roll_lite.model.tokenizer import load_tokenizer
 
 from .advantages import estimate_advantages
@@ -256,10 +256,11 @@ class PPOPipeline:
         """The reward functions on each row: its response text, answer and extra dataset fields
         (non_tensor_batch["extra"], one dict per row, when the data provides them). With
         reward.on_failure=drop it also marks the rows every function scored: batch["scored"]."""
-        extras = batch.non_tensor_batch.get("extra")
+        extras, models = batch.non_tensor_batch.get("extra"), bool(self.config.reward.models)
         scores, scored, metrics = self.reward.score(list(batch.non_tensor_batch["response_text"]),
                                                     list(batch.non_tensor_batch["answer"]),
-                                                    None if extras is None else list(extras))
+                                                    None if extras is None else list(extras),
+                                                    *((list(batch.non_tensor_batch["prompt"]), token_ids(batch)) if models else ()))
         if self.config.reward.on_failure == "drop":
             batch.batch["scored"] = scored
         return scores, metrics

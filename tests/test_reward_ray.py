@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from test_pipeline_ray import small
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,3 +63,23 @@ def test_a_user_reward_module_scores_a_ray_run_and_a_raising_one_is_counted_and_
     assert len(calls) == 1, calls
     assert calls[0]["extra"] == {} and calls[0]["response_type"] == "str"
     assert Path(calls[0]["module"]) == user_dir / "my_rewards_for_ray.py"
+
+
+def test_a_reward_model_scores_a_ray_run_in_the_reward_worker(tmp_path):
+    from test_reward_model import save_reward_model
+
+    folder = save_reward_model(tmp_path / "tiny_rm")
+    output = tmp_path / "out"
+    command = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *small(tmp_path),
+               f"reward.models={{{folder}: 0.5}}", "steps=1", "eval_every=1", "save_model=false",
+               f"output_dir={output}", "run_name=rm"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    records = [json.loads(line) for line in (output / "rm" / "metrics.jsonl").read_text().splitlines()]
+    (step,) = [record for record in records if "reward/mean" in record]
+    assert "eval/reward/model:tiny_rm" in records[0]  # the held-out prompts are scored by it too
+    assert step["reward/model:tiny_rm/failed"] == 0 and step["reward/unscored"] == 0
+    assert step["reward/mean"] == pytest.approx(step["reward/token_accuracy"] + 0.5 * step["reward/model:tiny_rm"], abs=1e-5)
+    log = result.stdout + result.stderr
+    assert f"reward model {folder}: the policy's token ids go straight in (same tokenizer and chat template)" in log

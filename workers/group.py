@@ -292,18 +292,22 @@ class RewardClient:
         # The worker imports the user's reward modules from where the driver found them.
         roots = sorted({import_root(spec) for spec in reward.functions if is_import_path(spec)} - {None})
         self.local = None
+        model_options = dict(max_tokens=reward.model_max_tokens, normalize=reward.model_normalize, clip=reward.model_clip)
         self.worker = ray.remote(RewardWorker).options(num_cpus=0).remote(
-            dict(reward.functions), reward.timeout_s, roots, roll_lite_dir(), reward.on_failure)
+            dict(reward.functions), reward.timeout_s, roots, roll_lite_dir(), reward.on_failure, dict(reward.models),
+            model_options, (config.model.tokenizer_path, config.model.chat_template))
 
     def describe(self) -> str:
         if self.local is not None:
             return ("rewards: scored in the driver (reward.in_driver: cheap built-in rules, no reward worker; "
                     "reward.in_driver=false gives them one)")
-        return "rewards: scored by a reward worker of its own"
+        models = self._get(self.worker.describe.remote(), "describe")
+        return "; ".join(["rewards: scored by a reward worker of its own", *models])
 
-    def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None):
+    def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None,
+              prompts: list | None = None, sequences: list[list[int]] | None = None):
         """(scores, scored rows, metrics) (RewardWorker.score); `extras`: each row's extra dataset
-        fields, None when there are none."""
+        fields, None when there are none; `prompts` and `sequences` for the reward models."""
         if self.local is not None:
             return self.local.score(responses, answers, extras)
-        return self._get(self.worker.score.remote(responses, answers, extras), "score")
+        return self._get(self.worker.score.remote(responses, answers, extras, prompts, sequences), "score")

@@ -1,11 +1,11 @@
-"""The reward worker: the weighted sum of the configured reward functions per response.
+"""The reward worker: the weighted sum of the configured reward functions and reward models per response.
 
-Each function gives each response a typed outcome (roll_lite/rewards/outcomes.py). A response whose
+Each source gives each response a typed outcome (roll_lite/rewards/outcomes.py). A response whose
 every function scored it `ok` is scored; any other is unscored: with reward.on_failure=zero the
 function that did not score it adds 0 (and the response trains on the rest), with drop the pipeline
 takes it out of the loss (pipelines/unscored.py). The metrics count each kind per function
 (`reward/<name>/failed`, `/timed_out`, `/unparseable`) and the unscored responses (`reward/unscored`);
-one warning per batch names the first reason.
+one warning per batch names the first reason. The reward models run in this process.
 """
 
 from __future__ import annotations
@@ -23,27 +23,51 @@ logger = logging.getLogger("roll_lite.rewards")
 
 class RewardWorker:
     def __init__(self, weights: dict[str, float], timeout_s: float = 5.0, import_roots: list[str | None] = (),
-                 driver_roll_lite: str | None = None, on_failure: str = "zero"):
+                 driver_roll_lite: str | None = None, on_failure: str = "zero", models: dict[str, float] | None = None,
+                 model_options: dict | None = None, policy_tokenizer: tuple[str | None, str | None] = (None, None)):
+        """`models`: reward-model folder -> weight, loaded with `model_options` (max_tokens, normalize,
+        clip: reward.model_*) and compared with the policy's tokenizer (model.tokenizer_path, chat_template)."""
         # The directories the driver imported the user's reward modules from, after the installed packages.
         for root in import_roots:
             enter_import_root(root, driver_roll_lite)
         self.weights = {name: float(weight) for name, weight in weights.items()}
         self.on_failure = on_failure
         self.runner = RewardRunner(list(self.weights), timeout_s)
+        self.models = {}
+        if models:
+            from roll_lite.model.tokenizer import load_tokenizer
+            from roll_lite.rewards.reward_model import RewardModel, model_metric_name
 
-    def score(self, responses: list[str], answers: list[str],
-              extras: list[dict] | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """(scores [rows], scored [rows] bool: every function gave that row a score, metrics).
-        reward/<name> is the function's mean over the rows it scored; reward/<name>/<kind> counts the
-        rows it did not score, by kind; reward/unscored counts the rows some function did not score."""
+            tokenizer = load_tokenizer(*policy_tokenizer)
+            self.models = {model_metric_name(path): (RewardModel(path, tokenizer, **(model_options or {})), float(weight))
+                           for path, weight in models.items()}
+
+    def describe(self) -> list[str]:
+        """A line per reward model: how it sees the text."""
+        return [model.describe() for model, _ in self.models.values()]
+
+    def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None,
+              prompts: list | None = None,
+              sequences: list[list[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """(scores [rows], scored [rows] bool: every source gave that row a score, metrics).
+        reward/<name> is the source's mean over the rows it scored; reward/<name>/<kind> counts the
+        rows it did not score, by kind; reward/unscored counts the rows some source did not score.
+        The reward models also read each row's prompt (a string or chat messages) and its token ids
+        (prompt + response, the policy's tokenizer)."""
         extras = [{} for _ in responses] if extras is None else [dict(e or {}) for e in extras]
         if not len(responses) == len(answers) == len(extras):
             raise ValueError(f"reward: {len(responses)} responses, {len(answers)} answers, {len(extras)} extras")
+        if self.models and (prompts is None or sequences is None):
+            raise ValueError("reward: the reward models need each row's prompt and token ids")
         total = torch.zeros(len(responses), dtype=torch.float32)
         scored = torch.ones(len(responses), dtype=torch.bool)
         metrics, tallies = {}, {}
-        for name, weight in self.weights.items():
-            outcomes = self.runner.score(name, responses, answers, extras)
+        sources = [(name, weight, lambda name=name: self.runner.score(name, responses, answers, extras))
+                   for name, weight in self.weights.items()]
+        sources += [(name, weight, lambda model=model: model.score(prompts, responses, sequences))
+                    for name, (model, weight) in self.models.items()]
+        for name, weight, run in sources:
+            outcomes = run()
             tally = tallies[name] = Tally()
             for outcome in outcomes:
                 tally.add(outcome)

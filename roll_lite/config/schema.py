@@ -138,9 +138,17 @@ class RewardConfig:
     # trains on the rest; drop = the response leaves the loss and its group's baseline (GRPO, RLOO, ...
     # use the group's other responses; a group left with one has no advantage)
     on_failure: str = "zero"
+    # reward models: local folder -> weight. Each is a transformers sequence-classification model with
+    # one label, scoring every response in the reward worker's process with its own tokenizer and chat
+    # template (roll_lite/rewards/reward_model.py); metrics reward/model:<folder name>
+    models: dict[str, float] = field(default_factory=dict)
+    model_max_tokens: int = 4096  # padded tokens per reward-model batch (rows sorted by length)
+    model_normalize: bool = False  # standardise each model's scores over the step's responses it scored
+    model_clip: Optional[float] = None  # after normalising, scores clipped to [-clip, clip]; null: no clip
     # Where the scoring runs. null: in the driver when every function is a cheap built-in string rule
-    # (a Ray round trip to a reward worker would cost more than the scoring), else a reward worker of
-    # its own; true: the driver (only for cheap built-ins); false: always a reward worker.
+    # and there is no reward model (a Ray round trip to a reward worker would cost more than the
+    # scoring), else a reward worker of its own; true: the driver (only for cheap built-ins); false:
+    # always a reward worker.
     in_driver: Optional[bool] = None
 
 

@@ -72,4 +72,11 @@ def completion_batch(prompts: "PromptData", generated: "Completions", tokenizer)
     batch.non_tensor_batch["response_text"] = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
     batch.non_tensor_batch["answer"] = [a for a in prompts.answers for _ in range(n)]
     batch.non_tensor_batch["extra"] = [e for e in prompts.extras for _ in range(n)]
+    batch.non_tensor_batch["prompt"] = [p for p in prompts.prompts for _ in range(n)]  # a string or chat messages
     return DataProto(batch.batch, batch.non_tensor_batch)
+
+
+def token_ids(batch: DataProto) -> list[list[int]]:
+    """Each row's tokens (prompt + response), without the padding."""
+    lengths = batch["attention_mask"].sum(-1).tolist()
+    return [row[:length] for row, length in zip(batch["input_ids"].tolist(), lengths)]

@@ -10,9 +10,11 @@ import math
 from roll_lite.rewards.registry import REWARD_FUNCTIONS, is_import_path, resolve_reward
 
 
-def check_reward_config(functions: dict, timeout_s: float) -> None:
-    if not functions:
-        raise ValueError("reward.functions: name at least one reward function")
+def check_reward_config(functions: dict, timeout_s: float, models: dict | None = None) -> None:
+    models = models or {}
+    if not functions and not models:
+        raise ValueError("reward.functions: name at least one reward function (or a reward model: reward.models)")
+    check_reward_models(models)
     if not timeout_s > 0:
         raise ValueError(f"reward.timeout_s: must be > 0, got {timeout_s}")
     for name, weight in functions.items():
@@ -52,3 +54,21 @@ def check_signature(key: str, fn) -> None:
 def _dotted(prefix: str, nested: dict) -> tuple[str, object]:
     key, value = next(iter(nested.items()))
     return _dotted(f"{prefix}.{key}", value) if isinstance(value, dict) else (f"{prefix}.{key}", value)
+
+
+def check_reward_models(models: dict) -> None:
+    """reward.models: local folders of one-label sequence-classification models, finite weights, and
+    folder names that tell their metrics apart (reward/model:<folder name>)."""
+    from roll_lite.rewards.reward_model import check_reward_model_folder, model_metric_name
+
+    names: dict[str, str] = {}
+    for path, weight in models.items():
+        key = f"reward.models.{path}"
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ValueError(f"{key}: the weight must be a finite number, got {weight!r}")
+        check_reward_model_folder(path, key)
+        name = model_metric_name(path)
+        if name in names:
+            raise ValueError(f"reward.models: '{names[name]}' and '{path}' share the folder name {name!r}, which names "
+                             "their metrics; rename one folder")
+        names[name] = path
