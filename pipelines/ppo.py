@@ -256,7 +256,7 @@ class PPOPipeline:
         """The reward functions on each row: its response text, answer and extra dataset fields
         (non_tensor_batch["extra"], one dict per row, when the data provides them). With
         reward.on_failure=drop it also marks the rows every function scored: batch["scored"]."""
-        extras, models = batch.non_tensor_batch.get("extra"), bool(self.config.reward.models)
+        extras, models = batch.non_tensor_batch.get("extra"), bool(self.config.reward.models or self.config.reward.judges)
         scores, scored, metrics = self.reward.score(list(batch.non_tensor_batch["response_text"]),
                                                     list(batch.non_tensor_batch["answer"]),
                                                     None if extras is None else list(extras),

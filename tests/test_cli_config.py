@@ -50,6 +50,8 @@ def run_cli(*args, cwd):
         ("algorithm.rollout_is_cap=0", "algorithm.rollout_is_cap: must be > 0, got 0.0"),
         ("rollout.async_steps=-1", "rollout.async_steps: must be >= 0 (0: on-policy), got -1"),
         ("reward.on_failure=skip", "reward.on_failure: 'skip' is not one of zero, drop"),
+        ("reward.judges={/nonexistent/judge: 1.0}", "reward.judges./nonexistent/judge: no such folder '/nonexistent/judge'"),
+        ("reward.models={/nonexistent/rm: 1.0}", "reward.models./nonexistent/rm: no such folder '/nonexistent/rm'"),
         ("rollout.in_actor=true|workers.actor_dp=2", "workers.actor_dp: rollout.in_actor=true needs workers.actor_dp=1"),
         ("rollout.in_actor=true|rollout.async_steps=1", "rollout.async_steps: rollout.in_actor=true needs rollout.async_steps=0"),
         ("rollout.in_actor=true|workers.offload=true", "workers.offload: rollout.in_actor=true needs workers.offload=false"),

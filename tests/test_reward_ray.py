@@ -65,21 +65,26 @@ def test_a_user_reward_module_scores_a_ray_run_and_a_raising_one_is_counted_and_
     assert Path(calls[0]["module"]) == user_dir / "my_rewards_for_ray.py"
 
 
-def test_a_reward_model_scores_a_ray_run_in_the_reward_worker(tmp_path):
+def test_a_reward_model_and_a_judge_score_a_ray_run_in_the_reward_worker(tmp_path):
+    from test_judge import save_judge
     from test_reward_model import save_reward_model
 
-    folder = save_reward_model(tmp_path / "tiny_rm")
+    folder, judge = save_reward_model(tmp_path / "tiny_rm"), save_judge(tmp_path / "tiny_judge")
     output = tmp_path / "out"
     command = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *small(tmp_path),
-               f"reward.models={{{folder}: 0.5}}", "steps=1", "eval_every=1", "save_model=false",
-               f"output_dir={output}", "run_name=rm"]
+               f"reward.models={{{folder}: 0.5}}", f"reward.judges={{{judge}: 1.0}}", "reward.judge_max_new_tokens=4",
+               "steps=1", "eval_every=1", "save_model=false", f"output_dir={output}", "run_name=rm"]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [json.loads(line) for line in (output / "rm" / "metrics.jsonl").read_text().splitlines()]
     (step,) = [record for record in records if "reward/mean" in record]
     assert "eval/reward/model:tiny_rm" in records[0]  # the held-out prompts are scored by it too
-    assert step["reward/model:tiny_rm/failed"] == 0 and step["reward/unscored"] == 0
+    rows = 4 * 8
+    assert step["reward/model:tiny_rm/failed"] == 0
+    # the untrained judge writes no verdict: every row unparseable, counted, and (on_failure=zero) scored by the rest
+    assert step["reward/judge:tiny_judge/unparseable"] == rows and step["reward/unscored"] == rows
     assert step["reward/mean"] == pytest.approx(step["reward/token_accuracy"] + 0.5 * step["reward/model:tiny_rm"], abs=1e-5)
     log = result.stdout + result.stderr
     assert f"reward model {folder}: the policy's token ids go straight in (same tokenizer and chat template)" in log
+    assert f"judge {judge}: greedy, at most 4 new tokens" in log

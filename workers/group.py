@@ -290,12 +290,14 @@ class RewardClient:
                                                          on_failure=reward.on_failure)
             return
         # The worker imports the user's reward modules from where the driver found them.
-        roots = sorted({import_root(spec) for spec in reward.functions if is_import_path(spec)} - {None})
+        specs = [*reward.functions, *([reward.judge_parser] if reward.judge_parser else [])]
+        roots = sorted({import_root(spec) for spec in specs if is_import_path(spec)} - {None})
         self.local = None
         model_options = dict(max_tokens=reward.model_max_tokens, normalize=reward.model_normalize, clip=reward.model_clip)
         self.worker = ray.remote(RewardWorker).options(num_cpus=0).remote(
             dict(reward.functions), reward.timeout_s, roots, roll_lite_dir(), reward.on_failure, dict(reward.models),
-            model_options, (config.model.tokenizer_path, config.model.chat_template))
+            model_options, (config.model.tokenizer_path, config.model.chat_template), dict(reward.judges),
+            dict(template=reward.judge_template, parser=reward.judge_parser, max_new_tokens=reward.judge_max_new_tokens))
 
     def describe(self) -> str:
         if self.local is not None:

@@ -24,16 +24,19 @@ logger = logging.getLogger("roll_lite.rewards")
 class RewardWorker:
     def __init__(self, weights: dict[str, float], timeout_s: float = 5.0, import_roots: list[str | None] = (),
                  driver_roll_lite: str | None = None, on_failure: str = "zero", models: dict[str, float] | None = None,
-                 model_options: dict | None = None, policy_tokenizer: tuple[str | None, str | None] = (None, None)):
+                 model_options: dict | None = None, policy_tokenizer: tuple[str | None, str | None] = (None, None),
+                 judges: dict[str, float] | None = None, judge_options: dict | None = None):
         """`models`: reward-model folder -> weight, loaded with `model_options` (max_tokens, normalize,
-        clip: reward.model_*) and compared with the policy's tokenizer (model.tokenizer_path, chat_template)."""
+        clip: reward.model_*) and compared with the policy's tokenizer (model.tokenizer_path, chat_template).
+        `judges`: judge folder -> weight, with `judge_options` (template, parser: an import path,
+        max_new_tokens: reward.judge_*)."""
         # The directories the driver imported the user's reward modules from, after the installed packages.
         for root in import_roots:
             enter_import_root(root, driver_roll_lite)
         self.weights = {name: float(weight) for name, weight in weights.items()}
         self.on_failure = on_failure
         self.runner = RewardRunner(list(self.weights), timeout_s)
-        self.models = {}
+        self.models, self.judges = {}, {}
         if models:
             from roll_lite.model.tokenizer import load_tokenizer
             from roll_lite.rewards.reward_model import RewardModel, model_metric_name
@@ -41,10 +44,17 @@ class RewardWorker:
             tokenizer = load_tokenizer(*policy_tokenizer)
             self.models = {model_metric_name(path): (RewardModel(path, tokenizer, **(model_options or {})), float(weight))
                            for path, weight in models.items()}
+        if judges:
+            from roll_lite.rewards.judge import Judge, judge_metric_name
+            from roll_lite.runtime.importing import load_object
+
+            options = dict(judge_options or {})
+            options["parser"] = load_object(options["parser"]) if options.get("parser") else None
+            self.judges = {judge_metric_name(path): (Judge(path, **options), float(weight)) for path, weight in judges.items()}
 
     def describe(self) -> list[str]:
-        """A line per reward model: how it sees the text."""
-        return [model.describe() for model, _ in self.models.values()]
+        """A line per reward model (how it sees the text) and per judge."""
+        return [source.describe() for source, _ in [*self.models.values(), *self.judges.values()]]
 
     def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None,
               prompts: list | None = None,
@@ -57,8 +67,8 @@ class RewardWorker:
         extras = [{} for _ in responses] if extras is None else [dict(e or {}) for e in extras]
         if not len(responses) == len(answers) == len(extras):
             raise ValueError(f"reward: {len(responses)} responses, {len(answers)} answers, {len(extras)} extras")
-        if self.models and (prompts is None or sequences is None):
-            raise ValueError("reward: the reward models need each row's prompt and token ids")
+        if (self.models or self.judges) and (prompts is None or sequences is None):
+            raise ValueError("reward: the reward models and judges need each row's prompt and token ids")
         total = torch.zeros(len(responses), dtype=torch.float32)
         scored = torch.ones(len(responses), dtype=torch.bool)
         metrics, tallies = {}, {}
@@ -66,6 +76,8 @@ class RewardWorker:
                    for name, weight in self.weights.items()]
         sources += [(name, weight, lambda model=model: model.score(prompts, responses, sequences))
                     for name, (model, weight) in self.models.items()]
+        sources += [(name, weight, lambda judge=judge: judge.score(prompts, responses, answers, extras))
+                    for name, (judge, weight) in self.judges.items()]
         for name, weight, run in sources:
             outcomes = run()
             tally = tallies[name] = Tally()

@@ -88,7 +88,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
     if config.rollout.in_actor is None:
         config.rollout.in_actor = in_actor_by_default(config)
     if config.reward.in_driver is None:
-        config.reward.in_driver = not rewards_needing_a_worker(config.reward.functions) and not config.reward.models
+        reward = config.reward
+        config.reward.in_driver = not rewards_needing_a_worker(reward.functions) and not reward.models and not reward.judges
     validate(config)
     if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
         config.model.tokenizer_path = config.model.pretrained_path

@@ -145,8 +145,18 @@ class RewardConfig:
     model_max_tokens: int = 4096  # padded tokens per reward-model batch (rows sorted by length)
     model_normalize: bool = False  # standardise each model's scores over the step's responses it scored
     model_clip: Optional[float] = None  # after normalising, scores clipped to [-clip, clip]; null: no clip
+    # LLM judges: local folder -> weight. Each is a generative model (AutoModelForCausalLM) that reads
+    # every (prompt, response) through judge_template and answers greedily; a strict parser takes its
+    # last verdict, and a reply without one is `unparseable` (roll_lite/rewards/judge.py); metrics
+    # reward/judge:<folder name>
+    judges: dict[str, float] = field(default_factory=dict)
+    # pointwise (0-10 against a rubric, scored N/10) | correctness (against the row's answer: 1 or 0) |
+    # Jinja of your own with the fields prompt, response, answer, extra
+    judge_template: str = "pointwise"
+    judge_parser: Optional[str] = None  # package.module:function, reply -> float or None; null: the template's
+    judge_max_new_tokens: int = 32  # the judge's reply, at most
     # Where the scoring runs. null: in the driver when every function is a cheap built-in string rule
-    # and there is no reward model (a Ray round trip to a reward worker would cost more than the
+    # and there is no reward model or judge (a Ray round trip to a reward worker would cost more than the
     # scoring), else a reward worker of its own; true: the driver (only for cheap built-ins); false:
     # always a reward worker.
     in_driver: Optional[bool] = None

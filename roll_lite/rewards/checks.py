@@ -10,11 +10,16 @@ import math
 from roll_lite.rewards.registry import REWARD_FUNCTIONS, is_import_path, resolve_reward
 
 
-def check_reward_config(functions: dict, timeout_s: float, models: dict | None = None) -> None:
+def check_reward_config(functions: dict, timeout_s: float, models: dict | None = None, reward=None) -> None:
+    """`reward`: the whole reward section, for its judges (reward.judges, judge_template, judge_parser)."""
     models = models or {}
-    if not functions and not models:
-        raise ValueError("reward.functions: name at least one reward function (or a reward model: reward.models)")
+    judges = dict(reward.judges) if reward is not None else {}
+    if not functions and not models and not judges:
+        raise ValueError("reward.functions: name at least one reward function (or a reward model or judge: "
+                         "reward.models, reward.judges)")
     check_reward_models(models)
+    if judges:
+        check_judges(judges, reward.judge_template, reward.judge_parser)
     if not timeout_s > 0:
         raise ValueError(f"reward.timeout_s: must be > 0, got {timeout_s}")
     for name, weight in functions.items():
@@ -72,3 +77,29 @@ def check_reward_models(models: dict) -> None:
             raise ValueError(f"reward.models: '{names[name]}' and '{path}' share the folder name {name!r}, which names "
                              "their metrics; rename one folder")
         names[name] = path
+
+
+def check_judges(judges: dict, template: str, parser: str | None) -> None:
+    """reward.judges: local folders of generative models, finite weights, distinct folder names; a
+    template whose fields a row has; a parser that imports."""
+    from roll_lite.rewards.judge import check_judge_folder, judge_metric_name, template_source
+
+    names: dict[str, str] = {}
+    for path, weight in judges.items():
+        key = f"reward.judges.{path}"
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ValueError(f"{key}: the weight must be a finite number, got {weight!r}")
+        check_judge_folder(path, key)
+        name = judge_metric_name(path)
+        if name in names:
+            raise ValueError(f"reward.judges: '{names[name]}' and '{path}' share the folder name {name!r}, which names "
+                             "their metrics; rename one folder")
+        names[name] = path
+    template_source(template)
+    if parser is not None:
+        if not is_import_path(parser):
+            raise ValueError(f"reward.judge_parser: '{parser}' is not a package.module:function import path")
+        try:
+            resolve_reward(parser, search_cwd=True)
+        except Exception as error:
+            raise ValueError(f"reward.judge_parser: cannot import '{parser}': {type(error).__name__}: {error}") from None

@@ -1,0 +1,139 @@
+"""An LLM judge: a generative model from a local folder that reads each (prompt, response) through a
+template and answers with a verdict, which a strict parser turns into a score.
+
+Templates (`reward.judge_template`): `pointwise` (a 0–10 score against a rubric; the score is N / 10)
+and `correctness` (correct / incorrect against the row's reference answer: 1 or 0), or Jinja of your
+own with the fields `prompt`, `response`, `answer` and `extra` (the row's other fields). The rendered
+text is the judge's user message, through the judge's own chat template when it has one.
+
+The parser takes the last well-formed verdict of the reply: `Score: N` (N an integer 0–10) or
+`Verdict: correct|incorrect`; with a template of your own, `reward.judge_parser` (an import path of
+fn(reply) -> float | None) or the pointwise parser. A reply without one is `unparseable`, with the
+reply's start as the reason: never a guess (a reply that says "yes" somewhere is not a verdict).
+The judge decodes greedily with our hf engine, so the same inputs give the same scores.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from roll_lite.rewards.calls import as_score, describe
+from roll_lite.rewards.outcomes import Score, failed, scored, unparseable
+
+TEMPLATES = {
+    "pointwise": (
+        "Rate the response to the prompt from 0 (useless or wrong) to 10 (correct, complete and clear).\n"
+        "Prompt: {{ prompt }}\nResponse: {{ response }}\n"
+        "End your reply with one line 'Score: N', N an integer from 0 to 10."),
+    "correctness": (
+        "Is the response's final answer the same as the reference answer?\n"
+        "Prompt: {{ prompt }}\nReference answer: {{ answer }}\nResponse: {{ response }}\n"
+        "End your reply with one line 'Verdict: correct' or 'Verdict: incorrect'."),
+}
+FIELDS = {"prompt", "response", "answer", "extra"}
+SCORE = re.compile(r"Score:\s*(\d+)\s*$", re.MULTILINE)
+VERDICT = re.compile(r"Verdict:\s*(correct|incorrect)\s*$", re.MULTILINE | re.IGNORECASE)
+
+
+def parse_pointwise(reply: str) -> float | None:
+    """N / 10 for the last line 'Score: N' with N in 0..10; None without one."""
+    matches = [int(m) for m in SCORE.findall(reply)]
+    return matches[-1] / 10 if matches and 0 <= matches[-1] <= 10 else None
+
+
+def parse_correctness(reply: str) -> float | None:
+    """1 for a last line 'Verdict: correct', 0 for 'Verdict: incorrect'; None without one."""
+    matches = VERDICT.findall(reply)
+    return None if not matches else float(matches[-1].lower() == "correct")
+
+
+PARSERS = {"pointwise": parse_pointwise, "correctness": parse_correctness}
+
+
+def template_source(template: str) -> str:
+    """A built-in template's Jinja, or `template` itself (Jinja of your own); its fields checked."""
+    import jinja2
+    from jinja2 import meta
+
+    source = TEMPLATES.get(template, template)
+    if template not in TEMPLATES and "{{" not in template:
+        raise ValueError(f"reward.judge_template: '{template}' is not one of {', '.join(TEMPLATES)}, nor Jinja with "
+                         f"the fields {', '.join(sorted(FIELDS))}")
+    unknown = meta.find_undeclared_variables(jinja2.Environment().parse(source)) - FIELDS
+    if unknown:
+        raise ValueError(f"reward.judge_template: names {', '.join(sorted(unknown))}, which a row does not have "
+                         f"(fields: {', '.join(sorted(FIELDS))})")
+    return source
+
+
+def judge_metric_name(path: str) -> str:
+    """reward/<this>: the judge's folder name."""
+    return f"judge:{Path(path).expanduser().resolve().name}"
+
+
+def check_judge_folder(path: str, key: str) -> None:
+    from transformers import AutoConfig
+
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"{key}: no such folder '{path}' (a judge is a local folder saved with save_pretrained)")
+    for needed in ("config.json", "tokenizer.json"):
+        if not (folder / needed).is_file():
+            raise ValueError(f"{key}: '{path}' has no {needed} (save the model and its tokenizer with save_pretrained)")
+    architectures = getattr(AutoConfig.from_pretrained(folder), "architectures", None) or []
+    if not any(name.endswith("ForCausalLM") for name in architectures):
+        raise ValueError(f"{key}: '{path}' is a {', '.join(architectures) or 'model'} model, not a generative one "
+                         "(AutoModelForCausalLM)")
+
+
+class Judge:
+    def __init__(self, path: str, template: str = "pointwise", parser: Callable[[str], float | None] | None = None,
+                 max_new_tokens: int = 32, seed: int = 0):
+        import jinja2
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from roll_lite.rollout.hf import HFEngine
+
+        folder = Path(path).expanduser()
+        self.path, self.max_new_tokens = path, max_new_tokens
+        self.template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(template_source(template))
+        self.parse = parser or PARSERS.get(template, parse_pointwise)
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self.engine = HFEngine(AutoModelForCausalLM.from_pretrained(folder), pad, self.tokenizer.eos_token_id, seed=seed)
+
+    def describe(self) -> str:
+        return f"judge {self.path}: greedy, at most {self.max_new_tokens} new tokens"
+
+    def score(self, prompts: list[Any], responses: list[str], answers: list[str], extras: list[dict]) -> list[Score]:
+        from roll_lite.rollout.engine import SamplingParams
+
+        try:
+            inputs = [self._input_ids(*row) for row in zip(prompts, responses, answers, extras)]
+            replies = self.engine.generate(inputs, SamplingParams(self.max_new_tokens, greedy=True)).token_ids
+        except Exception as error:  # the judge's rows fail; the other sources and the run go on
+            return [failed(f"judge {self.path}: {describe(error)}")] * len(responses)
+        return [self._verdict(self.tokenizer.decode(ids, skip_special_tokens=True)) for ids in replies]
+
+    def _input_ids(self, prompt: Any, response: str, answer: str, extra: dict) -> list[int]:
+        if isinstance(prompt, list):  # chat messages: the conversation's text
+            prompt = "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+        text = self.template.render(prompt=prompt, response=response, answer=answer, extra=extra)
+        if self.tokenizer.chat_template:
+            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                                           add_generation_prompt=True, return_dict=False))
+        return self.tokenizer(text)["input_ids"]
+
+    def _verdict(self, reply: str) -> Score:
+        if not reply.strip():
+            return unparseable("the judge's reply is empty")
+        try:
+            value = self.parse(reply)
+            if value is None:
+                start = reply.strip()[:80].replace("\n", " ")
+                return unparseable(f"no verdict in the judge's reply '{start}'")
+            return scored(as_score(value))
+        except Exception as error:  # a parser of one's own that raised or gave no finite number
+            return failed(f"judge parser: {describe(error)}")

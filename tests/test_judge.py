@@ -1,0 +1,93 @@
+"""LLM judges (roll_lite/rewards/judge.py): a template per row, greedy replies from our hf engine, and a
+strict parser: the last well-formed verdict, or `unparseable` with the reply's start, never a guess."""
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from roll_lite.model.tokenizer import build_char_tokenizer
+from roll_lite.rewards.judge import Judge, check_judge_folder, parse_correctness, parse_pointwise, template_source
+from roll_lite.rollout.engine import Completions
+from roll_lite.workers.reward_worker import RewardWorker
+
+
+def save_judge(folder):
+    tokenizer = build_char_tokenizer()
+    config = AutoConfig.for_model("qwen2", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  max_position_embeddings=1024, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_the_parsers_take_the_last_well_formed_verdict_and_nothing_else():
+    assert parse_pointwise("Good.\nScore: 3\nOn second thought:\nScore: 8") == 0.8
+    assert parse_pointwise("Score: 10") == 1.0 and parse_pointwise("Score: 0") == 0.0
+    for reply in ("Score: 11", "score 7", "I'd give it a 7", "Score: 7.5", "Score: -1", "yes"):
+        assert parse_pointwise(reply) is None, reply
+    assert parse_correctness("Verdict: incorrect\nVerdict: Correct") == 1.0
+    assert parse_correctness("Verdict: incorrect") == 0.0
+    for reply in ("yes, this is correct", "correct", "Verdict: maybe"):  # a "yes" somewhere is not a verdict
+        assert parse_correctness(reply) is None, reply
+
+
+def test_templates_name_only_fields_a_row_has():
+    assert "{{ answer }}" in template_source("correctness")
+    assert template_source("Grade {{ response }} for {{ extra.topic }}").startswith("Grade")
+    with pytest.raises(ValueError, match="reward.judge_template: names reference, which a row does not have"):
+        template_source("{{ response }} vs {{ reference }}")
+    with pytest.raises(ValueError, match="'strict' is not one of pointwise, correctness"):
+        template_source("strict")
+
+
+def test_a_bad_judge_folder_is_named_with_its_key(tmp_path):
+    from test_reward_model import save_reward_model
+
+    with pytest.raises(ValueError, match="reward.judges.x: no such folder"):
+        check_judge_folder(str(tmp_path / "missing"), "reward.judges.x")
+    classifier = save_reward_model(tmp_path / "rm")
+    with pytest.raises(ValueError, match="is a Qwen2ForSequenceClassification model, not a generative one"):
+        check_judge_folder(classifier, "reward.judges.rm")
+
+
+def test_replies_become_scores_or_named_outcomes(tmp_path, monkeypatch):
+    judge = Judge(save_judge(tmp_path / "judge"), template="correctness", max_new_tokens=8)
+    seen = []
+
+    def replies(texts):
+        def generate(prompts, params):
+            seen.extend(judge.tokenizer.decode(ids) for ids in prompts)
+            assert params.greedy and params.max_new_tokens == 8
+            return Completions([judge.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts])
+        return generate
+
+    monkeypatch.setattr(judge.engine, "generate", replies(["Verdict: correct", "Verdict: incorrect", "",
+                                                           "it is correct", "Verdict: correct"]))
+    outcomes = judge.score(["1+1=", "2+2=", "3+3=", "4+4=", [{"role": "user", "content": "5+5="}]],
+                           ["2", "5", "6", "8", "10"], ["2", "4", "6", "8", "10"], [{}] * 5)
+    assert [(o.kind, o.value) for o in outcomes] == [("ok", 1.0), ("ok", 0.0), ("unparseable", 0.0),
+                                                     ("unparseable", 0.0), ("ok", 1.0)]
+    assert outcomes[2].reason == "the judge's reply is empty"
+    assert outcomes[3].reason == "no verdict in the judge's reply 'it is correct'"
+    assert "Reference answer: 4\nResponse: 5" in seen[1] and "user: 5+5=" in seen[4]  # the template, row by row
+
+    def broken(prompts, params):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(judge.engine, "generate", broken)
+    assert {(o.kind, o.reason) for o in judge.score(["p"], ["r"], ["a"], [{}])} == {
+        ("failed", f"judge {judge.path}: RuntimeError: CUDA error: out of memory")}
+
+
+def test_a_real_untrained_judge_is_unparseable_not_guessed_and_the_worker_counts_it(tmp_path):
+    folder = save_judge(tmp_path / "tiny_judge")
+    worker = RewardWorker({"exact_answer": 1.0}, judges={folder: 2.0},
+                          judge_options=dict(template="pointwise", parser=None, max_new_tokens=6))
+    assert worker.describe() == [f"judge {folder}: greedy, at most 6 new tokens"]
+    scores, scored, metrics = worker.score(["7", "8"], ["7", "7"], None, ["3+4=", "3+4="], [[1], [1]])
+    assert scored.tolist() == [False, False] and scores.tolist() == [1.0, 0.0]  # only exact_answer scored
+    assert metrics["reward/judge:tiny_judge/unparseable"] == 2.0 and metrics["reward/unscored"] == 2.0
+    again = worker.score(["7", "8"], ["7", "7"], None, ["3+4=", "3+4="], [[1], [1]])
+    assert torch.equal(again[0], scores)  # greedy: the same inputs, the same outcome
