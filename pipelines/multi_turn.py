@@ -44,10 +44,11 @@ class MultiTurnPipeline(PPOPipeline):
         if config.environment.name is None:
             raise ConfigError("environment.name: MultiTurnPipeline needs an environment (e.g. environment.name="
                               "guess_the_number); for single-turn runs use roll_lite.pipelines.ppo:PPOPipeline")
-        for key in ("models", "judges"):
+        for key in ("models", "judges", "domains"):
             if getattr(config.reward, key):
-                raise ConfigError(f"reward.{key}: MultiTurnPipeline does not score with reward models or judges yet (its "
-                                  "rows hold whole trajectories); score with reward.functions or the environment's rewards")
+                raise ConfigError(f"reward.{key}: MultiTurnPipeline does not score with reward models, judges or domains "
+                                  "yet (its rows hold whole trajectories); score with reward.functions or the "
+                                  "environment's rewards")
         if config.reward.on_failure == "drop":  # turn-level credit has no baseline over the scored rows yet
             raise ConfigError("reward.on_failure: drop is not supported by MultiTurnPipeline yet; use zero (a faulted "
                               "trajectory is handled by environment.on_fault)")

@@ -26,6 +26,7 @@ from roll_lite.loss import value_loss_func
 from roll_lite.loss.advantages import kl_shaped_rewards, last_token_rewards
 from roll_lite.runtime.progress import progress_bar, seconds_in_all
 from roll_lite.rollout import SamplingParams
+from roll_lite.rewards.routing import reads_text
 from roll_lite.rollout.ahead import staleness
 from roll_lite.data.sequences import completion_batch, token_ids
 from roll_lite.model.tokenizer import load_tokenizer
@@ -137,7 +138,7 @@ class PPOPipeline:
         """(the training prompts, the held-out ones or None), tokenized."""
         from roll_lite.data.prompts import prepare_datasets
 
-        prepared = prepare_datasets(self.config.data, self.tokenizer)
+        prepared = prepare_datasets(self.config.data, self.tokenizer, domains=list(self.config.reward.domains) or None)
         for note in prepared.notes:
             logger.info(note)
         return prepared.train, prepared.eval
@@ -256,7 +257,7 @@ class PPOPipeline:
         """The reward functions on each row: its response text, answer and extra dataset fields
         (non_tensor_batch["extra"], one dict per row, when the data provides them). With
         reward.on_failure=drop it also marks the rows every function scored: batch["scored"]."""
-        extras, models = batch.non_tensor_batch.get("extra"), bool(self.config.reward.models or self.config.reward.judges)
+        extras, models = batch.non_tensor_batch.get("extra"), reads_text(self.config.reward)
         scores, scored, metrics = self.reward.score(list(batch.non_tensor_batch["response_text"]),
                                                     list(batch.non_tensor_batch["answer"]),
                                                     None if extras is None else list(extras),

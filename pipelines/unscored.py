@@ -33,3 +33,4 @@ def drop_unscored(batch: DataProto, mask_key: str, scores: torch.Tensor, metrics
                        "and the optimizer steps on zero gradients")
     mean = scores[scored].double().mean().item() if dropped < len(scored) else 0.0
     return {**metrics, "reward/mean": mean, "reward/dropped": float(dropped)}
+

@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from roll_lite.config import RewardConfig
 from roll_lite.model.tokenizer import build_char_tokenizer
 from roll_lite.rewards.judge import Judge, check_judge_folder, parse_correctness, parse_pointwise, template_source
 from roll_lite.rollout.engine import Completions
@@ -83,8 +84,8 @@ def test_replies_become_scores_or_named_outcomes(tmp_path, monkeypatch):
 
 def test_a_real_untrained_judge_is_unparseable_not_guessed_and_the_worker_counts_it(tmp_path):
     folder = save_judge(tmp_path / "tiny_judge")
-    worker = RewardWorker({"exact_answer": 1.0}, judges={folder: 2.0},
-                          judge_options=dict(template="pointwise", parser=None, max_new_tokens=6))
+    worker = RewardWorker(RewardConfig(functions={"exact_answer": 1.0}, judges={folder: 2.0}, judge_template="pointwise",
+                                       judge_max_new_tokens=6))
     assert worker.describe() == [f"judge {folder}: greedy, at most 6 new tokens"]
     scores, scored, metrics = worker.score(["7", "8"], ["7", "7"], None, ["3+4=", "3+4="], [[1], [1]])
     assert scored.tolist() == [False, False] and scores.tolist() == [1.0, 0.0]  # only exact_answer scored

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
+from roll_lite.config import RewardConfig
 from roll_lite.model.tokenizer import build_char_tokenizer
 from roll_lite.rewards.checks import check_reward_models
 from roll_lite.rewards.reward_model import RewardModel, check_reward_model_folder
@@ -107,12 +108,12 @@ def test_what_breaks_costs_its_rows_only_and_normalize_and_clip_apply_to_the_res
 def test_the_worker_adds_a_reward_model_to_the_functions(tmp_path):
     policy = build_char_tokenizer()
     folder = save_reward_model(tmp_path / "judge_rm")
-    worker = RewardWorker({"exact_answer": 1.0}, models={folder: 0.5})
+    worker = RewardWorker(RewardConfig(functions={"exact_answer": 1.0}, models={folder: 0.5}))
     assert worker.describe() == [f"reward model {folder}: the policy's token ids go straight in (same tokenizer and chat template)"]
     sequences = [policy("1=" + r)["input_ids"] for r in ("1", "2")]
     scores, scored, metrics = worker.score(["1", "2"], ["1", "1"], None, ["1=", "1="], sequences)
-    rm = [alone(worker.models["model:judge_rm"][0], ids) for ids in sequences]
+    rm = [alone(worker.models[folder], ids) for ids in sequences]
     assert scores.tolist() == pytest.approx([1.0 + 0.5 * rm[0], 0.5 * rm[1]], abs=1e-5)
     assert scored.tolist() == [True, True] and metrics["reward/model:judge_rm"] == pytest.approx(sum(rm) / 2, abs=1e-5)
-    with pytest.raises(ValueError, match="the reward models need each row's prompt and token ids"):
+    with pytest.raises(ValueError, match="the reward models and judges need each row's prompt and token ids"):
         worker.score(["1"], ["1"])

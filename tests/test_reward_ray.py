@@ -88,3 +88,22 @@ def test_a_reward_model_and_a_judge_score_a_ray_run_in_the_reward_worker(tmp_pat
     log = result.stdout + result.stderr
     assert f"reward model {folder}: the policy's token ids go straight in (same tokenizer and chat template)" in log
     assert f"judge {judge}: greedy, at most 4 new tokens" in log
+
+
+def test_rows_of_two_domains_are_scored_by_their_own_sources_in_a_ray_run(tmp_path):
+    """reward.domains in a run: the digit task's rows split into two domains with different rules."""
+    rows = [json.loads(line) for line in (REPO / "data/reverse_digits/train.jsonl").read_text().splitlines()[:64]]
+    train = tmp_path / "mixed.jsonl"
+    train.write_text("".join(json.dumps({**row, "domain": "exact" if i % 2 else "dense"}) + "\n" for i, row in enumerate(rows)))
+    output = tmp_path / "out"
+    overrides = [arg for arg in small(tmp_path) if not arg.startswith(("data.train_files", "data.eval_files", "reward."))]
+    command = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *overrides, f"data.train_files={train}",
+               "data.eval_files=[]", "reward.domains={exact: {functions: {exact_answer: 1.0}}, dense: {functions: {token_accuracy: 1.0}}}",
+               "steps=1", "save_model=false", f"output_dir={output}", "run_name=domains"]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (step,) = [r for r in map(json.loads, (output / "domains" / "metrics.jsonl").read_text().splitlines()) if "reward/mean" in r]
+    assert "reward/exact/exact_answer" in step and "reward/dense/token_accuracy" in step
+    assert "reward/exact/token_accuracy" not in step and "reward/dense/exact_answer" not in step
+    assert "rewards routed by data.domain: exact: exact_answer; dense: token_accuracy" in result.stdout + result.stderr

@@ -12,6 +12,7 @@ import pytest
 
 from roll_lite.rewards import CHEAP_REWARDS, REWARD_FUNCTIONS, get_reward, resolve_reward
 from roll_lite.rewards.calls import as_score, call
+from roll_lite.config import RewardConfig
 from roll_lite.rewards.runner import RewardRunner
 from roll_lite.workers.reward_worker import RewardWorker
 
@@ -144,8 +145,8 @@ def test_a_score_is_ok_with_a_finite_value_or_names_why_it_is_not():
 
 
 def test_reward_worker_weights_functions_passes_extras_and_counts_failures(user_rewards, caplog):
-    worker = RewardWorker({"exact_answer": 1.0, f"{user_rewards}:by_extra": 0.5, f"{user_rewards}:flaky": 0.25},
-                          timeout_s=2.0)
+    worker = RewardWorker(RewardConfig(functions={"exact_answer": 1.0, f"{user_rewards}:by_extra": 0.5,
+                                                  f"{user_rewards}:flaky": 0.25}, timeout_s=2.0))
     try:
         with caplog.at_level(logging.WARNING, logger="roll_lite.rewards"):
             scores, scored, metrics = worker.score(["12", "raise", "7"], ["12", "3", "7"],
@@ -162,7 +163,7 @@ def test_reward_worker_weights_functions_passes_extras_and_counts_failures(user_
         assert metrics["reward/exact_answer/failed"] == 0.0 and metrics["reward/unscored"] == 1.0
         warnings = [r.getMessage() for r in caplog.records]
         assert warnings == [f"rewards: 1 of 3 responses unscored ({user_rewards}:flaky: 1 failed), scored 0 by those "
-                            f"functions (reward.on_failure=zero); first: {user_rewards}:flaky: ValueError: cannot score raise"]
+                            f"sources (reward.on_failure=zero); first: {user_rewards}:flaky: ValueError: cannot score raise"]
         # No extras (the pipeline has none): by_extra finds no 'weight' and fails on every row.
         scores, scored, metrics = worker.score(["1"], ["1"], None)
         assert scores.tolist() == [1.0 + 0.25 * 1] and metrics[f"reward/{user_rewards}:by_extra/failed"] == 1.0
@@ -172,14 +173,14 @@ def test_reward_worker_weights_functions_passes_extras_and_counts_failures(user_
 
 
 def test_an_inline_built_in_that_raises_is_counted_too():
-    worker = RewardWorker({"token_accuracy": 1.0})
+    worker = RewardWorker(RewardConfig(functions={"token_accuracy": 1.0}))
     scores, scored, metrics = worker.score(["12", None], ["12", "3"])  # None has no .strip()
     assert scores.tolist() == [1.0, 0.0] and metrics["reward/token_accuracy/failed"] == 1.0
     assert scored.tolist() == [True, False]
 
 
 def test_math_runs_in_the_guarded_process():
-    worker = RewardWorker({"math": 1.0}, timeout_s=30.0)
+    worker = RewardWorker(RewardConfig(functions={"math": 1.0}, timeout_s=30.0))
     try:
         assert worker.runner.process is not None and not worker.runner.inline
         scores, _, metrics = worker.score(["\\boxed{\\frac{1}{2}}", "\\boxed{2}", "none"], ["0.5", "3", "1"])

@@ -282,29 +282,27 @@ class RewardClient:
 
     def __init__(self, config: RunConfig):
         from roll_lite.rewards import is_import_path
+        from roll_lite.rewards.routing import all_sources
 
         reward = config.reward
         self._get = WorkerCalls("reward", config.workers).get
         if reward.in_driver:
-            self.worker, self.local = None, RewardWorker(dict(reward.functions), reward.timeout_s,
-                                                         on_failure=reward.on_failure)
+            self.worker, self.local = None, RewardWorker(reward, config.data.domain_key)
             return
         # The worker imports the user's reward modules from where the driver found them.
-        specs = [*reward.functions, *([reward.judge_parser] if reward.judge_parser else [])]
+        specs = [*all_sources(reward, "functions"), *([reward.judge_parser] if reward.judge_parser else [])]
         roots = sorted({import_root(spec) for spec in specs if is_import_path(spec)} - {None})
         self.local = None
-        model_options = dict(max_tokens=reward.model_max_tokens, normalize=reward.model_normalize, clip=reward.model_clip)
         self.worker = ray.remote(RewardWorker).options(num_cpus=0).remote(
-            dict(reward.functions), reward.timeout_s, roots, roll_lite_dir(), reward.on_failure, dict(reward.models),
-            model_options, (config.model.tokenizer_path, config.model.chat_template), dict(reward.judges),
-            dict(template=reward.judge_template, parser=reward.judge_parser, max_new_tokens=reward.judge_max_new_tokens))
+            reward, config.data.domain_key, (config.model.tokenizer_path, config.model.chat_template), roots,
+            roll_lite_dir())
 
     def describe(self) -> str:
         if self.local is not None:
-            return ("rewards: scored in the driver (reward.in_driver: cheap built-in rules, no reward worker; "
-                    "reward.in_driver=false gives them one)")
-        models = self._get(self.worker.describe.remote(), "describe")
-        return "; ".join(["rewards: scored by a reward worker of its own", *models])
+            return "; ".join(["rewards: scored in the driver (reward.in_driver: cheap built-in rules, no reward worker; "
+                              "reward.in_driver=false gives them one)", *self.local.describe()])
+        sources = self._get(self.worker.describe.remote(), "describe")
+        return "; ".join(["rewards: scored by a reward worker of its own", *sources])
 
     def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None,
               prompts: list | None = None, sequences: list[list[int]] | None = None):

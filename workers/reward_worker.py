@@ -1,11 +1,13 @@
-"""The reward worker: the weighted sum of the configured reward functions and reward models per response.
+"""The reward worker: the weighted sum of a row's reward sources (functions, reward models, judges).
 
 Each source gives each response a typed outcome (roll_lite/rewards/outcomes.py). A response whose
-every function scored it `ok` is scored; any other is unscored: with reward.on_failure=zero the
-function that did not score it adds 0 (and the response trains on the rest), with drop the pipeline
-takes it out of the loss (pipelines/unscored.py). The metrics count each kind per function
+every source scored it `ok` is scored; any other is unscored: with reward.on_failure=zero the source
+that did not score it adds 0 (and the response trains on the rest), with drop the pipeline takes it
+out of the loss (pipelines/unscored.py). The metrics count each kind per source
 (`reward/<name>/failed`, `/timed_out`, `/unparseable`) and the unscored responses (`reward/unscored`);
-one warning per batch names the first reason. The reward models run in this process.
+one warning per batch names the first reason. With reward.domains each row goes to its domain's
+sources only (roll_lite/rewards/routing.py) and the metrics are per domain (`reward/<domain>/...`).
+Reward models and judges run in this process, each loaded once whatever domains share it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import logging
 import torch
 
 from roll_lite.rewards.outcomes import KINDS, Tally
+from roll_lite.rewards.routing import all_sources, routes, rows_by_domain
 from roll_lite.rewards.runner import RewardRunner
 from roll_lite.runtime.importing import enter_import_root
 
@@ -22,39 +25,38 @@ logger = logging.getLogger("roll_lite.rewards")
 
 
 class RewardWorker:
-    def __init__(self, weights: dict[str, float], timeout_s: float = 5.0, import_roots: list[str | None] = (),
-                 driver_roll_lite: str | None = None, on_failure: str = "zero", models: dict[str, float] | None = None,
-                 model_options: dict | None = None, policy_tokenizer: tuple[str | None, str | None] = (None, None),
-                 judges: dict[str, float] | None = None, judge_options: dict | None = None):
-        """`models`: reward-model folder -> weight, loaded with `model_options` (max_tokens, normalize,
-        clip: reward.model_*) and compared with the policy's tokenizer (model.tokenizer_path, chat_template).
-        `judges`: judge folder -> weight, with `judge_options` (template, parser: an import path,
-        max_new_tokens: reward.judge_*)."""
-        # The directories the driver imported the user's reward modules from, after the installed packages.
+    def __init__(self, reward, domain_key: str = "domain", policy_tokenizer: tuple[str | None, str | None] = (None, None),
+                 import_roots: list[str | None] = (), driver_roll_lite: str | None = None):
+        """`reward`: the run's RewardConfig; `policy_tokenizer`: (model.tokenizer_path, model.chat_template),
+        which the reward models compare their own with; `import_roots`: the directories the driver
+        imported the user's reward modules from, searched after the installed packages."""
         for root in import_roots:
             enter_import_root(root, driver_roll_lite)
-        self.weights = {name: float(weight) for name, weight in weights.items()}
-        self.on_failure = on_failure
-        self.runner = RewardRunner(list(self.weights), timeout_s)
+        self.on_failure, self.domain_key = reward.on_failure, domain_key
+        self.routes = routes(reward)
+        self.runner = RewardRunner(list(all_sources(reward, "functions")), reward.timeout_s)
         self.models, self.judges = {}, {}
-        if models:
+        if models := all_sources(reward, "models"):
             from roll_lite.model.tokenizer import load_tokenizer
-            from roll_lite.rewards.reward_model import RewardModel, model_metric_name
+            from roll_lite.rewards.reward_model import RewardModel
 
             tokenizer = load_tokenizer(*policy_tokenizer)
-            self.models = {model_metric_name(path): (RewardModel(path, tokenizer, **(model_options or {})), float(weight))
-                           for path, weight in models.items()}
-        if judges:
-            from roll_lite.rewards.judge import Judge, judge_metric_name
+            self.models = {path: RewardModel(path, tokenizer, reward.model_max_tokens, reward.model_normalize,
+                                             reward.model_clip) for path in models}
+        if judges := all_sources(reward, "judges"):
+            from roll_lite.rewards.judge import Judge
             from roll_lite.runtime.importing import load_object
 
-            options = dict(judge_options or {})
-            options["parser"] = load_object(options["parser"]) if options.get("parser") else None
-            self.judges = {judge_metric_name(path): (Judge(path, **options), float(weight)) for path, weight in judges.items()}
+            parser = load_object(reward.judge_parser) if reward.judge_parser else None
+            self.judges = {path: Judge(path, reward.judge_template, parser, reward.judge_max_new_tokens) for path in judges}
 
     def describe(self) -> list[str]:
-        """A line per reward model (how it sees the text) and per judge."""
-        return [source.describe() for source, _ in [*self.models.values(), *self.judges.values()]]
+        """A line per reward model (how it sees the text) and per judge, and the routing."""
+        lines = [source.describe() for source in [*self.models.values(), *self.judges.values()]]
+        if None not in self.routes:
+            lines.append("rewards routed by data." + self.domain_key + ": " + "; ".join(
+                f"{domain}: {', '.join(name for name, _, _ in self._sources(sources))}" for domain, sources in self.routes.items()))
+        return lines
 
     def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None,
               prompts: list | None = None,
@@ -62,36 +64,63 @@ class RewardWorker:
         """(scores [rows], scored [rows] bool: every source gave that row a score, metrics).
         reward/<name> is the source's mean over the rows it scored; reward/<name>/<kind> counts the
         rows it did not score, by kind; reward/unscored counts the rows some source did not score.
-        The reward models also read each row's prompt (a string or chat messages) and its token ids
-        (prompt + response, the policy's tokenizer)."""
+        The reward models and judges also read each row's prompt (a string or chat messages) and its
+        token ids (prompt + response, the policy's tokenizer)."""
         extras = [{} for _ in responses] if extras is None else [dict(e or {}) for e in extras]
         if not len(responses) == len(answers) == len(extras):
             raise ValueError(f"reward: {len(responses)} responses, {len(answers)} answers, {len(extras)} extras")
         if (self.models or self.judges) and (prompts is None or sequences is None):
             raise ValueError("reward: the reward models and judges need each row's prompt and token ids")
-        total = torch.zeros(len(responses), dtype=torch.float32)
-        scored = torch.ones(len(responses), dtype=torch.bool)
+        columns = dict(responses=responses, answers=answers, extras=extras, prompts=prompts, sequences=sequences)
+        if None in self.routes:
+            total, scored, metrics, tallies = self._score(self.routes[None], columns)
+            self._warn(tallies, len(responses), int((~scored).sum()))
+            return total, scored, {**metrics, "reward/unscored": float((~scored).sum())}
+        total, scored = torch.zeros(len(responses)), torch.ones(len(responses), dtype=torch.bool)
         metrics, tallies = {}, {}
-        sources = [(name, weight, lambda name=name: self.runner.score(name, responses, answers, extras))
-                   for name, weight in self.weights.items()]
-        sources += [(name, weight, lambda model=model: model.score(prompts, responses, sequences))
-                    for name, (model, weight) in self.models.items()]
-        sources += [(name, weight, lambda judge=judge: judge.score(prompts, responses, answers, extras))
-                    for name, (judge, weight) in self.judges.items()]
-        for name, weight, run in sources:
-            outcomes = run()
+        for domain, rows in rows_by_domain(extras, self.domain_key, self.routes).items():
+            if not rows:
+                continue
+            subset = {key: None if value is None else [value[i] for i in rows] for key, value in columns.items()}
+            part, part_scored, part_metrics, part_tallies = self._score(self.routes[domain], subset)
+            total[rows], scored[rows] = part, part_scored
+            metrics.update({f"reward/{domain}/{key.removeprefix('reward/')}": value for key, value in part_metrics.items()})
+            metrics[f"reward/{domain}/mean"] = part.mean().item()
+            tallies.update({f"{domain}/{name}": tally for name, tally in part_tallies.items()})
+        self._warn(tallies, len(responses), int((~scored).sum()))
+        return total, scored, {**metrics, "reward/unscored": float((~scored).sum())}
+
+    def _sources(self, sources) -> list[tuple[str, float, object]]:
+        """(metric name, weight, a call on a column dict) of a route's sources."""
+        from roll_lite.rewards.judge import judge_metric_name
+        from roll_lite.rewards.reward_model import model_metric_name
+
+        named = [(name, weight, lambda c, name=name: self.runner.score(name, c["responses"], c["answers"], c["extras"]))
+                 for name, weight in sources.functions.items()]
+        named += [(model_metric_name(path), weight,
+                   lambda c, model=self.models[path]: model.score(c["prompts"], c["responses"], c["sequences"]))
+                  for path, weight in sources.models.items()]
+        named += [(judge_metric_name(path), weight,
+                   lambda c, judge=self.judges[path]: judge.score(c["prompts"], c["responses"], c["answers"], c["extras"]))
+                  for path, weight in sources.judges.items()]
+        return named
+
+    def _score(self, sources, columns: dict) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], dict[str, Tally]]:
+        rows = len(columns["responses"])
+        total, scored = torch.zeros(rows, dtype=torch.float32), torch.ones(rows, dtype=torch.bool)
+        metrics, tallies = {}, {}
+        for name, weight, run in self._sources(sources):
+            outcomes = run(columns)
             tally = tallies[name] = Tally()
             for outcome in outcomes:
                 tally.add(outcome)
             values = torch.tensor([outcome.value for outcome in outcomes], dtype=torch.float32)
             ok = torch.tensor([outcome.ok for outcome in outcomes], dtype=torch.bool)
-            total += weight * values  # 0 where not ok
+            total += float(weight) * values  # 0 where not ok
             scored &= ok
             metrics[f"reward/{name}"] = values[ok].mean().item() if ok.any() else 0.0
             metrics.update({f"reward/{name}/{kind}": float(tally.counts[kind]) for kind in KINDS if kind != "ok"})
-        metrics["reward/unscored"] = float((~scored).sum())
-        self._warn(tallies, len(responses), int((~scored).sum()))
-        return total, scored, metrics
+        return total, scored, metrics, tallies
 
     def _warn(self, tallies: dict[str, Tally], rows: int, unscored: int) -> None:
         if not unscored:
@@ -100,7 +129,7 @@ class RewardWorker:
                                                    if kind != "ok" and n)
                            for name, tally in tallies.items() if tally.not_ok)
         first = next(f"{name}: {tally.first_reason}" for name, tally in tallies.items() if tally.first_reason)
-        then = ("scored 0 by those functions (reward.on_failure=zero)" if self.on_failure == "zero" else
+        then = ("scored 0 by those sources (reward.on_failure=zero)" if self.on_failure == "zero" else
                 "taken out of the loss and their groups' baselines (reward.on_failure=drop)")
         logger.warning("rewards: %d of %d responses unscored (%s), %s; first: %s", unscored, rows, counts, then, first)
 

@@ -88,8 +88,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
     if config.rollout.in_actor is None:
         config.rollout.in_actor = in_actor_by_default(config)
     if config.reward.in_driver is None:
-        reward = config.reward
-        config.reward.in_driver = not rewards_needing_a_worker(reward.functions) and not reward.models and not reward.judges
+        from roll_lite.rewards.routing import all_sources, reads_text
+
+        functions = all_sources(config.reward, "functions")
+        config.reward.in_driver = not rewards_needing_a_worker(functions) and not reads_text(config.reward)
     validate(config)
     if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
         config.model.tokenizer_path = config.model.pretrained_path

@@ -52,6 +52,7 @@ class DataConfig:
     prompt_key: str = "prompt"  # a string, or a list of chat messages [{role, content}, ...]
     answer_key: str = "answer"  # the ground truth handed to the reward (a string or a number)
     extra_keys: Optional[list[str]] = None  # fields passed to the reward; null: every other column
+    domain_key: str = "domain"  # the field naming a row's domain, which reward.domains routes by
     apply_chat_template: bool = False  # render string prompts with the tokenizer's chat template (messages always are)
     max_prompt_length: Optional[int] = 1024  # longer prompts (in tokens) are left out, counted and logged; null: no limit
     shuffle: bool = True  # a new seeded order every epoch
@@ -128,6 +129,15 @@ class RolloutConfig:
 
 
 @dataclass
+class DomainRewardConfig:
+    """The reward sources of one domain (reward.domains.<name>): the same keys as the reward section's own."""
+
+    functions: dict[str, float] = field(default_factory=dict)  # name or import path -> weight
+    models: dict[str, float] = field(default_factory=dict)  # reward-model folder -> weight
+    judges: dict[str, float] = field(default_factory=dict)  # judge folder -> weight
+
+
+@dataclass
 class RewardConfig:
     # name -> weight: registered names or package.module:function import paths (roll_lite/rewards/).
     # A YAML file's or a `reward.functions={...}` override's dict replaces this one (no merging).
@@ -155,6 +165,10 @@ class RewardConfig:
     judge_template: str = "pointwise"
     judge_parser: Optional[str] = None  # package.module:function, reply -> float or None; null: the template's
     judge_max_new_tokens: int = 32  # the judge's reply, at most
+    # routing by domain: name -> {functions, models, judges}. Each row's domain (its data.domain_key
+    # field) picks its sources; a row's domain that is not here stops the run before it starts. Set, it
+    # replaces functions / models / judges above (metrics reward/<domain>/...); empty: no routing
+    domains: dict[str, DomainRewardConfig] = field(default_factory=dict)
     # Where the scoring runs. null: in the driver when every function is a cheap built-in string rule
     # and there is no reward model or judge (a Ray round trip to a reward worker would cost more than the
     # scoring), else a reward worker of its own; true: the driver (only for cheap built-ins); false:

@@ -12,6 +12,7 @@ from roll_lite.loss.advantages import ADVANTAGE_ESTIMATORS
 from roll_lite.runtime.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
 from roll_lite.rewards import CHEAP_REWARDS, is_cheap
 from roll_lite.rewards.checks import check_reward_config
+from roll_lite.rewards.routing import all_sources, reads_text
 from roll_lite.strategy.config import PARAM_DTYPES
 
 
@@ -57,19 +58,19 @@ def validate(config: RunConfig) -> None:
     if rollout.in_actor:
         _validate_in_actor(config)
     try:  # registered names, or import paths imported here, before Ray starts (roll_lite/rewards/checks.py)
-        check_reward_config(config.reward.functions, config.reward.timeout_s, config.reward.models, config.reward)
+        check_reward_config(config.reward)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     _one_of(config.reward.on_failure, ("zero", "drop"), "reward.on_failure")
     _check(config.reward.model_max_tokens >= 1, "reward.model_max_tokens", f"must be >= 1, got {config.reward.model_max_tokens}")
     _check(config.reward.model_clip is None or config.reward.model_clip > 0, "reward.model_clip",
            f"must be > 0 or null, got {config.reward.model_clip}")
-    _check(not (config.reward.in_driver and (config.reward.models or config.reward.judges)), "reward.in_driver",
+    _check(not (config.reward.in_driver and reads_text(config.reward)), "reward.in_driver",
            "true scores only cheap built-in rules in the driver; reward models and judges run in the reward worker. "
            "Set reward.in_driver=null")
     _check(config.reward.judge_max_new_tokens >= 1, "reward.judge_max_new_tokens",
            f"must be >= 1, got {config.reward.judge_max_new_tokens}")
-    if config.reward.in_driver and (guarded := rewards_needing_a_worker(config.reward.functions)):
+    if config.reward.in_driver and (guarded := rewards_needing_a_worker(all_sources(config.reward, "functions"))):
         raise ConfigError(f"reward.in_driver: true scores only cheap built-in rules ({', '.join(sorted(CHEAP_REWARDS))}) "
                           f"in the driver; {', '.join(guarded)} run(s) in the reward worker's guarded process. "
                           "Set reward.in_driver=null")

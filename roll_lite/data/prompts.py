@@ -47,29 +47,31 @@ class PreparedData:
     notes: list[str]  # what to log once everything is known to be good (rows read, prompts left out)
 
 
-def prepare_datasets(data, tokenizer) -> PreparedData:
-    """Train and eval prompts of a `DataConfig`; raises DataError (one line) on any bad input."""
+def prepare_datasets(data, tokenizer, domains: Sequence[str] | None = None) -> PreparedData:
+    """Train and eval prompts of a `DataConfig`; raises DataError (one line) on any bad input. With
+    `domains` (reward.domains' names) every row's data.domain_key field must name one of them."""
     if not data.train_files:
         raise DataError("data.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)")
-    train, notes = load_prompts(data.train_files, "data.train_files", data, tokenizer)
+    train, notes = load_prompts(data.train_files, "data.train_files", data, tokenizer, domains)
     evaluation = None
     if data.eval_files:
-        evaluation, eval_notes = load_prompts(data.eval_files, "data.eval_files", data, tokenizer)
+        evaluation, eval_notes = load_prompts(data.eval_files, "data.eval_files", data, tokenizer, domains)
         notes += eval_notes
     return PreparedData(train, evaluation, notes)
 
 
-def load_prompts(files: Sequence[str], config_key: str, data, tokenizer) -> tuple[PromptData, list[str]]:
+def load_prompts(files: Sequence[str], config_key: str, data, tokenizer,
+                 domains: Sequence[str] | None = None) -> tuple[PromptData, list[str]]:
     """The rows of `files`, concatenated in order, minus the prompts over max_prompt_length."""
     return load_within_limit(
         files, config_key,
-        to_rows=lambda table: rows_to_prompts(table, data, tokenizer),
+        to_rows=lambda table: rows_to_prompts(table, data, tokenizer, domains),
         lengths=lambda prompts: [len(ids) for ids in prompts.prompt_ids],
         limit=data.max_prompt_length, limit_key="data.max_prompt_length", noun=("prompt", "prompts"),
         concat=PromptData.concat, error_prefix=f"key '{data.prompt_key}': ")
 
 
-def rows_to_prompts(table: Table, data, tokenizer) -> PromptData:
+def rows_to_prompts(table: Table, data, tokenizer, domains: Sequence[str] | None = None) -> PromptData:
     """Validated, tokenized rows of one file (nothing filtered yet)."""
     prompts, answers, extras = [], [], []
     chat_rows = []
@@ -87,6 +89,8 @@ def rows_to_prompts(table: Table, data, tokenizer) -> PromptData:
         prompts.append(prompt)
         answers.append(_answer(table, i, row, data.answer_key))
         extras.append(_extras(table, i, row, data))
+        if domains is not None:
+            extras[-1][data.domain_key] = _domain(table, i, row, data.domain_key, domains)
     plain = [i for i, chat in enumerate(chat_rows) if not chat]
     ids: list[list[int]] = [[] for _ in prompts]
     if plain:
@@ -157,3 +161,14 @@ def _extras(table: Table, i: int, row: dict, data) -> dict:
         if key not in table.columns:
             raise _missing(table, i, key, "data.extra_keys")
     return {key: row[key] for key in data.extra_keys}
+
+
+def _domain(table: Table, i: int, row: dict, key: str, domains: Sequence[str]) -> str:
+    """The row's domain, one that reward.domains maps: never a silent fallback to another's sources."""
+    domain = row.get(key)
+    if domain is None:
+        raise _missing(table, i, key, "data.domain_key: reward.domains routes each row by it")
+    if domain not in domains:
+        raise DataError(f"{table.where(i)}: key '{key}': domain {domain!r} is not one of reward.domains "
+                        f"({', '.join(domains)}); add it there or leave its rows out")
+    return domain

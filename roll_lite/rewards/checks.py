@@ -1,6 +1,7 @@
-"""Checking `reward.functions` and `reward.timeout_s` in the driver, before anything starts: each
-key a registered name, or an import path that imports to a function taking (response, ground_truth,
-extra); each weight a finite number. Errors are one line naming the key (ValueError)."""
+"""Checking the reward section in the driver, before anything starts: each function a registered
+name, or an import path that imports to a function taking (response, ground_truth, extra); each
+reward model and judge a folder of the right kind; each weight a finite number; with reward.domains,
+every domain's sources. Errors are one line naming the key (ValueError)."""
 
 from __future__ import annotations
 
@@ -10,24 +11,35 @@ import math
 from roll_lite.rewards.registry import REWARD_FUNCTIONS, is_import_path, resolve_reward
 
 
-def check_reward_config(functions: dict, timeout_s: float, models: dict | None = None, reward=None) -> None:
-    """`reward`: the whole reward section, for its judges (reward.judges, judge_template, judge_parser)."""
-    models = models or {}
-    judges = dict(reward.judges) if reward is not None else {}
-    if not functions and not models and not judges:
-        raise ValueError("reward.functions: name at least one reward function (or a reward model or judge: "
-                         "reward.models, reward.judges)")
-    check_reward_models(models)
-    if judges:
-        check_judges(judges, reward.judge_template, reward.judge_parser)
-    if not timeout_s > 0:
-        raise ValueError(f"reward.timeout_s: must be > 0, got {timeout_s}")
+def check_reward_config(reward) -> None:
+    """The reward section (a RewardConfig): every route's sources (the section's own, or each of
+    reward.domains'), their weights, folders and templates, and the timeout."""
+    from roll_lite.rewards.routing import routes
+
+    if not reward.timeout_s > 0:
+        raise ValueError(f"reward.timeout_s: must be > 0, got {reward.timeout_s}")
+    if reward.domains and (reward.models or reward.judges):
+        key = "reward.models" if reward.models else "reward.judges"
+        raise ValueError(f"{key}: with reward.domains every source belongs to a domain; set "
+                         f"reward.domains.<domain>.{key.split('.')[1]} instead")
+    for domain, sources in routes(reward).items():
+        prefix = "reward." if domain is None else f"reward.domains.{domain}."
+        if not sources.functions and not sources.models and not sources.judges:
+            raise ValueError(f"{prefix}functions: name at least one reward function (or a reward model or judge: "
+                             f"{prefix}models, {prefix}judges)")
+        check_functions(sources.functions, prefix + "functions")
+        check_reward_models(sources.models, prefix + "models")
+        if sources.judges:
+            check_judges(sources.judges, reward.judge_template, reward.judge_parser, prefix + "judges")
+
+
+def check_functions(functions: dict, section: str = "reward.functions") -> None:
     for name, weight in functions.items():
-        key = f"reward.functions.{name}"
+        key = f"{section}.{name}"
         if isinstance(weight, dict):  # `reward.functions.pkg.module:fn=1` was split at its dots
             spec, weight = _dotted(name, weight)
             raise ValueError(f"{key}: the weight must be a finite number, got a mapping; an import path as a key "
-                             f"needs the braces: reward.functions={{{spec}: {weight}}}")
+                             f"needs the braces: {section}={{{spec}: {weight}}}")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ValueError(f"{key}: the weight must be a finite number, got {weight!r}")
         if not is_import_path(name):
@@ -61,38 +73,38 @@ def _dotted(prefix: str, nested: dict) -> tuple[str, object]:
     return _dotted(f"{prefix}.{key}", value) if isinstance(value, dict) else (f"{prefix}.{key}", value)
 
 
-def check_reward_models(models: dict) -> None:
+def check_reward_models(models: dict, section: str = "reward.models") -> None:
     """reward.models: local folders of one-label sequence-classification models, finite weights, and
     folder names that tell their metrics apart (reward/model:<folder name>)."""
     from roll_lite.rewards.reward_model import check_reward_model_folder, model_metric_name
 
     names: dict[str, str] = {}
     for path, weight in models.items():
-        key = f"reward.models.{path}"
+        key = f"{section}.{path}"
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ValueError(f"{key}: the weight must be a finite number, got {weight!r}")
         check_reward_model_folder(path, key)
         name = model_metric_name(path)
         if name in names:
-            raise ValueError(f"reward.models: '{names[name]}' and '{path}' share the folder name {name!r}, which names "
+            raise ValueError(f"{section}: '{names[name]}' and '{path}' share the folder name {name!r}, which names "
                              "their metrics; rename one folder")
         names[name] = path
 
 
-def check_judges(judges: dict, template: str, parser: str | None) -> None:
+def check_judges(judges: dict, template: str, parser: str | None, section: str = "reward.judges") -> None:
     """reward.judges: local folders of generative models, finite weights, distinct folder names; a
     template whose fields a row has; a parser that imports."""
     from roll_lite.rewards.judge import check_judge_folder, judge_metric_name, template_source
 
     names: dict[str, str] = {}
     for path, weight in judges.items():
-        key = f"reward.judges.{path}"
+        key = f"{section}.{path}"
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ValueError(f"{key}: the weight must be a finite number, got {weight!r}")
         check_judge_folder(path, key)
         name = judge_metric_name(path)
         if name in names:
-            raise ValueError(f"reward.judges: '{names[name]}' and '{path}' share the folder name {name!r}, which names "
+            raise ValueError(f"{section}: '{names[name]}' and '{path}' share the folder name {name!r}, which names "
                              "their metrics; rename one folder")
         names[name] = path
     template_source(template)
