@@ -56,3 +56,17 @@ def looks_local(path: str) -> bool:
 def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def local_model_config(path: str, key: str, what: str):
+    """The HF config of a local model folder that also holds its tokenizer (`what` names it in errors:
+    'a reward model', 'a judge'); one line naming `key` when it is not there."""
+    from transformers import AutoConfig
+
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"{key}: no such folder '{path}' ({what} is a local folder saved with save_pretrained)")
+    for needed in ("config.json", "tokenizer.json"):
+        if not (folder / needed).is_file():
+            raise ValueError(f"{key}: '{path}' has no {needed} (save the model and its tokenizer with save_pretrained)")
+    return AutoConfig.from_pretrained(folder)

@@ -74,39 +74,18 @@ def _dotted(prefix: str, nested: dict) -> tuple[str, object]:
 
 
 def check_reward_models(models: dict, section: str = "reward.models") -> None:
-    """reward.models: local folders of one-label sequence-classification models, finite weights, and
-    folder names that tell their metrics apart (reward/model:<folder name>)."""
+    """reward.models: local folders of one-label sequence-classification models (reward/model:<folder>)."""
     from roll_lite.rewards.reward_model import check_reward_model_folder, model_metric_name
 
-    names: dict[str, str] = {}
-    for path, weight in models.items():
-        key = f"{section}.{path}"
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise ValueError(f"{key}: the weight must be a finite number, got {weight!r}")
-        check_reward_model_folder(path, key)
-        name = model_metric_name(path)
-        if name in names:
-            raise ValueError(f"{section}: '{names[name]}' and '{path}' share the folder name {name!r}, which names "
-                             "their metrics; rename one folder")
-        names[name] = path
+    _check_model_folders(models, section, check_reward_model_folder, model_metric_name)
 
 
 def check_judges(judges: dict, template: str, parser: str | None, section: str = "reward.judges") -> None:
-    """reward.judges: local folders of generative models, finite weights, distinct folder names; a
-    template whose fields a row has; a parser that imports."""
+    """reward.judges: local folders of generative models (reward/judge:<folder>); a template whose
+    fields a row has; a parser that imports."""
     from roll_lite.rewards.judge import check_judge_folder, judge_metric_name, template_source
 
-    names: dict[str, str] = {}
-    for path, weight in judges.items():
-        key = f"{section}.{path}"
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise ValueError(f"{key}: the weight must be a finite number, got {weight!r}")
-        check_judge_folder(path, key)
-        name = judge_metric_name(path)
-        if name in names:
-            raise ValueError(f"{section}: '{names[name]}' and '{path}' share the folder name {name!r}, which names "
-                             "their metrics; rename one folder")
-        names[name] = path
+    _check_model_folders(judges, section, check_judge_folder, judge_metric_name)
     template_source(template)
     if parser is not None:
         if not is_import_path(parser):
@@ -115,3 +94,18 @@ def check_judges(judges: dict, template: str, parser: str | None, section: str =
             resolve_reward(parser, search_cwd=True)
         except Exception as error:
             raise ValueError(f"reward.judge_parser: cannot import '{parser}': {type(error).__name__}: {error}") from None
+
+
+def _check_model_folders(sources: dict, section: str, check_folder, metric_name) -> None:
+    """Finite weights, folders that `check_folder` accepts, and folder names that tell their metrics apart."""
+    names: dict[str, str] = {}
+    for path, weight in sources.items():
+        key = f"{section}.{path}"
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ValueError(f"{key}: the weight must be a finite number, got {weight!r}")
+        check_folder(path, key)
+        name = metric_name(path)
+        if name in names:
+            raise ValueError(f"{section}: '{names[name]}' and '{path}' share the folder name {name!r}, which names "
+                             "their metrics; rename one folder")
+        names[name] = path

@@ -74,15 +74,11 @@ def judge_metric_name(path: str) -> str:
 
 
 def check_judge_folder(path: str, key: str) -> None:
-    from transformers import AutoConfig
+    """Before the run: a local folder holding a generative model and a tokenizer."""
+    from roll_lite.model.files import local_model_config
 
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise ValueError(f"{key}: no such folder '{path}' (a judge is a local folder saved with save_pretrained)")
-    for needed in ("config.json", "tokenizer.json"):
-        if not (folder / needed).is_file():
-            raise ValueError(f"{key}: '{path}' has no {needed} (save the model and its tokenizer with save_pretrained)")
-    architectures = getattr(AutoConfig.from_pretrained(folder), "architectures", None) or []
+    config = local_model_config(path, key, "a judge")
+    architectures = getattr(config, "architectures", None) or []
     if not any(name.endswith("ForCausalLM") for name in architectures):
         raise ValueError(f"{key}: '{path}' is a {', '.join(architectures) or 'model'} model, not a generative one "
                          "(AutoModelForCausalLM)")

@@ -33,15 +33,9 @@ def model_metric_name(path: str) -> str:
 
 def check_reward_model_folder(path: str, key: str) -> None:
     """Before the run: a local folder holding a one-label sequence-classification model and a tokenizer."""
-    from transformers import AutoConfig
+    from roll_lite.model.files import local_model_config
 
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise ValueError(f"{key}: no such folder '{path}' (a reward model is a local folder saved with save_pretrained)")
-    for needed in ("config.json", "tokenizer.json"):
-        if not (folder / needed).is_file():
-            raise ValueError(f"{key}: '{path}' has no {needed} (save the model and its tokenizer with save_pretrained)")
-    config = AutoConfig.from_pretrained(folder)
+    config = local_model_config(path, key, "a reward model")
     architectures = getattr(config, "architectures", None) or []
     if not any(name.endswith("ForSequenceClassification") for name in architectures):
         raise ValueError(f"{key}: '{path}' is a {', '.join(architectures) or config.model_type} model, not a sequence-"
