@@ -188,6 +188,7 @@ class PPOPipeline:
         generated = time.perf_counter()
 
         batch, scores, token_rewards, reward_metrics = self.rewards(batch)
+        scored = time.perf_counter()
         reward_metrics = drop_unscored(batch, self.loss_mask_key, scores, {"reward/mean": scores.mean().item(), **reward_metrics})
         batch.meta_info["temperature"] = self.config.rollout.temperature  # every log-prob below at the sampling one
         mask = batch[self.loss_mask_key]
@@ -226,6 +227,7 @@ class PPOPipeline:
             "perf/step_s": elapsed,
             "perf/generate_s": generated - start,
             "perf/prepare_s": prepared - generated,  # rewards, reference / old log-probs, values, advantages
+            "perf/reward_s": scored - generated,  # of which the rewards (with DAPO's extra rounds, their generation)
             "perf/train_s": trained - prepared,
             "perf/weight_sync_s": elapsed - (trained - start),
             "perf/tokens_per_s": tokens / elapsed,

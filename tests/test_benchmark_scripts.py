@@ -237,3 +237,12 @@ def test_head_speed_smoke_compares_both_paths_with_float64():
     rows = {cells[0]: cells for cells in _table_rows(result.stdout, r"[^|]+")}
     assert {"bf16 operands", "float32 copies"} <= set(rows), result.stdout
     assert float(rows["float32 copies"][3]) < 1e-5, rows  # log p against float64
+
+
+def test_reward_sources_smoke_times_every_source():
+    (line,) = doc_commands.commands("python", "benchmarks/reward_sources.py --smoke")
+    result = run(*shlex.split(line)[1:], timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = {cells[0]: float(cells[1].replace(",", "")) for cells in _table_rows(result.stdout, r"(rule|model|judge|all)")}
+    assert list(rows) == ["rule", "model", "judge", "all"] and all(speed > 0 for speed in rows.values()), result.stdout
+    assert rows["all"] < min(rows["rule"], rows["model"], rows["judge"])  # the three together cost the sum
