@@ -117,3 +117,12 @@ def test_the_worker_adds_a_reward_model_to_the_functions(tmp_path):
     assert scored.tolist() == [True, True] and metrics["reward/model:judge_rm"] == pytest.approx(sum(rm) / 2, abs=1e-5)
     with pytest.raises(ValueError, match="the reward models and judges need each row's prompt and token ids"):
         worker.score(["1"], ["1"])
+
+
+def test_a_reward_model_without_a_pad_token_is_refused_before_the_run(tmp_path):
+    folder = save_reward_model(tmp_path / "rm")
+    tokenizer = build_char_tokenizer()
+    tokenizer.pad_token = None
+    tokenizer.save_pretrained(folder)
+    with pytest.raises(ValueError, match="reward.models.rm: the tokenizer of .* has no pad token"):
+        check_reward_model_folder(folder, "reward.models.rm")

@@ -82,6 +82,11 @@ def check_judge_folder(path: str, key: str) -> None:
     if not any(name.endswith("ForCausalLM") for name in architectures):
         raise ValueError(f"{key}: '{path}' is a {', '.join(architectures) or 'model'} model, not a generative one "
                          "(AutoModelForCausalLM)")
+    from transformers import AutoTokenizer
+
+    if AutoTokenizer.from_pretrained(Path(path).expanduser()).eos_token_id is None:
+        raise ValueError(f"{key}: the tokenizer of '{path}' has no eos token, so a reply would never end before "
+                         "reward.judge_max_new_tokens (set one and save it again)")
 
 
 class Judge:

@@ -43,6 +43,10 @@ def check_reward_model_folder(path: str, key: str) -> None:
     if config.num_labels != 1:
         raise ValueError(f"{key}: '{path}' has a head of {config.num_labels} labels; a reward model gives one score per "
                          "sequence (num_labels=1)")
+    from transformers import AutoTokenizer
+
+    if AutoTokenizer.from_pretrained(Path(path).expanduser()).pad_token_id is None:
+        raise ValueError(f"{key}: the tokenizer of '{path}' has no pad token, which batching needs (set one and save it again)")
 
 
 class RewardModel:
