@@ -245,4 +245,4 @@ def test_reward_sources_smoke_times_every_source():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = {cells[0]: float(cells[1].replace(",", "")) for cells in _table_rows(result.stdout, r"(rule|model|judge|all)")}
     assert list(rows) == ["rule", "model", "judge", "all"] and all(speed > 0 for speed in rows.values()), result.stdout
-    assert rows["all"] < min(rows["rule"], rows["model"], rows["judge"])  # the three together cost the sum
+    assert rows["rule"] > rows["model"] > rows["judge"]  # a string rule, one forward, a generation
