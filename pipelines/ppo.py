@@ -259,11 +259,11 @@ class PPOPipeline:
         """The reward functions on each row: its response text, answer and extra dataset fields
         (non_tensor_batch["extra"], one dict per row, when the data provides them). With
         reward.on_failure=drop it also marks the rows every function scored: batch["scored"]."""
-        extras, models = batch.non_tensor_batch.get("extra"), reads_text(self.config.reward)
+        extras, with_text = batch.non_tensor_batch.get("extra"), reads_text(self.config.reward)
         scores, scored, metrics = self.reward.score(list(batch.non_tensor_batch["response_text"]),
                                                     list(batch.non_tensor_batch["answer"]),
                                                     None if extras is None else list(extras),
-                                                    *((list(batch.non_tensor_batch["prompt"]), token_ids(batch)) if models else ()))
+                                                    *((list(batch.non_tensor_batch["prompt"]), token_ids(batch)) if with_text else ()))
         if self.config.reward.on_failure == "drop":
             batch.batch["scored"] = scored
         return scores, metrics

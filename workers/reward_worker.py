@@ -72,21 +72,21 @@ class RewardWorker:
         if (self.models or self.judges) and (prompts is None or sequences is None):
             raise ValueError("reward: the reward models and judges need each row's prompt and token ids")
         columns = dict(responses=responses, answers=answers, extras=extras, prompts=prompts, sequences=sequences)
-        if None in self.routes:
-            total, scored, metrics, tallies = self._score(self.routes[None], columns)
-            self._warn(tallies, len(responses), int((~scored).sum()))
-            return total, scored, {**metrics, "reward/unscored": float((~scored).sum())}
+        parts = ({None: list(range(len(responses)))} if None in self.routes  # no routing: every row, no prefix
+                 else rows_by_domain(extras, self.domain_key, self.routes))
         total, scored = torch.zeros(len(responses)), torch.ones(len(responses), dtype=torch.bool)
         metrics, tallies = {}, {}
-        for domain, rows in rows_by_domain(extras, self.domain_key, self.routes).items():
-            if not rows:
+        for domain, rows in parts.items():
+            if domain is not None and not rows:
                 continue
+            prefix = "" if domain is None else f"{domain}/"
             subset = {key: None if value is None else [value[i] for i in rows] for key, value in columns.items()}
             part, part_scored, part_metrics, part_tallies = self._score(self.routes[domain], subset)
             total[rows], scored[rows] = part, part_scored
-            metrics.update({f"reward/{domain}/{key.removeprefix('reward/')}": value for key, value in part_metrics.items()})
-            metrics[f"reward/{domain}/mean"] = part.mean().item()
-            tallies.update({f"{domain}/{name}": tally for name, tally in part_tallies.items()})
+            metrics.update({f"reward/{prefix}{key.removeprefix('reward/')}": value for key, value in part_metrics.items()})
+            if domain is not None:
+                metrics[f"reward/{domain}/mean"] = part.mean().item()
+            tallies.update({f"{prefix}{name}": tally for name, tally in part_tallies.items()})
         self._warn(tallies, len(responses), int((~scored).sum()))
         return total, scored, {**metrics, "reward/unscored": float((~scored).sum())}
 

@@ -58,10 +58,11 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def local_model_config(path: str, key: str, what: str):
-    """The HF config of a local model folder that also holds its tokenizer (`what` names it in errors:
-    'a reward model', 'a judge'); one line naming `key` when it is not there."""
-    from transformers import AutoConfig
+def local_model(path: str, key: str, what: str, auto_class: str, kind: str):
+    """(HF config, tokenizer) of a local model folder whose architecture is an `auto_class` one
+    (AutoModelForCausalLM, AutoModelForSequenceClassification); `what` ('a judge') and `kind` ('a
+    generative one') name it in errors: one line naming `key` when it is not there or not that kind."""
+    from transformers import AutoConfig, AutoTokenizer
 
     folder = Path(path).expanduser()
     if not folder.is_dir():
@@ -69,4 +70,10 @@ def local_model_config(path: str, key: str, what: str):
     for needed in ("config.json", "tokenizer.json"):
         if not (folder / needed).is_file():
             raise ValueError(f"{key}: '{path}' has no {needed} (save the model and its tokenizer with save_pretrained)")
-    return AutoConfig.from_pretrained(folder)
+    config = AutoConfig.from_pretrained(folder)
+    architectures = getattr(config, "architectures", None) or []
+    suffix = auto_class.removeprefix("AutoModel")
+    if not any(name.endswith(suffix) for name in architectures):
+        raise ValueError(f"{key}: '{path}' is a {', '.join(architectures) or config.model_type} model, not {kind} "
+                         f"({auto_class})")
+    return config, AutoTokenizer.from_pretrained(folder)

@@ -75,16 +75,10 @@ def judge_metric_name(path: str) -> str:
 
 def check_judge_folder(path: str, key: str) -> None:
     """Before the run: a local folder holding a generative model and a tokenizer."""
-    from roll_lite.model.files import local_model_config
+    from roll_lite.model.files import local_model
 
-    config = local_model_config(path, key, "a judge")
-    architectures = getattr(config, "architectures", None) or []
-    if not any(name.endswith("ForCausalLM") for name in architectures):
-        raise ValueError(f"{key}: '{path}' is a {', '.join(architectures) or 'model'} model, not a generative one "
-                         "(AutoModelForCausalLM)")
-    from transformers import AutoTokenizer
-
-    if AutoTokenizer.from_pretrained(Path(path).expanduser()).eos_token_id is None:
+    _, tokenizer = local_model(path, key, "a judge", "AutoModelForCausalLM", "a generative one")
+    if tokenizer.eos_token_id is None:
         raise ValueError(f"{key}: the tokenizer of '{path}' has no eos token, so a reply would never end before "
                          "reward.judge_max_new_tokens (set one and save it again)")
 

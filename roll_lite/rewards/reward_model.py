@@ -33,19 +33,14 @@ def model_metric_name(path: str) -> str:
 
 def check_reward_model_folder(path: str, key: str) -> None:
     """Before the run: a local folder holding a one-label sequence-classification model and a tokenizer."""
-    from roll_lite.model.files import local_model_config
+    from roll_lite.model.files import local_model
 
-    config = local_model_config(path, key, "a reward model")
-    architectures = getattr(config, "architectures", None) or []
-    if not any(name.endswith("ForSequenceClassification") for name in architectures):
-        raise ValueError(f"{key}: '{path}' is a {', '.join(architectures) or config.model_type} model, not a sequence-"
-                         "classification one (AutoModelForSequenceClassification)")
+    config, tokenizer = local_model(path, key, "a reward model", "AutoModelForSequenceClassification",
+                                    "a sequence-classification one")
     if config.num_labels != 1:
         raise ValueError(f"{key}: '{path}' has a head of {config.num_labels} labels; a reward model gives one score per "
                          "sequence (num_labels=1)")
-    from transformers import AutoTokenizer
-
-    if AutoTokenizer.from_pretrained(Path(path).expanduser()).pad_token_id is None:
+    if tokenizer.pad_token_id is None:
         raise ValueError(f"{key}: the tokenizer of '{path}' has no pad token, which batching needs (set one and save it again)")
 
 
