@@ -44,9 +44,9 @@ class MultiTurnPipeline(PPOPipeline):
         if config.environment.name is None:
             raise ConfigError("environment.name: MultiTurnPipeline needs an environment (e.g. environment.name="
                               "guess_the_number); for single-turn runs use roll_lite.pipelines.ppo:PPOPipeline")
-        for key in ("models", "judges", "domains"):
+        for key in ("models", "judges", "domains", "code"):
             if getattr(config.reward, key):
-                raise ConfigError(f"reward.{key}: MultiTurnPipeline does not score with reward models, judges or domains "
+                raise ConfigError(f"reward.{key}: MultiTurnPipeline does not score with reward models, judges, domains or code "
                                   "yet (its rows hold whole trajectories); score with reward.functions or the "
                                   "environment's rewards")
         if config.reward.on_failure == "drop":  # turn-level credit has no baseline over the scored rows yet

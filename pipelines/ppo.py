@@ -20,12 +20,13 @@ import torch
 
 from roll_lite.config import RunConfig, rollout_dtype
 from roll_lite.data import DataProto
-from roll_lite.data.prompts import PromptData
+from roll_lite.data.prompts import PromptData, prepare_datasets
 from roll_lite.data.sampler import PromptSampler
 from roll_lite.loss import value_loss_func
 from roll_lite.loss.advantages import kl_shaped_rewards, last_token_rewards
 from roll_lite.runtime.progress import progress_bar, seconds_in_all
 from roll_lite.rollout import SamplingParams
+from roll_lite.rewards.code import code_row_check
 from roll_lite.rewards.routing import reads_text
 from roll_lite.rollout.ahead import staleness
 from roll_lite.data.sequences import completion_batch, token_ids
@@ -136,9 +137,9 @@ class PPOPipeline:
 
     def read_data(self) -> tuple[PromptData, PromptData | None]:
         """(the training prompts, the held-out ones or None), tokenized."""
-        from roll_lite.data.prompts import prepare_datasets
-
-        prepared = prepare_datasets(self.config.data, self.tokenizer, domains=list(self.config.reward.domains) or None)
+        reward = self.config.reward
+        prepared = prepare_datasets(self.config.data, self.tokenizer, domains=list(reward.domains) or None,
+                                    row_check=code_row_check(reward, self.config.data.domain_key))
         for note in prepared.notes:
             logger.info(note)
         return prepared.train, prepared.eval

@@ -179,6 +179,11 @@ def test_the_pipeline_refuses_to_drop_unscored_responses_for_now(rows_file):
         pipeline_for(rows_file, "reward.on_failure=drop")
 
 
+def test_the_pipeline_refuses_the_code_source_for_now(rows_file):
+    with pytest.raises(ConfigError, match="reward.code: MultiTurnPipeline does not score with reward models, judges, domains or code"):
+        pipeline_for(rows_file, "reward.code=1.0", "reward.sandbox.isolation=rlimits")
+
+
 def test_final_reward_adds_the_reward_functions_score_on_the_last_turn(rows_file, monkeypatch):
     pipeline = pipeline_for(rows_file, "environment.final_reward=true")
     episodes = [episode(0, 0, [(2, 0.5), (2, 0.0)]), episode(0, 1, [(1, 0.0)], end="fault", fault="raised")]

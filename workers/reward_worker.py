@@ -1,4 +1,5 @@
-"""The reward worker: the weighted sum of a row's reward sources (functions, reward models, judges).
+"""The reward worker: the weighted sum of a row's reward sources (functions, reward models, judges,
+the code sandbox).
 
 Each source gives each response a typed outcome (roll_lite/rewards/outcomes.py). A response whose
 every source scored it `ok` is scored; any other is unscored: with reward.on_failure=zero the source
@@ -7,7 +8,8 @@ out of the loss (pipelines/unscored.py). The metrics count each kind per source
 (`reward/<name>/failed`, `/timed_out`, `/unparseable`) and the unscored responses (`reward/unscored`);
 one warning per batch names the first reason. With reward.domains each row goes to its domain's
 sources only (roll_lite/rewards/routing.py) and the metrics are per domain (`reward/<domain>/...`).
-Reward models and judges run in this process, each loaded once whatever domains share it.
+Reward models and judges run in this process, each loaded once whatever domains share it; the code
+source runs each program in a sandbox of its own (roll_lite/sandbox/), a bounded pool of them at once.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import torch
 
 from roll_lite.rewards.outcomes import KINDS, Tally
-from roll_lite.rewards.routing import all_sources, routes, rows_by_domain
+from roll_lite.rewards.routing import all_sources, routes, rows_by_domain, uses_code
 from roll_lite.rewards.runner import RewardRunner
 from roll_lite.runtime.importing import enter_import_root
 
@@ -49,10 +51,16 @@ class RewardWorker:
 
             parser = load_object(reward.judge_parser) if reward.judge_parser else None
             self.judges = {path: Judge(path, reward.judge_template, parser, reward.judge_max_new_tokens) for path in judges}
+        self.code = None
+        if uses_code(reward):
+            from roll_lite.rewards.code import CodeReward
+
+            self.code = CodeReward(reward)  # starts the sandbox pool and proves it isolates
 
     def describe(self) -> list[str]:
         """A line per reward model (how it sees the text) and per judge, and the routing."""
-        lines = [source.describe() for source in [*self.models.values(), *self.judges.values()]]
+        sources = [*self.models.values(), *self.judges.values()] + ([self.code] if self.code else [])
+        lines = [source.describe() for source in sources]
         if None not in self.routes:
             lines.append("rewards routed by data." + self.domain_key + ": " + "; ".join(
                 f"{domain}: {', '.join(name for name, _, _ in self._sources(sources))}" for domain, sources in self.routes.items()))
@@ -103,6 +111,8 @@ class RewardWorker:
         named += [(judge_metric_name(path), weight,
                    lambda c, judge=self.judges[path]: judge.score(c["prompts"], c["responses"], c["answers"], c["extras"]))
                   for path, weight in sources.judges.items()]
+        if sources.code:
+            named.append(("code", sources.code, lambda c: self.code.score(c["responses"], c["extras"])))
         return named
 
     def _score(self, sources, columns: dict) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], dict[str, Tally]]:
@@ -110,7 +120,9 @@ class RewardWorker:
         total, scored = torch.zeros(rows, dtype=torch.float32), torch.ones(rows, dtype=torch.bool)
         metrics, tallies = {}, {}
         for name, weight, run in self._sources(sources):
-            outcomes = run(columns)
+            outcomes, counts = run(columns), {}
+            if isinstance(outcomes, tuple):  # the code source adds its programs' verdicts
+                outcomes, counts = outcomes
             tally = tallies[name] = Tally()
             for outcome in outcomes:
                 tally.add(outcome)
@@ -120,6 +132,7 @@ class RewardWorker:
             scored &= ok
             metrics[f"reward/{name}"] = values[ok].mean().item() if ok.any() else 0.0
             metrics.update({f"reward/{name}/{kind}": float(tally.counts[kind]) for kind in KINDS if kind != "ok"})
+            metrics.update({f"reward/{name}/{key}": value for key, value in counts.items()})
         return total, scored, metrics, tallies
 
     def _warn(self, tallies: dict[str, Tally], rows: int, unscored: int) -> None:
@@ -135,3 +148,5 @@ class RewardWorker:
 
     def close(self) -> None:
         self.runner.close()
+        if self.code is not None:
+            self.code.close()

@@ -88,10 +88,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
     if config.rollout.in_actor is None:
         config.rollout.in_actor = in_actor_by_default(config)
     if config.reward.in_driver is None:
-        from roll_lite.rewards.routing import all_sources, reads_text
+        from roll_lite.rewards.routing import all_sources, reads_text, uses_code
 
         functions = all_sources(config.reward, "functions")
-        config.reward.in_driver = not rewards_needing_a_worker(functions) and not reads_text(config.reward)
+        config.reward.in_driver = not (rewards_needing_a_worker(functions) or reads_text(config.reward)
+                                       or uses_code(config.reward))
     validate(config)
     if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
         config.model.tokenizer_path = config.model.pretrained_path

@@ -135,6 +135,26 @@ class DomainRewardConfig:
     functions: dict[str, float] = field(default_factory=dict)  # name or import path -> weight
     models: dict[str, float] = field(default_factory=dict)  # reward-model folder -> weight
     judges: dict[str, float] = field(default_factory=dict)  # judge folder -> weight
+    code: float = 0.0  # weight of the code source (0: not used)
+
+
+@dataclass
+class SandboxConfig:
+    """Where the code source runs programs (roll_lite/sandbox/, docs/sandbox.md)."""
+
+    # bwrap (namespaces: no network, its own processes, an empty file system but /usr; needs Debian's
+    # bubblewrap) | rlimits (weaker, only if you choose it: limits and a timeout, no isolation)
+    isolation: str = "bwrap"
+    workers: Optional[int] = None  # programs at once; null: one per CPU core
+    wall_s: float = 5.0  # per run, from start to exit: then the whole sandbox is killed (timed_out)
+    cpu_s: int = 5  # CPU seconds per run (timed_out)
+    memory_mb: int = 1024  # address space: an allocation past it fails (memory_limit)
+    file_mb: int = 16  # the largest file a program may write
+    disk_mb: int = 32  # its working directory and /tmp, each a tmpfs of this size (bwrap)
+    open_files: int = 64
+    processes: int = 16  # processes and threads: a fork bomb stops here
+    output_kb: int = 1024  # stdout + stderr per run: past it the sandbox is killed (output_limit)
+    python: Optional[str] = None  # the interpreter that runs programs; null: the run's own
 
 
 @dataclass
@@ -169,6 +189,13 @@ class RewardConfig:
     # field) picks its sources; a row's domain that is not here stops the run before it starts. Set, it
     # replaces functions / models / judges above (metrics reward/<domain>/...); empty: no routing
     domains: dict[str, DomainRewardConfig] = field(default_factory=dict)
+    # the code source: each response's program run against its row's tests in the sandbox
+    # (roll_lite/rewards/code.py; metrics reward/code, reward/code/programs/<verdict>). Weight; 0: not used
+    code: float = 0.0
+    code_tests_key: str = "tests"  # the row field with the tests: stdin/stdout or function cases (docs/sandbox.md)
+    code_extract: str = "fenced"  # fenced (the last ``` block) | whole (the whole response is the program)
+    code_score: str = "fraction"  # fraction (of the cases passed) | all (1 if every case passed, else 0)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     # Where the scoring runs. null: in the driver when every function is a cheap built-in string rule
     # and there is no reward model or judge (a Ray round trip to a reward worker would cost more than the
     # scoring), else a reward worker of its own; true: the driver (only for cheap built-ins); false:

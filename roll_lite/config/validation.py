@@ -12,7 +12,7 @@ from roll_lite.loss.advantages import ADVANTAGE_ESTIMATORS
 from roll_lite.runtime.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
 from roll_lite.rewards import CHEAP_REWARDS, is_cheap
 from roll_lite.rewards.checks import check_reward_config
-from roll_lite.rewards.routing import all_sources, reads_text
+from roll_lite.rewards.routing import all_sources, reads_text, uses_code
 from roll_lite.strategy.config import PARAM_DTYPES
 
 
@@ -65,9 +65,11 @@ def validate(config: RunConfig) -> None:
     _check(config.reward.model_max_tokens >= 1, "reward.model_max_tokens", f"must be >= 1, got {config.reward.model_max_tokens}")
     _check(config.reward.model_clip is None or config.reward.model_clip > 0, "reward.model_clip",
            f"must be > 0 or null, got {config.reward.model_clip}")
-    _check(not (config.reward.in_driver and reads_text(config.reward)), "reward.in_driver",
-           "true scores only cheap built-in rules in the driver; reward models and judges run in the reward worker. "
-           "Set reward.in_driver=null")
+    _check(not (config.reward.in_driver and (reads_text(config.reward) or uses_code(config.reward))), "reward.in_driver",
+           "true scores only cheap built-in rules in the driver; reward models, judges and the code sandbox run in "
+           "the reward worker. Set reward.in_driver=null")
+    if uses_code(config.reward):
+        _validate_code(config.reward)
     _check(config.reward.judge_max_new_tokens >= 1, "reward.judge_max_new_tokens",
            f"must be >= 1, got {config.reward.judge_max_new_tokens}")
     if config.reward.in_driver and (guarded := rewards_needing_a_worker(all_sources(config.reward, "functions"))):
@@ -286,3 +288,21 @@ def _validate_sft(sft: SFTConfig) -> None:
 def rollout_dtype(config: "RunConfig") -> str:
     """The rollout engine's weight dtype: rollout.dtype, else the actor's compute dtype."""
     return config.rollout.dtype or config.actor.param_dtype
+
+
+def _validate_code(reward) -> None:
+    """The code source's keys, its limits, and the sandbox's tools on this machine (the reward worker
+    checks again, and runs a program, when it starts)."""
+    from roll_lite.rewards.code import EXTRACTIONS
+    from roll_lite.sandbox.isolation import Isolation, SandboxUnavailable
+    from roll_lite.sandbox.limits import Limits
+
+    _one_of(reward.code_extract, EXTRACTIONS, "reward.code_extract")
+    _one_of(reward.code_score, ("fraction", "all"), "reward.code_score")
+    box = reward.sandbox
+    _check(box.workers is None or box.workers >= 1, "reward.sandbox.workers", f"must be >= 1 or null, got {box.workers}")
+    try:
+        Limits(box.wall_s, box.cpu_s, box.memory_mb, box.file_mb, box.disk_mb, box.open_files, box.processes, box.output_kb)
+        Isolation(box.isolation, box.python or "").require()
+    except (ValueError, SandboxUnavailable) as error:
+        raise ConfigError(f"reward.sandbox: {error}") from None

@@ -13,7 +13,7 @@ a row is bad, a DataError names the config key, the file, the row and the field.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from roll_lite.data.chat import as_messages, has_chat_template, message_problem, render_chat
 from roll_lite.data.files import DataError, Table
@@ -47,31 +47,34 @@ class PreparedData:
     notes: list[str]  # what to log once everything is known to be good (rows read, prompts left out)
 
 
-def prepare_datasets(data, tokenizer, domains: Sequence[str] | None = None) -> PreparedData:
+def prepare_datasets(data, tokenizer, domains: Sequence[str] | None = None,
+                     row_check: Callable[[dict], None] | None = None) -> PreparedData:
     """Train and eval prompts of a `DataConfig`; raises DataError (one line) on any bad input. With
-    `domains` (reward.domains' names) every row's data.domain_key field must name one of them."""
+    `domains` (reward.domains' names) every row's data.domain_key field must name one of them;
+    `row_check(extra)` raises ValueError on a row a reward source cannot score (the code source's tests)."""
     if not data.train_files:
         raise DataError("data.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)")
-    train, notes = load_prompts(data.train_files, "data.train_files", data, tokenizer, domains)
+    train, notes = load_prompts(data.train_files, "data.train_files", data, tokenizer, domains, row_check)
     evaluation = None
     if data.eval_files:
-        evaluation, eval_notes = load_prompts(data.eval_files, "data.eval_files", data, tokenizer, domains)
+        evaluation, eval_notes = load_prompts(data.eval_files, "data.eval_files", data, tokenizer, domains, row_check)
         notes += eval_notes
     return PreparedData(train, evaluation, notes)
 
 
-def load_prompts(files: Sequence[str], config_key: str, data, tokenizer,
-                 domains: Sequence[str] | None = None) -> tuple[PromptData, list[str]]:
+def load_prompts(files: Sequence[str], config_key: str, data, tokenizer, domains: Sequence[str] | None = None,
+                 row_check: Callable[[dict], None] | None = None) -> tuple[PromptData, list[str]]:
     """The rows of `files`, concatenated in order, minus the prompts over max_prompt_length."""
     return load_within_limit(
         files, config_key,
-        to_rows=lambda table: rows_to_prompts(table, data, tokenizer, domains),
+        to_rows=lambda table: rows_to_prompts(table, data, tokenizer, domains, row_check),
         lengths=lambda prompts: [len(ids) for ids in prompts.prompt_ids],
         limit=data.max_prompt_length, limit_key="data.max_prompt_length", noun=("prompt", "prompts"),
         concat=PromptData.concat, error_prefix=f"key '{data.prompt_key}': ")
 
 
-def rows_to_prompts(table: Table, data, tokenizer, domains: Sequence[str] | None = None) -> PromptData:
+def rows_to_prompts(table: Table, data, tokenizer, domains: Sequence[str] | None = None,
+                    row_check: Callable[[dict], None] | None = None) -> PromptData:
     """Validated, tokenized rows of one file (nothing filtered yet)."""
     prompts, answers, extras = [], [], []
     chat_rows = []
@@ -91,6 +94,11 @@ def rows_to_prompts(table: Table, data, tokenizer, domains: Sequence[str] | None
         extras.append(_extras(table, i, row, data))
         if domains is not None:
             extras[-1][data.domain_key] = _domain(table, i, row, data.domain_key, domains)
+        if row_check is not None:
+            try:
+                row_check(extras[-1])
+            except ValueError as error:
+                raise DataError(f"{table.where(i)}: {error}") from None
     plain = [i for i, chat in enumerate(chat_rows) if not chat]
     ids: list[list[int]] = [[] for _ in prompts]
     if plain:

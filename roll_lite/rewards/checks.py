@@ -18,15 +18,17 @@ def check_reward_config(reward) -> None:
 
     if not reward.timeout_s > 0:
         raise ValueError(f"reward.timeout_s: must be > 0, got {reward.timeout_s}")
-    if reward.domains and (reward.models or reward.judges):
-        key = "reward.models" if reward.models else "reward.judges"
+    if reward.domains and (reward.models or reward.judges or reward.code):
+        key = "reward.models" if reward.models else "reward.judges" if reward.judges else "reward.code"
         raise ValueError(f"{key}: with reward.domains every source belongs to a domain; set "
                          f"reward.domains.<domain>.{key.split('.')[1]} instead")
     for domain, sources in routes(reward).items():
         prefix = "reward." if domain is None else f"reward.domains.{domain}."
-        if not sources.functions and not sources.models and not sources.judges:
-            raise ValueError(f"{prefix}functions: name at least one reward function (or a reward model or judge: "
-                             f"{prefix}models, {prefix}judges)")
+        if not (sources.functions or sources.models or sources.judges or sources.code):
+            raise ValueError(f"{prefix}functions: name at least one reward function (or a reward model, judge or the "
+                             f"code sandbox: {prefix}models, {prefix}judges, {prefix}code)")
+        if not isinstance(sources.code, (int, float)) or isinstance(sources.code, bool) or sources.code < 0:
+            raise ValueError(f"{prefix}code: the code source's weight, a number >= 0 (0: not used), got {sources.code!r}")
         check_functions(sources.functions, prefix + "functions")
         check_reward_models(sources.models, prefix + "models")
         if sources.judges:

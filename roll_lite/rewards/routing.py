@@ -36,6 +36,11 @@ def rows_by_domain(extras: list[dict], domain_key: str, domains: Iterable[str]) 
     return rows
 
 
+def uses_code(reward) -> bool:
+    """Whether some route scores its rows with the code source (roll_lite/rewards/code.py)."""
+    return any(sources.code for sources in routes(reward).values())
+
+
 def reads_text(reward) -> bool:
     """Whether some reward model or judge scores the rows (they read each row's prompt and token ids)."""
     return bool(all_sources(reward, "models") or all_sources(reward, "judges"))
