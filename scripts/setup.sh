@@ -7,6 +7,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev}"
+# The code reward's sandbox (reward.code, docs/sandbox.md) runs programs under Debian's bubblewrap.
+# As root on Debian / Ubuntu it is installed here; otherwise say how, and go on (only runs that score
+# code need it, and they stop at start-up without it).
+if ! command -v bwrap >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) >/dev/null
+  else
+    echo "setup.sh: bubblewrap (bwrap) is not installed; the code reward's sandbox needs it: sudo apt-get install bubblewrap"
+  fi
+fi
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip

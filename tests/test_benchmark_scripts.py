@@ -4,6 +4,7 @@ import importlib
 import importlib.util
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -246,3 +247,14 @@ def test_reward_sources_smoke_times_every_source():
     rows = {cells[0]: float(cells[1].replace(",", "")) for cells in _table_rows(result.stdout, r"(rule|model|judge|all)")}
     assert list(rows) == ["rule", "model", "judge", "all"] and all(speed > 0 for speed in rows.values()), result.stdout
     assert rows["rule"] > rows["model"] > rows["judge"]  # a string rule, one forward, a generation
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_sandbox_smoke_times_every_layer_and_passes_every_program():
+    (line,) = doc_commands.commands("python", "benchmarks/sandbox.py --smoke")
+    result = run(*shlex.split(line)[1:], timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    layers = {cells[0]: float(cells[1]) for cells in _table_rows(result.stdout, r"(python|\+ prlimit|isolation)[^|]*")}
+    assert len(layers) == 5 and all(ms > 0 for ms in layers.values()), result.stdout
+    speeds = {cells[0]: float(cells[2]) for cells in _table_rows(result.stdout, r"(trivial|the task)[^|]*")}
+    assert len(speeds) == 2 and all(speed > 0 for speed in speeds.values()), result.stdout  # every program passed

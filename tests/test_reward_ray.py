@@ -90,20 +90,37 @@ def test_a_reward_model_and_a_judge_score_a_ray_run_in_the_reward_worker(tmp_pat
     assert f"judge {judge}: greedy, at most 4 new tokens" in log
 
 
-def test_rows_of_two_domains_are_scored_by_their_own_sources_in_a_ray_run(tmp_path):
-    """reward.domains in a run: the digit task's rows split into two domains with different rules."""
-    rows = [json.loads(line) for line in (REPO / "data/reverse_digits/train.jsonl").read_text().splitlines()[:64]]
+def test_rows_of_three_domains_are_scored_by_their_own_sources_in_a_ray_run(tmp_path):
+    """reward.domains in a run: the digit task's rows split into two domains with different rules, and
+    the code task's rows scored by running their programs in the reward worker's sandbox."""
+    import shutil
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (scripts/setup.sh installs it as root)")
+    digits = [json.loads(line) for line in (REPO / "data/reverse_digits/train.jsonl").read_text().splitlines()[:16]]
+    code = [json.loads(line) for line in (REPO / "data/integer_functions/train.jsonl").read_text().splitlines()[:8]]
+    rows = []  # in order (data.shuffle=false): exact, dense, code, exact, ...: the first 8 prompts hold 2 code rows
+    for i in range(8):
+        rows += [{**digits[2 * i], "domain": "exact"}, {**digits[2 * i + 1], "domain": "dense"}, {**code[i], "domain": "code"}]
     train = tmp_path / "mixed.jsonl"
-    train.write_text("".join(json.dumps({**row, "domain": "exact" if i % 2 else "dense"}) + "\n" for i, row in enumerate(rows)))
+    train.write_text("".join(json.dumps(row) + "\n" for row in rows))
     output = tmp_path / "out"
     overrides = [arg for arg in small(tmp_path) if not arg.startswith(("data.train_files", "data.eval_files", "reward."))]
     command = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *overrides, f"data.train_files={train}",
-               "data.eval_files=[]", "reward.domains={exact: {functions: {exact_answer: 1.0}}, dense: {functions: {token_accuracy: 1.0}}}",
-               "steps=1", "save_model=false", f"output_dir={output}", "run_name=domains"]
+               "data.eval_files=[]", "data.shuffle=false", "data.max_prompt_length=32", "rollout.prompts_per_step=8", "reward.code_extract=whole",
+               "reward.domains={exact: {functions: {exact_answer: 1.0}}, dense: {functions: {token_accuracy: 1.0}}, "
+               "code: {code: 1.0}}", "reward.sandbox.wall_s=2", "steps=1", "save_model=false", f"output_dir={output}",
+               "run_name=domains"]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (step,) = [r for r in map(json.loads, (output / "domains" / "metrics.jsonl").read_text().splitlines()) if "reward/mean" in r]
     assert "reward/exact/exact_answer" in step and "reward/dense/token_accuracy" in step
     assert "reward/exact/token_accuracy" not in step and "reward/dense/exact_answer" not in step
-    assert "rewards routed by data.domain: exact: exact_answer; dense: token_accuracy" in result.stdout + result.stderr
+    # the untrained policy's text is no program: scored 0 by the sandbox's verdicts, never left unscored
+    programs = {key.rsplit("/", 1)[1]: n for key, n in step.items() if key.startswith("reward/code/code/programs/")}
+    assert sum(programs.values()) == 2 * 8 and programs["error"] + programs["wrong_answer"] + programs["passed"] == 16, programs
+    assert step["reward/code/code/failed"] == 0 and step["reward/unscored"] == 0
+    log = result.stdout + result.stderr
+    assert "rewards routed by data.domain: exact: exact_answer; dense: token_accuracy; code: code" in log
+    assert "code reward: sandbox bwrap" in log

@@ -151,7 +151,7 @@ class SandboxConfig:
     memory_mb: int = 1024  # address space: an allocation past it fails (memory_limit)
     file_mb: int = 16  # the largest file a program may write
     disk_mb: int = 32  # its working directory and /tmp, each a tmpfs of this size (bwrap)
-    open_files: int = 64
+    open_files: int = 64  # file descriptors a program may hold open
     processes: int = 16  # processes and threads: a fork bomb stops here
     output_kb: int = 1024  # stdout + stderr per run: past it the sandbox is killed (output_limit)
     python: Optional[str] = None  # the interpreter that runs programs; null: the run's own

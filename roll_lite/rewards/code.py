@@ -8,7 +8,7 @@ reward/code/programs/<verdict>. Only the sandbox failing (SandboxError) leaves a
 
 from __future__ import annotations
 
-import logging
+import json
 import re
 from collections import Counter
 
@@ -16,7 +16,6 @@ from roll_lite.rewards.outcomes import Score, failed, scored
 from roll_lite.sandbox.harness import VERDICTS, Tests, judge, parse_tests
 from roll_lite.sandbox.process import SandboxError
 
-logger = logging.getLogger("roll_lite.rewards")
 EXTRACTIONS = ("fenced", "whole")
 PROGRAM_VERDICTS = (*VERDICTS, "no_code")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -52,18 +51,23 @@ class CodeReward:
                 f"'{self.tests_key}', code {self.extract}")
 
     def score(self, responses: list[str], extras: list[dict]) -> tuple[list[Score], dict[str, float]]:
-        """A Score per response, and the count of each program verdict (reward/code/programs/<verdict>)."""
-        outcomes = self.pool.map(self._one, list(zip(responses, extras)))
+        """A Score per response, and the count of each program verdict (reward/code/programs/<verdict>).
+        Identical programs against identical tests in one batch run once (a group of samples often
+        repeats itself): a program that reads the clock or draws random numbers gets one draw per batch."""
+        items = [(extract_code(response, self.extract), extra.get(self.tests_key)) for response, extra in zip(responses, extras)]
+        keys = [json.dumps(item, sort_keys=True, default=str) for item in items]
+        unique = dict(zip(keys, items))
+        judged = dict(zip(unique, self.pool.map(self._one, list(unique.values()))))
+        outcomes = [judged[key] for key in keys]
         counts = Counter(verdict for _, verdict in outcomes if verdict)
         return [score for score, _ in outcomes], {f"programs/{v}": float(counts[v]) for v in PROGRAM_VERDICTS}
 
-    def _one(self, item: tuple[str, dict]) -> tuple[Score, str | None]:
-        response, extra = item
+    def _one(self, item: tuple[str | None, object]) -> tuple[Score, str | None]:
+        code, raw_tests = item
         try:
-            tests: Tests = parse_tests(extra.get(self.tests_key))
+            tests: Tests = parse_tests(raw_tests)
         except ValueError as error:  # the data check at start-up lets no such row through
             return failed(f"row field '{self.tests_key}': {error}"), None
-        code = extract_code(response, self.extract)
         if code is None:
             return scored(0.0), "no_code"
         try:
