@@ -107,7 +107,7 @@ def test_rows_of_three_domains_are_scored_by_their_own_sources_in_a_ray_run(tmp_
     output = tmp_path / "out"
     overrides = [arg for arg in small(tmp_path) if not arg.startswith(("data.train_files", "data.eval_files", "reward."))]
     command = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *overrides, f"data.train_files={train}",
-               "data.eval_files=[]", "data.shuffle=false", "data.max_prompt_length=32", "rollout.prompts_per_step=8", "reward.code_extract=whole",
+               "data.eval_files=[]", "data.extra_keys=null", "data.shuffle=false", "data.max_prompt_length=32", "rollout.prompts_per_step=8", "reward.code_extract=whole",
                "reward.domains={exact: {functions: {exact_answer: 1.0}}, dense: {functions: {token_accuracy: 1.0}}, "
                "code: {code: 1.0}}", "reward.sandbox.wall_s=2", "steps=1", "save_model=false", f"output_dir={output}",
                "run_name=domains"]

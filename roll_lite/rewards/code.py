@@ -96,7 +96,7 @@ def code_row_check(reward, domain_key: str):
             return
         if reward.code_tests_key not in extra:
             raise ValueError(f"key '{reward.code_tests_key}': missing (reward.code scores each row against the tests "
-                             "in reward.code_tests_key)")
+                             "in reward.code_tests_key; a data.extra_keys list must name it)")
         try:
             parse_tests(extra[reward.code_tests_key])
         except ValueError as error:
