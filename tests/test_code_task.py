@@ -64,3 +64,19 @@ def test_every_held_out_reference_program_passes_in_the_sandbox_and_the_simpler_
     assert all(v.verdict == "passed" for v in right), [v for v in right if v.verdict != "passed"]
     for row, verdict in zip(rows, simpler):
         assert (verdict.verdict == "passed") == (row["answer"] == program(1, offset(row))), (row, verdict)
+
+
+def test_the_code_config_loads_and_every_row_of_its_data_passes_the_tests_check():
+    """configs/code.yaml as `roll-train --config configs/code.yaml` reads it: valid, and its data
+    through the same row check the pipeline runs before a step (the run itself: docs/benchmarks.md)."""
+    from roll_lite.config import load_config
+    from roll_lite.data.prompts import prepare_datasets
+    from roll_lite.model.tokenizer import build_char_tokenizer
+    from roll_lite.rewards.code import code_row_check
+
+    config = load_config(REPO / "configs/code.yaml", [f"data.train_files={DATA / 'train.jsonl'}",
+                                                      f"data.eval_files={DATA / 'eval.jsonl'}"])
+    assert config.reward.code == 1.0 and config.reward.in_driver is False and config.data.extra_keys == ["tests"]
+    prepared = prepare_datasets(config.data, build_char_tokenizer(),
+                                row_check=code_row_check(config.reward, config.data.domain_key))
+    assert len(prepared.train) == 4000 and len(prepared.eval) == 24
