@@ -12,7 +12,8 @@ extras="${1:-dev}"
 # code need it, and they stop at start-up without it).
 if ! command -v bwrap >/dev/null; then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) >/dev/null
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) >/dev/null \
+      || echo "setup.sh: apt-get could not install bubblewrap; the code reward's sandbox needs it (docs/sandbox.md)"
   else
     echo "setup.sh: bubblewrap (bwrap) is not installed; the code reward's sandbox needs it: sudo apt-get install bubblewrap"
   fi

@@ -31,6 +31,13 @@ STDIO = {"cases": [{"stdin": "1 2\n", "stdout": "3\n"}, {"stdin": "5 -5\n", "std
 LIMITS = Limits(wall_s=3.0, cpu_s=2, memory_mb=512, processes=12)
 
 
+def test_ci_has_the_sandbox():
+    """On CI (CI=true; scripts/setup.sh installs bubblewrap as root) the sandbox tests must run, not skip."""
+    if os.environ.get("CI", "").lower() not in ("1", "true"):
+        pytest.skip("not CI: without bubblewrap the sandbox tests skip")
+    assert shutil.which("bwrap"), "bubblewrap is missing on CI: scripts/setup.sh should have installed it"
+
+
 @pytest.mark.parametrize("tests, message", [
     ("{not json", "not valid JSON"),
     ({"cases": []}, "non-empty list 'cases'"),
@@ -86,8 +93,8 @@ def test_a_missing_bwrap_is_a_start_up_error_that_names_the_weaker_choice(monkey
 def test_a_sandbox_that_does_not_start_is_refused_at_start_up(monkeypatch):
     real = Isolation.command
 
-    def broken(self, argv, code_dir, work_dir, slot, limits, ready_fd):
-        command = real(self, argv, code_dir, work_dir, slot, limits, ready_fd)
+    def broken(self, argv, code_dir, work_dir, user, limits, ready_fd):
+        command = real(self, argv, code_dir, work_dir, user, limits, ready_fd)
         return type(command)([*command.argv[:1], "--ro-bind", "/no/such/dir", "/x", *command.argv[1:]], command.env,
                              command.cwd, command.user)
 
@@ -223,3 +230,21 @@ def test_code_settings_are_checked_before_the_run(override, message):
 def test_the_code_source_runs_in_a_reward_worker():
     assert load_config(None, ["reward.code=1.0", "reward.sandbox.isolation=rlimits"]).reward.in_driver is False
     assert load_config(None, []).reward.in_driver is True
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids are claimed as root only")
+def test_two_pools_on_one_machine_never_share_a_sandbox_uid():
+    """RLIMIT_NPROC counts per uid: one run's fork bomb must not starve another run's programs."""
+    from roll_lite.sandbox.users import SANDBOX_UIDS, SandboxUsers
+
+    first, second = SandboxUsers(3), SandboxUsers(2)
+    try:
+        assert len(set(first.uids + second.uids)) == 5 and all(uid in SANDBOX_UIDS for uid in first.uids + second.uids)
+        claimed = first.uids
+        first.release()
+        third = SandboxUsers(3)  # released uids are free again
+        assert sorted(third.uids) == sorted(claimed)
+        third.release()
+    finally:
+        first.release()
+        second.release()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from roll_lite.sandbox import Isolation, Limits, SandboxPool, judge, parse_tests
-from roll_lite.sandbox.isolation import SANDBOX_UID_BASE
+from roll_lite.sandbox.users import SANDBOX_UIDS
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (scripts/setup.sh installs it as root)")
 
@@ -78,7 +78,7 @@ def sandbox_processes() -> list[int]:
                 uid = os.stat(f"/proc/{entry}").st_uid
             except FileNotFoundError:
                 continue
-            if SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + 64:
+            if uid in SANDBOX_UIDS:
                 pids.append(int(entry))
     return pids
 

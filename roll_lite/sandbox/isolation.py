@@ -6,8 +6,8 @@ die with the sandbox. Its file system is built from nothing: /usr and the interp
 read-only, a fresh /proc and /dev, the program's files read-only at /code, and a size-limited tmpfs
 as its working directory (/work) and /tmp. Nothing of the host's /tmp, the repository, /root or /home
 is there. The environment is emptied. As root it then drops to a user of its own per pool slot
-(SANDBOX_UID_BASE + slot, no capabilities, no_new_privs); otherwise it runs in a new user namespace
-as the invoking user. `prlimit` sets the rlimits (limits.py) last, just before the program.
+(users.py; no capabilities, no_new_privs); otherwise it runs in a new user namespace as the invoking
+user. `prlimit` sets the rlimits (limits.py) last, just before the program.
 
 `rlimits` (weaker, only when the user asks for it: reward.sandbox.isolation=rlimits): the same
 rlimits, timeout, output cap and emptied environment, a fresh working directory and, as root, a user
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from roll_lite.sandbox.limits import MB, Limits
 
 MODES = ("bwrap", "rlimits")
-SANDBOX_UID_BASE = 61000  # as root, pool slot k runs programs as uid / gid SANDBOX_UID_BASE + k
 CODE_DIR, WORK_DIR = "/code", "/work"
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"}
 
@@ -74,15 +73,18 @@ class Isolation:
         """Where the program sees one of its files."""
         return f"{CODE_DIR}/{name}" if self.mode == "bwrap" else os.path.join(code_dir, name)
 
-    def command(self, argv: list[str], code_dir: str, work_dir: str, slot: int, limits: Limits, ready_fd: int) -> Command:
+    def command(self, argv: list[str], code_dir: str, work_dir: str, user: int | None, limits: Limits,
+                ready_fd: int) -> Command:
         """`argv` run isolated; `code_dir` holds its files (read-only for it), `work_dir` is a fresh
-        empty directory (its working directory in the rlimits mode; unused by bwrap, whose is a tmpfs).
+        empty directory (its working directory in the rlimits mode; unused by bwrap, whose is a tmpfs);
+        `user` is the uid it runs as (as root; users.py), None otherwise.
         Inside the sandbox bash (dash takes no fd over 9) writes `started` to `ready_fd` and closes it before anything of the
         program's runs: a run without that word is the sandbox's failure, whatever the program printed."""
         limited = ["prlimit", *limits.prlimit_args(), "--", *argv]
         ready = ["bash", "-c", f'printf started >&{ready_fd} && exec {ready_fd}>&- && exec "$@"', "bash"]
+        if self.as_root and user is None:
+            raise ValueError("as root, a sandboxed run needs a user of its own (roll_lite/sandbox/users.py)")
         if self.mode == "rlimits":
-            user = SANDBOX_UID_BASE + slot if self.as_root else None
             if user is not None:
                 os.chown(work_dir, user, user)
             return Command([*ready, *limited], {**_ENV, "HOME": work_dir}, work_dir, user)
@@ -96,8 +98,7 @@ class Isolation:
         for key, value in {**_ENV, "HOME": WORK_DIR}.items():
             wrapper += ["--setenv", key, value]
         if self.as_root:
-            uid = str(SANDBOX_UID_BASE + slot)
-            drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+            drop = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--no-new-privs",
                     "--inh-caps=-all", "--bounding-set=-all"]
             return Command([*wrapper, "--", *ready, *drop, *limited], {"PATH": _ENV["PATH"]}, work_dir)
         return Command([*wrapper, "--unshare-user", "--", *ready, *limited], {"PATH": _ENV["PATH"]}, work_dir)

@@ -1,5 +1,5 @@
 """A bounded pool of sandboxes: at most `workers` programs at once, each in a slot of its own (as
-root, its own user, so one program's processes never count against another's RLIMIT_NPROC).
+root, a uid of its own that no other pool on the machine holds: users.py).
 
 At start-up the pool proves the sandbox works instead of assuming it: a program must print 42, and
 under bwrap a connection to a port this process is listening on must fail. A pool that cannot pass
@@ -18,6 +18,7 @@ from typing import TypeVar
 from roll_lite.sandbox.isolation import Isolation, SandboxUnavailable
 from roll_lite.sandbox.limits import Limits
 from roll_lite.sandbox.process import Run, SandboxError, run_program
+from roll_lite.sandbox.users import SandboxUsers
 
 T = TypeVar("T")
 _REACH = "import socket, sys\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('reached')\nexcept OSError:\n    print('isolated')\n"
@@ -27,20 +28,25 @@ class SandboxPool:
     def __init__(self, isolation: Isolation, limits: Limits, workers: int | None = None):
         self.isolation, self.limits = isolation, limits
         self.workers = workers or os.cpu_count() or 1
-        self._slots: queue.Queue[int] = queue.Queue()
-        for slot in range(self.workers):
-            self._slots.put(slot)
-        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
         isolation.require()
-        self._check()
+        self._users = SandboxUsers(self.workers)
+        self._slots: queue.Queue[int | None] = queue.Queue()
+        for user in self._users.uids:
+            self._slots.put(user)
+        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="sandbox")
+        try:
+            self._check()
+        except BaseException:
+            self.close()
+            raise
 
     def run(self, files: dict[str, str], argv: list[str], stdin: bytes = b"") -> Run:
         """One program in a free slot (blocks until one is free)."""
-        slot = self._slots.get()
+        user = self._slots.get()
         try:
-            return run_program(self.isolation, self.limits, files, argv, stdin, slot)
+            return run_program(self.isolation, self.limits, files, argv, stdin, user)
         finally:
-            self._slots.put(slot)
+            self._slots.put(user)
 
     def map(self, job: Callable[[T], object], items: list[T]) -> list:
         """job(item) for every item, `workers` at a time, in order; a job runs its programs through
@@ -73,3 +79,4 @@ class SandboxPool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._users.release()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from roll_lite.sandbox.isolation import Isolation, kill_user_processes
 from roll_lite.sandbox.limits import Limits
+from roll_lite.sandbox.users import one_user
 
 STDERR_TAIL = 4096
 
@@ -43,9 +44,13 @@ class Run:
 
 
 def run_program(isolation: Isolation, limits: Limits, files: dict[str, str], argv: list[str],
-                stdin: bytes = b"", slot: int = 0) -> Run:
+                stdin: bytes = b"", user: int | None = None) -> Run:
     """`argv` (which names its files through isolation.code_path) with `files` ({name: text}) beside
-    it, in a sandbox of its own; `slot` is the pool slot running it (its user, as root)."""
+    it, in a sandbox of its own; `user`: the uid it runs as, as root (a pool slot's; None: one
+    claimed for this run)."""
+    if user is None and isolation.as_root:
+        with one_user() as claimed:
+            return run_program(isolation, limits, files, argv, stdin, claimed)
     scratch = tempfile.mkdtemp(prefix="roll_sandbox_")
     try:
         code_dir, work_dir = os.path.join(scratch, "code"), os.path.join(scratch, "work")
@@ -59,7 +64,7 @@ def run_program(isolation: Isolation, limits: Limits, files: dict[str, str], arg
         with tempfile.TemporaryFile() as stdin_file:
             stdin_file.write(stdin)
             stdin_file.seek(0)
-            return _run(lambda ready_fd: isolation.command(resolved, code_dir, work_dir, slot, limits, ready_fd),
+            return _run(lambda ready_fd: isolation.command(resolved, code_dir, work_dir, user, limits, ready_fd),
                         stdin_file, limits)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
