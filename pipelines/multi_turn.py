@@ -49,6 +49,8 @@ class MultiTurnPipeline(PPOPipeline):
                 raise ConfigError(f"reward.{key}: MultiTurnPipeline does not score with reward models, judges, domains or code "
                                   "yet (its rows hold whole trajectories); score with reward.functions or the "
                                   "environment's rewards")
+        if config.data.domain_weights:
+            raise ConfigError("data.domain_weights: MultiTurnPipeline draws its prompts without domain weights yet")
         if config.reward.on_failure == "drop":  # turn-level credit has no baseline over the scored rows yet
             raise ConfigError("reward.on_failure: drop is not supported by MultiTurnPipeline yet; use zero (a faulted "
                               "trajectory is handled by environment.on_fault)")

@@ -21,7 +21,7 @@ import torch
 from roll_lite.config import RunConfig, rollout_dtype
 from roll_lite.data import DataProto
 from roll_lite.data.prompts import PromptData, prepare_datasets
-from roll_lite.data.sampler import PromptSampler
+from roll_lite.data.domain_sampler import training_sampler
 from roll_lite.loss import value_loss_func
 from roll_lite.loss.advantages import kl_shaped_rewards, last_token_rewards
 from roll_lite.runtime.progress import progress_bar, seconds_in_all
@@ -127,9 +127,8 @@ class PPOPipeline:
         Idempotent: run() calls it too."""
         if self.train_data is not None:
             return
-        d = self.config.data
         self.train_data, self.eval_data = self.read_data()
-        self.sampler = PromptSampler(len(self.train_data), self.data_seed, d.shuffle, d.epochs)
+        self.sampler = training_sampler(self.config.data, self.train_data, self.data_seed)
         if self.config.sft.steps:
             self.warm_start_sft = SFTPipeline(self.config, self.tokenizer)
             self.warm_start_sft.train_loss = "sft"  # the built-in SFT loss, not this pipeline's loss_func
@@ -137,9 +136,9 @@ class PPOPipeline:
 
     def read_data(self) -> tuple[PromptData, PromptData | None]:
         """(the training prompts, the held-out ones or None), tokenized."""
-        reward = self.config.reward
-        prepared = prepare_datasets(self.config.data, self.tokenizer, domains=list(reward.domains) or None,
-                                    row_check=code_row_check(reward, self.config.data.domain_key))
+        reward, data = self.config.reward, self.config.data
+        prepared = prepare_datasets(data, self.tokenizer, domains=list(reward.domains) or list(data.domain_weights) or None,
+                                    row_check=code_row_check(reward, data.domain_key))
         for note in prepared.notes:
             logger.info(note)
         return prepared.train, prepared.eval
@@ -368,7 +367,7 @@ class PPOPipeline:
 
     checkpoint_kind = "rl"
     # Besides the model's: the keys that decide which prompts the sampler's saved position refers to.
-    checkpoint_compat_keys = ("algorithm.advantage", "data.train_files", "data.shuffle")
+    checkpoint_compat_keys = ("algorithm.advantage", "data.train_files", "data.shuffle", "data.domain_weights")
 
     total_steps_key = "steps"
 

@@ -38,7 +38,7 @@ def test_a_domain_the_config_does_not_map_stops_the_run_naming_file_and_row(tmp_
     rows = [{"prompt": "1=", "answer": "1", "domain": "math"}, {"prompt": "2=", "answer": "2", "domain": "poetry"}]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     data = load_config(None, [f"data.train_files={path}"]).data
-    with pytest.raises(DataError, match=r"mixed.jsonl.*row 1.*key 'domain': domain 'poetry' is not one of reward.domains \(math\)"):
+    with pytest.raises(DataError, match=r"mixed.jsonl.*row 1.*key 'domain': domain 'poetry' is not a configured domain \(math: reward.domains"):
         prepare_datasets(data, build_char_tokenizer(), domains=["math"])
     prepared = prepare_datasets(data, build_char_tokenizer(), domains=["math", "poetry"])
     assert [extra["domain"] for extra in prepared.train.extras] == ["math", "poetry"]

@@ -53,6 +53,10 @@ class DataConfig:
     answer_key: str = "answer"  # the ground truth handed to the reward (a string or a number)
     extra_keys: Optional[list[str]] = None  # fields passed to the reward; null: every other column
     domain_key: str = "domain"  # the field naming a row's domain, which reward.domains routes by
+    # domain -> weight: each training prompt comes from a domain with probability weight / sum, every
+    # domain of the data named (0 leaves one out); deterministic and resumed exactly
+    # (roll_lite/data/domain_sampler.py). Empty: every row once per epoch. Needs data.epochs null
+    domain_weights: dict[str, float] = field(default_factory=dict)
     apply_chat_template: bool = False  # render string prompts with the tokenizer's chat template (messages always are)
     max_prompt_length: Optional[int] = 1024  # longer prompts (in tokens) are left out, counted and logged; null: no limit
     shuffle: bool = True  # a new seeded order every epoch

@@ -265,6 +265,12 @@ def _validate_data(data: DataConfig) -> None:
     _check(data.max_prompt_length is None or data.max_prompt_length >= 1, "data.max_prompt_length",
            f"must be >= 1 or null (no limit), got {data.max_prompt_length}")
     _check(data.epochs is None or data.epochs >= 1, "data.epochs", f"must be >= 1 or null (unbounded), got {data.epochs}")
+    for domain, weight in data.domain_weights.items():
+        _check(isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight >= 0,
+               f"data.domain_weights.{domain}", f"must be a number >= 0 (0 leaves the domain out), got {weight!r}")
+    _check(not data.domain_weights or any(data.domain_weights.values()), "data.domain_weights", "needs a weight > 0")
+    _check(not data.domain_weights or data.epochs is None, "data.epochs",
+           "must be null with data.domain_weights (each domain is drawn by its weight, without end)")
     _check(data.eval_num_samples >= 0, "data.eval_num_samples",
            f"must be >= 0 (0: greedy eval only), got {data.eval_num_samples}")
 

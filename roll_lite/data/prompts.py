@@ -177,6 +177,6 @@ def _domain(table: Table, i: int, row: dict, key: str, domains: Sequence[str]) -
     if domain is None:
         raise _missing(table, i, key, "data.domain_key: reward.domains routes each row by it")
     if domain not in domains:
-        raise DataError(f"{table.where(i)}: key '{key}': domain {domain!r} is not one of reward.domains "
-                        f"({', '.join(domains)}); add it there or leave its rows out")
+        raise DataError(f"{table.where(i)}: key '{key}': domain {domain!r} is not a configured domain "
+                        f"({', '.join(domains)}: reward.domains, else data.domain_weights); add it there or leave its rows out")
     return domain
