@@ -58,7 +58,7 @@ def test_replies_become_scores_or_named_outcomes(tmp_path, monkeypatch):
     seen = []
 
     def replies(texts):
-        def generate(prompts, params):
+        def generate(prompts, params, max_time_s=None):
             seen.extend(judge.tokenizer.decode(ids) for ids in prompts)
             assert params.greedy and params.max_new_tokens == 8
             return Completions([judge.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts])
@@ -74,7 +74,7 @@ def test_replies_become_scores_or_named_outcomes(tmp_path, monkeypatch):
     assert outcomes[3].reason == "no verdict in the judge's reply 'it is correct'"
     assert "Reference answer: 4\nResponse: 5" in seen[1] and "user: 5+5=" in seen[4]  # the template, row by row
 
-    def broken(prompts, params):
+    def broken(prompts, params, max_time_s=None):
         raise RuntimeError("CUDA error: out of memory")
 
     monkeypatch.setattr(judge.engine, "generate", broken)
@@ -92,3 +92,17 @@ def test_a_real_untrained_judge_is_unparseable_not_guessed_and_the_worker_counts
     assert metrics["reward/judge:tiny_judge/unparseable"] == 2.0 and metrics["reward/unscored"] == 2.0
     again = worker.score(["7", "8"], ["7", "7"], None, ["3+4=", "3+4="], [[1], [1]])
     assert torch.equal(again[0], scores)  # greedy: the same inputs, the same outcome
+
+
+def test_a_judge_past_its_timeout_gives_timed_out_rows_not_a_frozen_step(tmp_path):
+    """reward.judge_timeout_s stops the judge's generation: the rows it cut are timed_out, named; without
+    it the same untrained judge runs every reply to max_new_tokens (no verdict: unparseable)."""
+    folder = save_judge(tmp_path / "judge")
+    rows = (["1+1="] * 4, ["2"] * 4, ["2"] * 4, [{}] * 4)
+    slow = Judge(folder, template="correctness", max_new_tokens=64, timeout_s=1e-6)
+    outcomes = slow.score(*rows)
+    assert [o.kind for o in outcomes] == ["timed_out"] * 4, outcomes
+    assert "cut at reward.judge_timeout_s=1e-06 s after" in outcomes[0].reason
+    assert slow.describe().endswith("at most 64 new tokens, at most 1e-06 s a call")
+    unlimited = Judge(folder, template="correctness", max_new_tokens=16)
+    assert [o.kind for o in unlimited.score(*rows)] == ["unparseable"] * 4

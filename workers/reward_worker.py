@@ -50,7 +50,8 @@ class RewardWorker:
             from roll_lite.runtime.importing import load_object
 
             parser = load_object(reward.judge_parser) if reward.judge_parser else None
-            self.judges = {path: Judge(path, reward.judge_template, parser, reward.judge_max_new_tokens) for path in judges}
+            self.judges = {path: Judge(path, reward.judge_template, parser, reward.judge_max_new_tokens,
+                                       timeout_s=reward.judge_timeout_s) for path in judges}
         self.code = None
         if uses_code(reward):
             from roll_lite.rewards.code import CodeReward

@@ -189,6 +189,9 @@ class RewardConfig:
     judge_template: str = "pointwise"
     judge_parser: Optional[str] = None  # package.module:function, reply -> float or None; null: the template's
     judge_max_new_tokens: int = 32  # the judge's reply, at most
+    # each judge's generation per scoring call stops after this many seconds: rows whose reply it cut
+    # are timed_out (reward.on_failure decides), the rest are scored; null: no limit
+    judge_timeout_s: Optional[float] = None
     # routing by domain: name -> {functions, models, judges}. Each row's domain (its data.domain_key
     # field) picks its sources; a row's domain that is not here stops the run before it starts. Set, it
     # replaces functions / models / judges above (metrics reward/<domain>/...); empty: no routing

@@ -72,6 +72,8 @@ def validate(config: RunConfig) -> None:
         _validate_code(config.reward)
     _check(config.reward.judge_max_new_tokens >= 1, "reward.judge_max_new_tokens",
            f"must be >= 1, got {config.reward.judge_max_new_tokens}")
+    _check(config.reward.judge_timeout_s is None or config.reward.judge_timeout_s > 0, "reward.judge_timeout_s",
+           f"must be > 0 or null (no limit), got {config.reward.judge_timeout_s}")
     if config.reward.in_driver and (guarded := rewards_needing_a_worker(all_sources(config.reward, "functions"))):
         raise ConfigError(f"reward.in_driver: true scores only cheap built-in rules ({', '.join(sorted(CHEAP_REWARDS))}) "
                           f"in the driver; {', '.join(guarded)} run(s) in the reward worker's guarded process. "

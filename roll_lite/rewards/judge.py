@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from roll_lite.rewards.calls import as_score, describe
-from roll_lite.rewards.outcomes import Score, failed, scored, unparseable
+from roll_lite.rewards.outcomes import Score, failed, scored, timed_out, unparseable
 
 TEMPLATES = {
     "pointwise": (
@@ -85,14 +85,14 @@ def check_judge_folder(path: str, key: str) -> None:
 
 class Judge:
     def __init__(self, path: str, template: str = "pointwise", parser: Callable[[str], float | None] | None = None,
-                 max_new_tokens: int = 32, seed: int = 0):
+                 max_new_tokens: int = 32, seed: int = 0, timeout_s: float | None = None):
         import jinja2
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from roll_lite.rollout.hf import HFEngine
 
         folder = Path(path).expanduser()
-        self.path, self.max_new_tokens = path, max_new_tokens
+        self.path, self.max_new_tokens, self.timeout_s = path, max_new_tokens, timeout_s
         self.template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(template_source(template))
         self.parse = parser or PARSERS.get(template, parse_pointwise)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -100,17 +100,26 @@ class Judge:
         self.engine = HFEngine(AutoModelForCausalLM.from_pretrained(folder), pad, self.tokenizer.eos_token_id, seed=seed)
 
     def describe(self) -> str:
-        return f"judge {self.path}: greedy, at most {self.max_new_tokens} new tokens"
+        limit = f", at most {self.timeout_s:g} s a call" if self.timeout_s is not None else ""
+        return f"judge {self.path}: greedy, at most {self.max_new_tokens} new tokens{limit}"
 
     def score(self, prompts: list[Any], responses: list[str], answers: list[str], extras: list[dict]) -> list[Score]:
         from roll_lite.rollout.engine import SamplingParams
 
         try:
             inputs = [self._input_ids(*row) for row in zip(prompts, responses, answers, extras)]
-            replies = self.engine.generate(inputs, SamplingParams(self.max_new_tokens, greedy=True)).token_ids
+            replies = self.engine.generate(inputs, SamplingParams(self.max_new_tokens, greedy=True), self.timeout_s).token_ids
         except Exception as error:  # the judge's rows fail; the other sources and the run go on
             return [failed(f"judge {self.path}: {describe(error)}")] * len(responses)
-        return [self._verdict(self.tokenizer.decode(ids, skip_special_tokens=True)) for ids in replies]
+        return [self._cut(ids) or self._verdict(self.tokenizer.decode(ids, skip_special_tokens=True)) for ids in replies]
+
+    def _cut(self, reply: list[int]) -> Score | None:
+        """`timed_out` for a reply that reward.judge_timeout_s stopped: no EOS, and shorter than the
+        judge's max_new_tokens (so it was not the length that ended it)."""
+        if self.timeout_s is None or len(reply) >= self.max_new_tokens or (reply and reply[-1] == self.engine.eos_token_id):
+            return None
+        return timed_out(f"judge {self.path}: the reply was cut at reward.judge_timeout_s={self.timeout_s:g} s "
+                         f"after {len(reply)} tokens")
 
     def _input_ids(self, prompt: Any, response: str, answer: str, extra: dict) -> list[int]:
         if isinstance(prompt, list):  # chat messages: the conversation's text

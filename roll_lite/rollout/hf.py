@@ -33,7 +33,9 @@ class HFEngine:
         self.calls = 0
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, max_time_s: float | None = None) -> Completions:
+        """`max_time_s`: stop decoding every row once this many seconds have passed (transformers'
+        max_time; a row cut there has no EOS and fewer than max_new_tokens tokens)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
         width = max(len(p) for p in prompts)
@@ -43,6 +45,8 @@ class HFEngine:
             input_ids[i, width - len(prompt):] = torch.tensor(prompt)
             attention_mask[i, width - len(prompt):] = 1
         options = dict(max_new_tokens=params.max_new_tokens, pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
+        if max_time_s is not None:
+            options.update(max_time=max_time_s)
         if self.static_cache:
             options.update(cache_implementation="static")
         recorder = None
