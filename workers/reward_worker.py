@@ -100,17 +100,18 @@ class RewardWorker:
         return total, scored, {**metrics, "reward/unscored": float((~scored).sum())}
 
     def _sources(self, sources) -> list[tuple[str, float, object]]:
-        """(metric name, weight, a call on a column dict) of a route's sources."""
+        """(metric name, weight, a call on a column dict) of a route's sources; each call gives (a Score
+        per row, the source's own counts for its metrics: the code source's program verdicts)."""
         from roll_lite.rewards.judge import judge_metric_name
         from roll_lite.rewards.reward_model import model_metric_name
 
-        named = [(name, weight, lambda c, name=name: self.runner.score(name, c["responses"], c["answers"], c["extras"]))
+        named = [(name, weight, lambda c, name=name: (self.runner.score(name, c["responses"], c["answers"], c["extras"]), {}))
                  for name, weight in sources.functions.items()]
         named += [(model_metric_name(path), weight,
-                   lambda c, model=self.models[path]: model.score(c["prompts"], c["responses"], c["sequences"]))
+                   lambda c, model=self.models[path]: (model.score(c["prompts"], c["responses"], c["sequences"]), {}))
                   for path, weight in sources.models.items()]
         named += [(judge_metric_name(path), weight,
-                   lambda c, judge=self.judges[path]: judge.score(c["prompts"], c["responses"], c["answers"], c["extras"]))
+                   lambda c, judge=self.judges[path]: (judge.score(c["prompts"], c["responses"], c["answers"], c["extras"]), {}))
                   for path, weight in sources.judges.items()]
         if sources.code:
             named.append(("code", sources.code, lambda c: self.code.score(c["responses"], c["extras"])))
@@ -121,9 +122,7 @@ class RewardWorker:
         total, scored = torch.zeros(rows, dtype=torch.float32), torch.ones(rows, dtype=torch.bool)
         metrics, tallies = {}, {}
         for name, weight, run in self._sources(sources):
-            outcomes, counts = run(columns), {}
-            if isinstance(outcomes, tuple):  # the code source adds its programs' verdicts
-                outcomes, counts = outcomes
+            outcomes, counts = run(columns)
             tally = tallies[name] = Tally()
             for outcome in outcomes:
                 tally.add(outcome)

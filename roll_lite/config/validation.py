@@ -302,16 +302,15 @@ def _validate_code(reward) -> None:
     """The code source's keys and limits. The sandbox's tools are checked where it runs: the reward
     worker, when it starts, runs a program in it before the first step (on a cluster its node may not
     be the driver's)."""
-    from roll_lite.rewards.code import EXTRACTIONS
+    from roll_lite.rewards.code import EXTRACTIONS, SCORINGS, sandbox_limits
     from roll_lite.sandbox.isolation import MODES
-    from roll_lite.sandbox.limits import Limits
 
     _one_of(reward.code_extract, EXTRACTIONS, "reward.code_extract")
-    _one_of(reward.code_score, ("fraction", "all"), "reward.code_score")
+    _one_of(reward.code_score, SCORINGS, "reward.code_score")
     box = reward.sandbox
     _check(box.workers is None or box.workers >= 1, "reward.sandbox.workers", f"must be >= 1 or null, got {box.workers}")
     _one_of(box.isolation, MODES, "reward.sandbox.isolation")
     try:
-        Limits(box.wall_s, box.cpu_s, box.memory_mb, box.file_mb, box.disk_mb, box.open_files, box.processes, box.output_kb)
+        sandbox_limits(box)
     except ValueError as error:
         raise ConfigError(f"reward.sandbox: {error}") from None

@@ -14,9 +14,11 @@ from collections import Counter
 
 from roll_lite.rewards.outcomes import Score, failed, scored
 from roll_lite.sandbox.harness import VERDICTS, Tests, judge, parse_tests
+from roll_lite.sandbox.limits import Limits
 from roll_lite.sandbox.process import SandboxError
 
 EXTRACTIONS = ("fenced", "whole")
+SCORINGS = ("fraction", "all")
 PROGRAM_VERDICTS = (*VERDICTS, "no_code")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
@@ -30,19 +32,21 @@ def extract_code(response: str, mode: str) -> str | None:
     return blocks[-1] if blocks and blocks[-1].strip() else None
 
 
+def sandbox_limits(box) -> Limits:
+    """The Limits of a SandboxConfig (reward.sandbox); ValueError names a bad one."""
+    return Limits(box.wall_s, box.cpu_s, box.memory_mb, box.file_mb, box.disk_mb, box.open_files, box.processes,
+                  box.output_kb)
+
+
 class CodeReward:
     def __init__(self, reward):
         """`reward`: the run's RewardConfig (code_tests_key, code_extract, code_score, sandbox)."""
         from roll_lite.sandbox.isolation import Isolation
-        from roll_lite.sandbox.limits import Limits
         from roll_lite.sandbox.pool import SandboxPool
 
         box = reward.sandbox
-        limits = Limits(box.wall_s, box.cpu_s, box.memory_mb, box.file_mb, box.disk_mb, box.open_files,
-                        box.processes, box.output_kb)
-        self.pool = SandboxPool(Isolation(box.isolation, box.python or ""), limits, box.workers)
+        self.pool = SandboxPool(Isolation(box.isolation, box.python or ""), sandbox_limits(box), box.workers)
         self.tests_key, self.extract, self.all_or_nothing = reward.code_tests_key, reward.code_extract, reward.code_score == "all"
-        self.verdicts: Counter = Counter()
 
     def describe(self) -> str:
         box = self.pool.limits
