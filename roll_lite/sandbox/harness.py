@@ -98,8 +98,9 @@ def _judge_calls(pool: SandboxPool, code: str, tests: Tests) -> Verdict:
             results.setdefault(record["case"], record)
         elif isinstance(record, dict) and load_error is None and "load_error" in record:
             load_error = str(record["load_error"])
-    passed = sum(1 for i, case in enumerate(tests.cases)
-                 if "value" in results.get(i, {}) and same_value(results[i]["value"], case["expected"]))
+    right = ["value" in results.get(i, {}) and same_value(results[i]["value"], case["expected"])
+             for i, case in enumerate(tests.cases)]
+    passed = sum(right)
     if passed == len(tests.cases):
         return Verdict("passed", passed, passed)
     errors = [str(r["error"]) for r in results.values() if "error" in r] + ([load_error] if load_error else [])
@@ -110,7 +111,7 @@ def _judge_calls(pool: SandboxPool, code: str, tests: Tests) -> Verdict:
     if errors or len(results) < len(tests.cases) or run.exit_code != 0:
         why = errors[0] if errors else f"{len(results)} of {len(tests.cases)} cases ran; {_describe('error', run)}"
         return Verdict("error", passed, len(tests.cases), why)
-    first = next(i for i, case in enumerate(tests.cases) if not same_value(results[i].get("value"), case["expected"]))
+    first = right.index(False)
     return Verdict("wrong_answer", passed, len(tests.cases),
                    f"case {first}: got {json.dumps(results[first].get('value'))[:100]}, expected {json.dumps(tests.cases[first]['expected'])[:100]}")
 
