@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass
 
 import torch
+from pair_cases import PAIR_BUDGET, PAIR_LOSSES, PAIR_MODE, PAIR_ROWS, make_pair_loss, pair_batch, reference_scores, score_head_weights
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.loss import (
@@ -92,6 +93,14 @@ def make_loss(name: str, mode: str):
     return kl_regularized_loss_func(mode, kl_coef=0.5, kl_estimator="k3", seq_len_norm=SEQ_LEN)
 
 
+def mask_keys(loss: str) -> list[str]:
+    return ["chosen_mask"] if loss in PAIR_LOSSES else MASK_KEYS[loss]
+
+
+def loss_for(loss: str, mode: str):
+    return make_pair_loss(loss) if loss in PAIR_LOSSES else make_loss(loss, mode)
+
+
 def value_head_weights(dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """A non-zero value head (the critic's starts at zero, which would leave the backbone without a
     gradient): values of about unit scale, like the batch's returns and old values."""
@@ -155,6 +164,11 @@ def all_cases() -> list[Case]:
     # One row for two ranks: rank 1 only runs placeholder passes.
     for loss in ("ppo_kl", "value"):
         cases += [Case(loss, "seq-mean-token-mean", 2, 2, mb, rows=1) for mb in ("padded", "packed", "budget")]
+    # Pair losses (pair_cases.py): pairs kept together on a rank and in a micro-batch.
+    for world_size in (1, 2):
+        for loss in PAIR_LOSSES:
+            cases += [Case(loss, PAIR_MODE, world_size, a, mb, rows=PAIR_ROWS) for a in (1, 2, 3) for mb in ("padded", "packed")]
+            cases.append(Case(loss, PAIR_MODE, world_size, 1, "budget", rows=PAIR_ROWS))
     # Activation checkpointing under FSDP2 (and unwrapped on one rank), packed and token-budget.
     for loss in ("ppo_kl", "value"):
         cases += [Case(loss, "seq-mean-token-mean", d, a, mb, checkpointing=True)
@@ -168,6 +182,10 @@ def global_batch(dtype: torch.dtype, rows: int = 7):
     data = random_rl_batch(num_rows=7, seq_len=SEQ_LEN, mask_keys=["response_mask", "kl_mask"], seed=11, dtype=dtype)
     data.batch["model_mask"] = multi_turn_mask(data["response_mask"])
     return data.slice(0, rows)
+
+
+def case_batch(loss: str, dtype: torch.dtype, rows: int):
+    return pair_batch(dtype) if loss in PAIR_LOSSES else global_batch(dtype, rows)
 
 
 def multi_turn_mask(response_mask: torch.Tensor, seed: int = 23) -> torch.Tensor:
@@ -196,24 +214,27 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
 
     results = {}
     for case in cases:
-        data = global_batch(dtype, case.rows)
+        data = case_batch(case.loss, dtype, case.rows)
+        budget = PAIR_BUDGET if case.loss in PAIR_LOSSES else BUDGET
         config = StrategyConfig(
             grad_accum_steps=case.grad_accum_steps,
             use_packing=case.micro_batching != "padded",
-            max_tokens_per_micro_batch=BUDGET if case.micro_batching == "budget" else None,
+            max_tokens_per_micro_batch=budget if case.micro_batching == "budget" else None,
             lr=0.0, max_grad_norm=None, param_dtype=DTYPE_NAMES[dtype], logprob_chunk_size=8,
         )
         critic = case.loss in CRITIC_LOSSES
         lm = case_model(case, dtype)
         if case.checkpointing:
             enable_gradient_checkpointing(lm)
-        strategy = FSDP2Strategy(lm, config, head="value" if critic else "log_probs")
-        if critic:
+        head = "value" if critic else "score" if case.loss == "bt" else "log_probs"
+        strategy = FSDP2Strategy(lm, config, head=head)
+        if head != "log_probs":
             options = StateDictOptions(full_state_dict=True, strict=False)
-            set_model_state_dict(strategy.model, value_head_weights(dtype), options=options)
-        data.meta_info["loss_mask_keys"] = MASK_KEYS[case.loss]
+            weights = value_head_weights(dtype) if critic else score_head_weights(dtype)
+            set_model_state_dict(strategy.model, weights, options=options)
+        data.meta_info["loss_mask_keys"] = mask_keys(case.loss)
         share = split_for_data_parallel(data, world_size, balance_tokens=config.use_packing)[rank]
-        metrics = strategy.train_step(share, make_loss(case.loss, case.mode))
+        metrics = strategy.train_step(share, loss_for(case.loss, case.mode))
         # The critic never uses the LM head: its weight gets no gradient (deviations() checks the names).
         # one rank trains the bare model (plain tensors); FSDP2's gradients are DTensor shards
         grads = {n.removeprefix("lm."): p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
@@ -266,25 +287,28 @@ def reference(loss_name: str, mode: str, dtype: torch.dtype, rows: int = 7, lora
     """(loss, grads) of one float64 forward/backward of the plain HF model (with LoRA: peft's) over
     the global batch."""
     lm = copy.deepcopy(lora_model(dtype) if lora else build_causal_lm(TINY_MODEL, dtype=dtype, seed=0)).double()
-    data = global_batch(dtype, rows)
+    data = case_batch(loss_name, dtype, rows)
     batch = {k: (v.double() if v.is_floating_point() else v) for k, v in data.batch.items()}
     head = {}
     if loss_name in CRITIC_LOSSES:
         head = {n: w.double().requires_grad_() for n, w in value_head_weights(dtype).items()}
         output = _critic_output(lm, batch, head)
+    elif loss_name == "bt":
+        head = {n: w.double().requires_grad_() for n, w in score_head_weights(dtype).items()}
+        output = reference_scores(lm, batch, head)
     else:
         output = _policy_output(lm, batch)
     meta = {"batch_num_tokens": {}, "global_valid_samples": {}}
-    for key in MASK_KEYS[loss_name]:
+    for key in mask_keys(loss_name):
         mask = batch[key].bool()
         meta["batch_num_tokens"][key] = mask.sum().double()
         meta["global_valid_samples"][key] = (mask.sum(-1) > 0).sum().double()
     from roll_lite.data import DataProto
 
-    loss, _ = make_loss(loss_name, mode)(DataProto(batch, meta_info=meta), output)
+    loss, _ = loss_for(loss_name, mode)(DataProto(batch, meta_info=meta), output)
     loss.backward()
     params = dict(lm.named_parameters())
-    if loss_name in CRITIC_LOSSES:
+    if loss_name in CRITIC_LOSSES or loss_name == "bt":
         params = {n: p for n, p in params.items() if not n.startswith("lm_head.")} | head
     return loss.item(), {n: p.grad for n, p in params.items() if p.requires_grad}
 

@@ -4,8 +4,10 @@ FSDP2Strategy(head='value'), and the SFT loss: token-mean over a target mask wit
 batches, where policy, KL, entropy and value losses read model_mask, the model's own tokens between
 environment spans of varied length) × D ∈ {1, 2} (real gloo processes) × A ∈ {1, 2, 3} ×
 padded / packed / token-budget micro-batches; with activation checkpointing (model.gradient_checkpointing)
-on one and two ranks; and LoRA (adapter gradients on a frozen base, policy and KL losses, every agg
-mode). float64, relative error ≤ 1e-10."""
+on one and two ranks; LoRA (adapter gradients on a frozen base, policy and KL losses, every agg
+mode); and the pair losses (tests/pair_cases.py: a reward model's Bradley–Terry through
+FSDP2Strategy(head='score'), DPO, IPO, SimPO), each pair kept together on a rank and in a micro-batch.
+float64, relative error ≤ 1e-10."""
 
 import pytest
 import torch

@@ -167,6 +167,10 @@ class ModelGroup:
     def compute_values(self, data: DataProto) -> DataProto:
         return self._forward("compute_values", data)
 
+    def compute_scores(self, data: DataProto) -> DataProto:
+        """A reward model in training (the actor with a score head): token-aligned 'scores'."""
+        return self._forward("compute_values", data)
+
     def train_step(self, data: DataProto, loss: str) -> dict[str, float]:
         """One optimizer step over `data` (the global batch of this step); metrics from rank 0."""
         groups = self._scatter(data)

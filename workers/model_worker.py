@@ -29,7 +29,7 @@ from roll_lite.lora.adapters import (
 )
 from roll_lite.lora.export import save_lora_final
 from roll_lite.loss import sft_loss_func
-from roll_lite.model.modeling import enable_gradient_checkpointing, load_causal_lm
+from roll_lite.model.modeling import enable_gradient_checkpointing, load_causal_lm, sequence_classifier_state
 from roll_lite.runtime.reproducibility import check_kernels
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import init_distributed, join_group_store, open_group_store
@@ -87,6 +87,11 @@ class ModelWorker:
         init_distributed(store=store)
 
         head, trainable = ROLES[self.role]
+        # The pipeline class owns the loss functions; a light instance (no workers) serves them here.
+        self.pipeline = load_object(self.config.pipeline)(self.config)
+        if self.role == "actor":  # a reward model in training has a score head (pipelines/reward_model.py)
+            head = getattr(self.pipeline, "actor_head", head)
+        self.head = head
         self.tokenizer = load_tokenizer(self.config.model.tokenizer_path, self.config.model.chat_template)
         lm = load_causal_lm(self.config.model, len(self.tokenizer), seed=self.config.seed)
         self.lora = strategy_config(self.config, self.role).lora if trainable else None
@@ -97,11 +102,10 @@ class ModelWorker:
             enable_gradient_checkpointing(lm)
         if self.config.model.compile_layers:
             compile_decoder_layers(lm)
-        self.strategy = FSDP2Strategy(lm, strategy_config(self.config, self.role), head=head, trainable=trainable)
+        self.strategy = FSDP2Strategy(lm, strategy_config(self.config, self.role), head=head, trainable=trainable,
+                                      head_seed=self.config.seed)
         if self.config.workers.offload:
             self.strategy.offload()
-        # The pipeline class owns the loss functions; a light instance (no workers) serves them here.
-        self.pipeline = load_object(self.config.pipeline)(self.config)
 
     @contextmanager
     def on_device(self):
@@ -185,16 +189,21 @@ class ModelWorker:
         self._save_hf(Path(path), state)
 
     def _save_hf(self, target: Path, state: dict) -> None:
+        """A causal LM folder; with a score head a one-label sequence classifier (a reward model)."""
         from transformers import AutoModelForCausalLM
 
         trained = self.strategy.model.lm
-        lm = AutoModelForCausalLM.from_config(trained.config, dtype=next(iter(state.values())).dtype,
-                                              trust_remote_code=self.config.model.trust_remote_code)
+        if self.head == "score":
+            lm, state = sequence_classifier_state(trained, state)
+        else:
+            lm = AutoModelForCausalLM.from_config(trained.config, dtype=next(iter(state.values())).dtype,
+                                                  trust_remote_code=self.config.model.trust_remote_code)
         lm.load_state_dict(state)
         special_ids = {f"{name}_token_id": getattr(self.tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad")}
         lm.config.update(special_ids)  # config.json too: not only generate() reads them (pipelines, vLLM, exporters)
-        lm.generation_config = copy.deepcopy(trained.generation_config)
-        lm.generation_config.update(**special_ids)
+        if self.head != "score":
+            lm.generation_config = copy.deepcopy(trained.generation_config)
+            lm.generation_config.update(**special_ids)
         partial = target.with_name(target.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         lm.save_pretrained(partial)

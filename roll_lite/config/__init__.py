@@ -14,6 +14,7 @@ from roll_lite.config.schema import (
     CheckpointConfig,
     DataConfig,
     ModelConfig,
+    PreferenceConfig,
     RewardConfig,
     RolloutConfig,
     RunConfig,
@@ -25,7 +26,7 @@ from roll_lite.errors import ConfigError
 from roll_lite.strategy.config import StrategyConfig
 
 __all__ = [
-    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "DataConfig", "ModelConfig", "RewardConfig",
+    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "DataConfig", "ModelConfig", "PreferenceConfig", "RewardConfig",
     "RolloutConfig", "RunConfig", "SFTConfig", "StrategyConfig", "WorkersConfig", "in_actor_blockers",
     "load_config", "rewards_needing_a_worker", "rollout_dtype", "to_yaml", "validate",
 ]

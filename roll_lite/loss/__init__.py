@@ -10,6 +10,7 @@ aggregation.py  agg_loss, mask_stats / local_mask_stats, zero_outside, token_mea
 policy.py       the policy losses: PPO, GSPO, GSPO-token, CISPO (POLICY_LOSSES by name)
 kl.py           the KL estimate to the reference          value.py  the critic's clipped value loss
 sft.py          supervised fine-tuning's NLL               correction.py  rollout correction (TIS, MIS, veto, bypass)
+preference.py   pair losses: Bradley–Terry (reward models), DPO, IPO, SimPO
 advantages.py   advantage estimators and reward shaping
 checks.py, checker.py  the loss-invariance checker (roll-check-loss); not imported here
 """
@@ -47,12 +48,13 @@ from roll_lite.loss.policy import (
     sequence_ratio_loss,
     sequence_ratio_token_loss,
 )
+from roll_lite.loss.preference import PAIR_LOSSES, bradley_terry_loss_func, dpo_loss_func, pair_rows
 from roll_lite.loss.sft import sft_loss_func
 from roll_lite.loss.value import clipped_value_loss, value_loss_func
 
 __all__ = [
-    "AGG_MODES", "BUILTIN_LOSSES", "POLICY_LOSSES", "ROLLOUT_IS_LEVELS", "ROLLOUT_MASK_LEVELS", "RolloutCorrection",
-    "agg_loss", "cispo_loss",
+    "AGG_MODES", "BUILTIN_LOSSES", "PAIR_LOSSES", "POLICY_LOSSES", "ROLLOUT_IS_LEVELS", "ROLLOUT_MASK_LEVELS", "RolloutCorrection",
+    "agg_loss", "bradley_terry_loss_func", "cispo_loss", "dpo_loss_func", "pair_rows",
     "cispo_policy_loss_func", "gspo_token_policy_loss_func", "sequence_ratio_token_loss", "check_binary_mask", "clipped_value_loss",
     "kl_penalty", "kl_regularized_loss_func", "local_mask_stats", "mask_stats", "masked_sum", "old_log_probs",
     "ppo_clipped_loss", "ppo_policy_loss_func", "rollout_correction", "rollout_drops",

@@ -9,6 +9,7 @@ dicts of "next-token aligned" [rows, seq] tensors: position j holds the quantity
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Mapping
 
 import torch
@@ -109,6 +110,44 @@ class CausalLMWithValueHead(_HeadOnDecoder):
         hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
         # squeeze(-1) alone returns a view, and FSDP2 warns on view outputs (see CausalLMWithLogProbs).
         return {"values": self.value_head(hidden).squeeze(-1).clone()}
+
+
+class CausalLMWithScoreHead(_HeadOnDecoder):
+    """Reward model (Bradley–Terry): the decoder of a causal LM plus a bias-free linear score head,
+    laid out as transformers' *ForSequenceClassification with one label (`score.weight`), so that
+    `sequence_classifier_state` exports it as one. {'scores'}: after `forward_micro_batch`'s
+    next-token alignment, token t holds the score of the sequence ending at token t (the head reads
+    the hidden state one position ahead; token 0 has none)."""
+
+    def __init__(self, lm: nn.Module, seed: int = 0):
+        super().__init__(lm)
+        self.score = nn.Linear(lm.config.hidden_size, 1, bias=False, dtype=next(lm.parameters()).dtype)
+        std = getattr(lm.config, "initializer_range", 0.02)
+        with torch.no_grad():  # as transformers initialises the head, from the run's seed
+            self.score.weight.copy_(torch.randn(self.score.weight.shape, generator=torch.Generator().manual_seed(seed)) * std)
+
+    def forward(self, input_ids, position_ids, attention_mask=None, cu_seqlens=None, max_seqlen=None,
+                temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
+        # One position ahead (the wrapped-around last column is never read): alignment moves it back.
+        return {"scores": torch.roll(self.score(hidden).squeeze(-1), shifts=-1, dims=1)}
+
+
+def sequence_classifier_state(lm: nn.Module, state: dict[str, torch.Tensor]) -> tuple[nn.Module, dict]:
+    """A one-label transformers *ForSequenceClassification of `lm`'s architecture, and the state dict
+    that makes it the trained reward model: the decoder's weights and the score head (the LM head
+    is dropped). `state` holds the strategy's HF names (`model.layers...`, `score.weight`)."""
+    from transformers import AutoModelForSequenceClassification
+
+    config = copy.deepcopy(lm.config)
+    config.num_labels = 1
+    classifier = AutoModelForSequenceClassification.from_config(config, dtype=state["score.weight"].dtype)
+    prefix = classifier.base_model_prefix
+    decoder_prefix = f"{lm.base_model_prefix}."
+    weights = {f"{prefix}.{name.removeprefix(decoder_prefix)}": value for name, value in state.items()
+               if name.startswith(decoder_prefix)}
+    weights["score.weight"] = state["score.weight"]
+    return classifier, weights
 
 
 # the architecture keys of the `model` config section (a model built from config)

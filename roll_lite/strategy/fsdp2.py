@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 from roll_lite.model.attention import packed_attention_path
 from roll_lite.data import DataProto, undo_permutation
 from roll_lite.runtime.metrics import reduce_metrics, to_float
-from roll_lite.model.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, decoder_layers
+from roll_lite.model.modeling import CausalLMWithLogProbs, CausalLMWithScoreHead, CausalLMWithValueHead, decoder_layers
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import init_distributed, resolve_device
 from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite, skipped_step_message
@@ -73,10 +73,11 @@ def _lr_lambda(config: StrategyConfig):
 
 class FSDP2Strategy:
     """FSDP2 over the default process group. `head` picks what the model returns: 'log_probs'
-    (policy, reference) or 'value' (critic); `trainable=False` builds no optimizer (reference)."""
+    (policy, reference), 'value' (critic) or 'score' (a reward model in training, its new head drawn
+    from `head_seed`); `trainable=False` builds no optimizer (reference)."""
 
     def __init__(self, lm: nn.Module, config: StrategyConfig, *, head: str = "log_probs", trainable: bool = True,
-                 device: torch.device | None = None, shard_single_rank: bool = False):
+                 device: torch.device | None = None, shard_single_rank: bool = False, head_seed: int = 0):
         config.validate("strategy.")
         self.config = config
         self.device = resolve_device(device)
@@ -85,8 +86,10 @@ class FSDP2Strategy:
             model = CausalLMWithLogProbs(lm.to(self.device), config.logprob_chunk_size)
         elif head == "value":
             model = CausalLMWithValueHead(lm.to(self.device)).to(self.device)
+        elif head == "score":
+            model = CausalLMWithScoreHead(lm.to(self.device), seed=head_seed).to(self.device)
         else:
-            raise ValueError(f"unknown head '{head}'; choose log_probs or value")
+            raise ValueError(f"unknown head '{head}'; choose log_probs, value or score")
         self.sharded = self.world_size > 1 or shard_single_rank or DTYPES[config.param_dtype] != _dtype_of(model)
         self.model = self._shard(model) if self.sharded else model
         self.optimizer = self.scheduler = None
@@ -322,6 +325,6 @@ class FSDP2Strategy:
         prefixed = {f"lm.{name}": value for name, value in state.items()}
         options = StateDictOptions(full_state_dict=True, strict=False)
         result = set_model_state_dict(self.model, prefixed, options=options)
-        missing = [key for key in result.missing_keys if not key.startswith("value_head.")]
+        missing = [key for key in result.missing_keys if not key.startswith(("value_head.", "score."))]
         if missing or result.unexpected_keys:
             raise KeyError(f"load_full_state_dict: missing {missing}, unexpected {result.unexpected_keys}")

@@ -55,21 +55,43 @@ def global_stats_meta(sums: torch.Tensor, mask_keys: Sequence[str]) -> dict:
     }
 
 
+def row_units(data: DataProto) -> list[list[int]]:
+    """The rows that must stay together, on one rank and in one micro-batch: each block of
+    meta_info['rows_together'] consecutive rows (2 for preference pairs: chosen, rejected), or single rows."""
+    size = int(data.meta_info.get("rows_together", 1))
+    if size < 1 or len(data) % size:
+        raise ValueError(f"meta_info['rows_together'] = {size}: the batch's {len(data)} rows are not whole blocks of it")
+    return [list(range(start, start + size)) for start in range(0, len(data), size)]
+
+
+def _rows_of(units: list[list[int]], unit_groups: list[list[int]]) -> list[list[int]]:
+    return [[row for unit in group for row in units[unit]] for group in unit_groups]
+
+
 def micro_batch_groups(data: DataProto, config: StrategyConfig) -> list[list[int]]:
     """Row indices of each micro-batch of this rank's share: A chunks (no packing; longest rows
     together when trim_padding is on, so that each chunk pads to a similar length), A token-balanced
-    groups (packing), or as many groups as the token budget needs."""
-    if not config.use_packing:
-        if not config.trim_padding:
-            return data_parallel_groups(data, config.grad_accum_steps, balance_tokens=False)
-        lengths = row_lengths(data["attention_mask"])
-        by_length = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-        chunks = data_parallel_groups(data, config.grad_accum_steps, balance_tokens=False)
-        return [sorted(by_length[i] for i in chunk) for chunk in chunks]
+    groups (packing), or as many groups as the token budget needs. Rows that stay together
+    (`row_units`) are placed as one."""
+    units = row_units(data)
+    if not config.use_packing and not config.trim_padding:
+        return data_parallel_groups(data, config.grad_accum_steps, balance_tokens=False)
     lengths = row_lengths(data["attention_mask"])
+    unit_lengths = [sum(lengths[row] for row in unit) for unit in units]
+    if not config.use_packing:
+        by_length = sorted(range(len(units)), key=lambda u: (-unit_lengths[u], u))
+        chunks = _contiguous_chunks(len(units), config.grad_accum_steps)
+        return _rows_of(units, [sorted(by_length[u] for u in chunk) for chunk in chunks])
     if config.max_tokens_per_micro_batch is not None:
-        return token_budget_groups(lengths, config.max_tokens_per_micro_batch)
-    return karmarkar_karp(lengths, config.grad_accum_steps)
+        budget = config.max_tokens_per_micro_batch
+        longest = max(range(len(units)), key=unit_lengths.__getitem__, default=None)
+        if longest is not None and len(units[longest]) > 1 and unit_lengths[longest] > budget:
+            rows = units[longest]
+            raise ValueError(f"rows {rows[0]}-{rows[-1]}, kept together (meta_info['rows_together']: a preference pair), have "
+                             f"{unit_lengths[longest]} tokens, more than max_tokens_per_micro_batch={budget}; raise the "
+                             "budget to at least the longest pair")
+        return _rows_of(units, token_budget_groups(unit_lengths, budget))
+    return _rows_of(units, karmarkar_karp(unit_lengths, config.grad_accum_steps))
 
 
 def trim_to_longest_row(micro_batch: DataProto) -> DataProto:
@@ -95,12 +117,18 @@ def split_micro_batches(data: DataProto, config: StrategyConfig) -> list[DataPro
 
 def data_parallel_groups(data: DataProto, world_size: int, balance_tokens: bool) -> list[list[int]]:
     """Row indices of the D rank shares of a global batch: token-balanced (Karmarkar–Karp) or
-    contiguous chunks."""
+    contiguous chunks; rows that stay together (`row_units`) go to one rank."""
+    units = row_units(data)
     if balance_tokens:
-        return karmarkar_karp(row_lengths(data["attention_mask"]), world_size)
-    base, extra = divmod(len(data), world_size)
-    sizes = [base + (1 if i < extra else 0) for i in range(world_size)]
-    return [list(range(sum(sizes[:i]), sum(sizes[: i + 1]))) for i in range(world_size)]
+        lengths = row_lengths(data["attention_mask"])
+        return _rows_of(units, karmarkar_karp([sum(lengths[row] for row in unit) for unit in units], world_size))
+    return _rows_of(units, _contiguous_chunks(len(units), world_size))
+
+
+def _contiguous_chunks(count: int, parts: int) -> list[list[int]]:
+    base, extra = divmod(count, parts)
+    sizes = [base + (1 if i < extra else 0) for i in range(parts)]
+    return [list(range(sum(sizes[:i]), sum(sizes[: i + 1]))) for i in range(parts)]
 
 
 def split_for_data_parallel(data: DataProto, world_size: int, balance_tokens: bool) -> list[DataProto]:
