@@ -99,7 +99,7 @@ def dpo_loss_func(loss_type: str = "dpo", beta: float = 0.1, label_smoothing: fl
         pairs = _pair_count(batch)
         response = batch["chosen_mask"].bool() | batch["rejected_mask"].bool()
         (log_probs,) = zero_outside(response, output["log_probs"])
-        logps = log_probs.sum(-1)
+        logps = log_probs.double().sum(-1)  # as the reference's sums: equal weights give h = 0 exactly
         reference = batch["reference_logps"].to(logps.dtype) if loss_type != "simpo" else torch.zeros_like(logps)
         if loss_type in ("ipo", "simpo"):
             lengths = response.sum(-1).to(logps.dtype)
