@@ -119,3 +119,28 @@ def test_lora_dpo_uses_the_actor_without_adapters_as_reference(workdir):
     assert records[0]["eval/dpo/rewards/margins"] == 0  # lora_B starts at zero: adapters off = on
     assert records[2]["eval/dpo/rewards/margins"] != 0 and records[2]["dpo/nll_loss"] > 0
     assert (workdir / "outputs/lora/final/adapter_model.safetensors").is_file()
+
+
+def test_the_chain_example_stages_are_valid_configs_and_its_scorer_reads_a_policy(tmp_path, monkeypatch):
+    # The full chain (examples/preferences/chain.py, ~15 min) ran for docs/preferences.md; here its
+    # stages' arguments load as configs, and the held-out scorer answers with a policy folder.
+    sys.path.insert(0, str(REPO / "examples/preferences"))
+    import chain
+    from roll_lite.config import ConfigError, load_config
+    from roll_lite.model.modeling import build_causal_lm
+    from roll_lite.model.tokenizer import build_char_tokenizer
+
+    monkeypatch.chdir(REPO)
+    for smoke in (False, True):
+        for name, arguments in chain.stages(smoke).items():
+            if name == "grpo_rm":  # its reward model is the chain's earlier stage
+                with pytest.raises(ConfigError, match="no such folder 'outputs/chain_rm/final'"):
+                    load_config(REPO / arguments[1], arguments[2:])
+                continue
+            config = load_config(REPO / arguments[1], arguments[2:])
+            assert config.run_name.startswith("chain_"), name
+    tokenizer = build_char_tokenizer()
+    build_causal_lm(dict(model_type="qwen2", vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1), seed=0).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    assert chain.held_out_accuracy(tmp_path) == 0.0  # a random model answers none of the 64
