@@ -1,6 +1,7 @@
 """Worst relative error of the step's loss and gradients vs one global forward/backward, per agg
 mode, model and dtype, over the whole test matrix (actor: 3 policy losses and, token-mean, the SFT loss; critic: the value loss
-through FSDP2Strategy(head='value'); D ∈ {1,2} × A ∈ {1,2,3} × padded/packed, plus token-budget
+through FSDP2Strategy(head='value'); the pair losses: a reward model's Bradley–Terry through
+FSDP2Strategy(head='score'), and DPO, IPO, SimPO; D ∈ {1,2} × A ∈ {1,2,3} × padded/packed, plus token-budget
 micro-batches and one-row batches that leave a rank empty), with the real FSDP2 strategy on gloo ranks.
 
     python benchmarks/exactness.py
@@ -16,11 +17,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from distributed_harness import CRITIC_LOSSES, all_cases, deviations, reference, run_strategy  # noqa: E402
+from pair_cases import PAIR_LOSSES, PAIR_MODE  # noqa: E402
 
 from roll_lite.loss import AGG_MODES  # noqa: E402
 
 
+MODELS = ("actor", "actor (LoRA)", "critic", "reward model (Bradley–Terry)", "policy (DPO, IPO, SimPO)")
+
+
 def model_of(case) -> str:
+    if case.loss in PAIR_LOSSES:
+        return MODELS[3] if case.loss == "bt" else MODELS[4]
     return "critic" if case.loss in CRITIC_LOSSES else "actor (LoRA)" if case.lora else "actor"
 
 
@@ -32,9 +39,11 @@ def main():
         results = run_strategy(cases, dtype)
         keys = {(c.loss, c.mode, c.rows, c.lora) for c in cases}
         references = {key: reference(key[0], key[1], dtype, key[2], key[3]) for key in keys}
-        for mode in AGG_MODES:
-            for model in ("actor", "actor (LoRA)", "critic"):
+        for mode in (*AGG_MODES, PAIR_MODE):
+            for model in MODELS:
                 selected = [c for c in cases if c.mode == mode and model_of(c) == model]
+                if not selected:
+                    continue
                 errors = [deviations(results[c], references[(c.loss, c.mode, c.rows, c.lora)]) for c in selected]
                 rows.append((str(dtype).removeprefix("torch."), mode, model, max(e[0] for e in errors), max(e[1] for e in errors), len(errors)))
         print(f"{dtype}: {len(cases)} cases in {time.perf_counter() - start:.1f} s", file=sys.stderr)

@@ -22,6 +22,7 @@ import torch
 
 from roll_lite.config import ConfigError
 from roll_lite.data import DataProto
+from roll_lite.data.pairs import build_pair_batch
 from roll_lite.loss import dpo_loss_func
 
 from .pairs import EVAL_PAIRS, PairPipeline
@@ -88,15 +89,15 @@ class DPOPipeline(PairPipeline):
                 continue
             sums = []
             for start in range(0, len(pairs), EVAL_PAIRS):
-                batch = self.pair_batch(pairs.select(range(start, min(start + EVAL_PAIRS, len(pairs)))), [], "")
-                sums.append(self.reference_logps(batch).reshape(-1, 2))
+                chunk = pairs.select(range(start, min(start + EVAL_PAIRS, len(pairs))))
+                sums.append(self.reference_logps(build_pair_batch(chunk, self.tokenizer.pad_token_id)).reshape(-1, 2))
             self.precomputed[split] = torch.cat(sums)
         logger.info("reference log-probs precomputed for %d training and %d held-out pairs", len(self.train_data),
                     0 if self.eval_data is None else len(self.eval_data))
 
     def complete_batch(self, batch: DataProto, rows: list[int], split: str) -> DataProto:
         """reference_logps: [rows] each response's summed reference log-prob (not for SimPO)."""
-        if not self.uses_reference or not split:
+        if not self.uses_reference:
             return batch
         if self.preference.reference == "precomputed":
             batch.batch["reference_logps"] = self.precomputed[split][rows].reshape(-1)
