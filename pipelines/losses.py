@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from roll_lite.config import AlgorithmConfig, ConfigError
 from roll_lite.runtime.importing import load_object
-from roll_lite.loss import POLICY_LOSSES, RolloutCorrection, kl_regularized_loss_func
+from roll_lite.loss import POLICY_LOSSES, RolloutCorrection, kl_regularized_loss_func, reverse_kl_loss_func
 
 # The options each built-in takes besides the clip range, rollout correction and the aggregation's.
 EXTRA_OPTIONS = {"ppo": ("dual_clip_c", "entropy_coef"), "cispo": ("entropy_coef",), "gspo": (), "gspo_token": ()}
@@ -16,8 +16,16 @@ def is_builtin_policy_loss(name: str) -> bool:
     return name in POLICY_LOSSES
 
 
-def policy_loss_func(a: AlgorithmConfig, mask_key: str, seq_len_norm: float, use_reference: bool):
-    """algorithm.policy_loss on `mask_key` (loss_mask_keys' mask), aggregated by algorithm.loss_agg_mode."""
+def policy_loss_func(a: AlgorithmConfig, mask_key: str, seq_len_norm: float, use_reference: bool, distill=None):
+    """algorithm.policy_loss on `mask_key` (loss_mask_keys' mask), aggregated by algorithm.loss_agg_mode;
+    with distill.signal = reverse_kl (a DistillConfig, when the run has a teacher) the KL to the teacher added."""
+    policy = _policy_and_reference(a, mask_key, seq_len_norm, use_reference)
+    if distill is None or distill.signal != "reverse_kl":
+        return policy
+    return reverse_kl_loss_func(policy, a.loss_agg_mode, distill.coef, distill.kl_estimator, mask_key, seq_len_norm)
+
+
+def _policy_and_reference(a: AlgorithmConfig, mask_key: str, seq_len_norm: float, use_reference: bool):
     if is_builtin_policy_loss(a.policy_loss):
         options = dict(seq_len_norm=seq_len_norm, mask_key=mask_key, correction=RolloutCorrection.from_config(a))
         for key in ("clip_ratio_low", "clip_ratio_high"):  # null: the loss's own default
@@ -32,7 +40,6 @@ def policy_loss_func(a: AlgorithmConfig, mask_key: str, seq_len_norm: float, use
     return kl_regularized_loss_func(a.loss_agg_mode, kl_coef=0.0 if a.kl_in_reward else a.kl_coef,
                                     kl_estimator=a.kl_estimator, seq_len_norm=seq_len_norm, kl_mask_key=mask_key,
                                     kl_clamp=a.kl_clamp, policy_loss=policy)
-
 
 
 def check_correction_applied(a: AlgorithmConfig, metrics: dict[str, float], pipeline: str) -> None:

@@ -171,10 +171,12 @@ class MultiTurnPipeline(PPOPipeline):
 
     def compute_advantages(self, scores, token_rewards, batch):
         a = self.algorithm
-        if self.config.environment.credit == "turn":
-            advantages = turn_level_advantages(token_rewards, batch[self.loss_mask_key], batch["group_ids"], a.advantage, a.gamma)
-            return advantages, None
-        return super().compute_advantages(scores, token_rewards, batch)
+        if self.config.environment.credit != "turn":
+            return super().compute_advantages(scores, token_rewards, batch)
+        advantages = turn_level_advantages(token_rewards, batch[self.loss_mask_key], batch["group_ids"], a.advantage, a.gamma)
+        if self.teachers is not None:  # the teacher scores the model's own tokens only (model_mask)
+            advantages = self.teachers.advantages(advantages, batch, batch[self.loss_mask_key], self.actor)
+        return advantages, None
 
     # -- evaluation ---------------------------------------------------------------------------------
 

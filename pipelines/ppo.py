@@ -37,16 +37,18 @@ from .evaluation import evaluate_held_out
 from .dapo import filter_overlong, keep_informative_groups, shape_overlong
 from .fresh_weights import check_fresh_weights
 from .losses import check_correction_applied, policy_loss_func
+from .rl_checkpoints import RLCheckpoints
 from .rollout_schedule import RolloutSchedule
 from .run_log import describe_async_rollout, fmt, oversubscribed_cpu_warning, progress_line
 from .session import RunSession
+from .teachers import Teachers
 from .sft import SFTPipeline
 from .unscored import drop_unscored
 
 logger = logging.getLogger("roll_lite")
 
 
-class PPOPipeline:
+class PPOPipeline(RLCheckpoints):
     # The mask of the tokens the losses train on (loss_mask_keys): every generated token here; the
     # model's own tokens of a multi-turn trajectory in MultiTurnPipeline (pipelines/multi_turn.py).
     loss_mask_key = "response_mask"
@@ -68,7 +70,9 @@ class PPOPipeline:
         self.on_policy = self.algorithm.ppo_epochs == 1 and self.algorithm.mini_batches == 1 and not (
             self.use_reference and self.algorithm.kl_in_reward
         )
-        self._policy_loss = policy_loss_func(self.algorithm, self.loss_mask_key, self.seq_len_norm, self.use_reference)
+        self.teachers = Teachers.of(config)  # on-policy distillation's teachers (pipelines/teachers.py), or None
+        self._policy_loss = policy_loss_func(self.algorithm, self.loss_mask_key, self.seq_len_norm, self.use_reference,
+                                             config.distill if self.teachers is not None else None)
         a = self.algorithm
         self._value_loss = value_loss_func(a.loss_agg_mode, a.value_clip, self.seq_len_norm, self.loss_mask_key)
         self._shuffle = torch.Generator().manual_seed(config.seed)
@@ -95,7 +99,8 @@ class PPOPipeline:
         # (workers.rollout_gpus) or runs in the actor's process (rollout.in_actor), share one GPU.
         colocated_rollout = w.rollout_gpus == 0 and not self.config.rollout.in_actor
         reference_worker = self.use_reference and not self.reference_in_actor
-        placement = Placement(self.config, roles_on_a_gpu=1 + reference_worker + self.use_critic + colocated_rollout)
+        teachers = len(self.teachers.folders) if self.teachers is not None else 0
+        placement = Placement(self.config, roles_on_a_gpu=1 + reference_worker + self.use_critic + colocated_rollout + teachers)
         # All worker processes start at once; wait_ready then builds their models.
         self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)
         self.reference = ModelGroup("reference", w.reference_dp, placement, self.config) if reference_worker else None
@@ -106,6 +111,9 @@ class PPOPipeline:
         for group in (self.actor, self.reference, self.critic):
             if group is not None:
                 group.wait_ready()
+        if self.teachers is not None:
+            self.teachers.start(placement)
+            logger.info(self.teachers.describe())
         if in_actor:
             self.rollout = RolloutClient(self.config, placement, actor=self.actor)
         self.schedule.engine = self.rollout
@@ -127,6 +135,8 @@ class PPOPipeline:
         Idempotent: run() calls it too."""
         if self.train_data is not None:
             return
+        if self.teachers is not None:
+            self.teachers.check(self.tokenizer)
         self.train_data, self.eval_data = self.read_data()
         self.sampler = training_sampler(self.config.data, self.train_data, self.data_seed)
         if self.config.sft.steps:
@@ -137,8 +147,9 @@ class PPOPipeline:
     def read_data(self) -> tuple[PromptData, PromptData | None]:
         """(the training prompts, the held-out ones or None), tokenized."""
         reward, data = self.config.reward, self.config.data
-        prepared = prepare_datasets(data, self.tokenizer, domains=list(reward.domains) or list(data.domain_weights) or None,
-                                    row_check=code_row_check(reward, data.domain_key))
+        teachers = self.teachers.domains if self.teachers is not None else None
+        domains = list(reward.domains) or list(data.domain_weights) or teachers
+        prepared = prepare_datasets(data, self.tokenizer, domains=domains, row_check=code_row_check(reward, data.domain_key))
         for note in prepared.notes:
             logger.info(note)
         return prepared.train, prepared.eval
@@ -195,6 +206,8 @@ class PPOPipeline:
 
         if self.use_reference:
             batch.batch["ref_log_probs"] = self.reference_log_probs(batch)
+        if self.teachers is not None:
+            batch.batch["teacher_log_probs"] = self.teachers.log_probs(batch)
         if not self.on_policy and not a.rollout_bypass:  # bypass: the engine's log-probs are π_old
             batch.batch["old_log_probs"] = self.actor.compute_log_probs(batch)["log_probs"]
         if self.critic is not None:
@@ -220,6 +233,7 @@ class PPOPipeline:
         tokens = int(batch["attention_mask"].sum())
         return {
             **reward_metrics,
+            **(self.teachers.metrics if self.teachers is not None else {}),
             **{f"actor/{k}": v for k, v in actor_metrics.items()},
             **{f"critic/{k}": v for k, v in critic_metrics.items()},
             "response_length/mean": mask.sum(-1).float().mean().item(),
@@ -270,8 +284,11 @@ class PPOPipeline:
 
     def compute_advantages(self, scores, token_rewards, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(advantages, returns for the critic or None): algorithm.advantage's estimator
-        (pipelines/advantages.py) on the batch's loss mask."""
-        return estimate_advantages(self.algorithm, token_rewards, batch, batch[self.loss_mask_key])
+        (pipelines/advantages.py) on the batch's loss mask; with a teacher, distill's advantage."""
+        advantages, returns = estimate_advantages(self.algorithm, token_rewards, batch, batch[self.loss_mask_key])
+        if self.teachers is not None:
+            advantages = self.teachers.advantages(advantages, batch, batch[self.loss_mask_key], self.actor)
+        return advantages, returns
 
     def train(self, group, batch: DataProto, loss: str) -> dict[str, float]:
         """ppo_epochs × mini_batches optimizer steps; each mini-batch gets its own global stats
@@ -362,38 +379,3 @@ class PPOPipeline:
         logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
                     fmt(initial), fmt(final), seconds_in_all(start), session.run_dir)
         return session.tracker.history
-
-    # -- checkpoints (pipelines/session.py, roll_lite/checkpoint/) -----------------------------------
-
-    checkpoint_kind = "rl"
-    # Besides the model's: the keys that decide which prompts the sampler's saved position refers to.
-    checkpoint_compat_keys = ("algorithm.advantage", "data.train_files", "data.shuffle", "data.domain_weights")
-
-    total_steps_key = "steps"
-
-    @property
-    def total_steps(self) -> int:
-        return self.config.steps
-
-    def checkpoint_groups(self) -> dict:
-        """The model groups a checkpoint holds. The reference too: after a warm start it holds the
-        warm-started policy, not the build."""
-        groups = {"actor": self.actor, "critic": self.critic, "reference": self.reference}
-        return {name: group for name, group in groups.items() if group is not None}
-
-    def save_driver_state(self, folder: Path) -> None:
-        """The rollout engine's sampling position and generators; the mini-batch shuffle's generator;
-        the generations launched ahead (rollout.async_steps), fetched first."""
-        from roll_lite.checkpoint.rng import save_rng
-
-        self.schedule.save(folder)
-        self.rollout.save_checkpoint(str(folder / "rng_rollout.pkl"))
-        save_rng(folder / "rng_driver.pkl", {"minibatch_shuffle": self._shuffle.get_state()})
-
-    def load_driver_state(self, folder: Path, step: int) -> None:
-        from roll_lite.checkpoint.rng import load_rng
-
-        self.rollout.sync(self.actor, rollout_dtype(self.config), version=step)
-        self.rollout.load_checkpoint(str(folder / "rng_rollout.pkl"))
-        self.schedule.load(folder)
-        self._shuffle.set_state(load_rng(folder / "rng_driver.pkl")["minibatch_shuffle"])

@@ -24,6 +24,7 @@ from roll_lite.loss import (
     gspo_token_policy_loss_func,
     kl_regularized_loss_func,
     ppo_policy_loss_func,
+    reverse_kl_loss_func,
     sequence_policy_loss_func,
     sft_loss_func,
     value_loss_func,
@@ -44,6 +45,7 @@ MASK_KEYS = {
     "sft": ["kl_mask"],  # a target mask with holes, like a conversation's assistant turns (token-mean only)
     # Multi-turn: the model's own tokens (model_mask) between environment / tool spans of varied length
     "multiturn_ppo": ["model_mask"], "multiturn_ppo_kl": ["model_mask"], "multiturn_value": ["model_mask"],
+    "distill_rkl": ["response_mask"],  # on-policy distillation: the teacher's reverse KL as a loss
 }
 CRITIC_LOSSES = {"value", "multiturn_value"}
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32"}
@@ -87,6 +89,9 @@ def make_loss(name: str, mode: str):
                                     rollout_is="token", rollout_is_cap=1.2)
     if name == "multiturn_value":
         return value_loss_func(mode, clip_range=0.5, seq_len_norm=SEQ_LEN, mask_key="model_mask")
+    if name == "distill_rkl":  # PPO on the task advantages + 0.7 × the k2 estimate of KL(π_S‖π_T)
+        policy = ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, entropy_coef=0.01)
+        return reverse_kl_loss_func(policy, mode, coef=0.7, estimator="k2", seq_len_norm=SEQ_LEN)
     if name == "multiturn_ppo_kl":
         return kl_regularized_loss_func(mode, kl_coef=0.5, kl_estimator="k3", seq_len_norm=SEQ_LEN,
                                         policy_mask_key="model_mask", kl_mask_key="model_mask")
@@ -181,6 +186,7 @@ def global_batch(dtype: torch.dtype, rows: int = 7):
     # an all-zero kl_mask: shares and micro-batches get uneven and partly empty.
     data = random_rl_batch(num_rows=7, seq_len=SEQ_LEN, mask_keys=["response_mask", "kl_mask"], seed=11, dtype=dtype)
     data.batch["model_mask"] = multi_turn_mask(data["response_mask"])
+    data.batch["teacher_log_probs"] = data["ref_log_probs"].flip(-1)  # another policy's log-probs
     return data.slice(0, rows)
 
 

@@ -6,7 +6,8 @@ environment spans of varied length) × D ∈ {1, 2} (real gloo processes) × A �
 padded / packed / token-budget micro-batches; with activation checkpointing (model.gradient_checkpointing)
 on one and two ranks; LoRA (adapter gradients on a frozen base, policy and KL losses, every agg
 mode); and the pair losses (tests/pair_cases.py: a reward model's Bradley–Terry through
-FSDP2Strategy(head='score'), DPO, IPO, SimPO), each pair kept together on a rank and in a micro-batch.
+FSDP2Strategy(head='score'), DPO, IPO, SimPO), each pair kept together on a rank and in a micro-batch;
+and on-policy distillation's reverse KL to a teacher as a loss.
 float64, relative error ≤ 1e-10."""
 
 import pytest

@@ -38,7 +38,9 @@ from roll_lite.model.weights import FlatWeights, flatten_state_dict, unflatten_s
 
 from .placement import local_gpu_index, where_am_i
 
-ROLES = {"actor": ("log_probs", True), "reference": ("log_probs", False), "critic": ("value", True)}
+# role -> (head, trainable); a teacher (pipelines/teachers.py) is a reference built from its own folder
+ROLES = {"actor": ("log_probs", True), "reference": ("log_probs", False), "critic": ("value", True),
+         "teacher": ("log_probs", False)}
 
 
 def strategy_config(config: RunConfig, role: str) -> StrategyConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from roll_lite.config.beyond_rl import DistillConfig, PreferenceConfig, SFTConfig
 from roll_lite.environments.config import EnvironmentConfig
 from roll_lite.strategy.config import StrategyConfig
 
@@ -63,56 +64,6 @@ class DataConfig:
     seed: Optional[int] = None  # null: the run's seed
     epochs: Optional[int] = None  # passes over the training prompts; null: unbounded (steps decides)
     eval_num_samples: int = 0  # k > 0: also sample k responses per eval prompt for eval/mean@k and eval/pass@k
-
-
-@dataclass
-class SFTConfig:
-    """Supervised fine-tuning (roll_lite/data/sft.py): the SFT pipeline (configs/sft.yaml), or, in an RL
-    config, a warm start of `steps` SFT steps on the actor before RL (0: none)."""
-
-    train_files: Any = field(default_factory=list)  # a path or a list of paths (formats as data.train_files)
-    eval_files: Any = field(default_factory=list)  # for eval/sft_loss (the SFT pipeline)
-    prompt_key: str = "prompt"  # a string, or chat messages
-    response_key: Optional[str] = "response"  # the target string; null: prompt_key holds whole conversations,
-    # and the loss is on every assistant turn
-    apply_chat_template: bool = False  # render string prompts + responses with the chat template (messages always are)
-    max_length: Optional[int] = None  # longer sequences (in tokens) are left out, counted and logged; null: no limit
-    shuffle: bool = True  # a new seeded order of the rows every epoch (seed: data.seed)
-    epochs: Optional[int] = None  # passes over the training rows; null: unbounded (steps decides)
-    steps: int = 0  # optimizer steps (the SFT pipeline needs >= 1)
-    batch_size: int = 64  # sequences per step; the loss is the mean over all their target tokens
-    lr: float = 2e-3  # the SFT steps' learning rate (the warm start's too; RL then uses actor.lr)
-    eval_every: int = 100  # the SFT pipeline: eval/sft_loss every this many steps and at the end
-
-
-@dataclass
-class PreferenceConfig:
-    """Preference pairs (roll_lite/data/pairs.py) for the reward-model pipeline (configs/reward_model.yaml,
-    Bradley–Terry) and the DPO pipeline (configs/dpo.yaml): rows of a prompt, a chosen and a rejected response."""
-
-    train_files: Any = field(default_factory=list)  # a path or a list of paths (formats as data.train_files)
-    eval_files: Any = field(default_factory=list)  # held-out pairs: accuracy and margins every eval_every steps
-    prompt_key: str = "prompt"  # a string, or chat messages
-    chosen_key: str = "chosen"  # the preferred response: a string, or the assistant's message(s)
-    rejected_key: str = "rejected"  # the other response, same form as chosen
-    margin_key: Optional[str] = None  # the reward model: a column of per-pair margins m in −log σ(s_c − s_r − m)
-    apply_chat_template: bool = False  # render string prompts + responses with the chat template (messages always are)
-    max_length: Optional[int] = None  # pairs whose longer side has more tokens are left out, counted and logged
-    shuffle: bool = True  # a new seeded order of the pairs every epoch (seed: data.seed)
-    epochs: Optional[int] = None  # passes over the training pairs; null: unbounded (steps decides)
-    steps: int = 100  # optimizer steps
-    batch_size: int = 32  # pairs per step; each loss is the mean over the step's pairs
-    lr: float = 1e-3  # learning rate (the actor's optimizer settings otherwise)
-    eval_every: int = 20  # held-out metrics every this many steps and at the end
-    loss: str = "dpo"  # the DPO pipeline: dpo | ipo | simpo (the reward-model pipeline: Bradley–Terry)
-    beta: float = 0.1  # DPO / IPO / SimPO: the inverse temperature β of the implicit reward
-    label_smoothing: float = 0.0  # dpo, simpo: conservative DPO's ε, the chance that a label is flipped
-    nll_coef: float = 0.0  # dpo, ipo, simpo: + this × the chosen responses' token-mean NLL (TRL's rpo_alpha)
-    simpo_gamma: float = 0.5  # simpo: the target margin γ
-    # dpo, ipo: worker = the reference's log-probs for each step's pairs (a reference worker; with LoRA the
-    # actor with its adapters off); precomputed = one pass over all pairs before step 1, kept in checkpoints
-    reference: str = "worker"
-    center_coef: float = 0.0  # the reward model: + this × (s_c + s_r)² per pair, which centres scores on zero
 
 
 @dataclass
@@ -372,6 +323,7 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)

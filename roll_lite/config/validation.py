@@ -7,7 +7,7 @@ from typing import Any
 from roll_lite.config.schema import DataConfig, PreferenceConfig, RolloutConfig, RunConfig, SFTConfig, WorkersConfig
 from roll_lite.environments.config import check_environment_config
 from roll_lite.errors import ConfigError
-from roll_lite.loss import AGG_MODES, PAIR_LOSSES, POLICY_LOSSES, ROLLOUT_IS_LEVELS, RolloutCorrection
+from roll_lite.loss import AGG_MODES, DISTILL_SIGNALS, PAIR_LOSSES, POLICY_LOSSES, ROLLOUT_IS_LEVELS, RolloutCorrection
 from roll_lite.loss.advantages import ADVANTAGE_ESTIMATORS
 from roll_lite.runtime.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
 from roll_lite.rewards import CHEAP_REWARDS, is_cheap
@@ -41,6 +41,7 @@ def validate(config: RunConfig) -> None:
     _validate_data(config.data)
     _validate_sft(config.sft)
     _validate_preference(config.preference)
+    _validate_distill(config)
     rollout = config.rollout
     _one_of(rollout.engine, ("hf", "vllm"), "rollout.engine")
     if rollout.dtype is not None:
@@ -315,6 +316,27 @@ def _validate_preference(p: PreferenceConfig) -> None:
     _check(not p.label_smoothing or p.loss != "ipo", "preference.label_smoothing", "applies to dpo and simpo, not ipo")
     _check(p.nll_coef >= 0, "preference.nll_coef", f"must be >= 0, got {p.nll_coef}")
     _check(p.center_coef >= 0, "preference.center_coef", f"must be >= 0, got {p.center_coef}")
+
+
+def _validate_distill(config: RunConfig) -> None:
+    """The teachers' keys; their folders and tokenizers are checked in the driver (pipelines/teachers.py)."""
+    d = config.distill
+    _check(not (d.teacher and d.teachers), "distill.teachers",
+           "set distill.teacher (one teacher for every row) or distill.teachers (one per domain), not both")
+    if not (d.teacher or d.teachers):
+        return
+    _one_of(d.signal, DISTILL_SIGNALS, "distill.signal")
+    _one_of(d.kl_estimator, ("k1", "k2", "k3"), "distill.kl_estimator")
+    _check(d.coef > 0, "distill.coef", f"must be > 0, got {d.coef}")
+    _check(d.reward_weight >= 0, "distill.reward_weight", f"must be >= 0 (0: pure distillation), got {d.reward_weight}")
+    for domain, folder in d.teachers.items():
+        _check(isinstance(folder, str) and bool(folder), f"distill.teachers.{domain}", f"must be a teacher folder, got {folder!r}")
+    routed = list(config.reward.domains) or list(config.data.domain_weights)
+    missing = [domain for domain in routed if d.teachers and domain not in d.teachers]
+    _check(not missing, "distill.teachers", f"has no teacher for domain(s) {', '.join(missing)}, which "
+           f"{'reward.domains' if config.reward.domains else 'data.domain_weights'} names")
+    _check(not (d.teachers and config.environment.name is not None), "distill.teachers",
+           "teachers by domain are for single-turn runs; a multi-turn run (environment.name) takes one distill.teacher")
 
 
 def rollout_dtype(config: "RunConfig") -> str:

@@ -1,0 +1,47 @@
+"""On-policy distillation: the student samples, a teacher scores each sampled token, and the student
+learns from the per-token reverse KL between them (docs/distillation.md). Two ways in:
+
+- `distill_advantages`: A_t = reward_weight·A_task + coef·(log π_T − log π_S), the negated
+  single-sample reverse-KL estimate of the sampled token, as the advantage of any policy loss (with
+  its clipping and rollout corrections), as ROLL and verl's "advantage" mode do;
+- `reverse_kl_loss_func`: the policy loss plus coef × a k1 / k2 / k3 estimate of KL(π_S‖π_T) on the
+  sampled tokens, aggregated like every loss with the injected global stats (exact over D, A and
+  packing: tests/test_exactness.py).
+
+Both read the batch's `teacher_log_probs`, taken at the temperature the student sampled at.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from roll_lite.loss.aggregation import agg_loss, mask_stats, token_mean_metric, zero_outside
+from roll_lite.loss.kl import kl_penalty
+
+DISTILL_SIGNALS = ("advantage", "reverse_kl")
+
+
+def distill_advantages(task_advantages: torch.Tensor, student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor,
+                       mask: torch.Tensor, coef: float = 1.0, reward_weight: float = 0.0) -> torch.Tensor:
+    """[rows, seq]: reward_weight·A_task + coef·(log π_T − log π_S) on the mask's tokens, 0 elsewhere.
+    `student_log_probs` are the sampling policy's (the old ones): the advantage is fixed for the step."""
+    task, student, teacher = zero_outside(mask, task_advantages, student_log_probs, teacher_log_probs)
+    return reward_weight * task + coef * (teacher - student).to(task.dtype)
+
+
+def reverse_kl_loss_func(policy_loss, loss_agg_mode: str = "token-mean", coef: float = 1.0, estimator: str = "k1",
+                         mask_key: str = "response_mask", seq_len_norm: float | None = None):
+    """`policy_loss` + coef × agg(KL_estimator(π_S‖π_T)) over `mask_key`, with the mask's global stats.
+    Reports 'distill_kl' (the estimate's token mean) and 'distill_loss'."""
+
+    def loss_func(batch, output):
+        loss, metrics = policy_loss(batch, output)
+        stats, mask = mask_stats(batch.meta_info, mask_key), batch[mask_key]
+        log_probs, teacher = zero_outside(mask, output["log_probs"], batch["teacher_log_probs"])
+        kl = kl_penalty(log_probs, teacher, estimator)
+        distill_loss = agg_loss(kl, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
+        metrics["distill_kl@sum"] = token_mean_metric(kl, mask, stats["batch_num_tokens"])
+        metrics["distill_loss@sum"] = distill_loss.detach()
+        return loss + coef * distill_loss, metrics
+
+    return loss_func
