@@ -123,3 +123,17 @@ def test_the_docs_distill_command_trains_the_student_on_its_teacher(tmp_path, si
     else:
         assert all(r["actor/distill_kl"] > 0 and r["actor/distill_loss"] > 0 for r in steps)  # k3 ≥ 0
     assert teacher.is_dir()
+
+
+def test_the_comparison_example_stages_are_valid_configs(monkeypatch):
+    # examples/distill/compare.py ran for docs/distillation.md (~15 min); here its stages load as configs.
+    sys.path.insert(0, str(REPO / "examples/distill"))
+    import compare
+
+    monkeypatch.chdir(REPO)
+    for teacher in (None, "outputs/some/final"):
+        for name, arguments in compare.stages(teacher).items():
+            config = load_config(REPO / arguments[1], arguments[2:])
+            assert config.run_name.startswith("distill_"), name
+            if name in ("opd", "grpo", "mixed"):  # the same student: width, start and steps
+                assert (config.model.hidden_size, config.steps, config.sft.steps) == (64, 200, 0)
