@@ -137,3 +137,16 @@ def test_the_comparison_example_stages_are_valid_configs(monkeypatch):
             assert config.run_name.startswith("distill_"), name
             if name in ("opd", "grpo", "mixed"):  # the same student: width, start and steps
                 assert (config.model.hidden_size, config.steps, config.sft.steps) == (64, 200, 0)
+
+
+def test_a_multi_turn_run_distils_on_the_models_own_tokens(tmp_path):
+    # The teacher scores the trajectory; the advantage counts model_mask's tokens only (distill_advantages
+    # above zeroes the rest), so the environment's tokens never enter.
+    for name in ("configs", "data"):
+        (tmp_path / name).symlink_to(REPO / name)
+    teacher = save_teacher(tmp_path / "teacher")
+    roll_train(["roll-train", "--config", "configs/multiturn.yaml", f"distill.teacher={teacher}", "steps=1", "sft.steps=0",
+                "eval_every=100", *TINY], tmp_path)
+    records = [json.loads(line) for line in (tmp_path / "outputs/multiturn_guess_the_number/metrics.jsonl").read_text().splitlines()]
+    (step,) = [r for r in records if r["step"] == 1]
+    assert step["distill/reverse_kl"] != 0 and step["actor/grad_norm"] > 0 and step["env/turns"] >= 1
