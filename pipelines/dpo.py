@@ -33,7 +33,7 @@ REFERENCE_FILE = "reference_logps.pt"
 
 class DPOPipeline(PairPipeline):
     metric_prefix = "dpo"
-    headline = "rewards/accuracies"
+    headline = ("dpo/rewards/accuracies", "eval/dpo/rewards/accuracies")
     checkpoint_kind = "dpo"
     checkpoint_compat_keys = PairPipeline.checkpoint_compat_keys + ("preference.reference",)
 

@@ -26,7 +26,7 @@ from .pairs import PairPipeline
 class RewardModelPipeline(PairPipeline):
     actor_head = "score"
     metric_prefix = "rm"
-    headline = "accuracy"
+    headline = ("rm/accuracy", "eval/rm/accuracy")
     checkpoint_kind = "reward_model"
 
     def __init__(self, config, tokenizer=None):
