@@ -1,7 +1,7 @@
 """Worst relative error of the step's loss and gradients vs one global forward/backward, per agg
 mode, model and dtype, over the whole test matrix (actor: 3 policy losses and, token-mean, the SFT loss; critic: the value loss
 through FSDP2Strategy(head='value'); the pair losses: a reward model's Bradley–Terry through
-FSDP2Strategy(head='score'), and DPO, IPO, SimPO; on-policy distillation's reverse KL to a teacher; D ∈ {1,2} × A ∈ {1,2,3} × padded/packed, plus token-budget
+FSDP2Strategy(head='score'), and DPO, IPO, SimPO; on-policy distillation's reverse KL and top-k forward KL; D ∈ {1,2} × A ∈ {1,2,3} × padded/packed, plus token-budget
 micro-batches and one-row batches that leave a rank empty), with the real FSDP2 strategy on gloo ranks.
 
     python benchmarks/exactness.py
@@ -23,13 +23,13 @@ from roll_lite.loss import AGG_MODES  # noqa: E402
 
 
 MODELS = ("actor", "actor (LoRA)", "critic", "reward model (Bradley–Terry)", "policy (DPO, IPO, SimPO)",
-          "student (reverse KL to a teacher)")
+          "student (distillation: reverse KL, top-k forward KL)")
 
 
 def model_of(case) -> str:
     if case.loss in PAIR_LOSSES:
         return MODELS[3] if case.loss == "bt" else MODELS[4]
-    if case.loss == "distill_rkl":
+    if case.loss in ("distill_rkl", "distill_topk"):
         return MODELS[5]
     return "critic" if case.loss in CRITIC_LOSSES else "actor (LoRA)" if case.lora else "actor"
 

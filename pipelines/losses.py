@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from roll_lite.config import AlgorithmConfig, ConfigError
 from roll_lite.runtime.importing import load_object
-from roll_lite.loss import POLICY_LOSSES, RolloutCorrection, kl_regularized_loss_func, reverse_kl_loss_func
+from roll_lite.loss import (POLICY_LOSSES, RolloutCorrection, kl_regularized_loss_func, reverse_kl_loss_func,
+                            top_k_forward_kl_loss_func)
 
 # The options each built-in takes besides the clip range, rollout correction and the aggregation's.
 EXTRA_OPTIONS = {"ppo": ("dual_clip_c", "entropy_coef"), "cispo": ("entropy_coef",), "gspo": (), "gspo_token": ()}
@@ -18,11 +19,14 @@ def is_builtin_policy_loss(name: str) -> bool:
 
 def policy_loss_func(a: AlgorithmConfig, mask_key: str, seq_len_norm: float, use_reference: bool, distill=None):
     """algorithm.policy_loss on `mask_key` (loss_mask_keys' mask), aggregated by algorithm.loss_agg_mode;
-    with distill.signal = reverse_kl (a DistillConfig, when the run has a teacher) the KL to the teacher added."""
+    with distill.signal = reverse_kl or top_k_forward_kl (a DistillConfig, when the run has a teacher) the KL to
+    the teacher added as a loss."""
     policy = _policy_and_reference(a, mask_key, seq_len_norm, use_reference)
-    if distill is None or distill.signal != "reverse_kl":
-        return policy
-    return reverse_kl_loss_func(policy, a.loss_agg_mode, distill.coef, distill.kl_estimator, mask_key, seq_len_norm)
+    if distill is not None and distill.signal == "reverse_kl":
+        return reverse_kl_loss_func(policy, a.loss_agg_mode, distill.coef, distill.kl_estimator, mask_key, seq_len_norm)
+    if distill is not None and distill.signal == "top_k_forward_kl":
+        return top_k_forward_kl_loss_func(policy, a.loss_agg_mode, distill.coef, mask_key, seq_len_norm)
+    return policy
 
 
 def _policy_and_reference(a: AlgorithmConfig, mask_key: str, seq_len_norm: float, use_reference: bool):

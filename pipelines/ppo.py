@@ -207,7 +207,7 @@ class PPOPipeline(RLCheckpoints):
         if self.use_reference:
             batch.batch["ref_log_probs"] = self.reference_log_probs(batch)
         if self.teachers is not None:
-            batch.batch["teacher_log_probs"] = self.teachers.log_probs(batch)
+            batch.batch.update(self.teachers.scores(batch))  # teacher_log_probs (+ its top k)
         if not self.on_policy and not a.rollout_bypass:  # bypass: the engine's log-probs are π_old
             batch.batch["old_log_probs"] = self.actor.compute_log_probs(batch)["log_probs"]
         if self.critic is not None:

@@ -74,23 +74,32 @@ class Teachers:
     def describe(self) -> str:
         routes = "; ".join(f"{domain or 'every row'}: {folder}" for domain, folder in self.by_domain.items())
         d = self.distill
+        loss = (f"KL {d.kl_estimator}(π_S‖π_T)" if d.signal == "reverse_kl" else
+                f"the forward KL over the teacher's top {d.top_k}")
         how = (f"advantage = {d.reward_weight:g}·A_task + {d.coef:g}·(log π_T − log π_S)" if d.signal == "advantage" else
-               f"the policy loss on {d.reward_weight:g}·A_task + {d.coef:g} × KL {d.kl_estimator}(π_S‖π_T)")
+               f"the policy loss on {d.reward_weight:g}·A_task + {d.coef:g} × {loss}")
         return f"distillation: {how}; teachers by {self.config.data.domain_key}: {routes}"
 
-    def log_probs(self, batch: DataProto) -> torch.Tensor:
-        """[rows, seq] each row's teacher's log-probs of its tokens (token-aligned, like the actor's)."""
+    def scores(self, batch: DataProto) -> dict[str, torch.Tensor]:
+        """Each row's teacher's view of its tokens (token-aligned, like the actor's): teacher_log_probs
+        [rows, seq], and with distill.signal = top_k_forward_kl teacher_top_k_ids / teacher_top_k_log_probs
+        [rows, seq, distill.top_k], the teacher's most likely next tokens."""
+        asked = DataProto(batch.batch, batch.non_tensor_batch, dict(batch.meta_info))
+        if self.distill.signal == "top_k_forward_kl":
+            asked.meta_info["teacher_top_k"] = self.distill.top_k
         if len(self.folders) == 1:
-            return self.groups[self.folders[0]].compute_log_probs(batch)["log_probs"]
-        domain_key = self.config.data.domain_key
-        folders = [self.by_domain[extra[domain_key]] for extra in batch.non_tensor_batch["extra"]]
-        parts, order = [], []
-        for folder, group in self.groups.items():
-            rows = [i for i, chosen in enumerate(folders) if chosen == folder]
-            if rows:
-                parts.append(group.compute_log_probs(batch.index_select(rows)))
-                order += rows
-        return undo_permutation(DataProto.concat(parts), order)["log_probs"]
+            outputs = self.groups[self.folders[0]].compute_log_probs(asked)
+        else:
+            domain_key = self.config.data.domain_key
+            folders = [self.by_domain[extra[domain_key]] for extra in batch.non_tensor_batch["extra"]]
+            parts, order = [], []
+            for folder, group in self.groups.items():
+                rows = [i for i, chosen in enumerate(folders) if chosen == folder]
+                if rows:
+                    parts.append(group.compute_log_probs(asked.index_select(rows)))
+                    order += rows
+            outputs = undo_permutation(DataProto.concat(parts), order)
+        return {f"teacher_{name}": outputs[name] for name in ("log_probs", "top_k_ids", "top_k_log_probs") if name in outputs.batch}
 
     def advantages(self, task_advantages: torch.Tensor, batch: DataProto, mask: torch.Tensor, actor) -> torch.Tensor:
         """distill.signal = advantage: reward_weight·A_task + coef·(log π_T − log π_S) with the sampling

@@ -25,6 +25,7 @@ from roll_lite.loss import (
     kl_regularized_loss_func,
     ppo_policy_loss_func,
     reverse_kl_loss_func,
+    top_k_forward_kl_loss_func,
     sequence_policy_loss_func,
     sft_loss_func,
     value_loss_func,
@@ -46,6 +47,7 @@ MASK_KEYS = {
     # Multi-turn: the model's own tokens (model_mask) between environment / tool spans of varied length
     "multiturn_ppo": ["model_mask"], "multiturn_ppo_kl": ["model_mask"], "multiturn_value": ["model_mask"],
     "distill_rkl": ["response_mask"],  # on-policy distillation: the teacher's reverse KL as a loss
+    "distill_topk": ["response_mask"],  # and the forward KL over the teacher's top k (the student's chunked gather)
 }
 CRITIC_LOSSES = {"value", "multiturn_value"}
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32"}
@@ -92,6 +94,8 @@ def make_loss(name: str, mode: str):
     if name == "distill_rkl":  # PPO on the task advantages + 0.7 × the k2 estimate of KL(π_S‖π_T)
         policy = ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, entropy_coef=0.01)
         return reverse_kl_loss_func(policy, mode, coef=0.7, estimator="k2", seq_len_norm=SEQ_LEN)
+    if name == "distill_topk":  # PPO + 0.7 × Σ p_T (log p_T − log p_S) over the teacher's top 3 ids
+        return top_k_forward_kl_loss_func(ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN), mode, coef=0.7, seq_len_norm=SEQ_LEN)
     if name == "multiturn_ppo_kl":
         return kl_regularized_loss_func(mode, kl_coef=0.5, kl_estimator="k3", seq_len_norm=SEQ_LEN,
                                         policy_mask_key="model_mask", kl_mask_key="model_mask")
@@ -191,7 +195,15 @@ def global_batch(dtype: torch.dtype, rows: int = 7):
 
 
 def case_batch(loss: str, dtype: torch.dtype, rows: int):
-    return pair_batch(dtype) if loss in PAIR_LOSSES else global_batch(dtype, rows)
+    if loss in PAIR_LOSSES:
+        return pair_batch(dtype)
+    data = global_batch(dtype, rows)
+    if loss == "distill_topk":  # a teacher's top 3 next tokens at each position, and its log-probs of them
+        generator = torch.Generator().manual_seed(13)
+        shape = (*data["input_ids"].shape, 3)
+        data.batch["teacher_top_k_ids"] = torch.randint(0, TINY_MODEL["vocab_size"], shape, generator=generator)
+        data.batch["teacher_top_k_log_probs"] = -torch.rand(shape, generator=generator, dtype=dtype) * 3 - 0.1
+    return data
 
 
 def multi_turn_mask(response_mask: torch.Tensor, seed: int = 23) -> torch.Tensor:
@@ -276,10 +288,17 @@ def _policy_output(lm, batch) -> dict:
     log_softmax = torch.log_softmax(logits, dim=-1)
     next_log_probs = log_softmax[:, :-1].gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
     next_entropy = -(log_softmax.exp() * log_softmax).sum(-1)[:, :-1]
-    return {
+    output = {
         "log_probs": _token_aligned(next_log_probs, batch["attention_mask"]),
         "entropy": _token_aligned(next_entropy, batch["attention_mask"]),
     }
+    if "teacher_top_k_ids" in batch:  # token t's ids, from the distribution at position t - 1
+        gathered = log_softmax[:, :-1].gather(-1, batch["teacher_top_k_ids"][:, 1:])
+        valid = batch["attention_mask"].bool().clone()
+        valid[:, 0] = False
+        padded = torch.cat([torch.zeros_like(gathered[:, :1]), gathered], dim=1)
+        output["top_k_log_probs"] = torch.where(valid[..., None], padded, 0.0)
+    return output
 
 
 def _critic_output(lm, batch, head: dict) -> dict:

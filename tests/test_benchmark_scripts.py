@@ -258,3 +258,11 @@ def test_sandbox_smoke_times_every_layer_and_passes_every_program():
     assert len(layers) == 5 and all(ms > 0 for ms in layers.values()), result.stdout
     speeds = {cells[0]: float(cells[2]) for cells in _table_rows(result.stdout, r"(trivial|the task)[^|]*")}
     assert len(speeds) == 2 and all(speed > 0 for speed in speeds.values()), result.stdout  # every program passed
+
+
+def test_distill_top_k_smoke_times_the_student_and_the_teacher_for_each_k():
+    (line,) = doc_commands.commands("python", "benchmarks/distill_top_k.py --smoke")
+    result = run(*shlex.split(line)[1:], timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = {cells[0]: cells for cells in _table_rows(result.stdout, r"\d+")}
+    assert set(rows) == {"0", "4"} and float(rows["0"][2]) == 1.0, result.stdout

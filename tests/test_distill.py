@@ -52,7 +52,11 @@ class FakeTeacher:
 
     def compute_log_probs(self, batch):
         self.calls.append(len(batch))
-        return DataProto({"log_probs": torch.full(batch["input_ids"].shape, self.value)})
+        outputs = {"log_probs": torch.full(batch["input_ids"].shape, self.value)}
+        if batch.meta_info.get("teacher_top_k"):  # its top k: ids 0..k-1, each at its constant
+            shape = (*batch["input_ids"].shape, batch.meta_info["teacher_top_k"])
+            outputs.update(top_k_ids=torch.arange(shape[-1]).expand(shape), top_k_log_probs=torch.full(shape, self.value))
+        return DataProto(outputs)
 
 
 def test_each_row_is_scored_by_its_domains_teacher():
@@ -65,9 +69,15 @@ def test_each_row_is_scored_by_its_domains_teacher():
     domains = ["code", "math", "chat", "code", "math"]
     batch = DataProto({"input_ids": torch.zeros(5, 3, dtype=torch.long)},
                       {"extra": [{"domain": d} for d in domains]})
-    log_probs = teachers.log_probs(batch)
+    log_probs = teachers.scores(batch)["teacher_log_probs"]
     assert log_probs[:, 0].tolist() == [-2.0, -1.0, -1.0, -2.0, -1.0]
     assert teachers.groups["/m"].calls == [3] and teachers.groups["/c"].calls == [2]  # one call per teacher
+    assert "teacher_top_k" not in batch.meta_info  # the teachers' pass asks for it, the batch the actor trains on not
+    teachers.distill.signal, teachers.distill.top_k = "top_k_forward_kl", 2
+    scores = teachers.scores(batch)
+    assert scores["teacher_top_k_ids"].shape == (5, 3, 2) and scores["teacher_top_k_log_probs"][:, 0, 0].tolist() == [
+        -2.0, -1.0, -1.0, -2.0, -1.0]
+    assert "teacher_top_k" not in batch.meta_info
 
 
 def test_a_teacher_with_another_tokenizer_is_refused_naming_the_first_difference(tmp_path):
@@ -90,7 +100,9 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_first_difference
     (["distill.teacher=/t", "distill.teachers={a: /t}"], "distill.teachers: set distill.teacher .* or distill.teachers"),
     (["distill.teachers={a: /t}", "reward.domains={a: {functions: {exact_answer: 1.0}}, b: {functions: {exact_answer: 1.0}}}"],
      "distill.teachers: has no teacher for domain.s. b, which reward.domains names"),
-    (["distill.teacher=/t", "distill.signal=forward_kl"], "distill.signal: 'forward_kl' is not one of advantage, reverse_kl"),
+    (["distill.teacher=/t", "distill.signal=forward_kl"],
+     "distill.signal: 'forward_kl' is not one of advantage, reverse_kl, top_k_forward_kl"),
+    (["distill.teacher=/t", "distill.top_k=0"], "distill.top_k: must be >= 1"),
     (["distill.teacher=/t", "distill.coef=0"], "distill.coef: must be > 0"),
 ])
 def test_distill_config_errors_name_the_key(overrides, message):
@@ -105,7 +117,7 @@ def roll_train(argv, cwd):
     return result
 
 
-@pytest.mark.parametrize("signal", ["advantage", "reverse_kl"])
+@pytest.mark.parametrize("signal", ["advantage", "reverse_kl", "top_k_forward_kl"])
 def test_the_docs_distill_command_trains_the_student_on_its_teacher(tmp_path, signal):
     for name in ("configs", "data"):
         (tmp_path / name).symlink_to(REPO / name)
@@ -113,15 +125,17 @@ def test_the_docs_distill_command_trains_the_student_on_its_teacher(tmp_path, si
     (line,) = doc_commands.commands("roll-train", "configs/distill.yaml")
     result = roll_train(shlex.split(line) + TINY + [
         "sft.steps=0", "steps=2", "eval_every=2", "rollout.prompts_per_step=2", "rollout.num_samples=2",
-        f"distill.signal={signal}", "distill.kl_estimator=k3"], tmp_path)
+        f"distill.signal={signal}", "distill.kl_estimator=k3", "distill.top_k=4"], tmp_path)
     assert "distillation: " in result.stderr and "every row: outputs/grpo_reverse_digits/final" in result.stderr
     records = [json.loads(line) for line in (tmp_path / "outputs/distill_reverse_digits/metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] >= 1]
     assert len(steps) == 2 and all(r["actor/grad_norm"] > 0 for r in steps)
     if signal == "advantage":  # a random teacher and student: the sampled tokens' log-ratio is far from 0
         assert all(abs(r["distill/reverse_kl"]) > 1e-3 for r in steps)
-    else:
+    elif signal == "reverse_kl":
         assert all(r["actor/distill_kl"] > 0 and r["actor/distill_loss"] > 0 for r in steps)  # k3 ≥ 0
+    else:  # over the teacher's top 4 only (not renormalised), so of either sign, but never 0 here
+        assert all(r["actor/distill_kl"] != 0 and r["actor/distill_loss"] != 0 for r in steps)
     assert teacher.is_dir()
 
 

@@ -7,7 +7,7 @@ padded / packed / token-budget micro-batches; with activation checkpointing (mod
 on one and two ranks; LoRA (adapter gradients on a frozen base, policy and KL losses, every agg
 mode); and the pair losses (tests/pair_cases.py: a reward model's Bradley–Terry through
 FSDP2Strategy(head='score'), DPO, IPO, SimPO), each pair kept together on a rank and in a micro-batch;
-and on-policy distillation's reverse KL to a teacher as a loss.
+and on-policy distillation's losses: the reverse KL to a teacher, and the forward KL over its top k.
 float64, relative error ≤ 1e-10."""
 
 import pytest

@@ -69,8 +69,10 @@ class DistillConfig:
     teachers: dict[str, str] = field(default_factory=dict)
     # advantage: A_t = reward_weight·A_task + coef·(log π_T − log π_S) of the sampled token, through the
     # policy loss (algorithm.policy_loss, with its clipping and rollout corrections);
-    # reverse_kl: the policy loss on reward_weight·A_task, + coef × the KL(π_S‖π_T) estimate as a loss
+    # reverse_kl: the policy loss on reward_weight·A_task, + coef × the KL(π_S‖π_T) estimate as a loss;
+    # top_k_forward_kl: the same, with coef × Σ p_T·(log p_T − log p_S) over the teacher's top_k tokens
     signal: str = "advantage"
     coef: float = 1.0  # the teacher signal's weight
     reward_weight: float = 0.0  # the task reward's advantage, weighted in (0: pure distillation)
     kl_estimator: str = "k1"  # reverse_kl: k1 | k2 | k3 on the sampled tokens (roll_lite/loss/kl.py)
+    top_k: int = 16  # top_k_forward_kl: the teacher's most likely next tokens per position

@@ -329,6 +329,7 @@ def _validate_distill(config: RunConfig) -> None:
     _one_of(d.kl_estimator, ("k1", "k2", "k3"), "distill.kl_estimator")
     _check(d.coef > 0, "distill.coef", f"must be > 0, got {d.coef}")
     _check(d.reward_weight >= 0, "distill.reward_weight", f"must be >= 0 (0: pure distillation), got {d.reward_weight}")
+    _check(d.top_k >= 1, "distill.top_k", f"must be >= 1, got {d.top_k}")
     for domain, folder in d.teachers.items():
         _check(isinstance(folder, str) and bool(folder), f"distill.teachers.{domain}", f"must be a teacher folder, got {folder!r}")
     routed = list(config.reward.domains) or list(config.data.domain_weights)

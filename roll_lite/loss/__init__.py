@@ -34,7 +34,7 @@ from roll_lite.loss.correction import (
     rollout_drops,
     rollout_importance_weights,
 )
-from roll_lite.loss.distill import DISTILL_SIGNALS, distill_advantages, reverse_kl_loss_func
+from roll_lite.loss.distill import DISTILL_SIGNALS, distill_advantages, reverse_kl_loss_func, top_k_forward_kl_loss_func
 from roll_lite.loss.kl import kl_penalty
 from roll_lite.loss.policy import (
     BUILTIN_LOSSES,
@@ -57,7 +57,7 @@ from roll_lite.loss.value import clipped_value_loss, value_loss_func
 __all__ = [
     "AGG_MODES", "BUILTIN_LOSSES", "DISTILL_SIGNALS", "PAIR_LOSSES", "POLICY_LOSSES", "ROLLOUT_IS_LEVELS", "ROLLOUT_MASK_LEVELS", "RolloutCorrection",
     "agg_loss", "bradley_terry_loss_func", "cispo_loss", "dpo_loss_func", "pair_rows",
-    "cispo_policy_loss_func", "distill_advantages", "reverse_kl_loss_func", "gspo_token_policy_loss_func", "sequence_ratio_token_loss", "check_binary_mask", "clipped_value_loss",
+    "cispo_policy_loss_func", "distill_advantages", "reverse_kl_loss_func", "top_k_forward_kl_loss_func", "gspo_token_policy_loss_func", "sequence_ratio_token_loss", "check_binary_mask", "clipped_value_loss",
     "kl_penalty", "kl_regularized_loss_func", "local_mask_stats", "mask_stats", "masked_sum", "old_log_probs",
     "ppo_clipped_loss", "ppo_policy_loss_func", "rollout_correction", "rollout_drops",
     "rollout_importance_weights",

@@ -6,9 +6,13 @@ learns from the per-token reverse KL between them (docs/distillation.md). Two wa
   its clipping and rollout corrections), as ROLL and verl's "advantage" mode do;
 - `reverse_kl_loss_func`: the policy loss plus coef × a k1 / k2 / k3 estimate of KL(π_S‖π_T) on the
   sampled tokens, aggregated like every loss with the injected global stats (exact over D, A and
-  packing: tests/test_exactness.py).
+  packing: tests/test_exactness.py);
+- `top_k_forward_kl_loss_func`: the policy loss plus coef × Σ_i p_T(i)·(log p_T(i) − log p_S(i)) over
+  the teacher's k most likely next tokens at each position (verl's top-k forward KL, not renormalised),
+  the student's log-probs of those ids from its chunked head, without full logits.
 
-Both read the batch's `teacher_log_probs`, taken at the temperature the student sampled at.
+They read the batch's `teacher_log_probs` (and `teacher_top_k_log_probs`), taken at the temperature
+the student sampled at.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 from roll_lite.loss.aggregation import agg_loss, mask_stats, token_mean_metric, zero_outside
 from roll_lite.loss.kl import kl_penalty
 
-DISTILL_SIGNALS = ("advantage", "reverse_kl")
+DISTILL_SIGNALS = ("advantage", "reverse_kl", "top_k_forward_kl")
 
 
 def distill_advantages(task_advantages: torch.Tensor, student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor,
@@ -39,6 +43,28 @@ def reverse_kl_loss_func(policy_loss, loss_agg_mode: str = "token-mean", coef: f
         stats, mask = mask_stats(batch.meta_info, mask_key), batch[mask_key]
         log_probs, teacher = zero_outside(mask, output["log_probs"], batch["teacher_log_probs"])
         kl = kl_penalty(log_probs, teacher, estimator)
+        distill_loss = agg_loss(kl, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
+        metrics["distill_kl@sum"] = token_mean_metric(kl, mask, stats["batch_num_tokens"])
+        metrics["distill_loss@sum"] = distill_loss.detach()
+        return loss + coef * distill_loss, metrics
+
+    return loss_func
+
+
+def top_k_forward_kl_loss_func(policy_loss, loss_agg_mode: str = "token-mean", coef: float = 1.0,
+                               mask_key: str = "response_mask", seq_len_norm: float | None = None):
+    """`policy_loss` + coef × agg(Σ_k p_T(i_k)·(log p_T(i_k) − log p_S(i_k))) over `mask_key`, i_k the
+    teacher's top-k ids (batch['teacher_top_k_ids'], which make the model output 'top_k_log_probs');
+    reports 'distill_kl' (the token mean) and 'distill_loss'."""
+
+    def loss_func(batch, output):
+        loss, metrics = policy_loss(batch, output)
+        stats, mask = mask_stats(batch.meta_info, mask_key), batch[mask_key]
+        keep = mask.bool()[..., None]
+        zero = torch.zeros((), dtype=output["top_k_log_probs"].dtype, device=mask.device)
+        teacher = torch.where(keep, batch["teacher_top_k_log_probs"].to(zero.dtype), zero)
+        student = torch.where(keep, output["top_k_log_probs"], zero)
+        kl = (teacher.exp() * (teacher - student)).sum(-1)
         distill_loss = agg_loss(kl, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
         metrics["distill_kl@sum"] = token_mean_metric(kl, mask, stats["batch_num_tokens"])
         metrics["distill_loss@sum"] = distill_loss.detach()

@@ -65,7 +65,10 @@ def _reduce_logits_(logits, targets, log_probs, log_normalizer, entropy):
         total = exp_shifted.sum(dim=-1)
         log_total = torch.log(total)
         log_normalizer[a:b] = row_max[a:b] + log_total
-        log_probs[a:b] = shifted[a:b].gather(-1, targets[a:b, None]).squeeze(-1) - log_total
+        if targets.dim() == 1:
+            log_probs[a:b] = shifted[a:b].gather(-1, targets[a:b, None]).squeeze(-1) - log_total
+        else:  # several ids per token: the sampled one and the teacher's top k
+            log_probs[a:b] = shifted[a:b].gather(-1, targets[a:b]) - log_total[:, None]
         if entropy is not None:
             entropy[a:b] = log_total - _row_dot(exp_shifted, shifted[a:b]) / total
 
@@ -91,7 +94,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
         compute_dtype = torch.promote_types(hidden.dtype, torch.float32)
         weight_c = weight if _tensor_core_inputs(hidden, weight) else weight.to(compute_dtype)
         num_tokens = hidden.shape[0]
-        log_probs = hidden.new_empty(num_tokens, dtype=compute_dtype)
+        log_probs = hidden.new_empty(targets.shape, dtype=compute_dtype)
         log_normalizer = hidden.new_empty(num_tokens, dtype=compute_dtype)
         entropy = hidden.new_zeros(num_tokens if with_entropy else 0, dtype=compute_dtype)
         for start in range(0, num_tokens, chunk_size):
@@ -118,18 +121,23 @@ class _ChunkedLogProbs(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden, dtype=compute_dtype)
         grad_weight = torch.zeros_like(weight, dtype=compute_dtype)
         weight_c = weight if _tensor_core_inputs(hidden, weight) else weight.to(compute_dtype)
-        g_all = (torch.zeros(num_tokens, dtype=compute_dtype, device=hidden.device) if grad_log_probs is None
+        g_all = (torch.zeros(targets.shape, dtype=compute_dtype, device=hidden.device) if grad_log_probs is None
                  else grad_log_probs.to(compute_dtype))
+        # d logp(y_j)/dz = onehot(y_j) - p for each of a token's ids: the -p part takes their summed gradient
+        g_total = g_all if targets.dim() == 1 else g_all.sum(-1)
         if use_entropy:
             g_entropy = grad_entropy.to(compute_dtype)
-            offset = g_all + g_entropy * entropy  # g + g_H H
+            offset = g_total + g_entropy * entropy  # g + g_H H
         for start in range(0, num_tokens, ctx.chunk_size):
             end = min(start + ctx.chunk_size, num_tokens)
             hidden_chunk = hidden[start:end].to(weight_c.dtype)
             grad_logits = _chunk_logits(hidden_chunk, weight_c, ctx.temperature, compute_dtype)
             entropy_terms = (g_entropy[start:end], offset[start:end]) if use_entropy else None
-            _logits_to_grad_(grad_logits, log_normalizer[start:end], g_all[start:end], entropy_terms)
-            grad_logits.scatter_add_(-1, targets[start:end, None], g_all[start:end, None])
+            _logits_to_grad_(grad_logits, log_normalizer[start:end], g_total[start:end], entropy_terms)
+            if targets.dim() == 1:
+                grad_logits.scatter_add_(-1, targets[start:end, None], g_all[start:end, None])
+            else:
+                grad_logits.scatter_add_(-1, targets[start:end], g_all[start:end])
             if ctx.temperature != 1.0:
                 grad_logits.div_(ctx.temperature)
             if weight_c.dtype == compute_dtype:
@@ -154,12 +162,31 @@ def chunked_log_probs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(hidden @ weight.T / temperature)[targets] per token, and optionally the entropy.
 
-    hidden: [N, H]; weight: [V, H] (the LM head); targets: [N] token ids. Returns float32 (float64
-    for float64 inputs) tensors of shape [N]; entropy is None unless `with_entropy`.
+    hidden: [N, H]; weight: [V, H] (the LM head); targets: [N] token ids, or [N, M] (M ids per token,
+    e.g. the sampled one and a teacher's top k). Returns float32 (float64 for float64 inputs) log-probs
+    of the targets' shape and an entropy of shape [N]; entropy is None unless `with_entropy`.
     """
-    if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
-        raise ValueError(f"chunked_log_probs: hidden {tuple(hidden.shape)} must be [N, H], targets [N]")
+    if hidden.dim() != 2 or targets.shape[:1] != hidden.shape[:1] or targets.dim() not in (1, 2):
+        raise ValueError(f"chunked_log_probs: hidden {tuple(hidden.shape)} must be [N, H], targets [N] or [N, M]")
     if chunk_size < 1 or temperature <= 0:
         raise ValueError(f"chunked_log_probs: need chunk_size >= 1 and temperature > 0 ({chunk_size}, {temperature})")
     log_probs, entropy = _ChunkedLogProbs.apply(hidden, weight, targets, chunk_size, temperature, with_entropy)
     return log_probs, (entropy if with_entropy else None)
+
+
+@torch.no_grad()
+def chunked_top_k(hidden: torch.Tensor, weight: torch.Tensor, k: int, *, chunk_size: int = 1024,
+                  temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, log-probs), each [N, k]: the k most likely next tokens of softmax(hidden @ weight.T /
+    temperature) per token, most likely first, chunk by chunk (a teacher's top-k distribution)."""
+    compute_dtype = torch.promote_types(hidden.dtype, torch.float32)
+    weight_c = weight if _tensor_core_inputs(hidden, weight) else weight.to(compute_dtype)
+    ids = torch.empty(hidden.shape[0], k, dtype=torch.long, device=hidden.device)
+    log_probs = hidden.new_empty(hidden.shape[0], k, dtype=compute_dtype)
+    for start in range(0, hidden.shape[0], chunk_size):
+        end = min(start + chunk_size, hidden.shape[0])
+        logits = _chunk_logits(hidden[start:end].to(weight_c.dtype), weight_c, temperature, compute_dtype)
+        top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+        log_probs[start:end], ids[start:end] = top.values, top.indices
+        del logits
+    return ids, log_probs

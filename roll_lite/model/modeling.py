@@ -17,7 +17,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from roll_lite.model.attention import register_attention
-from roll_lite.model.logprobs import chunked_log_probs
+from roll_lite.model.logprobs import chunked_log_probs, chunked_top_k
 
 
 def build_causal_lm(model_config: Mapping[str, Any] | PretrainedConfig, dtype: torch.dtype = torch.float32, seed: int | None = None) -> nn.Module:
@@ -77,21 +77,29 @@ class CausalLMWithLogProbs(_HeadOnDecoder):
         self.chunk_size = chunk_size
 
     def forward(self, input_ids, position_ids, attention_mask=None, cu_seqlens=None, max_seqlen=None,
-                temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+                temperature: float = 1.0, with_entropy: bool = False, top_k: int = 0,
+                gather_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """top_k > 0 (a teacher, no grad) adds 'top_k_ids' and 'top_k_log_probs' [.., k], the k most
+        likely next tokens; `gather_ids` [rows, seq, k] (next-token aligned ids, a student) adds
+        'top_k_log_probs', the log-probs of those ids, from the same chunked pass as the sampled token's."""
         hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
-        next_tokens = torch.roll(input_ids, shifts=-1, dims=1)  # the last column is never used
-        log_probs, entropy = chunked_log_probs(
-            hidden.reshape(-1, hidden.shape[-1]),
-            self.lm.get_output_embeddings().weight,
-            next_tokens.reshape(-1),
-            chunk_size=self.chunk_size,
-            temperature=temperature,
-            with_entropy=with_entropy,
-        )
+        hidden = hidden.reshape(-1, hidden.shape[-1])
+        weight = self.lm.get_output_embeddings().weight
+        targets = torch.roll(input_ids, shifts=-1, dims=1).reshape(-1, 1)  # the last column is never used
+        if gather_ids is not None:
+            targets = torch.cat([targets, gather_ids.reshape(len(targets), -1)], dim=1)
+        log_probs, entropy = chunked_log_probs(hidden, weight, targets if gather_ids is not None else targets[:, 0],
+                                               chunk_size=self.chunk_size, temperature=temperature, with_entropy=with_entropy)
         # Fresh tensors, not views: FSDP2 warns that in-place ops on a view output would skip its hooks.
-        outputs = {"log_probs": log_probs.reshape(input_ids.shape).clone()}
+        sampled = log_probs[:, 0] if gather_ids is not None else log_probs
+        outputs = {"log_probs": sampled.reshape(input_ids.shape).clone()}
+        if gather_ids is not None:
+            outputs["top_k_log_probs"] = log_probs[:, 1:].reshape(*input_ids.shape, -1).clone()
         if entropy is not None:
             outputs["entropy"] = entropy.reshape(input_ids.shape).clone()
+        if top_k:
+            ids, top = chunked_top_k(hidden, weight, top_k, chunk_size=self.chunk_size, temperature=temperature)
+            outputs.update(top_k_ids=ids.reshape(*input_ids.shape, top_k), top_k_log_probs=top.reshape(*input_ids.shape, top_k))
         return outputs
 
 

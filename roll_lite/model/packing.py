@@ -99,7 +99,8 @@ def pack_rows(input_ids: torch.Tensor, lengths: Sequence[int]) -> PackedRows:
 
 
 def unpack_next_token_values(values: torch.Tensor, packed: PackedRows, seq_len: int) -> torch.Tensor:
-    """[1, total] next-token-aligned values of a packed row -> [rows, seq_len] token-aligned.
+    """[1, total] (or [1, total, k]) next-token-aligned values of a packed row -> [rows, seq_len] (or
+    [rows, seq_len, k]) token-aligned.
 
     Token t ≥ 1 of row i gets the value computed at packed position start_i + t - 1; token 0 and
     padding get 0.
@@ -109,6 +110,7 @@ def unpack_next_token_values(values: torch.Tensor, packed: PackedRows, seq_len: 
     lengths = torch.tensor(packed.lengths, device=device)
     t = torch.arange(seq_len, device=device)
     valid = (t[None, :] >= 1) & (t[None, :] < lengths[:, None])
-    source = (starts[:, None] + t[None, :] - 1).clamp(0, values.shape[-1] - 1)
-    gathered = values[0][source]
+    source = (starts[:, None] + t[None, :] - 1).clamp(0, values.shape[1] - 1)
+    gathered = values[0][source]  # [rows, seq], or [rows, seq, k] for values [1, total, k]
+    valid = valid.reshape(valid.shape + (1,) * (gathered.dim() - 2))
     return torch.where(valid, gathered, torch.zeros((), dtype=values.dtype, device=device))

@@ -142,12 +142,21 @@ def forward_micro_batch(model, micro_batch: DataProto, config: StrategyConfig, w
     input_ids, attention_mask = micro_batch["input_ids"], micro_batch["attention_mask"]
     seq_len = input_ids.shape[1]
     head_options = dict(temperature=float(micro_batch.meta_info.get("temperature", 1.0)), with_entropy=with_entropy)
+    if micro_batch.meta_info.get("teacher_top_k"):  # a teacher's pass: its top-k next tokens too
+        head_options["top_k"] = int(micro_batch.meta_info["teacher_top_k"])
+    top_k_ids = micro_batch.batch.get("teacher_top_k_ids")  # a student's: its log-probs of the teacher's top k
     if config.use_packing:
-        packed = pack_rows(input_ids, row_lengths(attention_mask))
+        lengths = row_lengths(attention_mask)
+        packed = pack_rows(input_ids, lengths)
+        if top_k_ids is not None:  # packed like the tokens; position p then holds token p+1's ids
+            ids = torch.cat([top_k_ids[i, :length] for i, length in enumerate(lengths)])[None]
+            head_options["gather_ids"] = torch.roll(ids, shifts=-1, dims=1)
         outputs = model(
             packed.input_ids, packed.position_ids, cu_seqlens=packed.cu_seqlens, max_seqlen=packed.max_seqlen, **head_options
         )
         return {name: unpack_next_token_values(values, packed, seq_len) for name, values in outputs.items()}
+    if top_k_ids is not None:
+        head_options["gather_ids"] = torch.roll(top_k_ids, shifts=-1, dims=1)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     outputs = model(input_ids, position_ids, attention_mask=attention_mask, **head_options)
     valid = attention_mask.bool()
@@ -155,7 +164,8 @@ def forward_micro_batch(model, micro_batch: DataProto, config: StrategyConfig, w
 
     def token_aligned(values):
         shifted = torch.cat([torch.zeros_like(values[:, :1]), values[:, :-1]], dim=1)
-        return torch.where(valid, shifted, torch.zeros((), dtype=values.dtype, device=values.device))
+        keep = valid.reshape(valid.shape + (1,) * (values.dim() - 2))  # [rows, seq] or [rows, seq, k] values
+        return torch.where(keep, shifted, torch.zeros((), dtype=values.dtype, device=values.device))
 
     return {name: token_aligned(values) for name, values in outputs.items()}
 
@@ -227,10 +237,10 @@ def train_micro_batches(
 
 
 def pad_columns(values: torch.Tensor, width: int) -> torch.Tensor:
-    """[rows, w] -> [rows, width], zeros on the right."""
+    """[rows, w] -> [rows, width] (or [rows, w, k] -> [rows, width, k]), zeros on the right."""
     if values.shape[1] == width:
         return values
-    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
+    return torch.nn.functional.pad(values, (0, 0) * (values.dim() - 2) + (0, width - values.shape[1]))
 
 
 def pad_to_count(micro_batches: list[DataProto], count: int) -> list[DataProto | None]:
