@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from distributed_harness import (  # noqa: E402
-    BUDGET, CRITIC_LOSSES, MASK_KEYS, deviations, global_batch, make_loss, reference, value_head_weights,
+    BUDGET, CRITIC_LOSSES, MASK_KEYS, case_batch, deviations, make_loss, reference, value_head_weights,
 )
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: E402
 from torch.distributed.fsdp import FSDPModule  # noqa: E402
@@ -146,7 +146,7 @@ def check_strategy_exactness(device: torch.device) -> None:
                     if critic:
                         set_model_state_dict(strategy.model, value_head_weights(torch.float32),
                                              options=StateDictOptions(full_state_dict=True, strict=False))
-                    data = global_batch(torch.float32)
+                    data = case_batch(loss_name, torch.float32, rows=7)
                     data.meta_info["loss_mask_keys"] = MASK_KEYS[loss_name]
                     metrics = strategy.train_step(data, make_loss(loss_name, mode))
                     grads = {n.removeprefix("lm."): p.grad.full_tensor().double().cpu()
