@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import torch
 
@@ -30,7 +31,7 @@ class Teachers:
         self.by_domain: dict[str | None, str] = dict(d.teachers) if d.teachers else {None: d.teacher}
         self.folders = list(dict.fromkeys(self.by_domain.values()))
         self.groups: dict[str, object] = {}  # folder -> ModelGroup (start())
-        self.metrics: dict[str, float] = {}  # the last step's (advantages())
+        self.metrics: dict[str, float] = {}  # the last step's (scores(), advantages())
 
     @staticmethod
     def of(config: RunConfig) -> "Teachers | None":
@@ -84,6 +85,7 @@ class Teachers:
         """Each row's teacher's view of its tokens (token-aligned, like the actor's): teacher_log_probs
         [rows, seq], and with distill.signal = top_k_forward_kl teacher_top_k_ids / teacher_top_k_log_probs
         [rows, seq, distill.top_k], the teacher's most likely next tokens."""
+        start = time.perf_counter()
         asked = DataProto(batch.batch, batch.non_tensor_batch, dict(batch.meta_info))
         if self.distill.signal == "top_k_forward_kl":
             asked.meta_info["teacher_top_k"] = self.distill.top_k
@@ -99,6 +101,12 @@ class Teachers:
                     parts.append(group.compute_log_probs(asked.index_select(rows)))
                     order += rows
             outputs = undo_permutation(DataProto.concat(parts), order)
+        seconds = time.perf_counter() - start
+        self.metrics = {  # the teachers' cost: the whole of their pass, each token of prompt and response scored
+            "perf/teacher_s": seconds,
+            "teacher/tokens_per_s": float(batch["attention_mask"].sum()) / seconds,
+            "teacher/peak_memory_gib": max(group.peak_memory_gib() for group in self.groups.values()),
+        }
         return {f"teacher_{name}": outputs[name] for name in ("log_probs", "top_k_ids", "top_k_log_probs") if name in outputs.batch}
 
     def advantages(self, task_advantages: torch.Tensor, batch: DataProto, mask: torch.Tensor, actor) -> torch.Tensor:
@@ -111,7 +119,7 @@ class Teachers:
             return d.reward_weight * task_advantages
         student = batch["old_log_probs"] if "old_log_probs" in batch.batch else actor.compute_log_probs(batch)["log_probs"]
         gap = torch.where(mask.bool(), student.double() - batch["teacher_log_probs"].double(), 0.0)
-        self.metrics = {"distill/reverse_kl": (gap.sum() / mask.sum().clamp(min=1)).item()}  # k1, per sampled token
+        self.metrics["distill/reverse_kl"] = (gap.sum() / mask.sum().clamp(min=1)).item()  # k1, per sampled token
         return distill_advantages(task_advantages, student, batch["teacher_log_probs"], mask, d.coef, d.reward_weight)
 
 

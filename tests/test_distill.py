@@ -34,6 +34,56 @@ def save_teacher(folder: Path, seed: int = 1, hidden: int = 32) -> Path:
     return folder
 
 
+def test_as_a_loss_k2_follows_the_reverse_kl_k3_the_forward_kl_and_k1_nothing():
+    # The exact expectation over the student's own next token of ∇ estimator(log π_S(x), log π_T(x)),
+    # against autograd of the KLs themselves: why distill.kl_estimator refuses k1 for reverse_kl.
+    from roll_lite.loss.kl import kl_penalty
+
+    generator = torch.Generator().manual_seed(0)
+    teacher = torch.log_softmax(torch.randn(7, generator=generator, dtype=torch.float64), -1)
+    logits = torch.randn(7, generator=generator, dtype=torch.float64)
+
+    def gradient(objective):
+        theta = logits.clone().requires_grad_()
+        objective(torch.log_softmax(theta, -1)).backward()
+        return theta.grad
+
+    def expected_gradient(estimator):  # Σ_x π_S(x) ∇ k(x), the sampled token's weight held fixed
+        return gradient(lambda student: (student.exp().detach() * kl_penalty(student, teacher, estimator)).sum())
+
+    reverse = gradient(lambda student: (student.exp() * (student - teacher)).sum())
+    forward = gradient(lambda student: (teacher.exp() * (teacher - student)).sum())
+    assert torch.allclose(expected_gradient("k2"), reverse, atol=1e-12) and reverse.abs().max() > 0.1
+    assert torch.allclose(expected_gradient("k3"), forward, atol=1e-12) and forward.abs().max() > 0.1
+    assert expected_gradient("k1").abs().max() < 1e-12
+
+
+def test_on_policy_the_advantage_signal_and_the_k2_loss_give_one_gradient():
+    # At ratio 1 (the step's own samples) PPO's gradient on A = coef·(log π_T − log π_S) is coef·(log π_S −
+    # log π_T)·∇log π_S token by token, which is k2's: the two signals differ only off-policy.
+    from roll_lite.loss import ppo_policy_loss_func, reverse_kl_loss_func
+    from roll_lite.loss.checker import random_rl_batch
+
+    data = random_rl_batch(seed=3)
+    mask = data["response_mask"]
+    data.meta_info.update(batch_num_tokens={"response_mask": mask.sum().double()},
+                          global_valid_samples={"response_mask": (mask.sum(-1) > 0).sum().double()})
+    data.batch["teacher_log_probs"] = data["ref_log_probs"]
+    task = data["advantages"].clone()
+
+    def gradient(loss_func, advantages):
+        data.batch["advantages"] = advantages
+        log_probs = data["old_log_probs"].clone().requires_grad_()
+        loss_func(data, {"log_probs": log_probs})[0].backward()
+        return log_probs.grad
+
+    ppo = ppo_policy_loss_func("token-mean")
+    through_advantage = gradient(ppo, distill_advantages(task, data["old_log_probs"], data["teacher_log_probs"], mask,
+                                                         coef=0.5, reward_weight=1.0))
+    through_loss = gradient(reverse_kl_loss_func(ppo, "token-mean", coef=0.5, estimator="k2"), task)
+    assert torch.allclose(through_advantage, through_loss, atol=1e-15) and through_loss.abs().max() > 1e-3
+
+
 def test_advantage_is_the_teachers_log_ratio_plus_the_weighted_task_advantage():
     mask = torch.tensor([[0, 1, 1, 0], [0, 0, 1, 1]])
     task = torch.tensor([[9.0, 1.0, 1.0, 9.0], [9.0, 9.0, -2.0, -2.0]])
@@ -58,6 +108,9 @@ class FakeTeacher:
             outputs.update(top_k_ids=torch.arange(shape[-1]).expand(shape), top_k_log_probs=torch.full(shape, self.value))
         return DataProto(outputs)
 
+    def peak_memory_gib(self):
+        return self.value + 3.0
+
 
 def test_each_row_is_scored_by_its_domains_teacher():
     from roll_lite.pipelines.teachers import Teachers
@@ -67,12 +120,14 @@ def test_each_row_is_scored_by_its_domains_teacher():
     assert teachers.folders == ["/m", "/c"] and sorted(teachers.domains) == ["chat", "code", "math"]
     teachers.groups = {"/m": FakeTeacher(-1.0), "/c": FakeTeacher(-2.0)}
     domains = ["code", "math", "chat", "code", "math"]
-    batch = DataProto({"input_ids": torch.zeros(5, 3, dtype=torch.long)},
+    batch = DataProto({"input_ids": torch.zeros(5, 3, dtype=torch.long), "attention_mask": torch.ones(5, 3, dtype=torch.long)},
                       {"extra": [{"domain": d} for d in domains]})
     log_probs = teachers.scores(batch)["teacher_log_probs"]
     assert log_probs[:, 0].tolist() == [-2.0, -1.0, -1.0, -2.0, -1.0]
     assert teachers.groups["/m"].calls == [3] and teachers.groups["/c"].calls == [2]  # one call per teacher
     assert "teacher_top_k" not in batch.meta_info  # the teachers' pass asks for it, the batch the actor trains on not
+    assert teachers.metrics["teacher/peak_memory_gib"] == 2.0  # the larger teacher's
+    assert teachers.metrics["teacher/tokens_per_s"] == 15 / teachers.metrics["perf/teacher_s"]  # 5 rows of 3 tokens
     teachers.distill.signal, teachers.distill.top_k = "top_k_forward_kl", 2
     scores = teachers.scores(batch)
     assert scores["teacher_top_k_ids"].shape == (5, 3, 2) and scores["teacher_top_k_log_probs"][:, 0, 0].tolist() == [
@@ -103,6 +158,8 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_first_difference
     (["distill.teacher=/t", "distill.signal=forward_kl"],
      "distill.signal: 'forward_kl' is not one of advantage, reverse_kl, top_k_forward_kl"),
     (["distill.teacher=/t", "distill.top_k=0"], "distill.top_k: must be >= 1"),
+    (["distill.teacher=/t", "distill.signal=reverse_kl", "distill.kl_estimator=k1"],
+     r"distill.kl_estimator: k1 as a loss has zero expected gradient .* use k2"),
     (["distill.teacher=/t", "distill.coef=0"], "distill.coef: must be > 0"),
 ])
 def test_distill_config_errors_name_the_key(overrides, message):
@@ -130,6 +187,9 @@ def test_the_docs_distill_command_trains_the_student_on_its_teacher(tmp_path, si
     records = [json.loads(line) for line in (tmp_path / "outputs/distill_reverse_digits/metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] >= 1]
     assert len(steps) == 2 and all(r["actor/grad_norm"] > 0 for r in steps)
+    for r in steps:  # the teacher's cost: its pass is part of preparing the step; a CPU process holds > 0.1 GiB
+        assert 0 < r["perf/teacher_s"] < r["perf/prepare_s"] and r["teacher/tokens_per_s"] > 0
+        assert r["teacher/peak_memory_gib"] > 0.1
     if signal == "advantage":  # a random teacher and student: the sampled tokens' log-ratio is far from 0
         assert all(abs(r["distill/reverse_kl"]) > 1e-3 for r in steps)
     elif signal == "reverse_kl":
@@ -149,7 +209,7 @@ def test_the_comparison_example_stages_are_valid_configs(monkeypatch):
         for name, arguments in compare.stages(teacher).items():
             config = load_config(REPO / arguments[1], arguments[2:])
             assert config.run_name.startswith("distill_"), name
-            if name in ("opd", "grpo", "mixed"):  # the same student: width, start and steps
+            if name in ("opd", "rkl", "topk", "grpo", "mixed"):  # the same student: width, start and steps
                 assert (config.model.hidden_size, config.steps, config.sft.steps) == (64, 200, 0)
 
 

@@ -160,6 +160,10 @@ class ModelGroup:
     def compute_log_probs(self, data: DataProto, with_entropy: bool = False) -> DataProto:
         return self._forward("compute_log_probs", data, with_entropy=with_entropy)
 
+    def peak_memory_gib(self) -> float:
+        """The largest rank's peak memory (ModelWorker.peak_memory_gib)."""
+        return max(self._get([w.peak_memory_gib.remote() for w in self.workers], "peak_memory_gib"))
+
     def compute_reference_log_probs(self, data: DataProto) -> DataProto:
         """The actor with LoRA: the base model's log-probs (its adapters off)."""
         return self._forward("compute_reference_log_probs", data)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import resource
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -122,6 +123,13 @@ class ModelWorker:
     def compute_log_probs(self, data: DataProto, with_entropy: bool = False) -> DataProto:
         with self.on_device():
             return self.strategy.compute_log_probs(data, with_entropy)
+
+    def peak_memory_gib(self) -> float:
+        """The most memory this rank has held: on a GPU torch's peak allocation, on CPU the process's
+        peak resident set (its libraries included)."""
+        if torch.cuda.is_available() and self.strategy.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.strategy.device) / 2**30
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
     def compute_reference_log_probs(self, data: DataProto) -> DataProto:
         """With LoRA: the reference's log-probs, those of the base model (the adapters off)."""

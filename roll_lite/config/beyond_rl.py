@@ -74,5 +74,7 @@ class DistillConfig:
     signal: str = "advantage"
     coef: float = 1.0  # the teacher signal's weight
     reward_weight: float = 0.0  # the task reward's advantage, weighted in (0: pure distillation)
-    kl_estimator: str = "k1"  # reverse_kl: k1 | k2 | k3 on the sampled tokens (roll_lite/loss/kl.py)
+    # reverse_kl: k2 (its expected gradient is KL(π_S‖π_T)'s) or k3 (whose is KL(π_T‖π_S)'s) on the sampled
+    # tokens (roll_lite/loss/kl.py); k1 is refused, its gradient as a loss has expectation 0
+    kl_estimator: str = "k2"
     top_k: int = 16  # top_k_forward_kl: the teacher's most likely next tokens per position

@@ -327,6 +327,9 @@ def _validate_distill(config: RunConfig) -> None:
         return
     _one_of(d.signal, DISTILL_SIGNALS, "distill.signal")
     _one_of(d.kl_estimator, ("k1", "k2", "k3"), "distill.kl_estimator")
+    _check(not (d.signal == "reverse_kl" and d.kl_estimator == "k1"), "distill.kl_estimator",
+           "k1 as a loss has zero expected gradient on the student's own samples (E[∇ log π_S] = 0), so it would "
+           "not train; use k2 (its gradient is the reverse KL's), k3, or distill.signal=advantage (k1 as the advantage)")
     _check(d.coef > 0, "distill.coef", f"must be > 0, got {d.coef}")
     _check(d.reward_weight >= 0, "distill.reward_weight", f"must be >= 0 (0: pure distillation), got {d.reward_weight}")
     _check(d.top_k >= 1, "distill.top_k", f"must be >= 1, got {d.top_k}")

@@ -4,9 +4,10 @@ learns from the per-token reverse KL between them (docs/distillation.md). Two wa
 - `distill_advantages`: A_t = reward_weight·A_task + coef·(log π_T − log π_S), the negated
   single-sample reverse-KL estimate of the sampled token, as the advantage of any policy loss (with
   its clipping and rollout corrections), as ROLL and verl's "advantage" mode do;
-- `reverse_kl_loss_func`: the policy loss plus coef × a k1 / k2 / k3 estimate of KL(π_S‖π_T) on the
+- `reverse_kl_loss_func`: the policy loss plus coef × a k2 / k3 estimate of KL(π_S‖π_T) on the
   sampled tokens, aggregated like every loss with the injected global stats (exact over D, A and
-  packing: tests/test_exactness.py);
+  packing: tests/test_exactness.py). As a loss on the student's own samples k2's expected gradient is
+  the reverse KL's, k3's the forward KL's, and k1's is 0 (the config refuses k1 here);
 - `top_k_forward_kl_loss_func`: the policy loss plus coef × Σ_i p_T(i)·(log p_T(i) − log p_S(i)) over
   the teacher's k most likely next tokens at each position (verl's top-k forward KL, not renormalised),
   the student's log-probs of those ids from its chunked head, without full logits.
