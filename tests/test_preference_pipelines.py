@@ -76,7 +76,7 @@ def test_reward_model_final_scores_as_trained_and_grpo_trains_against_it(workdir
     roll_train(docs_command("outputs/rm_reverse_digits/final: 1.0") + TINY
                + ["steps=1", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.num_samples=2", "eval_every=100"], workdir)
     (step,) = [r for r in history(workdir / "outputs/grpo_from_rm") if r["step"] == 1]
-    assert step["reward/model:final"] == pytest.approx(step["reward/mean"]) and step["reward/model:final/failed"] == 0
+    assert step["reward/model:rm_reverse_digits"] == pytest.approx(step["reward/mean"]) and step["reward/model:rm_reverse_digits/failed"] == 0
 
 
 def dpo(workdir, run_name, *overrides):

@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification
 from roll_lite.config import RewardConfig
 from roll_lite.model.tokenizer import build_char_tokenizer
 from roll_lite.rewards.checks import check_reward_models
-from roll_lite.rewards.reward_model import RewardModel, check_reward_model_folder
+from roll_lite.rewards.reward_model import RewardModel, check_reward_model_folder, model_metric_name
 from roll_lite.workers.reward_worker import RewardWorker
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
@@ -51,8 +51,12 @@ def test_a_bad_folder_is_named_with_its_key(tmp_path):
         check_reward_model_folder(lm, "reward.models.lm")
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     first, second = save_reward_model(tmp_path / "a" / "rm"), save_reward_model(tmp_path / "b" / "rm")
-    with pytest.raises(ValueError, match="share the folder name 'model:rm'"):
+    with pytest.raises(ValueError, match="share the metric name 'model:rm'"):
         check_reward_models({first: 1.0, second: 1.0})
+    # a run's final/ is named by its run: two runs' models are told apart
+    runs = [save_reward_model(tmp_path / run / "final") for run in ("rm_one", "rm_two")]
+    assert [model_metric_name(path) for path in runs] == ["model:rm_one", "model:rm_two"]
+    check_reward_models({path: 1.0 for path in runs})
 
 
 def test_with_the_policys_tokenizer_the_ids_go_straight_in_and_batches_change_nothing(tmp_path):

@@ -65,3 +65,42 @@ def test_sources_outside_the_domains_are_refused_once_domains_are_set(tmp_path):
         load_config(None, [f"reward.models={{{folder}: 1.0}}", "reward.domains={math: {functions: {exact_answer: 1.0}}}"])
     config = load_config(None, [f"reward.domains={{math: {{functions: {{exact_answer: 1.0}}}}, chat: {{models: {{{folder}: 1.0}}}}}}"])
     assert config.reward.in_driver is False  # a reward model in some domain: a reward worker
+
+
+def test_the_sources_score_concurrently_one_thread_per_scorer(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from test_judge import save_judge
+    from test_reward_model import save_reward_model
+
+    from roll_lite.rewards.outcomes import scored as ok
+
+    model, judge = save_reward_model(tmp_path / "rm"), save_judge(tmp_path / "judge")
+    config = RewardConfig(domains={"a": DomainRewardConfig(functions={"exact_answer": 1.0}, models={model: 0.5},
+                                                           judges={judge: 2.0}),
+                                   "b": DomainRewardConfig(functions={"digits_only": 1.0}, judges={judge: 1.0})})
+    worker = RewardWorker(config)
+    threads = {}
+
+    def slow(kind, value):
+        def score(*columns):
+            threads.setdefault(kind, set()).add(threading.current_thread().name)
+            time.sleep(0.4)
+            return [ok(value + i) for i in range(len(columns[1]))]  # value + the row's place in its domain
+        return score
+
+    monkeypatch.setattr(worker.models[model], "score", slow("model", 10.0))
+    monkeypatch.setattr(worker.judges[judge], "score", slow("judge", 100.0))
+    responses, answers = ["1", "x", "2", "3"], ["1", "x", "9", "3"]
+    extras = [{"domain": d} for d in ("a", "b", "a", "b")]
+    tokens = [[1, 5]] * 4
+    start = time.monotonic()
+    scores, scored, metrics = worker.score(responses, answers, extras, ["p"] * 4, tokens)
+    elapsed = time.monotonic() - start
+    # a: exact + 0.5·model + 2·judge; b: digits_only + judge. The judge's two calls (a, then b) run in one
+    # thread, beside the model's: 0.8 s, not the 1.2 s of one after another.
+    assert scores.tolist() == [1 + 0.5 * 10 + 2 * 100, 0 + 100, 0 + 0.5 * 11 + 2 * 101, 1 + 101] and scored.all()
+    assert elapsed < 1.1, elapsed
+    assert len(threads["judge"]) == 1 and threads["judge"] != threads["model"]
+    assert metrics["reward/a/judge:judge"] == 100.5 and metrics["reward/b/judge:judge"] == 100.5

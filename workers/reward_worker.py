@@ -10,11 +10,18 @@ one warning per batch names the first reason. With reward.domains each row goes 
 sources only (roll_lite/rewards/routing.py) and the metrics are per domain (`reward/<domain>/...`).
 Reward models and judges run in this process, each loaded once whatever domains share it; the code
 source runs each program in a sandbox of its own (roll_lite/sandbox/), a bounded pool of them at once.
+
+The sources score concurrently, one thread per scorer (the functions' runner, each reward model, each
+judge, the code pool) going through the domains in order; torch's kernels release the GIL, so a slow
+judge overlaps the reward models and the functions instead of adding to them. Each scorer is used by
+its own thread only, and the scores are summed in one fixed order, so the result does not depend on
+which thread finishes first.
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -64,7 +71,7 @@ class RewardWorker:
         lines = [source.describe() for source in sources]
         if None not in self.routes:
             lines.append("rewards routed by data." + self.domain_key + ": " + "; ".join(
-                f"{domain}: {', '.join(name for name, _, _ in self._sources(sources))}" for domain, sources in self.routes.items()))
+                f"{domain}: {', '.join(name for name, _, _, _ in self._sources(sources))}" for domain, sources in self.routes.items()))
         return lines
 
     def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None,
@@ -83,14 +90,15 @@ class RewardWorker:
         columns = dict(responses=responses, answers=answers, extras=extras, prompts=prompts, sequences=sequences)
         parts = ({None: list(range(len(responses)))} if None in self.routes  # no routing: every row, no prefix
                  else rows_by_domain(extras, self.domain_key, self.routes))
+        parts = {domain: rows for domain, rows in parts.items() if domain is None or rows}
+        subsets = {domain: {key: None if value is None else [value[i] for i in rows] for key, value in columns.items()}
+                   for domain, rows in parts.items()}
+        results = self._run_concurrently(subsets)
         total, scored = torch.zeros(len(responses)), torch.ones(len(responses), dtype=torch.bool)
         metrics, tallies = {}, {}
         for domain, rows in parts.items():
-            if domain is not None and not rows:
-                continue
             prefix = "" if domain is None else f"{domain}/"
-            subset = {key: None if value is None else [value[i] for i in rows] for key, value in columns.items()}
-            part, part_scored, part_metrics, part_tallies = self._score(self.routes[domain], subset)
+            part, part_scored, part_metrics, part_tallies = self._combine(results[domain], len(rows))
             total[rows], scored[rows] = part, part_scored
             metrics.update({f"reward/{prefix}{key.removeprefix('reward/')}": value for key, value in part_metrics.items()})
             if domain is not None:
@@ -99,30 +107,55 @@ class RewardWorker:
         self._warn(tallies, len(responses), int((~scored).sum()))
         return total, scored, {**metrics, "reward/unscored": float((~scored).sum())}
 
-    def _sources(self, sources) -> list[tuple[str, float, object]]:
-        """(metric name, weight, a call on a column dict) of a route's sources; each call gives (a Score
-        per row, the source's own counts for its metrics: the code source's program verdicts)."""
+    def _sources(self, sources) -> list[tuple[str, float, str, object]]:
+        """(metric name, weight, scorer, a call on a column dict) of a route's sources; each call gives (a
+        Score per row, the source's own counts for its metrics: the code source's program verdicts). The
+        scorer names the object the call uses (the functions' runner, a model's or a judge's folder, the
+        code pool): one thread each."""
         from roll_lite.rewards.judge import judge_metric_name
         from roll_lite.rewards.reward_model import model_metric_name
 
-        named = [(name, weight, lambda c, name=name: (self.runner.score(name, c["responses"], c["answers"], c["extras"]), {}))
+        named = [(name, weight, "functions",
+                  lambda c, name=name: (self.runner.score(name, c["responses"], c["answers"], c["extras"]), {}))
                  for name, weight in sources.functions.items()]
-        named += [(model_metric_name(path), weight,
+        named += [(model_metric_name(path), weight, f"model {path}",
                    lambda c, model=self.models[path]: (model.score(c["prompts"], c["responses"], c["sequences"]), {}))
                   for path, weight in sources.models.items()]
-        named += [(judge_metric_name(path), weight,
+        named += [(judge_metric_name(path), weight, f"judge {path}",
                    lambda c, judge=self.judges[path]: (judge.score(c["prompts"], c["responses"], c["answers"], c["extras"]), {}))
                   for path, weight in sources.judges.items()]
         if sources.code:
-            named.append(("code", sources.code, lambda c: self.code.score(c["responses"], c["extras"])))
+            named.append(("code", sources.code, "code", lambda c: self.code.score(c["responses"], c["extras"])))
         return named
 
-    def _score(self, sources, columns: dict) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], dict[str, Tally]]:
-        rows = len(columns["responses"])
+    def _run_concurrently(self, subsets: dict) -> dict:
+        """{domain: [(metric name, weight, (outcomes, counts)) per source, in the route's order]}: every
+        (domain, source) call, one thread per scorer, each scorer's calls in domain order."""
+        calls = [(domain, index, name, weight, scorer, run) for domain in subsets
+                 for index, (name, weight, scorer, run) in enumerate(self._sources(self.routes[domain]))]
+        by_scorer: dict[str, list] = {}
+        for call in calls:
+            by_scorer.setdefault(call[4], []).append(call)
+
+        def run_all(scorer_calls):
+            return [run(subsets[domain]) for domain, _, _, _, _, run in scorer_calls]
+
+        if len(by_scorer) == 1:
+            outputs = {scorer: run_all(scorer_calls) for scorer, scorer_calls in by_scorer.items()}
+        else:
+            with ThreadPoolExecutor(max_workers=len(by_scorer), thread_name_prefix="reward") as pool:
+                futures = {scorer: pool.submit(run_all, scorer_calls) for scorer, scorer_calls in by_scorer.items()}
+                outputs = {scorer: future.result() for scorer, future in futures.items()}
+        done = {(call[0], call[1]): output for scorer, scorer_calls in by_scorer.items()
+                for call, output in zip(scorer_calls, outputs[scorer])}
+        return {domain: [(name, weight, done[(domain, index)]) for d, index, name, weight, _, _ in calls if d == domain]
+                for domain in subsets}
+
+    def _combine(self, results: list, rows: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], dict[str, Tally]]:
+        """One domain's sources' outcomes, in the route's order: (weighted total, scored, metrics, tallies)."""
         total, scored = torch.zeros(rows, dtype=torch.float32), torch.ones(rows, dtype=torch.bool)
         metrics, tallies = {}, {}
-        for name, weight, run in self._sources(sources):
-            outcomes, counts = run(columns)
+        for name, weight, (outcomes, counts) in results:
             tally = tallies[name] = Tally()
             for outcome in outcomes:
                 tally.add(outcome)

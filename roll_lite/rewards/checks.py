@@ -108,6 +108,6 @@ def _check_model_folders(sources: dict, section: str, check_folder, metric_name)
         check_folder(path, key)
         name = metric_name(path)
         if name in names:
-            raise ValueError(f"{section}: '{names[name]}' and '{path}' share the folder name {name!r}, which names "
-                             "their metrics; rename one folder")
+            raise ValueError(f"{section}: '{names[name]}' and '{path}' share the metric name {name!r} (from their folder names); "
+                             "rename one folder")
         names[name] = path

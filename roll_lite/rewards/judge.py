@@ -69,8 +69,10 @@ def template_source(template: str) -> str:
 
 
 def judge_metric_name(path: str) -> str:
-    """reward/<this>: the judge's folder name."""
-    return f"judge:{Path(path).expanduser().resolve().name}"
+    """reward/<this>: the judge's folder_label (its folder's name, or its run's for a final/)."""
+    from roll_lite.rewards.reward_model import folder_label
+
+    return f"judge:{folder_label(path)}"
 
 
 def check_judge_folder(path: str, key: str) -> None:

@@ -26,9 +26,16 @@ from roll_lite.rewards.calls import describe
 from roll_lite.rewards.outcomes import Score, failed, scored
 
 
+def folder_label(path: str) -> str:
+    """A source's name in its metrics: its folder's name, or for a run's final/ the run's
+    (outputs/rm_increment/final -> rm_increment)."""
+    folder = Path(path).expanduser().resolve()
+    return folder.parent.name if folder.name == "final" and folder.parent.name else folder.name
+
+
 def model_metric_name(path: str) -> str:
-    """reward/<this>: the model's folder name."""
-    return f"model:{Path(path).expanduser().resolve().name}"
+    """reward/<this>: the model's folder_label."""
+    return f"model:{folder_label(path)}"
 
 
 def check_reward_model_folder(path: str, key: str) -> None:
