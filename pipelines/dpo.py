@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -26,6 +27,10 @@ from roll_lite.data.pairs import build_pair_batch
 from roll_lite.loss import dpo_loss_func
 
 from .pairs import EVAL_PAIRS, PairPipeline
+
+if TYPE_CHECKING:
+    from roll_lite.config import RunConfig
+    from roll_lite.workers.group import ModelGroup
 
 logger = logging.getLogger("roll_lite")
 REFERENCE_FILE = "reference_logps.pt"
@@ -37,11 +42,11 @@ class DPOPipeline(PairPipeline):
     checkpoint_kind = "dpo"
     checkpoint_compat_keys = PairPipeline.checkpoint_compat_keys + ("preference.reference",)
 
-    def __init__(self, config, tokenizer=None):
+    def __init__(self, config: RunConfig, tokenizer: Any = None) -> None:
         super().__init__(config, tokenizer)
         p = self.preference
         self._loss = dpo_loss_func(p.loss, p.beta, p.label_smoothing, p.nll_coef, p.simpo_gamma)
-        self.reference = None
+        self.reference: ModelGroup | None = None  # start_workers(), with preference.reference = worker
         self.precomputed: dict[str, torch.Tensor] = {}  # split -> [pairs, 2] summed response log-probs (chosen, rejected)
 
     def loss_func(self, batch: DataProto, output: dict) -> tuple[torch.Tensor, dict]:
@@ -69,7 +74,8 @@ class DPOPipeline(PairPipeline):
         reference_worker = self.uses_reference and self.preference.reference == "worker" and not self.reference_in_actor
         placement = Placement(self.config, roles_on_a_gpu=1 + reference_worker)
         self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)
-        self.reference = ModelGroup("reference", w.reference_dp, placement, self.config) if reference_worker else None
+        # cast: load_config sets reference_dp (None in the dataclass: "as actor_dp on GPUs, else 1")
+        self.reference = ModelGroup("reference", cast(int, w.reference_dp), placement, self.config) if reference_worker else None
         for group in (self.actor, self.reference):
             if group is not None:
                 group.wait_ready()
@@ -110,8 +116,10 @@ class DPOPipeline(PairPipeline):
         if self.reference is not None:
             log_probs = self.reference.compute_log_probs(batch)["log_probs"]
         elif self.reference_in_actor:
+            assert self.actor is not None  # start_workers() set it
             log_probs = self.actor.compute_reference_log_probs(batch)["log_probs"]
         else:  # precomputed, before the first step: the actor is the reference
+            assert self.actor is not None
             log_probs = self.actor.compute_log_probs(batch)["log_probs"]
         response = batch["chosen_mask"].bool() | batch["rejected_mask"].bool()
         return torch.where(response, log_probs.double(), 0.0).sum(-1)

@@ -45,6 +45,7 @@ def evaluate_held_out(eval_data: PromptData, generate: Generate, score: Score, r
 def score_in_chunks(eval_data: PromptData, generate: Generate, score: Score,
                     params: SamplingParams) -> tuple[torch.Tensor, dict[str, float], list[str]]:
     """Scores and response texts of every eval (prompt, sample) in order, and each reward function's mean."""
+    sums: dict[str, float]  # reward function -> its chunk means times the chunk sizes, summed
     scores, sums, responses, prompts = [], {}, [], len(eval_data)
     several_chunks = prompts > EVAL_CHUNK  # a long evaluation: show its progress
     bar = progress_bar(prompts, "evaluation", unit="prompt", show=several_chunks)

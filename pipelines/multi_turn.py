@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from functools import cached_property
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -32,6 +33,12 @@ from roll_lite.loss.advantages import turn_level_advantages
 from roll_lite.rollout import SamplingParams
 
 from .ppo import PPOPipeline
+
+if TYPE_CHECKING:
+    from roll_lite.environments import EnvironmentRunner
+    from roll_lite.environments.turns import Trajectory
+
+    from .sft import SFTPipeline
 
 logger = logging.getLogger("roll_lite")
 
@@ -55,7 +62,7 @@ class MultiTurnPipeline(PPOPipeline):
             raise ConfigError("reward.on_failure: drop is not supported by MultiTurnPipeline yet; use zero (a faulted "
                               "trajectory is handled by environment.on_fault)")
         super().__init__(config)
-        self.environments = None  # the EnvironmentRunner: in the driver, from start_workers to the end of run()
+        self.environments: EnvironmentRunner | None = None  # in the driver, from start_workers to the end of run()
         self.episodes: list[Episode] = []  # the step's episodes, and those of them in its batch
         self.kept: list[Episode] = []
 
@@ -72,7 +79,7 @@ class MultiTurnPipeline(PPOPipeline):
         """The prompts are the environments' first observations, known only once they reset; the loop
         keeps each trajectory within the model's positions (EpisodeLimits.max_sequence_tokens)."""
         self.prepare_data()
-        return 1, self.warm_start_sft.longest_sequences()[1] if self.config.sft.steps else 0
+        return 1, cast("SFTPipeline", self.warm_start_sft).longest_sequences()[1] if self.config.sft.steps else 0
 
     def start_workers(self) -> None:
         from roll_lite.environments import EnvironmentRunner
@@ -96,6 +103,7 @@ class MultiTurnPipeline(PPOPipeline):
         return None
 
     def collect_rollout(self, step: int) -> tuple[DataProto, int]:
+        assert self.sampler is not None  # prepare_data() made it
         rows = self.sampler.draw(self.config.rollout.prompts_per_step)
         if not rows:
             raise RuntimeError(f"step {step}: the training rows are used up (data.epochs={self.config.data.epochs})")
@@ -137,8 +145,9 @@ class MultiTurnPipeline(PPOPipeline):
             raise RuntimeError(f"step {step}: no trajectory to train on: {len(episodes)} ended in faults "
                                f"({', '.join(f'{n} {why}' for why, n in faults.items())}); "
                                f"first error: {next(e.error for e in episodes if e.error)}")
-        batch = trajectory_batch([e.trajectory for e in kept], self.tokenizer.pad_token_id)
-        rows = [e.key[1] for e in kept]
+        # casts: a kept episode has a trajectory; its key is play()'s (split, row, sample)
+        batch = trajectory_batch(cast("list[Trajectory]", [e.trajectory for e in kept]), self.tokenizer.pad_token_id)
+        rows = [cast("tuple[str, int, int]", e.key)[1] for e in kept]
         batch.batch["group_ids"] = torch.unique(torch.tensor(rows), return_inverse=True)[1]
         if self.config.environment.truncated == "mask":
             cut = torch.tensor([e.truncated for e in kept])
@@ -157,12 +166,13 @@ class MultiTurnPipeline(PPOPipeline):
         episodes = self.kept  # the batch's rows, in order
         token_rewards = torch.zeros(batch["model_mask"].shape, dtype=torch.float32)
         final = torch.zeros(len(episodes))
-        reward_metrics = {}
+        reward_metrics: dict[str, float] = {}
         if self.config.environment.final_reward:
             final, reward_metrics = self.score(batch)
         for row, episode in enumerate(episodes):
             if episode.fault is not None:
                 continue
+            assert episode.trajectory is not None  # a kept episode has one (episode_batch)
             ends = [len(episode.trajectory.prompt_ids) + end for end in episode.turn_ends]
             token_rewards[row, ends] = torch.tensor(episode.turn_rewards, dtype=torch.float32)
             token_rewards[row, ends[-1]] += final[row]

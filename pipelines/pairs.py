@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
 
@@ -32,16 +33,17 @@ class PairPipeline(SupervisedPipeline):
     section = "preference"
     actor_head = "log_probs"
 
-    def __init__(self, config: RunConfig, tokenizer=None):
+    def __init__(self, config: RunConfig, tokenizer: Any = None) -> None:
         super().__init__(config, config.preference)
         self.preference = config.preference
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
 
-    def loss_func(self, batch: DataProto, output: dict) -> tuple[torch.Tensor, dict]:
+    def loss_func(self, batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
 
     def outputs(self, batch: DataProto) -> dict[str, torch.Tensor]:
         """The actor's forward outputs over `batch` (no grad), as the loss reads them."""
+        assert self.actor is not None  # start_workers() set it
         return dict(self.actor.compute_log_probs(batch).batch)
 
     def complete_batch(self, batch: DataProto, rows: list[int], split: str) -> DataProto:
@@ -81,6 +83,7 @@ class PairPipeline(SupervisedPipeline):
 
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
+        assert self.sampler is not None and self.actor is not None  # prepare_data() and start_workers() made them
         rows = self.sampler.draw(self.preference.batch_size)
         batch = self.pair_batch(self.train_data.select(rows), rows, "train")
         metrics = self.actor.train_step(batch, "policy")
@@ -110,7 +113,7 @@ class PairPipeline(SupervisedPipeline):
         return {f"eval/{self.metric_prefix}/{name}": value for name, value in reduce_metrics(records).items()}
 
     # Besides the model's: the keys that decide which pairs the sampler's saved position refers to.
-    checkpoint_compat_keys = ("preference.train_files", "preference.shuffle", "preference.prompt_key",
+    checkpoint_compat_keys: tuple[str, ...] = ("preference.train_files", "preference.shuffle", "preference.prompt_key",
                               "preference.chosen_key", "preference.rejected_key", "preference.apply_chat_template",
                               "preference.max_length")
     total_steps_key = "preference.steps"

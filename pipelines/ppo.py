@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -45,6 +46,10 @@ from .teachers import Teachers
 from .sft import SFTPipeline
 from .unscored import drop_unscored
 
+if TYPE_CHECKING:
+    from roll_lite.data.domain_sampler import DomainSampler, PromptSampler  # what training_sampler returns
+    from roll_lite.workers.group import ModelGroup
+
 logger = logging.getLogger("roll_lite")
 
 
@@ -53,13 +58,16 @@ class PPOPipeline(RLCheckpoints):
     # model's own tokens of a multi-turn trajectory in MultiTurnPipeline (pipelines/multi_turn.py).
     loss_mask_key = "response_mask"
 
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig) -> None:
         self.config = config
         self.algorithm = config.algorithm
         self.tokenizer = load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
-        self.train_data = self.eval_data = self.sampler = None  # prepare_data(): in the driver only
-        self.warm_start_sft = None  # an SFTPipeline when sft.steps > 0 (prepare_data)
-        self.eval_samples: list[dict] = []  # the last evaluate()'s greedy answers
+        # prepare_data(), in the driver only: read_data()'s rows (PromptData; MultiTurnPipeline: the dataset's dicts)
+        self.train_data: Any = None
+        self.eval_data: Any = None
+        self.sampler: PromptSampler | DomainSampler | None = None
+        self.warm_start_sft: SFTPipeline | None = None  # an SFTPipeline when sft.steps > 0 (prepare_data)
+        self.eval_samples: list[dict[str, Any]] = []  # the last evaluate()'s greedy answers
         self.seq_len_norm = (self.algorithm.seq_len_norm if self.algorithm.seq_len_norm is not None
                              else config.rollout.max_new_tokens)
         self.use_critic = self.algorithm.advantage == "gae"
@@ -81,11 +89,11 @@ class PPOPipeline(RLCheckpoints):
 
     # -- losses: run inside the actor / critic workers ------------------------------------------
 
-    def loss_func(self, batch: DataProto, output: dict) -> tuple[torch.Tensor, dict]:
+    def loss_func(self, batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Policy loss: algorithm.policy_loss (pipelines/losses.py; + KL to the reference when it is a loss)."""
         return self._policy_loss(batch, output)
 
-    def critic_loss_func(self, batch: DataProto, output: dict) -> tuple[torch.Tensor, dict]:
+    def critic_loss_func(self, batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self._value_loss(batch, output)
 
     # -- the controller ---------------------------------------------------------------------------
@@ -103,8 +111,9 @@ class PPOPipeline(RLCheckpoints):
         placement = Placement(self.config, roles_on_a_gpu=1 + reference_worker + self.use_critic + colocated_rollout + teachers)
         # All worker processes start at once; wait_ready then builds their models.
         self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)
-        self.reference = ModelGroup("reference", w.reference_dp, placement, self.config) if reference_worker else None
-        self.critic = ModelGroup("critic", w.critic_dp, placement, self.config) if self.use_critic else None
+        # cast: load_config sets reference_dp and critic_dp (None in the dataclass: "as actor_dp on GPUs, else 1")
+        self.reference = ModelGroup("reference", cast(int, w.reference_dp), placement, self.config) if reference_worker else None
+        self.critic = ModelGroup("critic", cast(int, w.critic_dp), placement, self.config) if self.use_critic else None
         in_actor = self.config.rollout.in_actor  # then the actor's process generates, once it is ready
         self.rollout = None if in_actor else RolloutClient(self.config, placement)
         self.reward = RewardClient(self.config)
@@ -122,6 +131,7 @@ class PPOPipeline(RLCheckpoints):
                 logger.info(group.describe_lora())
         if self.reference_in_actor:
             logger.info("reference: the actor with its LoRA adapters off (no model of its own)")
+        assert self.rollout is not None  # made above, in either branch
         logger.info(self.rollout.describe())
         logger.info(self.reward.describe())
         if self.config.rollout.async_steps:
@@ -159,7 +169,7 @@ class PPOPipeline(RLCheckpoints):
         self.prepare_data()
         rows = [self.train_data] + ([self.eval_data] if self.eval_data is not None else [])
         longest_prompt = max(len(ids) for data in rows for ids in data.prompt_ids)
-        return longest_prompt, self.warm_start_sft.longest_sequences()[1] if self.config.sft.steps else 0
+        return longest_prompt, cast(SFTPipeline, self.warm_start_sft).longest_sequences()[1] if self.config.sft.steps else 0
 
     @property
     def data_seed(self) -> int:
@@ -168,6 +178,7 @@ class PPOPipeline(RLCheckpoints):
     @property
     def data_used_up(self) -> bool:
         """data.epochs ended: no prompts left to draw, and every step they were drawn for has run."""
+        assert self.sampler is not None  # prepare_data() made it
         return self.sampler.exhausted and not len(self.schedule.queue)
 
     def sampling_params(self) -> SamplingParams:
@@ -177,9 +188,11 @@ class PPOPipeline(RLCheckpoints):
     def generate(self, prompts: PromptData, params: SamplingParams) -> DataProto:
         """Generate now, with the actor's latest weights (roll_lite.data.sequences.completion_batch)."""
         self.schedule.wait_sync()
+        assert self.rollout is not None  # start_workers() made it
         return completion_batch(prompts, self.rollout.generate(prompts.prompt_ids, params), self.tokenizer)
 
     def draw_prompts(self) -> tuple[list[int], list[list[int]]] | None:
+        assert self.sampler is not None  # prepare_data() made it
         rows = self.sampler.draw(self.config.rollout.prompts_per_step)
         return (rows, self.train_data.select(rows).prompt_ids) if rows else None
 
@@ -251,6 +264,7 @@ class PPOPipeline(RLCheckpoints):
         """The reference model's: a worker group of its own, or with LoRA the actor's adapters off."""
         if self.reference_in_actor:
             return self.actor.compute_reference_log_probs(batch)["log_probs"]
+        assert self.reference is not None  # a worker group of its own, without LoRA
         return self.reference.compute_log_probs(batch)["log_probs"]
 
     def rewards(self, batch: DataProto) -> tuple[DataProto, torch.Tensor, torch.Tensor, dict[str, float]]:
@@ -282,7 +296,8 @@ class PPOPipeline(RLCheckpoints):
             batch.batch["scored"] = scored
         return scores, metrics
 
-    def compute_advantages(self, scores, token_rewards, batch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def compute_advantages(self, scores: torch.Tensor, token_rewards: torch.Tensor,
+                           batch: DataProto) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(advantages, returns for the critic or None): algorithm.advantage's estimator
         (pipelines/advantages.py) on the batch's loss mask; with a teacher, distill's advantage."""
         advantages, returns = estimate_advantages(self.algorithm, token_rewards, batch, batch[self.loss_mask_key])
@@ -290,10 +305,10 @@ class PPOPipeline(RLCheckpoints):
             advantages = self.teachers.advantages(advantages, batch, batch[self.loss_mask_key], self.actor)
         return advantages, returns
 
-    def train(self, group, batch: DataProto, loss: str) -> dict[str, float]:
+    def train(self, group: ModelGroup, batch: DataProto, loss: str) -> dict[str, float]:
         """ppo_epochs × mini_batches optimizer steps; each mini-batch gets its own global stats
         (the strategy computes them per train_step). Returns the last step's metrics."""
-        metrics = {}
+        metrics: dict[str, float] = {}
         for _ in range(self.algorithm.ppo_epochs):
             order = torch.randperm(len(batch), generator=self._shuffle)
             for rows in torch.tensor_split(order, self.algorithm.mini_batches):
@@ -316,6 +331,7 @@ class PPOPipeline(RLCheckpoints):
     def warm_start(self) -> dict[str, float]:
         """sft.steps SFT steps on the actor before RL (pipelines/sft.py on sft.train_files), then the
         actor's optimizer starts afresh at actor.lr."""
+        assert self.warm_start_sft is not None  # prepare_data() made it: sft.steps > 0
         self.warm_start_sft.actor = self.actor
         metrics = self.warm_start_sft.train()
         if self.config.actor.lora.rank:  # the warm-started model becomes the base (and the reference)
@@ -330,6 +346,7 @@ class PPOPipeline(RLCheckpoints):
         logger.info("saved the policy and tokenizer to %s", path)
 
     def sync_from_actor(self, version: int) -> None:
+        assert self.rollout is not None  # start_workers() made it
         self.rollout.sync(self.actor, rollout_dtype(self.config), version)
         others = [group for group in (self.reference, self.critic) if group is not None]
         if others:
@@ -337,10 +354,11 @@ class PPOPipeline(RLCheckpoints):
             for group in others:
                 group.load_state_dict(state)
 
-    def run(self) -> list[dict]:
+    def run(self) -> list[dict[str, Any]]:
         """The whole job: workers, warm start, step-0 eval, training steps, plots. Returns the history."""
         from roll_lite.workers.placement import reservation
 
+        initial: dict[str, float] | float | None  # step 0's held-out metrics, then the held-out reward at the start
         c, start = self.config, time.monotonic()
         self.prepare_data()  # before the run directory and Ray: a bad file stops here
         with RunSession(self, reservation(c)) as session:
@@ -375,6 +393,7 @@ class PPOPipeline(RLCheckpoints):
             if c.save_model:
                 self.stage = "saving the final model"
                 self.save_final(session.run_dir / "final")
+            assert session.tracker is not None  # session.begin() opened it
             initial, final = (session.tracker.history[i].get("eval/reward_mean") for i in (0, -1))
         logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
                     fmt(initial), fmt(final), seconds_in_all(start), session.run_dir)

@@ -38,6 +38,7 @@ class RewardModelPipeline(PairPipeline):
         return self._loss(batch, output)
 
     def outputs(self, batch: DataProto) -> dict[str, torch.Tensor]:
+        assert self.actor is not None  # start_workers() set it
         return dict(self.actor.compute_scores(batch).batch)
 
     def check_config(self) -> None:

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, cast
 
 from roll_lite.rollout import Completions, SamplingParams
 from roll_lite.rollout.ahead import RolloutQueue
+
+if TYPE_CHECKING:
+    from roll_lite.workers.group import ModelGroup, RolloutClient
 
 ROLLOUTS_AHEAD = "rollouts_ahead.json"  # in a checkpoint: the generations launched for later steps
 
@@ -26,7 +29,7 @@ class RolloutSchedule:
     def __init__(self, async_steps: int):
         self.queue = RolloutQueue(async_steps)  # generations launched, by step
         self.on_policy = async_steps == 0
-        self.engine = None  # the RolloutClient, once the workers run
+        self.engine: RolloutClient | None = None  # the RolloutClient, once the workers run
         self._pending_sync = None  # the engine's weight update, not confirmed yet
 
     def launch(self, step: int, total_steps: int, draw_prompts: DrawPrompts, params: SamplingParams) -> None:
@@ -38,6 +41,7 @@ class RolloutSchedule:
             if drawn is None:
                 break
             rows, prompt_ids = drawn
+            assert self.engine is not None  # the workers run
             self.queue.add(later, rows, self.engine.start_generate(prompt_ids, params))
 
     def is_launched(self, step: int) -> bool:
@@ -51,15 +55,17 @@ class RolloutSchedule:
             self.wait_sync()  # it ran before this generation: its answer is there, and must be a success
         return launched.rows, completions
 
-    def start_sync(self, actor, dtype: str, version: int) -> None:
+    def start_sync(self, actor: ModelGroup, dtype: str, version: int) -> None:
         """The actor's weights to the engine. The load queues on the rollout worker and the step goes on;
         the next sync, an evaluation, a checkpoint and, on-policy, the next step's batch wait for it."""
         self.wait_sync()
+        assert self.engine is not None  # the workers run
         self._pending_sync = self.engine.start_sync(actor, dtype, version)
 
     def wait_sync(self) -> None:
         if self._pending_sync is not None:
             ref, self._pending_sync = self._pending_sync, None
+            assert self.engine is not None  # it started the pending sync
             self.engine.wait(ref, "update_weights")
 
     def save(self, folder: Path) -> None:
@@ -75,4 +81,5 @@ class RolloutSchedule:
         self.queue.load_state_dict(json.loads(ahead.read_text()) if ahead.exists() else [])
 
     def _fetched(self, result) -> Completions:
-        return result if isinstance(result, Completions) else self.engine.wait(result, "generate")
+        # cast: a generation in flight was started on the engine
+        return result if isinstance(result, Completions) else cast("RolloutClient", self.engine).wait(result, "generate")

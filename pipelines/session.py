@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -28,6 +28,8 @@ from roll_lite.config import to_yaml
 from roll_lite.runtime.failures import WorkerError
 
 if TYPE_CHECKING:
+    from roll_lite.checkpoint import Checkpointer, RunDirClaim
+    from roll_lite.runtime.tracking import RunLogger
     from roll_lite.workers.placement import Reservation
 
 logger = logging.getLogger("roll_lite")
@@ -51,6 +53,11 @@ def finished_run(pipeline) -> str | None:
 
 
 class RunSession:
+    # None until __enter__ claims the run directory and begin() opens the tracker and the checkpointer
+    claim: RunDirClaim | None
+    tracker: RunLogger | None
+    checkpointer: Checkpointer | None
+
     def __init__(self, pipeline, reserved: Reservation):
         self.pipeline, self.config, self.reserved = pipeline, pipeline.config, reserved
         self.run_dir = Path(self.config.output_dir) / self.config.run_name
@@ -79,7 +86,7 @@ class RunSession:
             raise
         return self
 
-    def __exit__(self, kind, error, traceback) -> bool:
+    def __exit__(self, kind, error, traceback) -> Literal[False]:
         from roll_lite.workers.cluster import stop_ray
 
         stage = self.pipeline.stage
@@ -94,10 +101,11 @@ class RunSession:
             if self.tracker is not None:
                 self.tracker.finish()
             stop_ray()
+            assert self.claim is not None  # __enter__ claimed it before anything could fail
             self.claim.release()
         return False
 
-    def claim_run_dir(self):
+    def claim_run_dir(self) -> RunDirClaim:
         """Lock the run directory and pick the checkpoint to resume (config `resume`), checked against
         this run's config. Raises CheckpointError (one line) before anything changes."""
         from roll_lite.checkpoint import claim_run_dir
@@ -123,6 +131,7 @@ class RunSession:
         from roll_lite.runtime.tracking import RunLogger
 
         c, resumed_step, history = self.config, 0, None
+        assert self.claim is not None  # __enter__ claimed it
         if self.claim.resume_from is not None:
             self.pipeline.stage = f"resuming from {self.claim.resume_from}"
             resumed_step, history = self.resume(self.claim.resume_from)
@@ -145,6 +154,7 @@ class RunSession:
         return step, history
 
     def log(self, step: int, metrics: dict[str, float], eval_samples: list[dict] | None = None) -> None:
+        assert self.tracker is not None  # begin() opened it
         self.tracker.log(step, metrics, eval_samples)
         self.completed = step
 
@@ -152,6 +162,7 @@ class RunSession:
                  last: bool = False) -> None:
         """After a training step: its metrics, then its checkpoint when one is due (`last`: no step follows)."""
         self.log(step, metrics, eval_samples)
+        assert self.checkpointer is not None  # begin() opened it
         self.checkpointer.maybe_save(step, last)
 
     def checkpoint_on_stop(self) -> None:

@@ -74,6 +74,7 @@ class SFTPipeline(SupervisedPipeline):
 
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
+        assert self.sampler is not None and self.actor is not None  # prepare_data() and start_workers() made them
         rows = self.train_data.select(self.sampler.draw(self.sft.batch_size))
         batch = build_target_batch(rows.input_ids, rows.target_masks, self.tokenizer.pad_token_id)
         batch.meta_info["loss_mask_keys"] = ["response_mask"]
@@ -90,6 +91,7 @@ class SFTPipeline(SupervisedPipeline):
         """eval/sft_loss: the NLL per target token over all of sft.eval_files (one forward, no grad)."""
         if self.eval_data is None:
             return {}
+        assert self.actor is not None  # start_workers() set it
         total, tokens = 0.0, 0
         for start in range(0, len(self.eval_data), EVAL_CHUNK):
             chunk = self.eval_data.select(range(start, min(start + EVAL_CHUNK, len(self.eval_data))))

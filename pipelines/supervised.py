@@ -12,10 +12,23 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from roll_lite.runtime.progress import progress_bar, seconds_in_all
 
 from .session import RunSession
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    from roll_lite.config import PreferenceConfig, RunConfig, SFTConfig
+    from roll_lite.data.sampler import PromptSampler
+    from roll_lite.workers.group import ModelGroup
+
+    class EndStep(Protocol):
+        """What train() calls after each step (RunSession.end_step)."""
+
+        def __call__(self, step: int, metrics: dict[str, float], *, last: bool) -> None: ...
 
 logger = logging.getLogger("roll_lite")
 
@@ -25,8 +38,25 @@ class SupervisedPipeline:
     metric_prefix = "train"  # the log lines' and metrics' prefix
     headline = ("loss", "loss")  # (training metric, held-out metric) the log line shows, under the prefix
     train_loss = "policy"  # the actor workers' name for the loss: the pipeline's loss_func
+    # Set after __init__ (None there): the data and the sampler by the subclass's prepare_data(), in the
+    # driver only (SFTPipeline: SFTData; PairPipeline: PairData), the actor by start_workers().
+    train_data: Any
+    eval_data: Any
+    sampler: PromptSampler | None
+    actor: ModelGroup | None
+    tokenizer: Any  # a transformers tokenizer: the subclass's __init__ loads it
+    # what a subclass names for its checkpoints (pipelines/session.py, roll_lite/checkpoint/)
+    checkpoint_kind: str
+    checkpoint_compat_keys: tuple[str, ...]
+    total_steps_key: str
 
-    def __init__(self, config, settings):
+    if TYPE_CHECKING:  # what a subclass provides (the module's docstring); declared for the type checker only
+        def prepare_data(self) -> None: ...
+        def step(self, step: int) -> dict[str, float]: ...
+        def evaluate(self) -> dict[str, float]: ...
+        def longest_sequences(self) -> tuple[int, int]: ...
+
+    def __init__(self, config: RunConfig, settings: SFTConfig | PreferenceConfig) -> None:
         self.config, self.settings = config, settings
         self.train_data = self.eval_data = self.sampler = None  # prepare_data(): in the driver only
         self.actor = None
@@ -42,12 +72,14 @@ class SupervisedPipeline:
     def before_training(self, resumed_step: int) -> None:
         """After the workers start (and a resume), before step 0's evaluation."""
 
-    def train(self, first_step: int = 1, end_step=None) -> dict[str, float]:
+    def train(self, first_step: int = 1, end_step: EndStep | None = None) -> dict[str, float]:
         """Steps first_step..settings.steps at settings.lr (fewer when settings.epochs runs out), held-out
         metrics every settings.eval_every; `end_step(step, metrics, last)` gets each step's metrics. A
         fresh optimizer when starting at step 1; a resumed run keeps the one its checkpoint restored.
         Returns the last step's metrics."""
+        metrics: dict[str, float]
         s, metrics, start = self.settings, {}, time.perf_counter()
+        assert self.actor is not None  # start_workers() (or the RL pipeline's warm start) set it
         if first_step == 1:
             self.actor.reset_optimizer(s.lr)
         bar = progress_bar(s.steps - first_step + 1, self.progress_label)
@@ -83,11 +115,12 @@ class SupervisedPipeline:
 
     def save_final(self, path: Path) -> None:
         """The model as a HF folder (+ tokenizer)."""
+        assert self.actor is not None  # start_workers() set it
         self.actor.save_pretrained(str(path.resolve()))
         self.tokenizer.save_pretrained(path)
         logger.info("saved the model and tokenizer to %s", path)
 
-    def run(self) -> list[dict]:
+    def run(self) -> list[dict[str, Any]]:
         """Workers, step-0 eval, settings.steps steps (checkpoints as configured; resumed as `resume`
         says), final/. Returns the metrics history."""
         from roll_lite.workers.placement import reservation
@@ -109,6 +142,7 @@ class SupervisedPipeline:
                 self.stage = "saving the final model"
                 self.save_final(session.run_dir / "final")
         logger.info("%s: %.1f s in all; run dir %s", self.metric_prefix, seconds_in_all(start), session.run_dir)
+        assert session.tracker is not None  # session.begin() opened it
         return session.tracker.history
 
     # -- checkpoints (pipelines/session.py, roll_lite/checkpoint/) ---------------------------------
@@ -120,9 +154,10 @@ class SupervisedPipeline:
     @property
     def data_used_up(self) -> bool:
         """settings.epochs ended: no rows left to draw."""
+        assert self.sampler is not None  # prepare_data() made it
         return self.sampler.exhausted
 
-    def checkpoint_groups(self) -> dict:
+    def checkpoint_groups(self) -> dict[str, ModelGroup | None]:
         return {"actor": self.actor}
 
     def save_driver_state(self, folder: Path) -> None:

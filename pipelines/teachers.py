@@ -13,12 +13,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from roll_lite.config import ConfigError, RunConfig
 from roll_lite.data import DataProto, undo_permutation
 from roll_lite.loss import distill_advantages
+
+if TYPE_CHECKING:
+    from roll_lite.workers.group import ModelGroup
 
 logger = logging.getLogger("roll_lite")
 
@@ -27,10 +31,10 @@ class Teachers:
     def __init__(self, config: RunConfig):
         d = config.distill
         self.config, self.distill = config, d
-        # domain -> folder; None: the one teacher of every row
-        self.by_domain: dict[str | None, str] = dict(d.teachers) if d.teachers else {None: d.teacher}
+        # domain -> folder; None: the one teacher of every row (cast: `of` makes Teachers only with one or the other)
+        self.by_domain = cast("dict[str | None, str]", dict(d.teachers) if d.teachers else {None: d.teacher})
         self.folders = list(dict.fromkeys(self.by_domain.values()))
-        self.groups: dict[str, object] = {}  # folder -> ModelGroup (start())
+        self.groups: dict[str, ModelGroup] = {}  # folder -> ModelGroup (start())
         self.metrics: dict[str, float] = {}  # the last step's (scores(), advantages())
 
     @staticmethod
@@ -41,7 +45,7 @@ class Teachers:
     @property
     def domains(self) -> list[str] | None:
         """The domains the teachers are routed by (every training row must name one), or None."""
-        return None if None in self.by_domain else list(self.by_domain)
+        return None if None in self.by_domain else cast("list[str]", list(self.by_domain))
 
     def key(self, domain: str | None) -> str:
         return "distill.teacher" if domain is None else f"distill.teachers.{domain}"
@@ -68,7 +72,8 @@ class Teachers:
         for folder in self.folders:
             model = dataclasses.replace(self.config.model, pretrained_path=folder, tokenizer_path=folder)
             config = dataclasses.replace(self.config, model=model)
-            self.groups[folder] = ModelGroup("teacher", self.config.workers.reference_dp, placement, config)
+            # cast: load_config sets reference_dp (None in the dataclass: "as actor_dp on GPUs, else 1")
+            self.groups[folder] = ModelGroup("teacher", cast(int, self.config.workers.reference_dp), placement, config)
         for group in self.groups.values():
             group.wait_ready()
 

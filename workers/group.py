@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any, cast
 
 import ray
 import torch
@@ -50,6 +51,7 @@ class WorkerCalls:
     def get(self, refs, method: str):
         single = isinstance(refs, ray.ObjectRef)
         ranks = {ref: (None if single else rank) for rank, ref in enumerate([refs] if single else refs)}
+        answered: dict[ray.ObjectRef, float]  # ref -> when it answered
         pending, values, answered = list(ranks), {}, {}
         timeout_s, limit = self.timeout_s, "workers.call_timeout_s"
         if method in STARTUP_CALLS and self.timeout_s < STARTUP_TIMEOUT_S:
@@ -231,6 +233,7 @@ class RolloutClient:
         self.adapters_only, self.base_synced = config.actor.lora.rank > 0, False
         self.in_actor = actor is not None
         if self.in_actor:
+            assert actor is not None  # in_actor says so
             self.worker = actor.workers[0]
             self._get(self.worker.start_rollout.remote(), "setup")
         else:
@@ -288,6 +291,9 @@ class RewardClient:
     """The reward functions' scores: in the driver's own process (reward.in_driver: cheap built-in
     string rules only, where the round trip would cost more than the scoring) or on a RewardWorker."""
 
+    worker: Any  # the RewardWorker's Ray actor handle, or None
+    local: RewardWorker | None  # or the RewardWorker itself, in the driver
+
     def __init__(self, config: RunConfig):
         from roll_lite.rewards import is_import_path
         from roll_lite.rewards.routing import all_sources
@@ -299,7 +305,7 @@ class RewardClient:
             return
         # The worker imports the user's reward modules from where the driver found them.
         specs = [*all_sources(reward, "functions"), *([reward.judge_parser] if reward.judge_parser else [])]
-        roots = sorted({import_root(spec) for spec in specs if is_import_path(spec)} - {None})
+        roots = sorted(cast("set[str]", {import_root(spec) for spec in specs if is_import_path(spec)} - {None}))
         self.local = None
         self.worker = ray.remote(RewardWorker).options(num_cpus=0).remote(
             reward, config.data.domain_key, (config.model.tokenizer_path, config.model.chat_template), roots,

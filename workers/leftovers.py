@@ -39,6 +39,7 @@ def stop_watching() -> None:
     """After ray.shutdown: the watcher kills what is left of the cluster, and ends."""
     global _watcher
     if _watcher is not None:
+        assert _watcher.stdin is not None  # started with stdin=PIPE
         _watcher.stdin.close()
         try:
             _watcher.wait(timeout=10)
@@ -73,6 +74,7 @@ def _children(pid: int) -> list[int]:
 
 def main(raylet: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: outlive the driver
+    seen: dict[int, str | None]
     raylet_started, seen = _started(raylet), {}  # pid -> start time, of the raylet's children
     while True:
         if raylet_started is not None and _started(raylet) == raylet_started:  # still this cluster's raylet

@@ -11,6 +11,7 @@ import resource
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,6 +40,9 @@ from roll_lite.model.weights import FlatWeights, flatten_state_dict, unflatten_s
 
 from .placement import local_gpu_index, where_am_i
 
+if TYPE_CHECKING:
+    from roll_lite.strategy.fsdp2 import FSDP2Strategy
+
 # role -> (head, trainable); a teacher (pipelines/teachers.py) is a reference built from its own folder
 ROLES = {"actor": ("log_probs", True), "reference": ("log_probs", False), "critic": ("value", True),
          "teacher": ("log_probs", False)}
@@ -62,8 +66,8 @@ class ModelWorker:
         # Where the driver imported the pipeline class from, after the installed packages; never a
         # second roll_lite tree.
         enter_import_root(pipeline_root, driver_roll_lite)
-        self.strategy = None
-        self.group_store = None  # rank 0's rendezvous store (address())
+        self.strategy: FSDP2Strategy | None = None  # setup()
+        self.group_store: Any = None  # rank 0's rendezvous store, a torch.distributed.TCPStore (address())
 
     def __repr__(self) -> str:  # Ray names the worker by it in tracebacks and log prefixes
         return f"ModelWorker({self.role} rank {self.rank})"
@@ -121,26 +125,31 @@ class ModelWorker:
                 self.strategy.offload()
 
     def compute_log_probs(self, data: DataProto, with_entropy: bool = False) -> DataProto:
+        assert self.strategy is not None  # setup() made it
         with self.on_device():
             return self.strategy.compute_log_probs(data, with_entropy)
 
     def peak_memory_gib(self) -> float:
         """The most memory this rank has held: on a GPU torch's peak allocation, on CPU the process's
         peak resident set (its libraries included)."""
+        assert self.strategy is not None  # setup() made it
         if torch.cuda.is_available() and self.strategy.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.strategy.device) / 2**30
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
     def compute_reference_log_probs(self, data: DataProto) -> DataProto:
         """With LoRA: the reference's log-probs, those of the base model (the adapters off)."""
+        assert self.strategy is not None  # setup() made it
         with self.on_device(), adapters_disabled(self.strategy.model):
             return self.strategy.compute_log_probs(data)
 
     def compute_values(self, data: DataProto) -> DataProto:
+        assert self.strategy is not None  # setup() made it
         with self.on_device():
             return self.strategy.compute_values(data)
 
     def train_step(self, data: DataProto, loss: str) -> dict[str, float]:
+        assert self.strategy is not None  # setup() made it
         loss_funcs = {"policy": "loss_func", "critic": "critic_loss_func"}  # methods of the pipeline class
         loss_func = getattr(self.pipeline, loss_funcs[loss]) if loss in loss_funcs else sft_loss_func()
         with self.on_device():
@@ -151,6 +160,7 @@ class ModelWorker:
         tensors cast to `dtype` if given (the rollout engine's); other ranks: None. With LoRA, `part`
         picks: full (base_layer and adapter tensors, the model's own names), adapters (only them) or
         merged (a plain HF state dict of base + adapters)."""
+        assert self.strategy is not None  # setup() made it
         import ray
 
         with self.on_device():
@@ -158,6 +168,7 @@ class ModelWorker:
         if self.rank != 0:
             return None
         if part == "merged" and has_adapters(self.strategy.model):
+            assert self.lora is not None  # adapters: a trained role's, with its LoRA settings
             state = merged_state(state, scaling(self.lora))
         if dtype is not None:
             cast = getattr(torch, dtype)
@@ -167,6 +178,7 @@ class ModelWorker:
     def start_rollout(self) -> str:
         """rollout.in_actor (the only rank of the actor): a rollout engine in this process whose model is
         made of this rank's own parameters; returns how it runs."""
+        assert self.strategy is not None  # setup() made it
         from .rollout_worker import RolloutWorker
 
         self.rollout = RolloutWorker(self.config, actor_weights=self.strategy.own_parameters)
@@ -178,6 +190,7 @@ class ModelWorker:
 
     def load_state_dict(self, weights: FlatWeights) -> None:
         """A plain HF state dict (the actor's, merged) into this model; with LoRA into the frozen base."""
+        assert self.strategy is not None  # setup() made it
         state = unflatten_state_dict(weights)
         if has_adapters(self.strategy.model):
             state = to_adapted_names(state, self.strategy.model.lm)
@@ -188,11 +201,13 @@ class ModelWorker:
         """Write the model as a HF folder (config.json and generation_config.json with the tokenizer's
         bos / eos / pad ids, safetensors) from rank 0; every rank takes part in gathering the weights.
         Written to a temporary folder first, then renamed."""
+        assert self.strategy is not None  # setup() made it
         with self.on_device():
             state = self.strategy.full_state_dict()
         if self.rank != 0:
             return
         if has_adapters(self.strategy.model):
+            assert self.lora is not None  # adapters: a trained role's, with its LoRA settings
             source = self.config.model.pretrained_path if self.base_is_source else None
             save_lora_final(Path(path), state, self.lora, self.strategy.model.lm, self._save_hf, source)
             return
@@ -200,6 +215,7 @@ class ModelWorker:
 
     def _save_hf(self, target: Path, state: dict) -> None:
         """A causal LM folder; with a score head a one-label sequence classifier (a reward model)."""
+        assert self.strategy is not None  # setup() made it
         from transformers import AutoModelForCausalLM
 
         trained = self.strategy.model.lm
@@ -222,6 +238,7 @@ class ModelWorker:
 
     def save_checkpoint(self, path: str) -> None:
         """This rank's shards (a collective over the group) and its random generators."""
+        assert self.strategy is not None  # setup() made it
         from roll_lite.checkpoint.rng import save_rng
 
         with self.on_device():
@@ -231,6 +248,7 @@ class ModelWorker:
     def load_checkpoint(self, path: str) -> None:
         """From a checkpoint written by any number of ranks; a rank the writer did not have keeps its
         seeded generators (training draws no random numbers in the workers today: no dropout)."""
+        assert self.strategy is not None  # setup() made it
         from roll_lite.checkpoint.rng import load_rng
 
         with self.on_device():
@@ -241,6 +259,8 @@ class ModelWorker:
             load_rng(rng_file)
 
     def describe_lora(self) -> str:
+        assert self.lora is not None  # called for a trained role with adapters
+        assert self.strategy is not None  # setup() made it
         model = self.strategy.model
         total = sum(p.numel() for p in model.parameters())  # a DTensor counts its whole tensor
         trained = sum(p.numel() for p in self.strategy.trainable_parameters())
@@ -250,6 +270,8 @@ class ModelWorker:
     def merge_adapters(self) -> None:
         """LoRA after a warm start: the trained adapters go into the base (which becomes the reference,
         as the warm-started model is without LoRA) and lora_B starts again from zero."""
+        assert self.lora is not None  # called for a trained role with adapters
+        assert self.strategy is not None  # setup() made it
         with self.on_device():
             state = self.strategy.full_state_dict()
             merged = to_adapted_names(merged_state(state, scaling(self.lora)), self.strategy.model.lm)
@@ -260,5 +282,6 @@ class ModelWorker:
         self.strategy.frozen_in_checkpoint = True
 
     def reset_optimizer(self, lr: float | None = None) -> None:
+        assert self.strategy is not None  # setup() made it
         with self.on_device():
             self.strategy.reset_optimizer(lr)

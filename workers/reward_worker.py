@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import torch
 
@@ -30,17 +31,32 @@ from roll_lite.rewards.routing import all_sources, routes, rows_by_domain, uses_
 from roll_lite.rewards.runner import RewardRunner
 from roll_lite.runtime.importing import enter_import_root
 
+if TYPE_CHECKING:
+    from roll_lite.rewards.code import CodeReward
+    from roll_lite.rewards.judge import Judge
+    from roll_lite.rewards.outcomes import Score
+    from roll_lite.rewards.reward_model import RewardModel
+    from roll_lite.rewards.routing import Sources
+
+    # a source's call on a column dict: (a Score per row, its own counts for the metrics); `...`: the
+    # lambdas that make them bind their source as a parameter with a default
+    SourceCall = Callable[..., tuple[list[Score], dict[str, float]]]
+
 logger = logging.getLogger("roll_lite.rewards")
 
 
 class RewardWorker:
+    models: dict[str, RewardModel]  # reward-model folder -> its scorer
+    judges: dict[str, Judge]  # judge folder -> its scorer
+
     def __init__(self, reward, domain_key: str = "domain", policy_tokenizer: tuple[str | None, str | None] = (None, None),
-                 import_roots: list[str | None] = (), driver_roll_lite: str | None = None):
+                 import_roots: Sequence[str | None] = (), driver_roll_lite: str | None = None):
         """`reward`: the run's RewardConfig; `policy_tokenizer`: (model.tokenizer_path, model.chat_template),
         which the reward models compare their own with; `import_roots`: the directories the driver
         imported the user's reward modules from, searched after the installed packages."""
         for root in import_roots:
-            enter_import_root(root, driver_roll_lite)
+            # cast: RewardClient passes driver_roll_lite with import_roots, its only caller that has them
+            enter_import_root(root, cast(str, driver_roll_lite))
         self.on_failure, self.domain_key = reward.on_failure, domain_key
         self.routes = routes(reward)
         self.runner = RewardRunner(list(all_sources(reward, "functions")), reward.timeout_s)
@@ -59,7 +75,7 @@ class RewardWorker:
             parser = load_object(reward.judge_parser) if reward.judge_parser else None
             self.judges = {path: Judge(path, reward.judge_template, parser, reward.judge_max_new_tokens,
                                        timeout_s=reward.judge_timeout_s) for path in judges}
-        self.code = None
+        self.code: CodeReward | None = None
         if uses_code(reward):
             from roll_lite.rewards.code import CodeReward
 
@@ -67,7 +83,8 @@ class RewardWorker:
 
     def describe(self) -> list[str]:
         """A line per reward model (how it sees the text) and per judge, and the routing."""
-        sources = [*self.models.values(), *self.judges.values()] + ([self.code] if self.code else [])
+        sources = cast("list[RewardModel | Judge | CodeReward]",  # cast: mypy joins the three kinds to object
+                       [*self.models.values(), *self.judges.values()] + ([self.code] if self.code else []))
         lines = [source.describe() for source in sources]
         if None not in self.routes:
             lines.append("rewards routed by data." + self.domain_key + ": " + "; ".join(
@@ -87,9 +104,12 @@ class RewardWorker:
             raise ValueError(f"reward: {len(responses)} responses, {len(answers)} answers, {len(extras)} extras")
         if (self.models or self.judges) and (prompts is None or sequences is None):
             raise ValueError("reward: the reward models and judges need each row's prompt and token ids")
-        columns = dict(responses=responses, answers=answers, extras=extras, prompts=prompts, sequences=sequences)
-        parts = ({None: list(range(len(responses)))} if None in self.routes  # no routing: every row, no prefix
-                 else rows_by_domain(extras, self.domain_key, self.routes))
+        columns: dict[str, list[Any] | None] = dict(responses=responses, answers=answers, extras=extras,
+                                                    prompts=prompts, sequences=sequences)
+        # keys: None without routing, else the domains (cast: then every route is a domain)
+        parts: dict[Any, list[int]] = (
+            {None: list(range(len(responses)))} if None in self.routes  # no routing: every row, no prefix
+            else rows_by_domain(extras, self.domain_key, cast("dict[str, Sources]", self.routes)))
         parts = {domain: rows for domain, rows in parts.items() if domain is None or rows}
         subsets = {domain: {key: None if value is None else [value[i] for i in rows] for key, value in columns.items()}
                    for domain, rows in parts.items()}
@@ -107,7 +127,7 @@ class RewardWorker:
         self._warn(tallies, len(responses), int((~scored).sum()))
         return total, scored, {**metrics, "reward/unscored": float((~scored).sum())}
 
-    def _sources(self, sources) -> list[tuple[str, float, str, object]]:
+    def _sources(self, sources: Sources) -> list[tuple[str, float, str, SourceCall]]:
         """(metric name, weight, scorer, a call on a column dict) of a route's sources; each call gives (a
         Score per row, the source's own counts for its metrics: the code source's program verdicts). The
         scorer names the object the call uses (the functions' runner, a model's or a judge's folder, the
@@ -115,9 +135,10 @@ class RewardWorker:
         from roll_lite.rewards.judge import judge_metric_name
         from roll_lite.rewards.reward_model import model_metric_name
 
-        named = [(name, weight, "functions",
-                  lambda c, name=name: (self.runner.score(name, c["responses"], c["answers"], c["extras"]), {}))
-                 for name, weight in sources.functions.items()]
+        named: list[tuple[str, float, str, SourceCall]] = [
+            (name, weight, "functions",
+             lambda c, name=name: (self.runner.score(name, c["responses"], c["answers"], c["extras"]), {}))
+            for name, weight in sources.functions.items()]
         named += [(model_metric_name(path), weight, f"model {path}",
                    lambda c, model=self.models[path]: (model.score(c["prompts"], c["responses"], c["sequences"]), {}))
                   for path, weight in sources.models.items()]
@@ -125,7 +146,8 @@ class RewardWorker:
                    lambda c, judge=self.judges[path]: (judge.score(c["prompts"], c["responses"], c["answers"], c["extras"]), {}))
                   for path, weight in sources.judges.items()]
         if sources.code:
-            named.append(("code", sources.code, "code", lambda c: self.code.score(c["responses"], c["extras"])))
+            named.append(("code", sources.code, "code",  # cast: uses_code(reward) made self.code
+                          lambda c: cast("CodeReward", self.code).score(c["responses"], c["extras"])))
         return named
 
     def _run_concurrently(self, subsets: dict) -> dict:

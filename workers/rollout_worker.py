@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -113,6 +113,7 @@ class RolloutWorker:
         self.weight_version = version
 
     def _follow_actor(self) -> None:
+        assert self.actor_weights is not None  # rollout.in_actor: the actor's process made this worker with them
         if self.shares_actor_tensors:
             self.engine.share_weights(self.actor_weights())
         else:  # device to device, cast to the engine's dtype; the tensors keep their addresses (CUDA graphs)
@@ -158,16 +159,17 @@ def _start_vllm(config: RunConfig, tokenizer):
     hf_config = causal_lm_config(config.model, len(tokenizer))
     logprobs_mode = vllm_engine.vllm_logprobs_mode(r.temperature, r.top_p, r.top_k)
     lora_rank = config.actor.lora.rank or None  # the engine serves the actor's adapters (update_adapter)
+    # casts: load_config sets rollout.release_memory (null in the config: decided by the placement)
     llm, sampling_params_class = vllm_engine.start_llm(
         hf_config, dtype=rollout_dtype(config), seed=config.seed, logprobs_mode=logprobs_mode,
         tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
-        sleep_mode=r.release_memory, cpu_kv_cache_gib=r.cpu_kv_cache_gib,
+        sleep_mode=cast(bool, r.release_memory), cpu_kv_cache_gib=r.cpu_kv_cache_gib,
         enforce_eager=on_cpu if r.enforce_eager is None else r.enforce_eager, lora_rank=lora_rank)
     engine = vllm_engine.VLLMEngine(llm, sampling_params_class, tokenizer.eos_token_id,
                                     tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-                                    seed=config.seed, release_memory=r.release_memory,
+                                    seed=config.seed, release_memory=cast(bool, r.release_memory),
                                     checkpoint_names=vllm_engine.checkpoint_names(hf_config), lora_rank=lora_rank)
-    described = vllm_engine.describe(r.tensor_parallel_size, logprobs_mode, r.release_memory, on_cpu)
+    described = vllm_engine.describe(r.tensor_parallel_size, logprobs_mode, cast(bool, r.release_memory), on_cpu)
     if lora_rank:
         described += f"; serves the actor's LoRA adapter (rank {lora_rank}), a new LoRA request per sync"
     return engine, described
@@ -177,7 +179,7 @@ class AdapterFolders:
     """A temporary folder per adapter version (vllm loads a LoRA adapter from a PEFT folder); the
     older ones go once the engine holds a newer one."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.root: Path | None = None
 
     def new(self, version: int) -> Path:
@@ -186,6 +188,7 @@ class AdapterFolders:
         return self.root / f"version_{version}_{time.monotonic_ns()}"
 
     def drop_older_than(self, current: Path) -> None:
+        assert self.root is not None  # new() made it, for `current`
         for folder in self.root.iterdir():
             if folder != current:
                 shutil.rmtree(folder, ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Sequence
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -14,7 +15,7 @@ from roll_lite.config.validation import in_actor_by_default, rewards_needing_a_w
 from roll_lite.errors import ConfigError
 
 
-def _check_reward_weights(layer, path: Path | None = None) -> None:
+def _check_reward_weights(layer: Any, path: Path | None = None) -> None:
     """`reward.functions={exact_answer:1.0}` is YAML for {'exact_answer:1.0': null}: in a flow mapping a
     colon separates a key from its value only when a space follows it (import paths keep theirs:
     `my_pkg.rewards:score`). Say so, instead of omegaconf's "is not Optional"."""
@@ -27,7 +28,7 @@ def _check_reward_weights(layer, path: Path | None = None) -> None:
     if not unweighted:
         return
 
-    def written_right(name: str, weight) -> str:
+    def written_right(name: str, weight: object) -> str:
         spec, _, tail = str(name).rpartition(":")
         if weight is None and spec:
             try:
@@ -45,7 +46,7 @@ def _check_reward_weights(layer, path: Path | None = None) -> None:
                       f"e.g. {example}")
 
 
-def _replace_reward_functions(merged, layer) -> None:
+def _replace_reward_functions(merged: Any, layer: Any) -> None:
     """A layer that sets reward.functions gives the whole set: replace, do not merge with the defaults."""
     reward = layer.get("reward") if isinstance(layer, DictConfig) else None
     functions = reward.get("functions") if isinstance(reward, DictConfig) else None
@@ -53,7 +54,7 @@ def _replace_reward_functions(merged, layer) -> None:
         OmegaConf.update(merged, "reward.functions", functions, merge=False)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     """Defaults <- YAML file <- key=value overrides, validated; raises ConfigError."""
     try:
         merged = OmegaConf.structured(RunConfig)
@@ -102,7 +103,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
 def _expand_home(config: RunConfig) -> None:
     """A leading `~` in every path key means the home folder, as in a shell (configs/grpo_gsm8k.yaml
     names ~/data/gsm8k); a hub id never starts with one."""
-    def expand(value):
+    def expand(value: Any) -> Any:
         if isinstance(value, str):
             return os.path.expanduser(value) if value.startswith("~") else value
         return [expand(item) for item in value] if isinstance(value, list) else value
@@ -114,7 +115,7 @@ def _expand_home(config: RunConfig) -> None:
     config.output_dir, config.resume = expand(config.output_dir), expand(config.resume)
 
 
-def _load_yaml(path: Path):
+def _load_yaml(path: Path) -> Any:
     try:
         return OmegaConf.load(path)
     except yaml.YAMLError as error:

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Collection
 
-from roll_lite.config.schema import DataConfig, PreferenceConfig, RolloutConfig, RunConfig, SFTConfig, WorkersConfig
+from roll_lite.config.schema import (
+    AlgorithmConfig,
+    DataConfig,
+    PreferenceConfig,
+    RewardConfig,
+    RolloutConfig,
+    RunConfig,
+    SFTConfig,
+    WorkersConfig,
+)
 from roll_lite.environments.config import check_environment_config
 from roll_lite.errors import ConfigError
 from roll_lite.loss import AGG_MODES, DISTILL_SIGNALS, PAIR_LOSSES, POLICY_LOSSES, ROLLOUT_IS_LEVELS, RolloutCorrection
@@ -21,7 +30,7 @@ def _check(condition: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
-def _one_of(value: Any, allowed, key: str) -> None:
+def _one_of(value: Any, allowed: Collection[Any], key: str) -> None:
     _check(value in allowed, key, f"'{value}' is not one of {', '.join(map(str, allowed))}")
 
 
@@ -132,7 +141,7 @@ def validate(config: RunConfig) -> None:
     _check(w.object_store_mb >= 64, "workers.object_store_mb", f"must be >= 64, got {w.object_store_mb}")
 
 
-def rewards_needing_a_worker(functions: dict) -> list[str]:
+def rewards_needing_a_worker(functions: dict[str, float]) -> list[str]:
     """The reward functions that are not cheap built-ins: they run in the reward worker's guarded
     process (roll_lite/rewards/runner.py), so a run with any of them has a reward worker."""
     return [name for name in functions if not is_cheap(name)]
@@ -186,7 +195,7 @@ def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
         raise ConfigError(str(error)) from None
 
 
-def _validate_policy_loss(algorithm) -> None:
+def _validate_policy_loss(algorithm: AlgorithmConfig) -> None:
     name = algorithm.policy_loss
     if ":" in name:  # a user's loss_func: imported here, before Ray starts (like the reward functions)
         from roll_lite.runtime.importing import load_object
@@ -224,7 +233,7 @@ def _validate_dapo(config: RunConfig) -> None:
                "is for single-turn rollouts; multi-turn runs (environment.name) have environment.truncated")
 
 
-def _validate_rollout_correction(algorithm) -> None:
+def _validate_rollout_correction(algorithm: AlgorithmConfig) -> None:
     """The rollout_* keys together (the loss package's RolloutCorrection names each bad one)."""
     problems = RolloutCorrection.problems(algorithm)
     if problems:
@@ -348,7 +357,7 @@ def rollout_dtype(config: "RunConfig") -> str:
     return config.rollout.dtype or config.actor.param_dtype
 
 
-def _validate_code(reward) -> None:
+def _validate_code(reward: RewardConfig) -> None:
     """The code source's keys and limits. The sandbox's tools are checked where it runs: the reward
     worker, when it starts, runs a program in it before the first step (on a cluster its node may not
     be the driver's)."""

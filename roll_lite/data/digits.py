@@ -38,6 +38,8 @@ def reverse_digits_rows(num_train: int = NUM_TRAIN, num_eval: int = NUM_EVAL, mi
     carry the noisy demonstrator's response ('demonstration')."""
     if not 1 <= min_digits <= max_digits:
         raise ValueError(f"reverse_digits_rows: need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
+    eval_rows: list[dict]
+    train_rows: list[dict]
     eval_rng, eval_rows, held_out = random.Random(f"eval-{seed}"), [], set()
     while len(eval_rows) < num_eval:
         row = _draw(eval_rng, min_digits, max_digits)

@@ -13,7 +13,7 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, cast
 
 FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 FORMAT_HELP = ".jsonl, .json, .parquet, or a folder written by Dataset.save_to_disk"
@@ -101,7 +101,7 @@ def _load_saved(path: Path, config_key: str):
 def _check_json_lines(path: Path, config_key: str) -> list[int]:
     """Checks that the file is UTF-8 (datasets says only 'can't decode byte'); returns the line
     number of every non-blank line, which is how rows map to lines in a JSONL file."""
-    lines = []
+    lines: list[int] = []
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
             try:
@@ -121,6 +121,7 @@ def _diagnose_json(path: Path, config_key: str) -> None:
     text = path.read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
         return  # one JSON array, not JSON lines: the library's message is all there is
+    first_seen: dict[str, tuple[str, int]]
     row, first_seen = 0, {}  # key -> (JSON type, row) of its first non-null value
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -151,4 +152,4 @@ def _json_type(value) -> str:
         return "boolean"
     if isinstance(value, (int, float)):
         return "number"
-    return {str: "string", list: "list", dict: "object"}[type(value)]
+    return cast("dict[type[Any], str]", {str: "string", list: "list", dict: "object"})[type(value)]

@@ -23,6 +23,7 @@ import argparse
 import json
 import random
 from pathlib import Path
+from typing import cast
 
 SLOPES, OFFSETS, SQUARE = range(1, 10), range(0, 10), "x*x"
 SHOWN_INPUTS = (0, 10, 100)
@@ -37,7 +38,7 @@ def functions() -> list[tuple[int | str, int]]:
 
 
 def value(slope: int | str, b: int, x: int) -> int:
-    return (x * x if slope == SQUARE else slope * x) + b
+    return (x * x if slope == SQUARE else cast(int, slope) * x) + b  # cast: SQUARE is the only str slope
 
 
 def program(slope: int | str, b: int) -> str:

@@ -4,11 +4,20 @@ the shortest of them."""
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from roll_lite.data.files import DataError, Table, read_table
 
-Rows = TypeVar("Rows")  # PromptData or SFTData: len(), select(indices), concat(parts)
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    Selected = TypeVar("Selected", bound="SelectableRows")
+
+    class SelectableRows(Protocol):
+        def __len__(self) -> int: ...
+        def select(self: Selected, indices: list[int]) -> Selected: ...
+
+Rows = TypeVar("Rows", bound="SelectableRows")  # PromptData or SFTData: len(), select(indices), concat(parts)
 
 
 def load_within_limit(files: Sequence[str], config_key: str, to_rows: Callable[[Table], Rows],
@@ -25,6 +34,7 @@ def load_within_limit(files: Sequence[str], config_key: str, to_rows: Callable[[
         sizes = lengths(rows)
         kept = [i for i, size in enumerate(sizes) if limit is None or size <= limit]
         if len(kept) < len(sizes):
+            assert limit is not None  # rows were left out, so there is a limit
             first = next(i for i, size in enumerate(sizes) if size > limit)
             notes.append(f"{config_key}: {path}: {len(sizes) - len(kept)} of {len(sizes)} {what} are longer than "
                          f"{limit_key}={limit} tokens and are left out (the first: row {first}, {sizes[first]} tokens)")
@@ -35,6 +45,7 @@ def load_within_limit(files: Sequence[str], config_key: str, to_rows: Callable[[
         notes.append(f"{config_key}: {path}: {len(kept)} {what}")
     result = concat(parts)
     if not len(result):
+        assert shortest is not None  # every file has rows (read_table), so every row was over the limit
         raise DataError(f"{shortest[1]}: {error_prefix}every {one} is longer than {limit_key}={limit} tokens; "
                         f"the shortest, this one, has {shortest[0]}")
     return result, notes

@@ -12,7 +12,7 @@ row. Pairs whose longer side is over `preference.max_length` tokens are left out
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 import torch
 
@@ -41,7 +41,7 @@ class PairData:
 
     @staticmethod
     def concat(parts: Sequence["PairData"]) -> "PairData":
-        margins = None if any(p.margins is None for p in parts) else [m for p in parts for m in p.margins]
+        margins = None if any(p.margins is None for p in parts) else [m for p in parts for m in cast("list[float]", p.margins)]
         return PairData([x for p in parts for x in p.chosen], [x for p in parts for x in p.rejected], margins)
 
     def lengths(self) -> list[int]:

@@ -98,6 +98,7 @@ class Host:
 
 def main() -> None:
     requests, replies = child_pipes()
+    host: Host | None  # from the parent's first message, "load"
     reader, host = Reader(requests), None
     while True:
         try:
@@ -112,11 +113,14 @@ def main() -> None:
             except _CALL_ERRORS as error:
                 send(replies, ("ready", describe(error), None))
         elif kind == "release":
+            assert host is not None  # the parent sends nothing more after a failed load
             host.release(message[1])
         elif kind == "shutdown":
+            assert host is not None
             host.close()
             return
         else:
+            assert host is not None
             started = time.perf_counter()
             status, payload = getattr(host, kind)(*message[1:])
             seconds = time.perf_counter() - started

@@ -25,7 +25,7 @@ import inspect
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union, cast
 
 import numpy as np
 
@@ -103,10 +103,11 @@ def check_environment_class(environment_class, spec: str) -> None:
         if not callable(getattr(environment_class, method, None)):
             raise TypeError(f"'{spec}' has no {method}() method; an environment needs reset(seed=None, **row_fields) "
                             "and step(action)")
-    parameters = inspect.signature(environment_class.reset).parameters
+    # cast: typeshed's inspect.isclass narrows to type[object], which has no reset
+    parameters = inspect.signature(cast(Any, environment_class).reset).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     if "seed" not in parameters and not takes_any:
-        raise TypeError(f"'{spec}'.reset{inspect.signature(environment_class.reset)} takes no seed; the contract is "
+        raise TypeError(f"'{spec}'.reset{inspect.signature(cast(Any, environment_class).reset)} takes no seed; the contract is "
                         "reset(seed=None, **row_fields)")
 
 

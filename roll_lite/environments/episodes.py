@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import Counter
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Protocol
+from typing import Any, Hashable, Protocol, cast
 
 from roll_lite.data.chat import as_messages, render_chat
 from roll_lite.environments.results import Result
@@ -163,6 +163,7 @@ class _Loop:
         if episode.num_turns >= self.limits.max_turns:
             return self._stop(episode, "max_turns")
         continuation = [] if episode.trajectory.response_ids[-1] == self.eos else [self.eos]
+        assert result.observation is not None  # None only when the call faulted (returned above)
         continuation += observation_ids(self.tokenizer, result.observation, self.eos)
         if self._room(episode) < len(continuation) + 1:  # the observation and one token of a next turn
             return self._stop(episode, "token_budget")
@@ -178,11 +179,13 @@ class _Loop:
         budget, positions = self.limits.max_trajectory_tokens, self.limits.max_sequence_tokens
         room = 10**9 if budget is None else budget - episode.response_tokens
         if positions is not None:
+            assert episode.trajectory is not None  # asked only once the reset made it
             room = min(room, positions - len(episode.trajectory.prompt_ids) - episode.response_tokens)
         return room
 
     def _generate(self, keys: list[Hashable]) -> None:
-        trajectories = [self.episodes[key].trajectory for key in keys]
+        # cast: a waiting episode has the trajectory its reset made
+        trajectories = cast("list[Trajectory]", [self.episodes[key].trajectory for key in keys])
         allowed = [min(self.limits.max_new_tokens_per_turn, self._room(self.episodes[key])) for key in keys]
         p = self.params
         params = SamplingParams(max(allowed), 1, p.temperature, p.top_p, p.top_k, p.greedy)
@@ -195,6 +198,7 @@ class _Loop:
                          else [0.0] * len(ids))  # greedy (evaluation): nothing is trained
             if not ids:
                 raise RuntimeError(f"the engine returned an empty turn for trajectory {key!r}")
+            assert episode.trajectory is not None  # a waiting episode's, made by its reset
             episode.trajectory.add_model_turn(ids, log_probs)
             episode.turn_ends.append(episode.response_tokens - 1)
             episode.turn_rewards.append(0.0)

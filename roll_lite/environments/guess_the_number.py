@@ -73,7 +73,7 @@ class GuessTheNumber:
         if not _is_whole(max_turns) or max_turns < 1:
             raise ValueError(f"max_turns must be a whole number >= 1, got {max_turns!r}")
         self.max_turns = int(max_turns)
-        self.secret = None
+        self.secret: int | None = None
 
     def reset(self, seed: int | None = None, secret: int | None = None, lo: int | None = None,
               hi: int | None = None) -> tuple[str, dict]:
@@ -109,6 +109,7 @@ class GuessTheNumber:
             return f"Invalid move: {written} is not a whole number.", "invalid"
         if not self.lo <= guess <= self.hi:
             return f"Invalid move: {guess} is not from {self.lo} to {self.hi}.", "invalid"
+        assert self.secret is not None  # step() refused to run before reset()
         if guess < self.secret:
             return f"Higher than {guess}.", "higher"
         if guess > self.secret:

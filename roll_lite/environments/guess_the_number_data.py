@@ -21,6 +21,7 @@ import argparse
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 from roll_lite.environments.guess_the_number import GuessTheNumber
 
@@ -49,7 +50,7 @@ def demonstration(secret: int, rng: random.Random, lo: int = LO, hi: int = HI, m
 def write(folder: Path) -> None:
     rng = random.Random(SEED)
     folder.mkdir(parents=True, exist_ok=True)
-    rows = {
+    rows: dict[str, list[dict[str, Any]]] = {
         "train.jsonl": [{"secret": rng.randint(LO, HI)} for _ in range(NUM_TRAIN)],
         "eval.jsonl": [{"secret": secret} for secret in range(LO, HI + 1)],
         "sft.jsonl": [{"messages": demonstration(rng.randint(LO, HI), rng)} for _ in range(NUM_SFT)],

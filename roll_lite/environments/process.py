@@ -29,6 +29,7 @@ class EnvironmentProcess:
         """Start the process and send it the environment to load; `wait_ready` collects the answer, so
         several processes can start at once."""
         self.process = start_child("roll_lite.environments.child")
+        assert self.process.stdout is not None and self.process.stdin is not None  # start_child's pipes
         self.reader = Reader(self.process.stdout.fileno())
         self.generation += 1
         send(self.process.stdin.fileno(), ("load", self.spec, self.kwargs))
@@ -47,6 +48,7 @@ class EnvironmentProcess:
 
     def call(self, message: tuple, timeout_s: float) -> tuple:
         """The child's reply; CallTimedOut or ProcessDied, after which the caller restarts it."""
+        assert self.process is not None and self.process.stdin is not None  # launch() made it
         try:
             send(self.process.stdin.fileno(), message)
         except OSError:
@@ -60,6 +62,7 @@ class EnvironmentProcess:
 
     def post(self, message: tuple) -> None:
         """A message without a reply (release); a dead process is found by the next call."""
+        assert self.process is not None and self.process.stdin is not None  # launch() made it
         try:
             send(self.process.stdin.fileno(), message)
         except OSError:
@@ -77,6 +80,7 @@ class EnvironmentProcess:
         """Let the environments close() themselves, then make sure the process is gone."""
         if self.is_alive():
             self.post(("shutdown",))
+            assert self.process is not None  # is_alive()
             try:
                 self.process.wait(grace_s)
             except subprocess.TimeoutExpired:
@@ -90,10 +94,12 @@ class EnvironmentProcess:
             self.process.kill()
         self.process.wait()
         for pipe in (self.process.stdin, self.process.stdout):
+            assert pipe is not None  # start_child's pipes
             pipe.close()
         self.process = None
 
     def _death(self) -> str:
+        assert self.process is not None  # call() found it dead: still there until close()
         try:
             code = self.process.wait(5.0)
         except subprocess.TimeoutExpired:  # it closed its end of the pipe but lives on

@@ -80,7 +80,7 @@ class EnvironmentRunner:
         self._hosted = [0] * max_concurrent  # trajectories not done, per process
         self._lock = threading.Lock()
         self._warned_fields: set[str] = set()
-        self._queues = [queue.SimpleQueue() for _ in self.processes]
+        self._queues: list[queue.SimpleQueue[_Call | None]] = [queue.SimpleQueue() for _ in self.processes]
         self._threads = [threading.Thread(target=self._serve_forever, args=(index,), daemon=True,
                                           name=f"environment-{index}") for index in range(max_concurrent)]
         for thread in self._threads:
@@ -190,6 +190,7 @@ class EnvironmentRunner:
                 if call.record.generation == process.generation:
                     process.post(("release", call.env_id))
                 continue
+            assert call.future is not None  # every call but a release has one
             try:
                 result = self._serve(process, call)
             except BaseException as error:  # the runner's own failure (a process that no longer starts)
@@ -200,7 +201,8 @@ class EnvironmentRunner:
                 continue
             with self._lock:
                 self.stats["calls"] += 1
-                self.stats["seconds"] += result.seconds
+                # typeshed's Counter holds ints; Python's sums any number, as these seconds
+                self.stats["seconds"] += result.seconds  # type: ignore[assignment]
                 if result.fault is not None:
                     self.stats[f"faults/{result.fault}"] += 1
                 record = call.record

@@ -88,7 +88,7 @@ class ToolEnvironment:
         task_class = resolve_environment(env)
         self.task_fields = reset_parameters(task_class)
         self.task = task_class(**dict(env_kwargs or {}))
-        self.calls_made = None  # this episode's; None before the first reset
+        self.calls_made: int | None = None  # this episode's; None before the first reset
 
     def reset(self, seed: int | None = None, **fields) -> tuple[list[dict], dict]:
         if self.task_fields is not None:

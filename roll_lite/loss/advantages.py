@@ -7,6 +7,8 @@ say which rows are samples of the same prompt.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 from roll_lite.loss.aggregation import masked_sum
@@ -39,7 +41,9 @@ def exact_sqrt(values: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(values.double()).to(values.dtype)
 
 
-def _group_statistics(scores: torch.Tensor, group_ids: torch.Tensor):
+def _group_statistics(
+    scores: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     groups, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
     sums = torch.zeros(len(groups), dtype=scores.dtype, device=scores.device).index_add_(0, inverse, scores)
     means = sums / counts
@@ -49,7 +53,8 @@ def _group_statistics(scores: torch.Tensor, group_ids: torch.Tensor):
     return inverse, counts, sums, means, stds
 
 
-def grpo_advantages(scores, group_ids, response_mask, normalize_std: bool = True, eps: float = 1e-6, valid=None):
+def grpo_advantages(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor,
+                    normalize_std: bool = True, eps: float = 1e-6, valid: torch.Tensor | None = None) -> torch.Tensor:
     """GRPO: (score - group mean) / (group std + eps) on every response token. With
     normalize_std=False it is Dr. GRPO's advantage (no std division). `valid` ([rows] bool, optional):
     only those rows make their group's statistics; the others, and every row of a group left with
@@ -63,7 +68,8 @@ def grpo_advantages(scores, group_ids, response_mask, normalize_std: bool = True
     return advantages[:, None] * response_mask.to(scores.dtype)
 
 
-def rloo_advantages(scores, group_ids, response_mask, valid=None):
+def rloo_advantages(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor,
+                    valid: torch.Tensor | None = None) -> torch.Tensor:
     """RLOO: score minus the mean score of the other samples of the same prompt. `valid`: as in
     grpo_advantages."""
     if valid is not None:
@@ -76,7 +82,8 @@ def rloo_advantages(scores, group_ids, response_mask, valid=None):
     return (scores - baseline)[:, None] * response_mask.to(scores.dtype)
 
 
-def _over_valid_rows(estimator, scores, group_ids, response_mask, valid, **options):
+def _over_valid_rows(estimator: Callable[..., torch.Tensor], scores: torch.Tensor, group_ids: torch.Tensor,
+                     response_mask: torch.Tensor, valid: torch.Tensor, **options: Any) -> torch.Tensor:
     """`estimator` on the valid rows of the groups that keep at least two of them; 0 elsewhere."""
     valid = valid.bool()
     _, inverse = torch.unique(group_ids, return_inverse=True)
@@ -89,7 +96,7 @@ def _over_valid_rows(estimator, scores, group_ids, response_mask, valid, **optio
     return advantages
 
 
-def discounted_returns(rewards, response_mask, gamma: float = 1.0):
+def discounted_returns(rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
     """Σ_{k≥t} γ^{k-t} r_k over the masked tokens k (rewards outside the mask are ignored). The masked
     tokens are the time steps: positions outside the mask (a multi-turn trajectory's environment
     tokens) are skipped, not discounted."""
@@ -102,7 +109,7 @@ def discounted_returns(rewards, response_mask, gamma: float = 1.0):
     return returns
 
 
-def turn_returns(rewards, mask, gamma: float = 1.0):
+def turn_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
     """Multi-turn return-to-go by turn: on every token of turn k, G_k = Σ_{j≥k} γ^{j-k} R_j, where a
     turn is a run of consecutive masked tokens and R_j sums its token rewards (the environment's
     reward for a turn sits on its last token). Zero outside the mask."""
@@ -117,17 +124,18 @@ def turn_returns(rewards, mask, gamma: float = 1.0):
     return torch.where(mask, per_turn.gather(1, turn), torch.zeros_like(rewards))
 
 
-def first_turn_returns(rewards, mask, gamma: float = 1.0):
+def first_turn_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
     """[batch]: each row's G_1, the discounted return of its whole trajectory (turn_returns' first turn)."""
     return _at_first_masked_token(turn_returns(rewards, mask, gamma), mask)
 
 
-def _at_first_masked_token(values, mask):
+def _at_first_masked_token(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     first = mask.bool().long().argmax(dim=1)
     return values.gather(1, first[:, None]).squeeze(1)
 
 
-def turn_level_advantages(rewards, mask, group_ids, estimator: str, gamma: float = 1.0, eps: float = 1e-6):
+def turn_level_advantages(rewards: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor, estimator: str,
+                          gamma: float = 1.0, eps: float = 1e-6) -> torch.Tensor:
     """Per-turn credit for the group estimators (grpo, dr_grpo, rloo): on turn k of trajectory i,
     A_ik = (G_ik - b_i) / s, where G_ik is its return-to-go (turn_returns), b_i the group baseline of
     the estimator computed from the group's whole-trajectory returns G_j1 (grpo / dr_grpo: their mean;
@@ -150,7 +158,7 @@ def turn_level_advantages(rewards, mask, group_ids, estimator: str, gamma: float
     return advantages * mask.to(rewards.dtype)
 
 
-def masked_whiten(values, mask, eps: float = 1e-8):
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
     """(values - mean) / sqrt(var + eps) over the masked tokens of the whole batch; zero outside the mask.
 
     Conventions, as verl's `masked_whiten` (verl/utils/torch_functional.py, shift_mean=True) and ROLL's:
@@ -176,13 +184,14 @@ def whitens_advantages(estimator: str, whiten: bool | None = None) -> bool:
     return estimator in WHITENED_BY_DEFAULT if whiten is None else whiten
 
 
-def reinforce_pp_advantages(token_rewards, response_mask, gamma: float = 1.0):
+def reinforce_pp_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
     """REINFORCE++: discounted return of the (KL-shaped) token rewards, whitened over the batch
     (unbiased variance, as verl; see masked_whiten)."""
     return masked_whiten(discounted_returns(token_rewards, response_mask, gamma), response_mask)
 
 
-def gae_advantages(token_rewards, values, response_mask, gamma: float = 1.0, lam: float = 0.95):
+def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0,
+                   lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over the response tokens. values[t] estimates the return from token t on.
 
     Returns (advantages, returns = advantages + values), zero outside the mask. Response tokens
@@ -203,8 +212,9 @@ def gae_advantages(token_rewards, values, response_mask, gamma: float = 1.0, lam
     return advantages, returns
 
 
-def kl_shaped_rewards(token_rewards, log_probs, ref_log_probs, response_mask, kl_coef: float, estimator: str = "k1",
-                      clamp: float | None = None):
+def kl_shaped_rewards(token_rewards: torch.Tensor, log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
+                      response_mask: torch.Tensor, kl_coef: float, estimator: str = "k1",
+                      clamp: float | None = None) -> torch.Tensor:
     """Token rewards minus kl_coef · KL estimate on response tokens (the 'KL in reward' variant);
     `clamp` as in kl_penalty."""
     kl = kl_penalty(log_probs, ref_log_probs, estimator, clamp)

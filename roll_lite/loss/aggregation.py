@@ -10,7 +10,7 @@ them explicitly with `local_mask_stats(mask)`. There is no silent fallback to th
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -28,7 +28,7 @@ def zero_outside(mask: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tens
     return tuple(torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device)) for t in tensors)
 
 
-def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Σ mask·values, where masked-out positions count as exactly zero even if they hold nan/inf."""
     zeros = torch.zeros((), dtype=values.dtype, device=values.device)
     masked = torch.where(mask.bool(), values, zeros)
@@ -43,7 +43,7 @@ def local_mask_stats(mask: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def mask_stats(meta_info: Mapping, mask_key: str) -> dict[str, torch.Tensor]:
+def mask_stats(meta_info: Mapping[str, Any], mask_key: str) -> dict[str, torch.Tensor]:
     """The global denominators the strategy computed for `mask_key` for this optimizer step."""
     missing = [name for name in ("batch_num_tokens", "global_valid_samples") if mask_key not in meta_info.get(name, {})]
     if missing:
@@ -58,7 +58,7 @@ def mask_stats(meta_info: Mapping, mask_key: str) -> dict[str, torch.Tensor]:
     }
 
 
-def _safe_denominator(denominator, like: torch.Tensor) -> torch.Tensor:
+def _safe_denominator(denominator: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
     # A zero denominator means every numerator term is zero too (no valid token anywhere): divide
     # by one instead, so the loss and its gradient are 0, never nan.
     return torch.as_tensor(denominator, dtype=like.dtype, device=like.device).clamp(min=1.0)
@@ -69,8 +69,8 @@ def agg_loss(
     loss_mask: torch.Tensor,
     loss_agg_mode: str,
     *,
-    batch_num_tokens=None,
-    global_valid_samples=None,
+    batch_num_tokens: torch.Tensor | float | None = None,
+    global_valid_samples: torch.Tensor | float | None = None,
     seq_len_norm: float | None = None,
 ) -> torch.Tensor:
     """Aggregate a [batch, seq] per-token loss into this micro-batch's share of the global loss.
@@ -111,6 +111,6 @@ def agg_loss(
     return row_sums.sum() / (_safe_denominator(global_valid_samples, loss_mat) * seq_len_norm)
 
 
-def token_mean_metric(values: torch.Tensor, mask: torch.Tensor, batch_num_tokens) -> torch.Tensor:
+def token_mean_metric(values: torch.Tensor, mask: torch.Tensor, batch_num_tokens: torch.Tensor | float) -> torch.Tensor:
     """This micro-batch's share of a global token mean (report it with the '@sum' suffix)."""
     return masked_sum(values.detach(), mask) / _safe_denominator(batch_num_tokens, values)

@@ -30,6 +30,7 @@ from roll_lite.data import DataProto
 from roll_lite.runtime.importing import load_object
 from roll_lite.loss.checks import (
     RecordingDict,
+    StepResult,
     mask_discipline_failure,
     padding_width_failure,
     relative_deviation,
@@ -127,8 +128,8 @@ def random_rl_batch(
     )
 
 
-def simulate_step(model, data: DataProto, loss_func: LossFunc, partition: Partition, apply_loss_scale: bool = True,
-                  trim_padding: bool = True):
+def simulate_step(model: torch.nn.Module, data: DataProto, loss_func: LossFunc, partition: Partition,
+                  apply_loss_scale: bool = True, trim_padding: bool = True) -> StepResult:
     """(loss, {param name: grad}) of one strategy step under `partition`, in one process."""
     config = StrategyConfig(
         grad_accum_steps=partition.grad_accum_steps, use_packing=partition.use_packing,
@@ -152,7 +153,7 @@ def simulate_step(model, data: DataProto, loss_func: LossFunc, partition: Partit
     return reduce_metrics(records)["loss"], grads
 
 
-def read_keys(model, data: DataProto, loss_func: LossFunc) -> tuple[set, set, set]:
+def read_keys(model: torch.nn.Module, data: DataProto, loss_func: LossFunc) -> tuple[set[object], set[object], set[str]]:
     """(batch keys, meta_info keys) that one call of loss_func on the whole batch reads, and the names
     of the metrics it returns ('pg_loss@sum', ...)."""
     keys = loss_mask_keys(data)
@@ -165,7 +166,7 @@ def read_keys(model, data: DataProto, loss_func: LossFunc) -> tuple[set, set, se
     return probe.batch.read, probe.meta_info.read, set(metrics)
 
 
-def diagnose(model, data: DataProto, loss_func: LossFunc) -> list[str]:
+def diagnose(model: torch.nn.Module, data: DataProto, loss_func: LossFunc) -> list[str]:
     """Likely causes of a partition deviation, found by watching loss_func on the whole batch."""
     keys = loss_mask_keys(data)
     stats_meta = global_stats_meta(local_mask_sums(data, keys), keys)
@@ -220,7 +221,7 @@ class InvarianceReport:
         return "\n".join(lines)
 
 
-def _model_with_head(lm, head: str, seed: int):
+def _model_with_head(lm: torch.nn.Module, head: str, seed: int) -> torch.nn.Module:
     if head == "log_probs":
         return CausalLMWithLogProbs(lm)
     if head == "value":
@@ -257,7 +258,7 @@ def check_loss_invariance(
         data = DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, "loss_mask_keys": list(loss_mask_keys)})
     model = _model_with_head(build_causal_lm(model_config, dtype=torch.float64, seed=seed), head, seed)
 
-    def global_step(batch: DataProto, func: LossFunc):  # the whole batch at its full width, untrimmed
+    def global_step(batch: DataProto, func: LossFunc) -> StepResult:  # the whole batch at its full width, untrimmed
         return simulate_step(model, batch, func, REFERENCE, apply_loss_scale, trim_padding=False)
 
     reference = global_step(data, loss_func)

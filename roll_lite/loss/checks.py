@@ -14,33 +14,37 @@ forward/backward, on altered data and compares with the unaltered step. A failed
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from roll_lite.data import DataProto
 
-Step = Callable[[DataProto, Callable], tuple[float, dict]]
+if TYPE_CHECKING:
+    from roll_lite.strategy.micro_batches import LossFunc
+
+StepResult = tuple[float, dict[str, torch.Tensor]]  # (loss, {parameter name: gradient})
+Step = Callable[[DataProto, "LossFunc"], StepResult]  # the checker's single global forward/backward
 OUTPUT_NAMES = ("log_probs", "entropy", "values")  # what the model heads return
 EXTRA_PADDING_COLUMNS = 7
 
 
-class RecordingDict(dict):
+class RecordingDict(dict[str, Any]):
     """A dict that remembers which keys were read."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.read: set = set()
+        self.read: set[object] = set()
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: str) -> Any:
         self.read.add(key)
         return super().__getitem__(key)
 
-    def get(self, key, default=None):
+    def get(self, key: str, default: Any = None) -> Any:
         self.read.add(key)
         return super().get(key, default)
 
-    def __contains__(self, key):
+    def __contains__(self, key: object) -> bool:
         self.read.add(key)
         return super().__contains__(key)
 
@@ -56,7 +60,7 @@ def relative_deviation(value: torch.Tensor | float, reference: torch.Tensor | fl
     return difference / scale if scale > 0 else difference
 
 
-def worst_grad_deviation(grads: dict, reference: dict) -> float:
+def worst_grad_deviation(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
     """Worst per-parameter relative deviation; a gradient missing on one side counts as zeros."""
     deviations = []
     for name in set(grads) | set(reference):
@@ -65,12 +69,12 @@ def worst_grad_deviation(grads: dict, reference: dict) -> float:
     return max(deviations, default=0.0)
 
 
-def _deviation(result, reference) -> float:
+def _deviation(result: StepResult, reference: StepResult) -> float:
     (loss, grads), (ref_loss, ref_grads) = result, reference
     return max(relative_deviation(loss, ref_loss), worst_grad_deviation(grads, ref_grads))
 
 
-def undeclared_mask_reads(data: DataProto, mask_keys: Sequence[str], read_keys: set) -> list[str]:
+def undeclared_mask_reads(data: DataProto, mask_keys: Sequence[str], read_keys: set[object]) -> list[str]:
     """Masks the loss_func read (batch tensors of 0/1) that are not in loss_mask_keys."""
     return sorted(key for key in read_keys if key not in mask_keys and key in data.batch and is_mask(data.batch[key]))
 
@@ -84,23 +88,23 @@ def undeclared_mask_failure(stray: list[str], mask_keys: Sequence[str]) -> str:
     )
 
 
-def _outside(batch_like, mask_keys: Sequence[str]) -> torch.Tensor:
+def _outside(batch_like: DataProto | dict[str, torch.Tensor], mask_keys: Sequence[str]) -> torch.Tensor:
     keep = torch.zeros_like(batch_like[mask_keys[0]], dtype=torch.bool)
     for key in mask_keys:
         keep |= batch_like[key].bool()
     return ~keep
 
 
-def _garbage(shape, seed: int, dtype) -> torch.Tensor:
+def _garbage(shape: torch.Size, seed: int, dtype: torch.dtype) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return (3.0 * torch.randn(shape, generator=gen, dtype=torch.float64) + 1.0).to(dtype)
 
 
-def _with_changed_outputs(loss_func, names: Sequence[str], mask_keys: Sequence[str]):
+def _with_changed_outputs(loss_func: LossFunc, names: Sequence[str], mask_keys: Sequence[str]) -> LossFunc:
     """loss_func seeing the model outputs `names` changed outside the masks; the change is added, so
     the outputs stay connected to the weights there and a loss that reads them gets another gradient."""
 
-    def changed(batch, output):
+    def changed(batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         outside = _outside(batch, mask_keys)
         output = dict(output)
         for seed, name in enumerate(names):
@@ -119,8 +123,8 @@ def _with_changed_batch(data: DataProto, names: Sequence[str], outside: torch.Te
     return changed
 
 
-def mask_discipline_failure(step: Step, data: DataProto, loss_func, mask_keys: Sequence[str], reference,
-                            tolerance: float) -> str | None:
+def mask_discipline_failure(step: Step, data: DataProto, loss_func: LossFunc, mask_keys: Sequence[str],
+                            reference: StepResult, tolerance: float) -> str | None:
     """Change every value outside the declared masks: the model's outputs (log-probs, entropy,
     values at prompt and padding positions) and every float tensor of the batch (advantages, old /
     ref log-probs, values, returns there). The loss and gradient must not move. All at once first;
@@ -147,7 +151,7 @@ def mask_discipline_failure(step: Step, data: DataProto, loss_func, mask_keys: S
 
 def with_extra_padding(data: DataProto, columns: int) -> DataProto:
     """The same rows with `columns` more padding columns on the right (zeros; masks 0)."""
-    def pad(tensor):
+    def pad(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.dim() != 2:
             return tensor
         return torch.cat([tensor, torch.zeros(tensor.shape[0], columns, dtype=tensor.dtype)], dim=1)
@@ -155,7 +159,7 @@ def with_extra_padding(data: DataProto, columns: int) -> DataProto:
     return DataProto({name: pad(tensor) for name, tensor in data.batch.items()}, data.non_tensor_batch, dict(data.meta_info))
 
 
-def padding_width_failure(step: Step, data: DataProto, loss_func, reference, tolerance: float,
+def padding_width_failure(step: Step, data: DataProto, loss_func: LossFunc, reference: StepResult, tolerance: float,
                           columns: int = EXTRA_PADDING_COLUMNS) -> str | None:
     """Re-run the step with extra padding columns: every micro-batch of one step has the global
     width, so partitions cannot see a width-dependent normaliser, but the width changes per step."""

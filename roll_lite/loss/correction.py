@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from roll_lite.loss.aggregation import token_mean_metric, zero_outside
 from roll_lite.loss.kl import kl_penalty
+
+if TYPE_CHECKING:
+    from roll_lite.data.proto import DataProto
 
 ROLLOUT_IS_LEVELS = ("token", "sequence")
 ROLLOUT_MASK_LEVELS = ("token", "sequence")
@@ -42,12 +46,12 @@ class RolloutCorrection:
     rollout_veto_threshold: float | None = None  # τ > 1
     rollout_bypass: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if problems := self.problems(self):
             raise ValueError("; ".join(f"{key}: {message}" for key, message in problems))
 
     @staticmethod
-    def problems(settings) -> list[tuple[str, str]]:
+    def problems(settings: Any) -> list[tuple[str, str]]:
         """(key, what is wrong) for each bad setting of `settings` (any object with these attributes)."""
         problems = []
         for key, levels in (("rollout_is", ROLLOUT_IS_LEVELS), ("rollout_mask", ROLLOUT_MASK_LEVELS)):
@@ -70,12 +74,13 @@ class RolloutCorrection:
         return problems
 
     @classmethod
-    def from_config(cls, algorithm) -> RolloutCorrection:
+    def from_config(cls, algorithm: Any) -> RolloutCorrection:
         """From an object with the algorithm.rollout_* attributes (AlgorithmConfig)."""
         return cls(**{f.name: getattr(algorithm, f.name) for f in fields(cls)})
 
     @classmethod
-    def resolve(cls, correction: RolloutCorrection | None, rollout_is: str | None, rollout_is_cap: float):
+    def resolve(cls, correction: RolloutCorrection | None, rollout_is: str | None,
+                rollout_is_cap: float) -> RolloutCorrection:
         """A loss factory's settings: `correction`, or TIS alone from the older rollout_is / rollout_is_cap."""
         if correction is None:
             return cls(rollout_is, rollout_is_cap)
@@ -146,14 +151,15 @@ def rollout_drops(
     return drops
 
 
-def _sequence_fraction(rows: torch.Tensor, global_valid_samples, dtype: torch.dtype) -> torch.Tensor:
+def _sequence_fraction(rows: torch.Tensor, global_valid_samples: torch.Tensor | float, dtype: torch.dtype) -> torch.Tensor:
     """This micro-batch's share of the fraction of the step's sequences (rows with a token of the mask)."""
     denominator = torch.as_tensor(global_valid_samples, dtype=dtype, device=rows.device).clamp(min=1.0)
     return rows.to(dtype).sum() / denominator
 
 
-def rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is: str | None = None,
-                       rollout_is_cap: float = 2.0, correction: RolloutCorrection | None = None):
+def rollout_correction(batch: DataProto, behaviour_log_probs: torch.Tensor, mask: torch.Tensor,
+                       stats: dict[str, torch.Tensor], rollout_is: str | None = None, rollout_is_cap: float = 2.0,
+                       correction: RolloutCorrection | None = None) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
     """(weights or None, metrics) for the gap between the rollout engine and the actor.
 
     `behaviour_log_probs` is the actor's own (π_actor: its old log-probs), whatever the loss's ratio is
@@ -205,7 +211,8 @@ def rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is: str 
     return weights, metrics
 
 
-def bypass_old_log_probs(batch, mask, actor_log_probs: torch.Tensor, correction: RolloutCorrection) -> torch.Tensor:
+def bypass_old_log_probs(batch: DataProto, mask: torch.Tensor, actor_log_probs: torch.Tensor,
+                         correction: RolloutCorrection) -> torch.Tensor:
     """The log-probs a policy loss's ratio is taken against: the actor's old ones, or with
     rollout_bypass the engine's (π_old := π_rollout: the ratio is π_θ / π_rollout), 0 outside the mask."""
     if not correction.rollout_bypass:

@@ -18,10 +18,16 @@ the student sampled at.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from roll_lite.loss.aggregation import agg_loss, mask_stats, token_mean_metric, zero_outside
 from roll_lite.loss.kl import kl_penalty
+
+if TYPE_CHECKING:
+    from roll_lite.data.proto import DataProto
+    from roll_lite.strategy.micro_batches import LossFunc
 
 DISTILL_SIGNALS = ("advantage", "reverse_kl", "top_k_forward_kl")
 
@@ -34,12 +40,13 @@ def distill_advantages(task_advantages: torch.Tensor, student_log_probs: torch.T
     return reward_weight * task + coef * (teacher - student).to(task.dtype)
 
 
-def reverse_kl_loss_func(policy_loss, loss_agg_mode: str = "token-mean", coef: float = 1.0, estimator: str = "k1",
-                         mask_key: str = "response_mask", seq_len_norm: float | None = None):
+def reverse_kl_loss_func(policy_loss: LossFunc, loss_agg_mode: str = "token-mean", coef: float = 1.0,
+                         estimator: str = "k1", mask_key: str = "response_mask",
+                         seq_len_norm: float | None = None) -> LossFunc:
     """`policy_loss` + coef × agg(KL_estimator(π_S‖π_T)) over `mask_key`, with the mask's global stats.
     Reports 'distill_kl' (the estimate's token mean) and 'distill_loss'."""
 
-    def loss_func(batch, output):
+    def loss_func(batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss, metrics = policy_loss(batch, output)
         stats, mask = mask_stats(batch.meta_info, mask_key), batch[mask_key]
         log_probs, teacher = zero_outside(mask, output["log_probs"], batch["teacher_log_probs"])
@@ -52,13 +59,13 @@ def reverse_kl_loss_func(policy_loss, loss_agg_mode: str = "token-mean", coef: f
     return loss_func
 
 
-def top_k_forward_kl_loss_func(policy_loss, loss_agg_mode: str = "token-mean", coef: float = 1.0,
-                               mask_key: str = "response_mask", seq_len_norm: float | None = None):
+def top_k_forward_kl_loss_func(policy_loss: LossFunc, loss_agg_mode: str = "token-mean", coef: float = 1.0,
+                               mask_key: str = "response_mask", seq_len_norm: float | None = None) -> LossFunc:
     """`policy_loss` + coef × agg(Σ_k p_T(i_k)·(log p_T(i_k) − log p_S(i_k))) over `mask_key`, i_k the
     teacher's top-k ids (batch['teacher_top_k_ids'], which make the model output 'top_k_log_probs');
     reports 'distill_kl' (the token mean) and 'distill_loss'."""
 
-    def loss_func(batch, output):
+    def loss_func(batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss, metrics = policy_loss(batch, output)
         stats, mask = mask_stats(batch.meta_info, mask_key), batch[mask_key]
         keep = mask.bool()[..., None]

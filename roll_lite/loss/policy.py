@@ -8,11 +8,17 @@ the step equals the clean one bit for bit.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable, cast
+
 import torch
 
 from roll_lite.loss.aggregation import agg_loss, mask_stats, masked_sum, token_mean_metric, zero_outside
 from roll_lite.loss.correction import RolloutCorrection, bypass_old_log_probs, rollout_correction
 from roll_lite.loss.kl import kl_penalty
+
+if TYPE_CHECKING:
+    from roll_lite.data.proto import DataProto
+    from roll_lite.strategy.micro_batches import LossFunc
 
 
 def ppo_clipped_loss(
@@ -80,12 +86,12 @@ def sequence_ratio_token_loss(
     return torch.maximum(unclipped, clipped), (clipped > unclipped).to(log_probs.dtype)
 
 
-def _mean_log_ratio(log_probs, old_log_probs, mask) -> torch.Tensor:
+def _mean_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[rows]: the mean over each row's masked tokens of log π - log π_old."""
     return _row_mean(log_probs - old_log_probs, mask)
 
 
-def _row_mean(values, mask) -> torch.Tensor:
+def _row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[rows]: the mean of `values` over each row's masked tokens (0 for a row without any)."""
     return masked_sum(values, mask, dim=-1) / mask.sum(-1).to(values.dtype).clamp(min=1.0)
 
@@ -106,7 +112,7 @@ def cispo_loss(
     return -weight * advantages * log_probs, (weight != ratio).to(log_probs.dtype)
 
 
-def old_log_probs(batch, output, bypass: bool = False):
+def old_log_probs(batch: DataProto, output: dict[str, torch.Tensor], bypass: bool = False) -> torch.Tensor:
     """The behaviour policy's log-probs: batch['old_log_probs'], or, when the controller marked the
     step strictly on-policy (one optimizer step per rollout), the training forward's own log-probs
     detached: they are the same numbers, so the extra forward is skipped. With `bypass`
@@ -130,13 +136,14 @@ def ppo_policy_loss_func(
     rollout_is: str | None = None,
     rollout_is_cap: float = 2.0,
     correction: RolloutCorrection | None = None,
-):
+) -> LossFunc:
     """Token-level PPO clipped surrogate (+ optional entropy bonus). Needs batch tensors
     old_log_probs and advantages, and `mask_key` in loss_mask_keys. correction: the rollout correction
     on the engine's log-probs (RolloutCorrection: TIS, masks, veto, bypass); rollout_is /
     rollout_is_cap: TIS alone, the older form."""
 
-    def per_token(log_probs, behaviour_log_probs, advantages):
+    def per_token(log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor,
+                  advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return ppo_clipped_loss(log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high, dual_clip_c)
 
     return _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key,
@@ -153,18 +160,20 @@ def cispo_policy_loss_func(
     rollout_is: str | None = None,
     rollout_is_cap: float = 2.0,
     correction: RolloutCorrection | None = None,
-):
+) -> LossFunc:
     """CISPO (cispo_loss): the clipped, detached importance weight times A·log π, token by token;
     MiniMax-M1 aggregates it by token-mean. Options as for the PPO loss."""
 
-    def per_token(log_probs, behaviour_log_probs, advantages):
+    def per_token(log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor,
+                  advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return cispo_loss(log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high)
 
     return _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key,
                                    RolloutCorrection.resolve(correction, rollout_is, rollout_is_cap))
 
 
-def _policy_inputs(batch, output, mask, correction: RolloutCorrection):
+def _policy_inputs(batch: DataProto, output: dict[str, torch.Tensor], mask: torch.Tensor,
+                   correction: RolloutCorrection) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log π, the actor's π_old: what the correction compares the engine with, the π_old the loss's
     ratio is taken against: the engine's with rollout_bypass, A), each zeroed outside the mask."""
     log_probs, actor_log_probs, advantages = zero_outside(
@@ -173,16 +182,21 @@ def _policy_inputs(batch, output, mask, correction: RolloutCorrection):
     return log_probs, actor_log_probs, bypass_old_log_probs(batch, mask, actor_log_probs, correction), advantages
 
 
-def _corrected(loss_mat, batch, actor_log_probs, mask, stats, correction: RolloutCorrection):
+def _corrected(loss_mat: torch.Tensor, batch: DataProto, actor_log_probs: torch.Tensor, mask: torch.Tensor,
+               stats: dict[str, torch.Tensor],
+               correction: RolloutCorrection) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(loss_mat times the rollout correction's weights, when it asks for any; its metrics)."""
     weights, metrics = rollout_correction(batch, actor_log_probs, mask, stats, correction=correction)
     return (loss_mat if weights is None else loss_mat * weights), metrics
 
 
-def _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key, correction):
+def _token_policy_loss_func(
+    per_token: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    loss_agg_mode: str, entropy_coef: float, seq_len_norm: float | None, mask_key: str, correction: RolloutCorrection,
+) -> LossFunc:
     """A policy loss_func from a per-token loss (log π, log π_old, A) -> (loss_mat, clipped)."""
 
-    def loss_func(batch, output):
+    def loss_func(batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
         log_probs, actor_log_probs, behaviour_log_probs, advantages = _policy_inputs(batch, output, mask, correction)
         loss_mat, clipped = per_token(log_probs, behaviour_log_probs, advantages)
@@ -218,14 +232,14 @@ def sequence_policy_loss_func(
     rollout_is_cap: float = 2.0,
     token_level: bool = False,
     correction: RolloutCorrection | None = None,
-):
+) -> LossFunc:
     """GSPO: one importance ratio per sequence, the geometric mean of its token ratios, clipped per
     sequence; the sequence's advantage is the mean of `advantages` over its masked tokens. With
     token_level, GSPO-token (sequence_ratio_token_loss): each token keeps its own advantage.
     correction, rollout_is: as for the PPO loss."""
     correction = RolloutCorrection.resolve(correction, rollout_is, rollout_is_cap)
 
-    def loss_func(batch, output):
+    def loss_func(batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
         log_probs, actor_log_probs, behaviour_log_probs, advantages = _policy_inputs(batch, output, mask, correction)
         if token_level:
@@ -249,9 +263,9 @@ def kl_regularized_loss_func(
     policy_mask_key: str = "response_mask",
     kl_mask_key: str = "kl_mask",
     kl_clamp: float | None = None,
-    policy_loss=None,
-    **policy_options,
-):
+    policy_loss: LossFunc | None = None,
+    **policy_options: Any,
+) -> LossFunc:
     """A policy loss on one mask plus a KL-to-reference loss on another (or the same) mask: each
     aggregated with its own global stats. Needs ref_log_probs in the batch. Reports 'kl' (the
     token mean of the estimate over the KL mask) whatever kl_coef is. kl_clamp: see kl_penalty.
@@ -261,7 +275,7 @@ def kl_regularized_loss_func(
         policy_loss = ppo_policy_loss_func(loss_agg_mode, seq_len_norm=seq_len_norm, mask_key=policy_mask_key,
                                            **policy_options)
 
-    def loss_func(batch, output):
+    def loss_func(batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss, metrics = policy_loss(batch, output)
         kl_stats, kl_mask = mask_stats(batch.meta_info, kl_mask_key), batch[kl_mask_key]
         log_probs, ref_log_probs = zero_outside(kl_mask, output["log_probs"], batch["ref_log_probs"])
@@ -276,22 +290,23 @@ def kl_regularized_loss_func(
     return loss_func
 
 
-def gspo_token_policy_loss_func(*args, **kwargs):
+def gspo_token_policy_loss_func(*args: Any, **kwargs: Any) -> LossFunc:
     """GSPO-token: sequence_policy_loss_func with token_level=True."""
-    return sequence_policy_loss_func(*args, token_level=True, **kwargs)
+    # cast: mypy cannot tell that `args` stops before token_level (more would be a TypeError, as it should)
+    return cast("Callable[..., LossFunc]", sequence_policy_loss_func)(*args, token_level=True, **kwargs)
 
 
 # algorithm.policy_loss: the actor's loss by name. Each factory takes (loss_agg_mode, clip_ratio_low=,
 # clip_ratio_high=, seq_len_norm=, mask_key=, correction=RolloutCorrection(...), or the older
 # rollout_is=, rollout_is_cap=) and has its own clip defaults.
-POLICY_LOSSES = {
+POLICY_LOSSES: dict[str, Callable[..., LossFunc]] = {
     "ppo": ppo_policy_loss_func,
     "gspo": sequence_policy_loss_func,
     "gspo_token": gspo_token_policy_loss_func,
     "cispo": cispo_policy_loss_func,
 }
 
-BUILTIN_LOSSES = {
+BUILTIN_LOSSES: dict[str, tuple[Callable[..., LossFunc], list[str]]] = {
     "ppo": (ppo_policy_loss_func, ["response_mask"]),
     "sequence": (sequence_policy_loss_func, ["response_mask"]),  # GSPO
     "gspo_token": (gspo_token_policy_loss_func, ["response_mask"]),

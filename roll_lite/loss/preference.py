@@ -15,16 +15,22 @@ ranks it is the mean over all pairs of the step, whatever D, A and packing.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from roll_lite.loss.aggregation import mask_stats, masked_sum, zero_outside
 
+if TYPE_CHECKING:
+    from roll_lite.data.proto import DataProto
+    from roll_lite.strategy.micro_batches import LossFunc
+
 PAIR_LOSSES = ("dpo", "ipo", "simpo")
 PAIR_MASK = "chosen_mask"  # the mask whose global sample count is the number of pairs
 
 
-def pair_rows(batch) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_rows(batch: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
     """Row indices of the chosen and the rejected side of each pair in this micro-batch."""
     chosen, rejected = batch["chosen_mask"].bool().any(-1), batch["rejected_mask"].bool().any(-1)
     rows = len(chosen)
@@ -37,7 +43,7 @@ def pair_rows(batch) -> tuple[torch.Tensor, torch.Tensor]:
     return indices, indices + 1
 
 
-def _pair_count(batch) -> torch.Tensor:
+def _pair_count(batch: DataProto) -> torch.Tensor:
     return mask_stats(batch.meta_info, PAIR_MASK)["global_valid_samples"]
 
 
@@ -54,12 +60,12 @@ def _smoothed_sigmoid_loss(logits: torch.Tensor, label_smoothing: float) -> torc
     return loss
 
 
-def bradley_terry_loss_func(center_coef: float = 0.0):
+def bradley_terry_loss_func(center_coef: float = 0.0) -> LossFunc:
     """Reward-model training: mean over pairs of −log σ(s_c − s_r − m), with m the pair's `margin`
     (a [rows] tensor, when the batch has one) and, with `center_coef`, + center_coef·(s_c + s_r)²,
     which keeps scores centred on zero (TRL's center_rewards_coefficient)."""
 
-    def loss_func(batch, output):
+    def loss_func(batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         chosen, rejected = pair_rows(batch)
         pairs = _pair_count(batch)
         (scores,) = zero_outside(batch["score_mask"], output["scores"])
@@ -84,7 +90,7 @@ def bradley_terry_loss_func(center_coef: float = 0.0):
 
 
 def dpo_loss_func(loss_type: str = "dpo", beta: float = 0.1, label_smoothing: float = 0.0, nll_coef: float = 0.0,
-                  simpo_gamma: float = 0.5):
+                  simpo_gamma: float = 0.5) -> LossFunc:
     """The DPO family on a pair's response log-probs (π: the policy, ref: reference_logps), as TRL names them:
     - dpo:   −log σ(β·h), h = (log π_c − log ref_c) − (log π_r − log ref_r)
     - ipo:   (h − 1/(2β))², on per-token mean log-probs (the IPO paper's length normalisation)
@@ -94,7 +100,7 @@ def dpo_loss_func(loss_type: str = "dpo", beta: float = 0.1, label_smoothing: fl
     if loss_type not in PAIR_LOSSES:
         raise ValueError(f"unknown pair loss '{loss_type}'; choose one of {', '.join(PAIR_LOSSES)}")
 
-    def loss_func(batch, output):
+    def loss_func(batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         chosen, rejected = pair_rows(batch)
         pairs = _pair_count(batch)
         response = batch["chosen_mask"].bool() | batch["rejected_mask"].bool()

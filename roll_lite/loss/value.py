@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from roll_lite.loss.aggregation import agg_loss, mask_stats, token_mean_metric, zero_outside
+
+if TYPE_CHECKING:
+    from roll_lite.data.proto import DataProto
+    from roll_lite.strategy.micro_batches import LossFunc
 
 
 def clipped_value_loss(
@@ -16,11 +22,11 @@ def clipped_value_loss(
 
 
 def value_loss_func(loss_agg_mode: str = "token-mean", clip_range: float = 0.2, seq_len_norm: float | None = None,
-                    mask_key: str = "response_mask"):
+                    mask_key: str = "response_mask") -> LossFunc:
     """PPO critic: clipped value loss against batch 'returns', old values in batch 'values'. It goes
     through agg_loss with the global stats like every other loss (no local masked mean)."""
 
-    def loss_func(batch, output):
+    def loss_func(batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
         values, old_values, returns = zero_outside(mask, output["values"], batch["values"], batch["returns"])
         loss_mat = clipped_value_loss(values, old_values, returns, clip_range)

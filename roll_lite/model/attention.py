@@ -85,7 +85,7 @@ def _choose_path(device: torch.device, dtype: torch.dtype, dropout: float, force
         if reason is not None:
             raise ValueError(f"{OVERRIDE_ENV}={forced} cannot run: {reason}")
         return forced, f"forced by {OVERRIDE_ENV}"
-    skipped = []
+    skipped: list[str] = []
     for path in PACKED_PATHS:
         reason = _why_not(path, device, dtype, dropout)
         if reason is None:

@@ -38,7 +38,7 @@ def karmarkar_karp(weights: Sequence[int], num_parts: int) -> list[list[int]]:
     if num_parts < 1:
         raise ValueError(f"karmarkar_karp: num_parts must be >= 1, got {num_parts}")
     tie = itertools.count()
-    heap = []
+    heap: list[tuple[int, int, list[tuple[int, list[int]]]]] = []  # (-spread, tie, [(sum, indices) per part])
     for index, weight in enumerate(weights):
         parts = [(weight, [index])] + [(0, []) for _ in range(num_parts - 1)]
         heapq.heappush(heap, (-weight, next(tie), parts))

@@ -23,6 +23,8 @@ class FlatWeights:
 
 def flatten_state_dict(state: dict[str, torch.Tensor]) -> FlatWeights:
     by_dtype: dict[str, list[torch.Tensor]] = {}
+    entries: list[tuple[str, str, tuple[int, ...], int]]
+    offsets: dict[str, int]
     entries, offsets = [], {}
     for name, tensor in state.items():
         dtype = str(tensor.dtype).removeprefix("torch.")

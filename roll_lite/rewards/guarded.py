@@ -128,12 +128,15 @@ def _exit_with_parent(parent: int) -> None:
 class GuardedProcess:
     """The parent's handle on the child; `score` returns (score, reason, timed_out) per item."""
 
+    process: subprocess.Popen | None  # the child (start_child: its stdin and stdout are pipes); None after close()
+
     def __init__(self, specs: list[str]):
         self.specs, self.process, self.starts = list(specs), None, 0
         self._start()
 
     def _start(self) -> None:
         self.process = start_child("roll_lite.rewards.guarded")
+        assert self.process.stdout is not None and self.process.stdin is not None  # start_child's pipes
         self.reader = Reader(self.process.stdout.fileno())
         self.starts += 1
         try:
@@ -151,6 +154,7 @@ class GuardedProcess:
     def score(self, spec: str, items: list[tuple], timeout_s: float) -> list[tuple[float, str | None, bool]]:
         results, pending = [], list(items)
         while pending:
+            assert self.process is not None and self.process.stdin is not None  # _start() made it, with its pipes
             try:
                 send(self.process.stdin.fileno(), ("score", spec, pending))
             except OSError:  # it died between batches
@@ -183,4 +187,5 @@ class GuardedProcess:
         if self.process is not None:
             self.process.wait()
             for pipe in (self.process.stdin, self.process.stdout):
+                assert pipe is not None  # start_child's pipes
                 pipe.close()

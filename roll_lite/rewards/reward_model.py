@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -89,7 +89,7 @@ class RewardModel:
                 continue
             for i, value in zip(rows, values):
                 results[i] = scored(value) if math.isfinite(value) else failed(f"the reward model gave {value}")
-        return self._standardised(results)
+        return self._standardised(cast("list[Score]", results))  # cast: each row is scored or failed by now
 
     def _render(self, prompt: Any, response: str) -> list[int]:
         messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]

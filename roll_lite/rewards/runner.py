@@ -29,6 +29,7 @@ class RewardRunner:
         if spec in self.inline:
             results = [(*call(self.inline[spec], *item), False) for item in items]
         else:
+            assert self.process is not None  # spec is not inline, so it is one of the guarded process's
             results = self.process.score(spec, items, self.timeout_s)
         return [scored(value) if reason is None else timed_out(reason) if late else failed(reason)
                 for value, reason, late in results]

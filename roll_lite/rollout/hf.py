@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -44,7 +46,8 @@ class HFEngine:
         for i, prompt in enumerate(prompts):
             input_ids[i, width - len(prompt):] = torch.tensor(prompt)
             attention_mask[i, width - len(prompt):] = 1
-        options = dict(max_new_tokens=params.max_new_tokens, pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
+        options: dict[str, Any] = dict(max_new_tokens=params.max_new_tokens, pad_token_id=self.pad_token_id,
+                                       eos_token_id=self.eos_token_id)
         if max_time_s is not None:
             options.update(max_time=max_time_s)
         if self.static_cache:

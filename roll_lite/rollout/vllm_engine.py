@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -134,6 +134,11 @@ class LoadWeightsInMemory:
     """vLLM worker extension (`worker_extension_cls`): methods `collective_rpc` calls on every vLLM
     worker. vLLM mixes this class into its worker (GPU or CPU), which provides `get_model()` and
     `vllm_config`."""
+
+    if TYPE_CHECKING:  # what vLLM's worker, which this class is mixed into, provides
+        vllm_config: Any
+
+        def get_model(self) -> Any: ...
 
     def roll_lite_load_weights(self, weights: list[tuple[str, torch.Tensor]], tie_word_embeddings: bool) -> list[str]:
         """Reload HF-named tensors in place; returns the parameters that were not loaded (vLLM's

@@ -7,7 +7,7 @@ micro-batches of all ranks; the suffix is stripped from the reported name.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 
@@ -41,5 +41,6 @@ def reduce_metrics(records: Iterable[Mapping[str, object]]) -> dict[str, float]:
             if reductions.setdefault(base, reduction) != reduction:
                 raise ValueError(f"metric '{base}' is reported with two reductions: @{reductions[base]} and @{reduction}")
             values.setdefault(base, []).append(to_float(value))
-    reducers = {"sum": sum, "mean": lambda v: sum(v) / len(v), "max": max, "min": min}
+    reducers: dict[str, Callable[[list[float]], float]] = {"sum": sum, "mean": lambda v: sum(v) / len(v), "max": max,
+                                                           "min": min}
     return {base: reducers[reductions[base]](v) for base, v in values.items()}

@@ -15,11 +15,16 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 logger = logging.getLogger("roll_lite")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _received: list[int] = []
-_previous: dict[int, object] = {}  # the handlers ours replaced, put back by restore_signals()
+# the handlers ours replaced, put back by restore_signals()
+_previous: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
 
 
 def received_signal() -> int | None:

@@ -26,10 +26,10 @@ def resolve_device(device: torch.device | str | None) -> torch.device:
     """A concrete device: 'cuda' without an index means this process's GPU (LOCAL_RANK), as nccl needs."""
     if device is None:
         return training_device()
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and resolved.index is None:
         return training_device()
-    return device
+    return resolved
 
 
 def open_group_store(host: str, world_size: int) -> dist.TCPStore:

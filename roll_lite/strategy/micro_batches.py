@@ -18,7 +18,8 @@ from roll_lite.data.masks import check_binary_mask
 from roll_lite.model.packing import karmarkar_karp, pack_rows, row_lengths, token_budget_groups, unpack_next_token_values
 from roll_lite.strategy.config import StrategyConfig
 
-LossFunc = Callable[[DataProto, dict], tuple[torch.Tensor, dict]]
+# loss_func(micro_batch, model_output) -> (loss, metrics); roll_lite/loss/__init__.py says more
+LossFunc = Callable[[DataProto, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def loss_mask_keys(data: DataProto) -> list[str]:
