@@ -162,6 +162,22 @@ def test_the_linter_passes():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
 
+def test_the_type_checker_passes(tmp_path):
+    """mypy with the settings in pyproject.toml ([tool.mypy]: a strict tier for the public API, mypy's
+    defaults for the rest) over roll_lite/, pipelines/ and workers/: CONTRIBUTING.md's command verbatim,
+    its cache in tmp_path (nothing is written in the checkout; a cold run takes a few seconds)."""
+    import shlex
+    import subprocess
+    import sys
+
+    import doc_commands
+
+    (line,) = doc_commands.commands("python", "scripts/typecheck.py")
+    command = [sys.executable, *shlex.split(line)[1:], "--cache-dir", str(tmp_path / "mypy_cache")]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+
+
 TOP_LEVEL_MODULES = {"__init__.py", "cli.py", "errors.py"}  # the CLI and the package's face
 
 
