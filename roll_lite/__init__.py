@@ -3,4 +3,4 @@
 Importing roll_lite never imports ray, vllm or flash_attn; those load only where they are used.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

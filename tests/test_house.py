@@ -209,3 +209,27 @@ def test_no_package_imports_a_package_that_imports_it_back():
     cycles = import_cycles(package_graph)
     described = [" -> ".join(f"{a} ({packages[a][b]})" for a, b in zip(cycle, cycle[1:])) for cycle in cycles]
     assert not cycles, "packages that import each other (package (file:line) -> ...):\n" + "\n".join(described)
+
+
+def test_the_version_is_one_in_pyproject_the_package_and_the_changelog():
+    import re
+    import tomllib
+
+    import roll_lite
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    released = re.findall(r"^## (\d+\.\d+\.\d+) \(", (REPO / "CHANGELOG.md").read_text(), re.M)
+    assert roll_lite.__version__ == version == released[0], (roll_lite.__version__, version, released[:1])
+
+
+def test_the_pre_commit_hooks_pin_the_ruff_the_suite_runs():
+    import re
+
+    import yaml
+
+    hooks = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())["repos"]
+    (ruff,) = [repo for repo in hooks if repo["repo"].endswith("/ruff-pre-commit")]
+    pinned = re.search(r'"ruff==([\d.]+)"', (REPO / "pyproject.toml").read_text())[1]
+    assert ruff["rev"] == f"v{pinned}" and {hook["id"] for hook in ruff["hooks"]} == {"ruff-check", "ruff-format"}
+    (local,) = [repo for repo in hooks if repo["repo"] == "local"]
+    assert [hook["entry"] for hook in local["hooks"]] == ["python scripts/typecheck.py"]
