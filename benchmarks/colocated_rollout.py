@@ -72,14 +72,15 @@ def gap(strategy, prompts, completions, pad_token_id: int) -> float:
 
 
 def fresh(device, smoke: bool) -> None:
+    from roll_lite.workers.rollout_worker import RolloutWorker
+
     from roll_lite.config import RunConfig
     from roll_lite.loss import ppo_policy_loss_func
     from roll_lite.loss.checker import random_rl_batch
     from roll_lite.model.modeling import load_causal_lm
+    from roll_lite.model.tokenizer import load_tokenizer
     from roll_lite.rollout import SamplingParams
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
-    from roll_lite.model.tokenizer import load_tokenizer
-    from roll_lite.workers.rollout_worker import RolloutWorker
 
     config = RunConfig()
     config.rollout.in_actor, config.rollout.dtype, config.rollout.hf_static_cache = True, "bfloat16", True
@@ -109,9 +110,9 @@ def fresh(device, smoke: bool) -> None:
 
 def sync_times(size: str, device, repeats: int) -> str:
     from roll_lite.model.modeling import build_causal_lm
+    from roll_lite.model.weights import flatten_state_dict, unflatten_state_dict
     from roll_lite.rollout import HFEngine
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
-    from roll_lite.model.weights import flatten_state_dict, unflatten_state_dict
 
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with device:  # initialised where they live: at 1.5 B a CPU init took most of the section's time

@@ -29,7 +29,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from distributed_harness import (  # noqa: E402
-    BUDGET, CRITIC_LOSSES, MASK_KEYS, case_batch, deviations, make_loss, reference, value_head_weights,
+    BUDGET,
+    CRITIC_LOSSES,
+    MASK_KEYS,
+    case_batch,
+    deviations,
+    make_loss,
+    reference,
+    value_head_weights,
 )
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: E402
 from torch.distributed.fsdp import FSDPModule  # noqa: E402

@@ -153,7 +153,7 @@ def main() -> None:
     print("| setting | threads | torch kernels | weights sha256 | greedy tokens sha256 | weights = machine's | "
           "weights = portable's | largest weight difference | greedy tokens that differ | median step |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, env, threads, result in rows:
+    for name, _env, threads, result in rows:
         diff = max(abs(a - b) for a, b in zip(result["weights"], base["weights"]))
         tokens = sum(a != b for ra, rb in zip(result["greedy"], base["greedy"]) for a, b in zip(ra, rb))
         same, same_portable = ("yes" if result["weights_sha"] == other["weights_sha"] else "no"

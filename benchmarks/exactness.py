@@ -21,7 +21,6 @@ from pair_cases import PAIR_LOSSES, PAIR_MODE  # noqa: E402
 
 from roll_lite.loss import AGG_MODES  # noqa: E402
 
-
 MODELS = ("actor", "actor (LoRA)", "critic", "reward model (Bradley–Terry)", "policy (DPO, IPO, SimPO)",
           "student (distillation: reverse KL, top-k forward KL)")
 

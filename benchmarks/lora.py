@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from logprob_memory import _status
 
 MODEL = dict(model_type="qwen2", vocab_size=32_000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
@@ -65,10 +64,10 @@ def measure(rank: int, args) -> dict:
     from roll_lite.loss import ppo_policy_loss_func
     from roll_lite.loss.checker import random_rl_batch
     from roll_lite.model.modeling import build_causal_lm
+    from roll_lite.model.weights import flatten_state_dict, unflatten_state_dict
     from roll_lite.rollout.hf import HFEngine
     from roll_lite.strategy import FSDP2Strategy
     from roll_lite.strategy.config import StrategyConfig
-    from roll_lite.model.weights import flatten_state_dict, unflatten_state_dict
 
     torch.set_num_threads(args.threads)
     model_config = SMOKE_MODEL if args.smoke else MODEL

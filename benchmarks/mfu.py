@@ -127,9 +127,9 @@ def measure(spec: dict) -> dict:
     """In this process: one size × variant (spec from main), its step times, FLOPs, peak and split."""
     import torch
 
-    from roll_lite.model.compiling import compile_decoder_layers
     from roll_lite.loss import ppo_policy_loss_func
     from roll_lite.loss.checker import random_rl_batch
+    from roll_lite.model.compiling import compile_decoder_layers
     from roll_lite.model.modeling import build_causal_lm, enable_gradient_checkpointing
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 

@@ -209,9 +209,9 @@ def main() -> None:
     from roll_lite.environments.episodes import EpisodeLimits, EpisodeStart
     from roll_lite.environments.runner import EnvironmentRunner
     from roll_lite.model.modeling import build_causal_lm
+    from roll_lite.model.tokenizer import load_tokenizer
     from roll_lite.rollout import SamplingParams
     from roll_lite.rollout.hf import HFEngine
-    from roll_lite.model.tokenizer import load_tokenizer
 
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(None, "compact")

@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def grpo_batches(config, tokenizer, count: int) -> list:
     from roll_lite.data.prompts import prepare_datasets
+    from roll_lite.data.sequences import build_sequence_batch
     from roll_lite.model.modeling import load_causal_lm
     from roll_lite.rollout import HFEngine, SamplingParams
-    from roll_lite.data.sequences import build_sequence_batch
 
     prompts = prepare_datasets(config.data, tokenizer).train.prompt_ids[: 2 * count]
     engine = HFEngine(load_causal_lm(config.model, len(tokenizer), seed=config.seed), tokenizer.pad_token_id,
@@ -51,10 +51,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from roll_lite.pipelines.ppo import PPOPipeline
+
     from roll_lite.config import load_config
     from roll_lite.model.modeling import load_causal_lm
-    from roll_lite.strategy import FSDP2Strategy
     from roll_lite.model.tokenizer import load_tokenizer
+    from roll_lite.strategy import FSDP2Strategy
 
     config = load_config(REPO / "configs/grpo.yaml", [f"data.train_files={REPO / 'data/reverse_digits/train.jsonl'}",
                                                        "data.eval_files=null", "sft.steps=0", "actor.lr=1e-4",

@@ -75,8 +75,9 @@ def demo_batch(rows: int):
 
 
 def throughput(sets: dict[str, dict], rows: int, repeats: int, judge_tokens: int) -> dict[str, float]:
-    from roll_lite.config import RewardConfig
     from roll_lite.workers.reward_worker import RewardWorker
+
+    from roll_lite.config import RewardConfig
 
     responses, answers, prompts, sequences = demo_batch(rows)
     result = {}

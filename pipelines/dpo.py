@@ -29,8 +29,9 @@ from roll_lite.loss import dpo_loss_func
 from .pairs import EVAL_PAIRS, PairPipeline
 
 if TYPE_CHECKING:
-    from roll_lite.config import RunConfig
     from roll_lite.workers.group import ModelGroup
+
+    from roll_lite.config import RunConfig
 
 logger = logging.getLogger("roll_lite")
 REFERENCE_FILE = "reference_logps.pt"

@@ -11,8 +11,8 @@ import torch
 from roll_lite.config import RolloutConfig
 from roll_lite.data import DataProto
 from roll_lite.data.prompts import PromptData
-from roll_lite.runtime.progress import on_terminal, progress_bar
 from roll_lite.rollout import SamplingParams
+from roll_lite.runtime.progress import on_terminal, progress_bar
 
 logger = logging.getLogger("roll_lite")
 EVAL_CHUNK = 256  # eval prompts per generate call

@@ -5,9 +5,14 @@ reference around it when the run has a reference (a loss term with kl_coef, and 
 from __future__ import annotations
 
 from roll_lite.config import AlgorithmConfig, ConfigError
+from roll_lite.loss import (
+    POLICY_LOSSES,
+    RolloutCorrection,
+    kl_regularized_loss_func,
+    reverse_kl_loss_func,
+    top_k_forward_kl_loss_func,
+)
 from roll_lite.runtime.importing import load_object
-from roll_lite.loss import (POLICY_LOSSES, RolloutCorrection, kl_regularized_loss_func, reverse_kl_loss_func,
-                            top_k_forward_kl_loss_func)
 
 # The options each built-in takes besides the clip range, rollout correction and the aggregation's.
 EXTRA_OPTIONS = {"ppo": ("dual_clip_c", "entropy_coef"), "cispo": ("entropy_coef",), "gspo": (), "gspo_token": ()}

@@ -21,34 +21,35 @@ import torch
 
 from roll_lite.config import RunConfig, rollout_dtype
 from roll_lite.data import DataProto
-from roll_lite.data.prompts import PromptData, prepare_datasets
 from roll_lite.data.domain_sampler import training_sampler
+from roll_lite.data.prompts import PromptData, prepare_datasets
+from roll_lite.data.sequences import completion_batch, token_ids
 from roll_lite.loss import value_loss_func
 from roll_lite.loss.advantages import kl_shaped_rewards, last_token_rewards
-from roll_lite.runtime.progress import progress_bar, seconds_in_all
-from roll_lite.rollout import SamplingParams
+from roll_lite.model.tokenizer import load_tokenizer
 from roll_lite.rewards.code import code_row_check
 from roll_lite.rewards.routing import reads_text
+from roll_lite.rollout import SamplingParams
 from roll_lite.rollout.ahead import staleness
-from roll_lite.data.sequences import completion_batch, token_ids
-from roll_lite.model.tokenizer import load_tokenizer
+from roll_lite.runtime.progress import progress_bar, seconds_in_all
 
 from .advantages import estimate_advantages
-from .evaluation import evaluate_held_out
 from .dapo import filter_overlong, keep_informative_groups, shape_overlong
+from .evaluation import evaluate_held_out
 from .fresh_weights import check_fresh_weights
 from .losses import check_correction_applied, policy_loss_func
 from .rl_checkpoints import RLCheckpoints
 from .rollout_schedule import RolloutSchedule
 from .run_log import describe_async_rollout, fmt, oversubscribed_cpu_warning, progress_line
 from .session import RunSession
-from .teachers import Teachers
 from .sft import SFTPipeline
+from .teachers import Teachers
 from .unscored import drop_unscored
 
 if TYPE_CHECKING:
-    from roll_lite.data.domain_sampler import DomainSampler, PromptSampler  # what training_sampler returns
     from roll_lite.workers.group import ModelGroup
+
+    from roll_lite.data.domain_sampler import DomainSampler, PromptSampler  # what training_sampler returns
 
 logger = logging.getLogger("roll_lite")
 

@@ -13,8 +13,8 @@ import os
 from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 from roll_lite.config import ConfigError, RunConfig
-from roll_lite.model.modeling import causal_lm_config
 from roll_lite.model.files import first_line, locate
+from roll_lite.model.modeling import causal_lm_config
 from roll_lite.model.tokenizer import load_tokenizer
 
 

@@ -10,9 +10,9 @@ from roll_lite.config import rollout_dtype
 
 if TYPE_CHECKING:
     import torch
+    from roll_lite.workers.group import ModelGroup, RolloutClient
 
     from roll_lite.config import RunConfig
-    from roll_lite.workers.group import ModelGroup, RolloutClient
 
     from .rollout_schedule import RolloutSchedule
 

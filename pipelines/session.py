@@ -28,9 +28,10 @@ from roll_lite.config import to_yaml
 from roll_lite.runtime.failures import WorkerError
 
 if TYPE_CHECKING:
+    from roll_lite.workers.placement import Reservation
+
     from roll_lite.checkpoint import Checkpointer, RunDirClaim
     from roll_lite.runtime.tracking import RunLogger
-    from roll_lite.workers.placement import Reservation
 
 logger = logging.getLogger("roll_lite")
 
@@ -67,8 +68,9 @@ class RunSession:
     # -- entering and leaving -----------------------------------------------------------------------
 
     def __enter__(self) -> RunSession:
-        from roll_lite.runtime.reproducibility import kernel_env, pin_kernels
         from roll_lite.workers.cluster import start_ray
+
+        from roll_lite.runtime.reproducibility import kernel_env, pin_kernels
 
         # Before Ray starts: a local cluster's workers inherit this process's environment.
         logger.info(pin_kernels(self.config.reproducible))

@@ -21,8 +21,8 @@ import torch
 from roll_lite.config import ConfigError, RunConfig
 from roll_lite.data import DataProto
 from roll_lite.data.sampler import PromptSampler
-from roll_lite.loss import sft_loss_func
 from roll_lite.data.sequences import build_target_batch
+from roll_lite.loss import sft_loss_func
 from roll_lite.model.tokenizer import load_tokenizer
 
 from .supervised import SupervisedPipeline

@@ -21,9 +21,10 @@ from .session import RunSession
 if TYPE_CHECKING:
     from typing import Protocol
 
+    from roll_lite.workers.group import ModelGroup
+
     from roll_lite.config import PreferenceConfig, RunConfig, SFTConfig
     from roll_lite.data.sampler import PromptSampler
-    from roll_lite.workers.group import ModelGroup
 
     class EndStep(Protocol):
         """What train() calls after each step (RunSession.end_step)."""

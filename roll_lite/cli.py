@@ -18,12 +18,18 @@ import time
 from typing import Sequence
 
 from roll_lite.config import ConfigError, load_config
-from roll_lite.errors import StaleRolloutWeights
 from roll_lite.data import DataError
+from roll_lite.errors import StaleRolloutWeights
+from roll_lite.pipelines.preflight import check_run, check_sequence_lengths
 from roll_lite.runtime.failures import WorkerError
 from roll_lite.runtime.importing import load_object
-from roll_lite.pipelines.preflight import check_run, check_sequence_lengths
-from roll_lite.runtime.progress import close_bars, plain_text_off_terminal, process_start, start_clock, use_terminal_logging
+from roll_lite.runtime.progress import (
+    close_bars,
+    plain_text_off_terminal,
+    process_start,
+    start_clock,
+    use_terminal_logging,
+)
 from roll_lite.runtime.reproducibility import pin_kernels
 from roll_lite.runtime.signals import received_signal
 

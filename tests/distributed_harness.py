@@ -14,9 +14,20 @@ import tempfile
 from dataclasses import dataclass
 
 import torch
-from pair_cases import PAIR_BUDGET, PAIR_LOSSES, PAIR_MODE, PAIR_ROWS, make_pair_loss, pair_batch, reference_scores, score_head_weights
+from pair_cases import (
+    PAIR_BUDGET,
+    PAIR_LOSSES,
+    PAIR_MODE,
+    PAIR_ROWS,
+    make_pair_loss,
+    pair_batch,
+    reference_scores,
+    score_head_weights,
+)
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
+from roll_lite.lora.adapters import add_adapters
+from roll_lite.lora.settings import LoraSettings
 from roll_lite.loss import (
     AGG_MODES,
     RolloutCorrection,
@@ -25,13 +36,11 @@ from roll_lite.loss import (
     kl_regularized_loss_func,
     ppo_policy_loss_func,
     reverse_kl_loss_func,
-    top_k_forward_kl_loss_func,
     sequence_policy_loss_func,
     sft_loss_func,
+    top_k_forward_kl_loss_func,
     value_loss_func,
 )
-from roll_lite.lora.adapters import add_adapters
-from roll_lite.lora.settings import LoraSettings
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch, relative_deviation
 from roll_lite.model.modeling import build_causal_lm, enable_gradient_checkpointing
 

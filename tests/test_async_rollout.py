@@ -44,8 +44,9 @@ def test_the_queue_saves_only_fetched_generations_and_restores_them():
 
 
 def test_generating_ahead_on_cpu_with_more_threads_than_cores_is_warned_about(monkeypatch):
-    from roll_lite.config import load_config
     from roll_lite.pipelines.run_log import oversubscribed_cpu_warning
+
+    from roll_lite.config import load_config
 
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     warning = oversubscribed_cpu_warning(load_config(str(REPO / "configs/grpo.yaml"), ["rollout.async_steps=1"]))

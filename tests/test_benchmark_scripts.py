@@ -150,7 +150,7 @@ def test_mfu_benchmark_smoke_trains_with_and_without_checkpointing():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = {cells[1]: cells for cells in _table_rows(result.stdout, "tiny")}
     assert list(rows) == ["off", "ac"], result.stdout
-    for variant, cells in rows.items():
+    for cells in rows.values():
         tokens, step_s, tokens_per_s = int(cells[3].replace(",", "")), float(cells[6]), float(cells[7].replace(",", ""))
         assert int(cells[4]) >= 2, cells  # micro-batches
         assert tokens / (step_s + 0.0005) - 1 <= tokens_per_s <= tokens / max(step_s - 0.0005, 1e-9) + 1, cells  # s to 3 places

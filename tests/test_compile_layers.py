@@ -6,10 +6,10 @@ HF ones; the worker compiles them when the config says so."""
 import pytest
 import torch
 
-from roll_lite.model.compiling import compile_decoder_layers
 from roll_lite.config import load_config
 from roll_lite.loss import ppo_policy_loss_func
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch, relative_deviation
+from roll_lite.model.compiling import compile_decoder_layers
 from roll_lite.model.modeling import build_causal_lm, decoder_layers, enable_gradient_checkpointing
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 

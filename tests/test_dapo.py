@@ -7,10 +7,6 @@ import logging
 
 import pytest
 import torch
-from test_resume import REPO, TINY, data, metrics, run  # noqa: F401 (data: a fixture)
-
-from roll_lite.config import ConfigError, load_config
-from roll_lite.data import DataProto
 from roll_lite.pipelines.dapo import (
     filter_overlong,
     informative_rows,
@@ -18,6 +14,10 @@ from roll_lite.pipelines.dapo import (
     overlong_penalty,
     truncated_responses,
 )
+from test_resume import REPO, TINY, data, metrics, run  # noqa: F401 (data: a fixture)
+
+from roll_lite.config import ConfigError, load_config
+from roll_lite.data import DataProto
 
 EOS = 2
 

@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import doc_commands
 import pytest
 import torch
 
-import doc_commands
 from roll_lite.config import ConfigError, load_config
 from roll_lite.data import DataProto
 from roll_lite.loss import distill_advantages

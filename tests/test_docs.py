@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-import yaml
-
 import doc_commands
+import yaml
 from test_pipeline_ray import SMALL
 
 REPO = Path(__file__).resolve().parents[1]

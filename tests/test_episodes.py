@@ -13,8 +13,8 @@ from roll_lite.environments import EnvironmentRunner
 from roll_lite.environments.episodes import EpisodeLimits, EpisodeStart, run_episodes
 from roll_lite.environments.guess_the_number import GuessTheNumber
 from roll_lite.errors import ConfigError
-from roll_lite.rollout import Completions, SamplingParams
 from roll_lite.model.tokenizer import load_tokenizer
+from roll_lite.rollout import Completions, SamplingParams
 
 TOKENIZER = load_tokenizer(None, "compact")
 EOS = TOKENIZER.eos_token_id

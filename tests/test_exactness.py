@@ -12,7 +12,6 @@ float64, relative error ≤ 1e-10."""
 
 import pytest
 import torch
-
 from distributed_harness import BUDGET, all_cases, deviations, global_batch, reference, run_strategy
 
 from roll_lite.model.packing import row_lengths, token_budget_groups

@@ -17,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-
 from processes import descendants
 from test_pipeline_ray import REPO, small
 

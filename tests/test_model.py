@@ -8,18 +8,18 @@ import sys
 
 import pytest
 import torch
+from roll_lite.workers.model_worker import ModelWorker
 
 from roll_lite.config import load_config
-from roll_lite.runtime.importing import roll_lite_dir
+from roll_lite.data.sequences import build_sequence_batch
 from roll_lite.loss import ppo_policy_loss_func, sft_loss_func
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch
 from roll_lite.model.modeling import build_causal_lm, decoder_layers, enable_gradient_checkpointing, load_causal_lm
+from roll_lite.model.tokenizer import build_char_tokenizer
 from roll_lite.rollout import HFEngine, SamplingParams
-from roll_lite.data.sequences import build_sequence_batch
+from roll_lite.runtime.importing import roll_lite_dir
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 from roll_lite.strategy.distributed import free_port
-from roll_lite.model.tokenizer import build_char_tokenizer
-from roll_lite.workers.model_worker import ModelWorker
 
 PROMPTS = ["38125=", "907=", "Hello, world 42\n=", "x"]
 

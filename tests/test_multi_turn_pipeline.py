@@ -8,12 +8,12 @@ import json
 
 import pytest
 import torch
+from roll_lite.pipelines.multi_turn import MultiTurnPipeline, episode_metrics
 
 from roll_lite.config import ConfigError, load_config
 from roll_lite.environments.episodes import Episode
 from roll_lite.environments.turns import Trajectory
 from roll_lite.loss.advantages import discounted_returns, first_turn_returns, turn_level_advantages, turn_returns
-from roll_lite.pipelines.multi_turn import MultiTurnPipeline, episode_metrics
 
 MULTI_TURN = ["pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline", "environment.name=guess_the_number",
               "model.chat_template=compact"]

@@ -6,7 +6,13 @@ import torch
 from roll_lite.data import DataProto
 from roll_lite.loss.checker import random_rl_batch
 from roll_lite.model.modeling import CausalLMWithLogProbs, build_causal_lm
-from roll_lite.model.packing import karmarkar_karp, pack_rows, row_lengths, token_budget_groups, unpack_next_token_values
+from roll_lite.model.packing import (
+    karmarkar_karp,
+    pack_rows,
+    row_lengths,
+    token_budget_groups,
+    unpack_next_token_values,
+)
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.micro_batches import forward_micro_batch
 

@@ -3,9 +3,9 @@ critic's returns stay un-whitened; against values worked out by hand."""
 
 import pytest
 import torch
+from roll_lite.pipelines.ppo import PPOPipeline
 
 from roll_lite.config import load_config
-from roll_lite.pipelines.ppo import PPOPipeline
 
 D = torch.float64
 # row 0: response tokens 1..2, reward 1 on the last; row 1: response token 1 only, reward 2
@@ -55,8 +55,9 @@ def test_reinforce_pp_whitens_by_default():
 def test_unscored_rows_leave_their_groups_baselines(estimator):
     """reward.on_failure=drop: the estimator on the scored rows alone, group by group; unscored rows and
     the rows of a group left with fewer than two scored ones get 0."""
-    from roll_lite.data import DataProto
     from roll_lite.pipelines.unscored import drop_unscored
+
+    from roll_lite.data import DataProto
 
     pipeline = PPOPipeline(load_config(None, ["rollout.num_samples=4", f"algorithm.advantage={estimator}"]))
     scores = torch.tensor([1.0, 0.0, 7.0, 0.5, 3.0, 2.0, 9.0, 1.0], dtype=D)

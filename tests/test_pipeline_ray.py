@@ -116,11 +116,12 @@ def test_roll_train_writes_the_run_directory(tmp_path):
     # The saved policy reloads and reproduces the final greedy held-out reward exactly.
     config = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + [f"model.pretrained_path={run_dir / 'final'}",
                                                              f"model.tokenizer_path={run_dir / 'final'}"])
-    from roll_lite.model.modeling import load_causal_lm
     from roll_lite.pipelines.ppo import PPOPipeline
+
+    from roll_lite.model.modeling import load_causal_lm
+    from roll_lite.model.tokenizer import load_tokenizer
     from roll_lite.rewards import get_reward
     from roll_lite.rollout import HFEngine, SamplingParams
-    from roll_lite.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(config.model.tokenizer_path)
     engine = HFEngine(load_causal_lm(config.model, len(tokenizer), seed=123), tokenizer.pad_token_id, tokenizer.eos_token_id)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import ray
+from test_pipeline_ray import REPO, small
 
 from roll_lite.cli import main
 from roll_lite.config import ConfigError, load_config
 from roll_lite.strategy.distributed import free_port
-from test_pipeline_ray import REPO, small
 
 GPUS = ["workers.gpus_per_rank=1", "workers.actor_dp=2",  # reference_dp and critic_dp follow actor_dp on GPUs
         "workers.actor_cpus=0.5", "workers.rollout_cpus=0", "algorithm.track_kl=true"]

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 import torch
+from roll_lite.pipelines.loss_check import LossCheckFailed, check_own_losses
+from roll_lite.pipelines.ppo import PPOPipeline
 from user_modules import user_module
 
 from roll_lite.config import ConfigError, load_config
@@ -22,8 +24,6 @@ from roll_lite.loss import (
     sequence_ratio_token_loss,
 )
 from roll_lite.loss.checker import random_rl_batch
-from roll_lite.pipelines.loss_check import LossCheckFailed, check_own_losses
-from roll_lite.pipelines.ppo import PPOPipeline
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 

@@ -9,10 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import doc_commands
 import pytest
 import torch
-
-import doc_commands
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
@@ -54,8 +53,8 @@ def test_reward_model_final_scores_as_trained_and_grpo_trains_against_it(workdir
 
     # final/ is a plain transformers sequence classifier: the reward worker's RewardModel loads it as it is
     # and gives the held-out pairs the scores the run's last evaluation had.
-    from roll_lite.data.pairs import load_pair_files
     from roll_lite.config import PreferenceConfig
+    from roll_lite.data.pairs import load_pair_files
     from roll_lite.model.tokenizer import load_tokenizer
     from roll_lite.rewards.reward_model import RewardModel, check_reward_model_folder
 
@@ -126,6 +125,7 @@ def test_the_chain_example_stages_are_valid_configs_and_its_scorer_reads_a_polic
     # stages' arguments load as configs, and the held-out scorer answers with a policy folder.
     sys.path.insert(0, str(REPO / "examples/preferences"))
     import chain
+
     from roll_lite.config import ConfigError, load_config
     from roll_lite.model.modeling import build_causal_lm
     from roll_lite.model.tokenizer import build_char_tokenizer

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from roll_lite.pipelines.preflight import check_run, check_sequence_lengths
 
 from roll_lite.cli import main
 from roll_lite.config import ConfigError, load_config
 from roll_lite.loss.checker import TINY_MODEL
 from roll_lite.model.modeling import build_causal_lm
-from roll_lite.pipelines.preflight import check_run, check_sequence_lengths
 from roll_lite.model.tokenizer import build_char_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,12 +25,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_pipeline_ray import small
 
 from roll_lite.config import ConfigError, load_config
 from roll_lite.loss.advantages import _group_statistics, exact_sqrt
 from roll_lite.runtime.reproducibility import SETTINGS, check_kernels, kernel_env, main, pin_kernels
-
-from test_pipeline_ray import small
 
 REPO = Path(__file__).resolve().parents[1]
 PORTABLE = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "COMPATIBLE"}
@@ -247,10 +246,10 @@ def test_a_portable_run_pins_the_kernels_of_the_driver_every_worker_and_the_rewa
 def test_a_joined_clusters_workers_get_the_variables_from_the_jobs_runtime_env(monkeypatch, fingerprints):
     """A head started without the variables: its workers can only have them from start_ray's runtime_env."""
     import ray
-
-    from roll_lite.strategy.distributed import free_port
     from roll_lite.workers.cluster import start_ray, stop_ray
     from roll_lite.workers.placement import Reservation
+
+    from roll_lite.strategy.distributed import free_port
 
     for name in PORTABLE:
         monkeypatch.delenv(name, raising=False)
@@ -306,10 +305,11 @@ def test_grpo_group_std_is_the_float64_sqrt_rounded_to_float32_bit_for_bit():
 
 
 def test_a_portable_runs_model_workers_train_with_fused_adamw():
+    from roll_lite.workers.model_worker import strategy_config
+
     from roll_lite.loss.checker import TINY_MODEL
     from roll_lite.model.modeling import build_causal_lm
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
-    from roll_lite.workers.model_worker import strategy_config
 
     for setting, fused in (("machine", False), ("portable", True)):
         config = load_config(None, [f"reproducible={setting}"])

@@ -4,13 +4,13 @@ not the run; a bad folder is a config error naming the key."""
 
 import pytest
 import torch
+from roll_lite.workers.reward_worker import RewardWorker
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from roll_lite.config import RewardConfig
 from roll_lite.model.tokenizer import build_char_tokenizer
 from roll_lite.rewards.checks import check_reward_models
 from roll_lite.rewards.reward_model import RewardModel, check_reward_model_folder, model_metric_name
-from roll_lite.workers.reward_worker import RewardWorker
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
 

@@ -9,12 +9,12 @@ import time
 
 import numpy as np
 import pytest
+from roll_lite.workers.reward_worker import RewardWorker
 
+from roll_lite.config import RewardConfig
 from roll_lite.rewards import CHEAP_REWARDS, REWARD_FUNCTIONS, get_reward, resolve_reward
 from roll_lite.rewards.calls import as_score, call
-from roll_lite.config import RewardConfig
 from roll_lite.rewards.runner import RewardRunner
-from roll_lite.workers.reward_worker import RewardWorker
 
 
 def test_exact_answer_and_token_accuracy():

@@ -140,8 +140,9 @@ def test_greedy_decoding_returns_no_log_probs():
                                             ("algorithm.rollout_mask=token", "rollout_dropped"),
                                             ("algorithm.rollout_veto_threshold=4", "rollout_dropped")])
 def test_a_loss_func_of_ones_own_that_ignores_an_asked_for_correction_stops_the_run(asked, metric):
-    from roll_lite.config import ConfigError, load_config
     from roll_lite.pipelines.losses import check_correction_applied
+
+    from roll_lite.config import ConfigError, load_config
 
     config = load_config(None, [asked])
     check_correction_applied(config.algorithm, {metric: 1.0, "pg_loss": 0.1}, "PPOPipeline")  # the built-ins report it
@@ -290,8 +291,9 @@ def test_bad_settings_are_refused_by_the_loss_and_by_the_config():
 
 
 def test_the_config_keys_reach_the_built_in_losses():
-    from roll_lite.config import load_config
     from roll_lite.pipelines.losses import policy_loss_func
+
+    from roll_lite.config import load_config
 
     batch = rl_batch()
     batch.meta_info["loss_mask_keys"] = ["response_mask"]

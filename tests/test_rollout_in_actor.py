@@ -3,15 +3,15 @@ actor's parameters that each sync refreshes in place, device to device, with no 
 object store. Run in one process, as the actor's worker runs it (workers/model_worker.py start_rollout)."""
 
 import torch
+from roll_lite.workers.rollout_worker import RolloutWorker
 
 from roll_lite.config import RunConfig
 from roll_lite.loss import ppo_policy_loss_func
 from roll_lite.loss.checker import random_rl_batch
 from roll_lite.model.modeling import load_causal_lm
+from roll_lite.model.tokenizer import load_tokenizer
 from roll_lite.rollout import SamplingParams
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
-from roll_lite.model.tokenizer import load_tokenizer
-from roll_lite.workers.rollout_worker import RolloutWorker
 
 
 def test_an_engine_in_its_own_dtype_follows_the_actor_in_place():

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from roll_lite.checkpoint import CheckpointError, claim_run_dir
-from roll_lite.checkpoint import layout
+from roll_lite.checkpoint import CheckpointError, claim_run_dir, layout
 from roll_lite.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from roll_lite.workers.reward_worker import RewardWorker
 
 from roll_lite.config import ConfigError, RewardConfig, load_config
 from roll_lite.config.schema import DomainRewardConfig
@@ -19,10 +20,9 @@ from roll_lite.data.files import DataError
 from roll_lite.data.prompts import prepare_datasets
 from roll_lite.model.tokenizer import build_char_tokenizer
 from roll_lite.rewards import code as code_source
-from roll_lite.rewards.code import extract_code, code_row_check
+from roll_lite.rewards.code import code_row_check, extract_code
 from roll_lite.sandbox import Isolation, Limits, SandboxError, SandboxPool, SandboxUnavailable, judge, parse_tests
 from roll_lite.sandbox.harness import same_value
-from roll_lite.workers.reward_worker import RewardWorker
 
 REPO = Path(__file__).resolve().parents[1]
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")

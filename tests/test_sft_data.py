@@ -7,8 +7,8 @@ import pytest
 
 from roll_lite.config import SFTConfig
 from roll_lite.data import DataError
-from roll_lite.data.sft import conversation_sequence, prepare_sft_datasets
 from roll_lite.data.sequences import build_target_batch
+from roll_lite.data.sft import conversation_sequence, prepare_sft_datasets
 from roll_lite.model.tokenizer import build_char_tokenizer
 
 # A chat template in the characters the test tokenizer knows: "<role>content<end>\n" per message.

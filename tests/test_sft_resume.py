@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_resume import assert_rerun_changes_nothing, assert_same_trajectory, metrics, run, run_until
 
 from roll_lite.checkpoint import layout
-from test_resume import assert_rerun_changes_nothing, assert_same_trajectory, metrics, run, run_until
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6

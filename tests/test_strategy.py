@@ -4,12 +4,19 @@ import math
 
 import pytest
 import torch
-from distributed_harness import OPTIMIZER_CASE, OPTIMIZER_SETTINGS, global_batch, make_loss, reference, run_optimizer_step
+from distributed_harness import (
+    OPTIMIZER_CASE,
+    OPTIMIZER_SETTINGS,
+    global_batch,
+    make_loss,
+    reference,
+    run_optimizer_step,
+)
 
 from roll_lite.data import DataProto
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch
-from roll_lite.runtime.metrics import reduce_metrics
 from roll_lite.model.modeling import build_causal_lm
+from roll_lite.runtime.metrics import reduce_metrics
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 from roll_lite.strategy.micro_batches import micro_batch_groups
 

@@ -8,6 +8,7 @@ import json
 import sys
 
 import pytest
+from test_turns import TEMPLATE
 from user_modules import user_module as user_module_named
 
 from roll_lite.environments import ENVIRONMENTS, EnvironmentRunner, ToolEnvironment
@@ -16,7 +17,6 @@ from roll_lite.environments.tool_calls import ToolCall, ToolCallError, parse_qwe
 from roll_lite.environments.tools import tool_schema
 from roll_lite.environments.turns import observation_ids
 from roll_lite.model.tokenizer import build_char_tokenizer
-from test_turns import TEMPLATE
 
 CALCULATOR = "roll_lite.environments.example_tools:calculator"
 

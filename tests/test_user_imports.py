@@ -14,12 +14,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 import doc_commands
-from roll_lite.runtime.importing import enter_import_root, load_object, roll_lite_dir
-
+import pytest
 from test_pipeline_ray import SMALL
+
+from roll_lite.runtime.importing import enter_import_root, load_object, roll_lite_dir
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -139,12 +139,12 @@ def test_bad_adapters_are_refused_clearly_and_the_previous_one_stays(found):
 def engine_checks(tied: bool, folder: str) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
+    from roll_lite.pipelines.fresh_weights import check_fresh_weights
     from vllm.lora.request import LoRARequest
     from vllm_checks import PROMPT_LENGTH, actor_log_probs, gap, model_settings
 
     from roll_lite.errors import StaleRolloutWeights
     from roll_lite.model.modeling import build_causal_lm
-    from roll_lite.pipelines.fresh_weights import check_fresh_weights
     from roll_lite.rollout import SamplingParams, vllm_engine
 
     model = build_causal_lm(model_settings(tied), seed=0)

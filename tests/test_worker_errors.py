@@ -3,9 +3,9 @@ as Ray builds them). tests/test_failures.py sees them through real runs."""
 
 import ray
 import torch
+from roll_lite.workers.group import worker_error
 
 from roll_lite.runtime.failures import WorkerError
-from roll_lite.workers.group import worker_error
 
 
 def task_error(cause: Exception, as_cause: bool = True) -> Exception:

@@ -18,12 +18,15 @@ import sys
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave this process's CPU affinity alone
 
 import torch  # noqa: E402
+from roll_lite.pipelines.fresh_weights import check_fresh_weights  # noqa: E402
 
 from roll_lite.errors import StaleRolloutWeights  # noqa: E402
 from roll_lite.model.modeling import build_causal_lm  # noqa: E402
-from roll_lite.pipelines.fresh_weights import check_fresh_weights  # noqa: E402
-from roll_lite.rollout import HFEngine, SamplingParams  # noqa: E402
-from roll_lite.rollout import vllm_engine  # noqa: E402
+from roll_lite.rollout import (  # noqa: E402
+    HFEngine,
+    SamplingParams,
+    vllm_engine,  # noqa: E402
+)
 
 EOS, PAD = 2, 0
 SYNCS = 6  # weight syncs checked, each after an optimizer step

@@ -16,10 +16,10 @@ import torch
 
 from roll_lite.config import RunConfig, WorkersConfig
 from roll_lite.data import DataProto, undo_permutation
+from roll_lite.model.weights import unflatten_state_dict
+from roll_lite.rollout import Completions, SamplingParams
 from roll_lite.runtime.failures import WorkerError
 from roll_lite.runtime.importing import import_root, roll_lite_dir
-from roll_lite.rollout import Completions, SamplingParams
-from roll_lite.model.weights import unflatten_state_dict
 from roll_lite.strategy.micro_batches import data_parallel_groups
 from roll_lite.strategy.non_finite import NonFiniteStepsError
 

@@ -15,10 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from roll_lite.model.compiling import compile_decoder_layers
 from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
-from roll_lite.runtime.importing import enter_import_root, load_object
 from roll_lite.lora.adapters import (
     adapted_modules,
     adapter_state,
@@ -31,12 +29,14 @@ from roll_lite.lora.adapters import (
 )
 from roll_lite.lora.export import save_lora_final
 from roll_lite.loss import sft_loss_func
+from roll_lite.model.compiling import compile_decoder_layers
 from roll_lite.model.modeling import enable_gradient_checkpointing, load_causal_lm, sequence_classifier_state
+from roll_lite.model.tokenizer import load_tokenizer
+from roll_lite.model.weights import FlatWeights, flatten_state_dict, unflatten_state_dict
+from roll_lite.runtime.importing import enter_import_root, load_object
 from roll_lite.runtime.reproducibility import check_kernels
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import init_distributed, join_group_store, open_group_store
-from roll_lite.model.tokenizer import load_tokenizer
-from roll_lite.model.weights import FlatWeights, flatten_state_dict, unflatten_state_dict
 
 from .placement import local_gpu_index, where_am_i
 

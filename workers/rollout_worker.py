@@ -14,12 +14,19 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from roll_lite.config import RunConfig, rollout_dtype
-from roll_lite.lora.adapters import adapted_modules_in, add_adapters, adapter_state, base_state, is_adapter, write_peft_adapter
+from roll_lite.lora.adapters import (
+    adapted_modules_in,
+    adapter_state,
+    add_adapters,
+    base_state,
+    is_adapter,
+    write_peft_adapter,
+)
 from roll_lite.model.modeling import load_causal_lm
-from roll_lite.runtime.reproducibility import check_kernels
-from roll_lite.rollout import Completions, HFEngine, SamplingParams, choose_engine
 from roll_lite.model.tokenizer import load_tokenizer
 from roll_lite.model.weights import FlatWeights, unflatten_state_dict
+from roll_lite.rollout import Completions, HFEngine, SamplingParams, choose_engine
+from roll_lite.runtime.reproducibility import check_kernels
 
 logger = logging.getLogger(__name__)
 

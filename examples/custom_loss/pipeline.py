@@ -8,9 +8,9 @@ bonus. It divides only by the step's global counts (mask_stats), so it is exact 
 """
 
 import torch
+from roll_lite.pipelines.ppo import PPOPipeline
 
 from roll_lite.loss import agg_loss, mask_stats, old_log_probs, ppo_clipped_loss, rollout_correction, token_mean_metric
-from roll_lite.pipelines.ppo import PPOPipeline
 
 ADVANTAGE_CAP = 2.0
 ENTROPY_FLOOR, ENTROPY_COEF = 0.3, 0.01

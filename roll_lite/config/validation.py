@@ -18,10 +18,10 @@ from roll_lite.environments.config import check_environment_config
 from roll_lite.errors import ConfigError
 from roll_lite.loss import AGG_MODES, DISTILL_SIGNALS, PAIR_LOSSES, POLICY_LOSSES, ROLLOUT_IS_LEVELS, RolloutCorrection
 from roll_lite.loss.advantages import ADVANTAGE_ESTIMATORS
-from roll_lite.runtime.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
 from roll_lite.rewards import CHEAP_REWARDS, is_cheap
 from roll_lite.rewards.checks import check_reward_config
 from roll_lite.rewards.routing import all_sources, reads_text, uses_code
+from roll_lite.runtime.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
 from roll_lite.strategy.config import PARAM_DTYPES
 
 

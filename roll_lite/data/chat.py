@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 # model.chat_template: compact. One line per message, a role letter first; an assistant turn ends
 # with the end-of-turn token <eos> (multi-turn needs one: roll_lite/environments/turns.py). Short, so
 # that a character-level model's trajectories stay short.

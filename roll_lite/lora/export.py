@@ -17,7 +17,14 @@ from typing import Callable
 import torch
 from torch import nn
 
-from roll_lite.lora.adapters import adapted_modules, adapter_state, base_state, merged_state, scaling, write_peft_adapter
+from roll_lite.lora.adapters import (
+    adapted_modules,
+    adapter_state,
+    base_state,
+    merged_state,
+    scaling,
+    write_peft_adapter,
+)
 from roll_lite.lora.settings import LoraSettings
 
 SaveHF = Callable[[Path, dict[str, torch.Tensor]], None]  # a plain HF state dict -> a model folder

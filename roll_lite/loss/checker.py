@@ -27,20 +27,20 @@ from typing import Any, Sequence
 import torch
 
 from roll_lite.data import DataProto
-from roll_lite.runtime.importing import load_object
 from roll_lite.loss.checks import (
     RecordingDict,
     StepResult,
     mask_discipline_failure,
     padding_width_failure,
     relative_deviation,
-    undeclared_mask_reads,
     undeclared_mask_failure,
+    undeclared_mask_reads,
     worst_grad_deviation,
 )
 from roll_lite.loss.policy import POLICY_LOSSES
-from roll_lite.runtime.metrics import reduce_metrics
 from roll_lite.model.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, build_causal_lm
+from roll_lite.runtime.importing import load_object
+from roll_lite.runtime.metrics import reduce_metrics
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.micro_batches import (
     LossFunc,

@@ -29,13 +29,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from roll_lite.model.attention import packed_attention_path
 from roll_lite.data import DataProto, undo_permutation
-from roll_lite.runtime.metrics import reduce_metrics, to_float
+from roll_lite.model.attention import packed_attention_path
 from roll_lite.model.modeling import CausalLMWithLogProbs, CausalLMWithScoreHead, CausalLMWithValueHead, decoder_layers
+from roll_lite.runtime.metrics import reduce_metrics, to_float
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import init_distributed, resolve_device
-from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite, skipped_step_message
 from roll_lite.strategy.micro_batches import (
     LossFunc,
     forward_micro_batch,
@@ -50,6 +49,7 @@ from roll_lite.strategy.micro_batches import (
     split_micro_batches,
     train_micro_batches,
 )
+from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite, skipped_step_message
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}

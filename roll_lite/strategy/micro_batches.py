@@ -15,7 +15,13 @@ import torch
 
 from roll_lite.data import DataProto
 from roll_lite.data.masks import check_binary_mask
-from roll_lite.model.packing import karmarkar_karp, pack_rows, row_lengths, token_budget_groups, unpack_next_token_values
+from roll_lite.model.packing import (
+    karmarkar_karp,
+    pack_rows,
+    row_lengths,
+    token_budget_groups,
+    unpack_next_token_values,
+)
 from roll_lite.strategy.config import StrategyConfig
 
 # loss_func(micro_batch, model_output) -> (loss, metrics); roll_lite/loss/__init__.py says more
