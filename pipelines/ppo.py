@@ -5,9 +5,8 @@ advantages -> loss_mask_keys -> actor (+ critic) train_step -> weight sync -> me
 rollout.async_steps = N > 0 the rollout of the next N steps runs while a step trains
 (roll_lite/rollout/ahead.py).
 
-Subclass it and override `loss_func(batch, output)` to change the policy loss; nothing else has to
-change (see examples/custom_loss/). The class is also instantiated, without workers, inside every
-actor / critic worker to serve `loss_func` and `critic_loss_func`, so `__init__` must stay light.
+Override `loss_func(batch, output)` in a subclass to change the policy loss (examples/custom_loss/). The class
+is also built, without workers, in every actor / critic worker to serve its losses: `__init__` stays light.
 """
 
 from __future__ import annotations
