@@ -20,7 +20,10 @@ SHORT = ["preference.steps=4", "preference.eval_every=2", "preference.batch_size
 
 
 def docs_command(contains: str) -> list[str]:
-    (line,) = doc_commands.commands("roll-train", contains)
+    """The docs' one roll-train line that contains `contains` (for a config's own command, the line that is
+    just `roll-train --config <it>`: docs/rewards.md runs configs/reward_model.yaml on other data too)."""
+    lines = doc_commands.commands("roll-train", contains)
+    (line,) = [line for line in lines if line == f"roll-train --config {contains}"] or lines
     return shlex.split(line)
 
 

@@ -34,7 +34,9 @@ def records(run_dir: Path) -> list[dict]:
 def test_readme_sft_then_rl_commands_and_plain_transformers_reproduce_the_answers(tmp_path):
     # The docs' two commands (docs/byo.md, SFT) verbatim, in a directory that has the repo's configs/ and data/ (so
     # outputs/ lands there), with overrides appended that keep them small.
-    (sft_command,), (rl_command,) = readme_commands("configs/sft.yaml"), readme_commands("outputs/sft_reverse_digits/final")
+    # the SFT config's own command (docs/rewards.md also runs configs/sft.yaml, on a judge's data)
+    (sft_command,) = [c for c in readme_commands("configs/sft.yaml") if c == ["roll-train", "--config", "configs/sft.yaml"]]
+    (rl_command,) = readme_commands("outputs/sft_reverse_digits/final")
     for name in ("configs", "data"):
         (tmp_path / name).symlink_to(REPO / name)
     result = roll_train(sft_command + TINY + ["sft.steps=4", "sft.eval_every=2", "sft.batch_size=16"], tmp_path)
