@@ -12,8 +12,9 @@ Reward models and judges run in this process, each loaded once whatever domains 
 source runs each program in a sandbox of its own (roll_lite/sandbox/), a bounded pool of them at once.
 
 The sources score concurrently, one thread per scorer (the functions' runner, each reward model, each
-judge, the code pool) going through the domains in order; torch's kernels release the GIL, so a slow
-judge overlaps the reward models and the functions instead of adding to them. Each scorer is used by
+judge, the code pool) going through the domains in order, so a source that waits (the sandbox's
+programs, a model's GPU kernels) overlaps the others; on CPU a tiny judge's generation holds the
+interpreter lock and the threads take turns (docs/benchmarks.md). Each scorer is used by
 its own thread only, and the scores are summed in one fixed order, so the result does not depend on
 which thread finishes first.
 """
