@@ -259,5 +259,5 @@ if __name__ == "__main__":
 
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave this process's CPU affinity alone
     with tempfile.TemporaryDirectory(prefix="roll_lite_lora_") as scratch:
-        print("FOUND " + json.dumps(engine_checks(sys.argv[1] == "tied", scratch)), flush=True)
+        print("\nFOUND " + json.dumps(engine_checks(sys.argv[1] == "tied", scratch)), flush=True)  # a line of its own
     os._exit(0)  # vLLM's engine shutdown is not needed for a process that ends here

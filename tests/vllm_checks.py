@@ -151,5 +151,5 @@ def main(tied: bool) -> dict:
 
 
 if __name__ == "__main__":
-    print("FOUND " + json.dumps(main(sys.argv[1] == "tied")), flush=True)
+    print("\nFOUND " + json.dumps(main(sys.argv[1] == "tied")), flush=True)  # on a line of its own, whatever printed before
     os._exit(0)  # vLLM's engine shutdown is not needed for a process that ends here
