@@ -73,10 +73,12 @@ class DPOPipeline(PairPipeline):
 
         w = self.config.workers
         reference_worker = self.uses_reference and self.preference.reference == "worker" and not self.reference_in_actor
-        placement = Placement(self.config, roles_on_a_gpu=1 + reference_worker)
+        placement = Placement(self.config, roles_on_a_gpu=1 + (reference_worker and not w.one_process_per_rank))
         self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)
+        host = self.actor if w.one_process_per_rank else None  # or processes of their own
         # cast: load_config sets reference_dp (None in the dataclass: "as actor_dp on GPUs, else 1")
-        self.reference = ModelGroup("reference", cast(int, w.reference_dp), placement, self.config) if reference_worker else None
+        self.reference = (ModelGroup("reference", cast(int, w.reference_dp), placement, self.config, host)
+                          if reference_worker else None)
         for group in (self.actor, self.reference):
             if group is not None:
                 group.wait_ready()

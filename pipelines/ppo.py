@@ -103,17 +103,18 @@ class PPOPipeline(RLCheckpoints):
         from roll_lite.workers.placement import Placement
 
         w = self.config.workers
-        # On GPUs, rank i of every model group, and the rollout worker unless it has GPUs of its own
-        # (workers.rollout_gpus) or runs in the actor's process (rollout.in_actor), share one GPU.
+        # On GPUs, the processes of rank i of every model group and the rollout worker (unless it has GPUs
+        # of its own, workers.rollout_gpus, or runs in the actor's process, rollout.in_actor) share a GPU.
         colocated_rollout = w.rollout_gpus == 0 and not self.config.rollout.in_actor
         reference_worker = self.use_reference and not self.reference_in_actor
         teachers = len(self.teachers.folders) if self.teachers is not None else 0
-        placement = Placement(self.config, roles_on_a_gpu=1 + reference_worker + self.use_critic + colocated_rollout + teachers)
-        # All worker processes start at once; wait_ready then builds their models.
-        self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)
+        own_processes = 0 if w.one_process_per_rank else reference_worker + self.use_critic
+        placement = Placement(self.config, roles_on_a_gpu=1 + own_processes + colocated_rollout + teachers)
+        self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)  # processes start now; wait_ready builds
+        host = self.actor if w.one_process_per_rank else None  # or processes of their own
         # cast: load_config sets reference_dp and critic_dp (None in the dataclass: "as actor_dp on GPUs, else 1")
-        self.reference = ModelGroup("reference", cast(int, w.reference_dp), placement, self.config) if reference_worker else None
-        self.critic = ModelGroup("critic", cast(int, w.critic_dp), placement, self.config) if self.use_critic else None
+        self.reference = ModelGroup("reference", cast(int, w.reference_dp), placement, self.config, host) if reference_worker else None
+        self.critic = ModelGroup("critic", cast(int, w.critic_dp), placement, self.config, host) if self.use_critic else None
         in_actor = self.config.rollout.in_actor  # then the actor's process generates, once it is ready
         self.rollout = None if in_actor else RolloutClient(self.config, placement)
         self.reward = RewardClient(self.config)

@@ -155,16 +155,23 @@ def test_a_finished_run_run_again_says_so_and_starts_nothing(data, reference):
 
 def test_rollout_and_reward_workers_of_their_own_give_the_same_run_as_the_actor_and_the_driver(data, reference, tmp_path):
     """The reference, on one CPU actor rank, generates in the actor's process with the actor's own
-    parameters (rollout.in_actor=null chose it: no weight copies, no rollout process) and scores its
-    token_accuracy reward in the driver (reward.in_driver=null chose it: no reward process). With a
-    rollout worker and a reward worker of their own and the same seeds, the trajectory is the same bit
-    for bit, through a SIGKILL and a resume (the engine's sampling position is in the checkpoint)."""
+    parameters (rollout.in_actor=null chose it: no weight copies, no rollout process), computes the
+    reference's log-probs and the critic's values in that process too (workers.one_process_per_rank=null
+    chose it) and scores its token_accuracy reward in the driver (reward.in_driver=null chose it: no reward
+    process). With a rollout worker, a reference, a critic and a reward worker in processes of their own and
+    the same seeds, the trajectory is the same bit for bit, through a SIGKILL and a resume (the engine's
+    sampling position is in the checkpoint)."""
     reference_log = (reference.parent / "driver.log").read_text()
     assert "rollout engine: hf (rollout.in_actor: in the actor's process" in reference_log
     assert "rewards: scored in the driver (reward.in_driver" in reference_log
-    args = command(data, tmp_path, "worker", "rollout.in_actor=false", "reward.in_driver=false")
+    for role in ("reference", "critic"):
+        assert f"{role}: in the actor's processes, a model of its own (workers.one_process_per_rank" in reference_log
+    args = command(data, tmp_path, "worker", "rollout.in_actor=false", "reward.in_driver=false",
+                   "workers.one_process_per_rank=false")
     log = run_until(args, f"step 3/{STEPS} |")
     assert "rollout engine: hf (rollout.engine=hf)" in log and "rewards: scored by a reward worker of its own" in log
+    for role in ("reference", "critic"):
+        assert f"{role}: 1 process of its own (workers.one_process_per_rank=false)" in log
     run(args)
     assert_same_trajectory(metrics(tmp_path / "worker"), metrics(reference))
 

@@ -130,12 +130,20 @@ def worker_error(error: Exception, role: str, rank: int | None, method: str) -> 
 
 
 class ModelGroup:
-    """D ranks of one role (actor, reference, critic) forming one torch.distributed group."""
+    """D ranks of one role (actor, reference, critic) forming one torch.distributed group. With `host`
+    (workers.one_process_per_rank) the role's rank i lives in the host group's rank-i process, with a
+    model of its own on that process's group: no processes of its own."""
 
-    def __init__(self, role: str, world_size: int, placement: Placement, config: RunConfig):
-        self.role, self.world_size = role, world_size
+    def __init__(self, role: str, world_size: int, placement: Placement, config: RunConfig,
+                 host: "ModelGroup | None" = None):
+        self.role, self.world_size, self.hosted = role, world_size, host is not None
+        self.workers: list[Any]  # Ray actor handles of ModelWorker, rank order
         self._get = WorkerCalls(role, config.workers).get
         self.balance_tokens = (config.critic if role == "critic" else config.actor).use_packing
+        if host is not None:
+            assert host.world_size == world_size, "validated: workers.one_process_per_rank needs equal dp"
+            self.workers = host.workers
+            return
         remote = ray.remote(ModelWorker)
         pipeline_root, driver_roll_lite = import_root(config.pipeline), roll_lite_dir()
         self.workers = [remote.options(**placement.model_rank(role, rank)).remote(role, rank, world_size, config,
@@ -144,17 +152,32 @@ class ModelGroup:
         self._address = self.workers[0].address.remote()  # worker processes start in the background
 
     def wait_ready(self) -> "ModelGroup":
-        """Form the torch.distributed group and build the models (blocks)."""
+        """Form the torch.distributed group and build the models (blocks). A hosted role builds its
+        model in its host's processes, after the host's setup (a process runs its calls in order)."""
+        if self.hosted:
+            self._get([worker.host_role.remote(self.role) for worker in self.workers], "setup")
+            logger.info("%s: in the actor's processes, a model of its own (workers.one_process_per_rank; false gives "
+                        "it processes of its own)", self.role)
+            return self
         master_addr, master_port = self._get([self._address], "address")[0]
         self._get([worker.setup.remote(master_addr, master_port) for worker in self.workers], "setup")
+        if self.role in ("reference", "critic"):
+            logger.info("%s: %d process%s of its own (workers.one_process_per_rank=false)", self.role, self.world_size,
+                        "es" if self.world_size > 1 else "")
         return self
+
+    def _call(self, worker, method: str, *args, **kwargs) -> ray.ObjectRef:
+        """Start `method` on one rank: on its own process, or on the process that hosts it."""
+        if self.hosted:
+            return worker.role_call.remote(self.role, method, *args, **kwargs)
+        return getattr(worker, method).remote(*args, **kwargs)
 
     def _scatter(self, data: DataProto) -> list[list[int]]:
         return data_parallel_groups(data, self.world_size, self.balance_tokens)
 
     def _forward(self, method: str, data: DataProto, **kwargs) -> DataProto:
         groups = self._scatter(data)
-        parts = self._get([getattr(w, method).remote(data.index_select(g), **kwargs) for w, g in zip(self.workers, groups)],
+        parts = self._get([self._call(w, method, data.index_select(g), **kwargs) for w, g in zip(self.workers, groups)],
                           method)
         order = [i for group in groups for i in group]
         return undo_permutation(DataProto.concat([p for p in parts if len(p)]), order)
@@ -164,7 +187,7 @@ class ModelGroup:
 
     def peak_memory_gib(self) -> float:
         """The largest rank's peak memory (ModelWorker.peak_memory_gib)."""
-        return max(self._get([w.peak_memory_gib.remote() for w in self.workers], "peak_memory_gib"))
+        return max(self._get([self._call(w, "peak_memory_gib") for w in self.workers], "peak_memory_gib"))
 
     def compute_reference_log_probs(self, data: DataProto) -> DataProto:
         """The actor with LoRA: the base model's log-probs (its adapters off)."""
@@ -180,7 +203,7 @@ class ModelGroup:
     def train_step(self, data: DataProto, loss: str) -> dict[str, float]:
         """One optimizer step over `data` (the global batch of this step); metrics from rank 0."""
         groups = self._scatter(data)
-        return self._get([w.train_step.remote(data.index_select(g), loss) for w, g in zip(self.workers, groups)], "train_step")[0]
+        return self._get([self._call(w, "train_step", data.index_select(g), loss) for w, g in zip(self.workers, groups)], "train_step")[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return unflatten_state_dict(ray.get(self.state_dict_ref()))
@@ -191,35 +214,35 @@ class ModelGroup:
         takes part in the gather. With LoRA, `part`: full, adapters or merged (ModelWorker.state_dict)."""
         # Rank 0 puts the weights into the object store and returns the small ref to them, so a
         # failed gather is reported here, naming its rank, without fetching the weights.
-        return self._get([w.state_dict.remote(dtype, part) for w in self.workers], "state_dict")[0]
+        return self._get([self._call(w, "state_dict", dtype, part) for w in self.workers], "state_dict")[0]
 
     def save_pretrained(self, path: str) -> None:
-        self._get([w.save_pretrained.remote(path) for w in self.workers], "save_pretrained")
+        self._get([self._call(w, "save_pretrained", path) for w in self.workers], "save_pretrained")
 
     def save_checkpoint(self, path: str) -> None:
         """Every rank writes its shards into `path` (a folder all ranks see)."""
-        self._get([w.save_checkpoint.remote(path) for w in self.workers], "save_checkpoint")
+        self._get([self._call(w, "save_checkpoint", path) for w in self.workers], "save_checkpoint")
 
     def load_checkpoint(self, path: str) -> None:
-        self._get([w.load_checkpoint.remote(path) for w in self.workers], "load_checkpoint")
+        self._get([self._call(w, "load_checkpoint", path) for w in self.workers], "load_checkpoint")
 
     def reset_optimizer(self, lr: float | None = None) -> None:
-        self._get([w.reset_optimizer.remote(lr) for w in self.workers], "reset_optimizer")
+        self._get([self._call(w, "reset_optimizer", lr) for w in self.workers], "reset_optimizer")
 
     def describe_lora(self) -> str:
-        return self._get([self.workers[0].describe_lora.remote()], "describe_lora")[0]
+        return self._get([self._call(self.workers[0], "describe_lora")], "describe_lora")[0]
 
     def merge_adapters(self) -> None:
         """LoRA: the adapters into the base, lora_B back to zero (ModelWorker.merge_adapters)."""
-        self._get([w.merge_adapters.remote() for w in self.workers], "merge_adapters")
+        self._get([self._call(w, "merge_adapters") for w in self.workers], "merge_adapters")
 
     def load_state_dict(self, weights: ray.ObjectRef) -> None:
         """Load FlatWeights (an object ref from `state_dict_ref`) on every rank."""
-        self._get([w.load_state_dict.remote(weights) for w in self.workers], "load_state_dict")
+        self._get([self._call(w, "load_state_dict", weights) for w in self.workers], "load_state_dict")
 
     def where(self) -> list[dict]:
         """Each rank's node and assigned GPU ids (workers/placement.py), in rank order."""
-        return self._get([w.where.remote() for w in self.workers], "where")
+        return self._get([self._call(w, "where") for w in self.workers], "where")
 
 
 class RolloutClient:

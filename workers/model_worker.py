@@ -66,8 +66,10 @@ class ModelWorker:
         # Where the driver imported the pipeline class from, after the installed packages; never a
         # second roll_lite tree.
         enter_import_root(pipeline_root, driver_roll_lite)
+        self.import_roots = (pipeline_root, driver_roll_lite)
         self.strategy: FSDP2Strategy | None = None  # setup()
         self.group_store: Any = None  # rank 0's rendezvous store, a torch.distributed.TCPStore (address())
+        self.hosted: dict[str, ModelWorker] = {}  # workers.one_process_per_rank: other roles' ranks (host_role)
 
     def __repr__(self) -> str:  # Ray names the worker by it in tracebacks and log prefixes
         return f"ModelWorker({self.role} rank {self.rank})"
@@ -88,10 +90,14 @@ class ModelWorker:
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_gpu_index(self.config.workers.gpus_per_rank)))
         torch.set_num_threads(self.config.workers.torch_threads)
         check_kernels(self.config.reproducible)  # the kernels' variables reached this process
-        from roll_lite.strategy import FSDP2Strategy
-
         store = self.group_store if self.rank == 0 else join_group_store(master_addr, master_port, self.world_size)
         init_distributed(store=store)
+        self.build()
+
+    def build(self) -> None:
+        """The role's model and strategy, in a process whose torch.distributed group is formed: by
+        setup(), or by the actor rank that hosts this role (host_role)."""
+        from roll_lite.strategy import FSDP2Strategy
 
         head, trainable = ROLES[self.role]
         # The pipeline class owns the loss functions; a light instance (no workers) serves them here.
@@ -113,6 +119,16 @@ class ModelWorker:
                                       head_seed=self.config.seed)
         if self.config.workers.offload:
             self.strategy.offload()
+
+    def host_role(self, role: str) -> None:
+        """workers.one_process_per_rank: `role`'s rank of the same number lives in this (the actor's)
+        process, with a model of its own on this process's group; its calls come through role_call."""
+        self.hosted[role] = ModelWorker(role, self.rank, self.world_size, self.config, *self.import_roots)
+        self.hosted[role].build()
+
+    def role_call(self, role: str, method: str, *args, **kwargs):
+        """A ModelWorker method of a role this process hosts (workers/group.py ModelGroup)."""
+        return getattr(self.hosted[role], method)(*args, **kwargs)
 
     @contextmanager
     def on_device(self):

@@ -84,6 +84,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     for key in ("critic_dp", "reference_dp"):
         if getattr(config.workers, key) is None:
             setattr(config.workers, key, config.workers.actor_dp if config.workers.gpus_per_rank else 1)
+    if config.workers.one_process_per_rank is None:
+        w = config.workers
+        config.workers.one_process_per_rank = w.reference_dp == w.actor_dp and w.critic_dp == w.actor_dp
     if config.rollout.release_memory is None:
         config.rollout.release_memory = config.workers.rollout_gpus == 0 and config.workers.gpus_per_rank > 0
     if config.rollout.in_actor is None:

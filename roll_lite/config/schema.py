@@ -268,6 +268,11 @@ class WorkersConfig:
     # equal), 1 on CPU
     critic_dp: Optional[int] = None
     reference_dp: Optional[int] = None
+    # Rank i of the reference and of the critic in actor rank i's process, each with a model of its own
+    # (verl's fused workers): one process per rank instead of up to three, so a run starts faster and a GPU
+    # holds one CUDA context. The roles' numbers are the same either way. null: true when reference_dp and
+    # critic_dp equal actor_dp; false: every role's ranks in processes of their own.
+    one_process_per_rank: Optional[bool] = None
     actor_cpus: float = 1.0  # Ray CPUs reserved per actor rank (placement group bundle)
     rollout_cpus: float = 1.0  # Ray CPUs reserved for the rollout worker, when it runs in a process of its own
     torch_threads: int = 2  # torch threads per worker process

@@ -132,6 +132,11 @@ def validate(config: RunConfig) -> None:
         for key in ("reference_dp", "critic_dp"):
             _check(getattr(w, key) == w.actor_dp, f"workers.{key}",
                    f"with workers.gpus_per_rank=1 the roles share the actor's GPUs: set it to workers.actor_dp={w.actor_dp}")
+    if w.one_process_per_rank:
+        for key in ("reference_dp", "critic_dp"):
+            _check(getattr(w, key) == w.actor_dp, f"workers.{key}",
+                   f"workers.one_process_per_rank=true puts rank i of each role in actor rank i's process: set it to "
+                   f"workers.actor_dp={w.actor_dp}, or set workers.one_process_per_rank=false")
     for key in ("call_timeout_s", "stall_warning_s"):
         _check(getattr(config.workers, key) > 0, f"workers.{key}", f"must be > 0 seconds, got {getattr(config.workers, key)}")
     for key in ("actor_dp", "critic_dp", "reference_dp", "torch_threads"):
