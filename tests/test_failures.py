@@ -69,6 +69,17 @@ class NaNFromStep2(PPOPipeline):
         return (loss * float("nan") if self.calls >= 2 else loss), metrics
 
 
+class CriticRaises(PPOPipeline):
+    """The critic (in the actor's process: workers.one_process_per_rank) raises at step 2."""
+
+    def critic_loss_func(self, batch, output):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 2:
+            (MARKS / "critic.pid").write_text(str(os.getpid()))
+            raise ValueError("this critic_loss_func fails on purpose")
+        return super().critic_loss_func(batch, output)
+
+
 class Hangs(Misbehaving):
     kind = "hangs"  # the test kills the worker or signals the driver meanwhile
 
@@ -163,6 +174,16 @@ def test_a_worker_that_raises_stops_the_run_with_its_role_rank_step_and_tracebac
     assert "ValueError: this loss_func fails on purpose" in output  # the worker's traceback
     assert "failing_pipelines.py" in output and "in misbehave" in output
     assert "Traceback" not in output.split("roll-train: worker failure")[0][-2000:]  # no driver stack dump before it
+
+
+def test_a_role_that_raises_in_the_actors_process_is_named_as_itself(tmp_path):
+    process = start(tmp_path, "CriticRaises", "algorithm.advantage=gae")
+    wait_for_file(tmp_path / "critic.pid", process)
+    code, output, _ = finish(process, descendants(process.pid))
+    assert code == 1, output[-3000:]
+    assert "critic: in the actor's processes" in output, output[-3000:]
+    assert "roll-train: worker failure: critic rank 0 raised an error in train_step at step 2" in output, output[-3000:]
+    assert "ValueError: this critic_loss_func fails on purpose" in output
 
 
 def test_a_worker_out_of_memory_names_the_config_keys_to_lower(tmp_path):

@@ -183,3 +183,13 @@ def test_spread_puts_the_actor_ranks_on_two_nodes_and_pack_on_one(tmp_path, two_
     spread, pack = found["spread"], found["pack"]
     assert spread[0]["node_id"] != spread[1]["node_id"]
     assert pack[0]["node_id"] == pack[1]["node_id"] and pack[0]["gpu_ids"] != pack[1]["gpu_ids"]
+
+
+def test_one_process_per_rank_where_the_dps_allow_and_another_dp_is_refused():
+    ppo = REPO / "configs/ppo.yaml"
+    assert load_config(ppo, []).workers.one_process_per_rank is True  # one rank of each role on CPU
+    assert load_config(ppo, GPUS).workers.one_process_per_rank is True  # the dps follow actor_dp on GPUs
+    assert load_config(ppo, ["workers.actor_dp=2"]).workers.one_process_per_rank is False  # 1 reference rank on CPU
+    with pytest.raises(ConfigError, match=r"^workers.reference_dp: workers.one_process_per_rank=true puts rank i of "
+                                          r"each role in actor rank i's process: set it to workers.actor_dp=2"):
+        load_config(ppo, ["workers.actor_dp=2", "workers.one_process_per_rank=true"])
