@@ -3,9 +3,14 @@
 `load_config(path, overrides)` merges a YAML file and `key=value` overrides onto the defaults and
 validates values. Any problem raises ConfigError with one line naming the key and what is allowed.
 
-schema.py      the sections (ModelConfig, DataConfig, ..., RunConfig): every key, default and comment
-validation.py  validate(config) and the derived values (rollout_dtype, in_actor_blockers, ...)
-loading.py     load_config (file, overrides), to_yaml
+schema.py                the sections (ModelConfig, DataConfig, ..., RunConfig): every key, default and comment
+validation.py            validate(config): the run's own keys, data.* and workers.*, then each section's checks
+validation_rollout.py    rollout.* and environment.*; rollout_dtype, in_actor_blockers, in_actor_by_default
+validation_rewards.py    reward.*; rewards_needing_a_worker
+validation_algorithm.py  algorithm.*
+validation_beyond_rl.py  sft.*, preference.*, distill.*
+key_checks.py            check, one_of, file_list: each failure a ConfigError naming the key
+loading.py               load_config (file, overrides), to_yaml
 """
 
 from roll_lite.config.loading import load_config, to_yaml
@@ -21,7 +26,9 @@ from roll_lite.config.schema import (
     SFTConfig,
     WorkersConfig,
 )
-from roll_lite.config.validation import in_actor_blockers, rewards_needing_a_worker, rollout_dtype, validate
+from roll_lite.config.validation import validate
+from roll_lite.config.validation_rewards import rewards_needing_a_worker
+from roll_lite.config.validation_rollout import in_actor_blockers, rollout_dtype
 from roll_lite.errors import ConfigError
 from roll_lite.strategy.config import StrategyConfig
 

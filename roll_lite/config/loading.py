@@ -11,7 +11,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from roll_lite.config.schema import RunConfig
-from roll_lite.config.validation import in_actor_by_default, rewards_needing_a_worker, validate
+from roll_lite.config.validation import validate
+from roll_lite.config.validation_rewards import rewards_needing_a_worker
+from roll_lite.config.validation_rollout import in_actor_by_default
 from roll_lite.errors import ConfigError
 
 
@@ -115,6 +117,8 @@ def _expand_home(config: RunConfig) -> None:
                          ("sft", "eval_files"), ("preference", "train_files"), ("preference", "eval_files"),
                          ("model", "pretrained_path"), ("model", "tokenizer_path")):
         setattr(getattr(config, section), key, expand(getattr(getattr(config, section), key)))
+    config.distill.teacher = expand(config.distill.teacher)
+    config.distill.teachers = {domain: expand(folder) for domain, folder in config.distill.teachers.items()}
     config.output_dir, config.resume = expand(config.output_dir), expand(config.resume)
 
 
