@@ -126,7 +126,8 @@ def test_the_gsm8k_config_passes_validation():
 
 def test_the_gsm8k_configs_home_relative_data_paths_are_read(tmp_path, monkeypatch):
     """configs/grpo_gsm8k.yaml names ~/data/gsm8k/*.parquet (where verl's preprocessing writes them):
-    `~` is the home folder in every path key, as in a shell, and the files are read from there."""
+    `~` is the home folder in every path key, as in a shell (the distillation teachers' too), and the
+    files are read from there."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -144,6 +145,9 @@ def test_the_gsm8k_configs_home_relative_data_paths_are_read(tmp_path, monkeypat
     for key in ("data.train_files", "data.eval_files"):
         table = read_table(getattr(config.data, key.split(".")[1])[0], key)
         assert table.rows[0]["reward_model"]["ground_truth"] == "2", key
+    assert load_config(None, ["distill.teacher=~/teacher"]).distill.teacher == str(tmp_path / "teacher")
+    teachers = load_config(None, ["distill.teachers={math: ~/teachers/math, code: ./code}"]).distill.teachers
+    assert teachers == {"math": str(tmp_path / "teachers/math"), "code": "./code"}
 
 
 def test_the_gpu_configs_ask_for_gpus_and_bf16_mixed_precision():
