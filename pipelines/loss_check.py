@@ -6,7 +6,7 @@ import time
 
 from roll_lite.loss.checker import check_loss_invariance
 
-from .losses import is_builtin_policy_loss
+from .losses import corrections_asked, is_builtin_policy_loss
 from .ppo import PPOPipeline
 
 
@@ -48,5 +48,16 @@ def check_own_losses(pipeline) -> str | None:
                 f"so the check that the rollout engine samples with the actor's weights (rollout.max_logp_gap={max_gap}) "
                 "would stop the run after its first step: add the metrics of roll_lite.loss.rollout_correction(batch, "
                 "old_log_probs, mask, stats) to the ones it returns, as the built-in losses do, or set rollout.max_logp_gap=null")
+        missing = [(key, setting, metric) for key, setting, metric in corrections_asked(a)
+                   if f"{metric}@sum" not in report.metrics]
+        if name == "loss_func" and missing:
+            raise LossCheckFailed(
+                f"{cls.__name__}.loss_func reports no {' or '.join(sorted({repr(m + '@sum') for _, _, m in missing}))} "
+                f"(it reports {sorted(report.metrics) or 'nothing'}), so the rollout correction of "
+                f"{', '.join(f'algorithm.{key}={setting}' for key, setting, _ in missing)} would not be applied and the "
+                "run would stop after its first step: multiply its per-token loss by the weights of "
+                "roll_lite.loss.rollout_correction(batch, old_log_probs, mask, stats, correction=RolloutCorrection."
+                "from_config(algorithm)) and return that call's metrics, as the built-in losses do, or set "
+                f"{' and '.join(f'algorithm.{key}' for key, _, _ in missing)} to null")
         lines.append(f"{name} passed (worst relative deviation {report.worst:.1e})")
     return f"loss check: {'; '.join(lines)}, {time.perf_counter() - start:.1f} s"

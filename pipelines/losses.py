@@ -51,14 +51,20 @@ def _policy_and_reference(a: AlgorithmConfig, mask_key: str, seq_len_norm: float
                                     kl_clamp=a.kl_clamp, policy_loss=policy)
 
 
+def corrections_asked(a: AlgorithmConfig) -> list[tuple[str, object, str]]:
+    """(key, setting, metric) of each rollout correction the config asks for (algorithm.rollout_is,
+    rollout_mask, rollout_veto_threshold): a loss that applies it reports `metric` ('@sum')."""
+    asked = [("rollout_is", a.rollout_is, "rollout_is_weight"), ("rollout_mask", a.rollout_mask, "rollout_dropped"),
+             ("rollout_veto_threshold", a.rollout_veto_threshold, "rollout_dropped")]
+    return [(key, setting, metric) for key, setting, metric in asked if setting]
+
+
 def check_correction_applied(a: AlgorithmConfig, metrics: dict[str, float], pipeline: str) -> None:
-    """After a policy train_step: a rollout correction the config asks for (algorithm.rollout_is,
-    rollout_mask, rollout_veto_threshold) must show in the loss's metrics, or a loss_func of one's
-    own left it silently undone."""
-    asked = [(a.rollout_is, "rollout_is", "rollout_is_weight"), (a.rollout_mask, "rollout_mask", "rollout_dropped"),
-             (a.rollout_veto_threshold, "rollout_veto_threshold", "rollout_dropped")]
-    for setting, key, metric in asked:
-        if setting and metric not in metrics:
+    """After a policy train_step: a rollout correction the config asks for (corrections_asked) must show
+    in the loss's metrics, or a loss_func of one's own left it silently undone. roll-train's loss check
+    (loss_check.py) asks the same of a loss of one's own before training."""
+    for key, setting, metric in corrections_asked(a):
+        if metric not in metrics:
             raise ConfigError(
                 f"algorithm.{key}={setting}: {pipeline}.loss_func applied no rollout correction (it reported no "
                 f"'{metric}@sum'); pass its per-token loss through roll_lite.loss.rollout_correction, or set "

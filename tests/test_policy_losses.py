@@ -158,6 +158,38 @@ def test_a_users_loss_by_import_path_is_used_and_checked_first(losses_module):
     assert check_own_losses(skipped) == "loss check: skipped (algorithm.check_loss=false) for loss_func"
 
 
+@pytest.fixture(scope="module")
+def readme_loss(tmp_path_factory):
+    import doc_commands
+
+    with user_module(tmp_path_factory, "readme_loss", doc_commands.python_blocks_defining("my_loss")[0].body) as name:
+        yield f"{name}:my_loss"
+
+
+@pytest.mark.parametrize("correction, metrics", [
+    (["algorithm.rollout_is=token"], "'rollout_is_weight@sum'"),
+    (["algorithm.rollout_mask=token", "algorithm.rollout_veto_threshold=4.0"], "'rollout_dropped@sum'"),
+])
+def test_a_correction_the_loss_does_not_apply_fails_the_check_naming_the_metric(readme_loss, correction, metrics):
+    """The README's my_loss reports the engine-vs-actor gap but applies no correction: with one
+    configured, the loss check stops the run before training (check_correction_applied would stop it
+    after the first step), naming the metric the loss must report."""
+    plain = PPOPipeline(load_config(None, [f"algorithm.policy_loss={readme_loss}"]))
+    assert check_own_losses(plain).startswith("loss check: loss_func passed")
+    corrected = PPOPipeline(load_config(None, [f"algorithm.policy_loss={readme_loss}", *correction]))
+    with pytest.raises(LossCheckFailed) as failed:
+        check_own_losses(corrected)
+    settings = ", ".join(correction)
+    assert str(failed.value).startswith(f"PPOPipeline.loss_func reports no {metrics} (it reports [") \
+        and f"so the rollout correction of {settings} would not be applied" in str(failed.value) \
+        and "\n" not in str(failed.value)
+    # a loss that applies the correction passes as before: examples/custom_loss's subclass passes rollout_is
+    from examples.custom_loss.pipeline import CappedAdvantagePipeline
+
+    example = CappedAdvantagePipeline(load_config(None, ["algorithm.rollout_is=token"]))
+    assert check_own_losses(example).startswith("loss check: loss_func passed")
+
+
 def test_roll_train_stops_on_a_users_loss_that_fails_the_check_before_anything_starts(losses_module, tmp_path):
     folder = sys.modules[losses_module].__file__.rsplit("/", 1)[0]
     result = subprocess.run([sys.executable, "-m", "roll_lite.cli", f"algorithm.policy_loss={losses_module}:local_mean",
