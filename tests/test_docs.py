@@ -138,6 +138,23 @@ def test_the_committed_configuration_reference_is_what_the_code_renders_and_ever
     assert not unexplained, f"config keys without a comment in their dataclass: {unexplained}"
 
 
+def test_a_comment_block_shared_by_keys_names_each_of_them():
+    """A block comment above a field also explains the fields right after it that have none: it must
+    name each of them (algorithm.value_clip and loss_agg_mode once sat under check_loss's block, and the
+    reference explained them as the loss checker)."""
+    from roll_lite.config.reference import field_comments, sections
+
+    unnamed = set()
+    for section in sections():
+        keys = {key.name.rsplit(".", 1)[-1] for key in section.keys}  # a nested section has its docstring
+        comments = {name: text for name, text in field_comments(section.cls).items() if name in keys}
+        for name, comment in comments.items():
+            sharing = [other for other, text in comments.items() if other != name and text.startswith(comment)]
+            unnamed |= {f"{section.prefix}.{key}".lstrip(".") for key in (name, *sharing) if sharing and
+                        not re.search(rf"(?<![\w.]){key}(?!\w)", comment)}
+    assert not unnamed, f"keys that share a comment block that does not name them: {sorted(unnamed)}"
+
+
 @dataclass
 class _Inner:
     """The inner section."""

@@ -208,8 +208,8 @@ class AlgorithmConfig:
     # it first: check_loss)
     policy_loss: str = "ppo"
     entropy_coef: float = 0.0  # ppo and cispo
-    # The ratio's clip range [1 - low, 1 + high]; null: the loss's own default (ppo 0.2 / 0.2, gspo and
-    # gspo_token 3e-4 / 4e-4 as the GSPO paper, cispo 1.0 / 0.28: no lower bound, as MiniMax-M1)
+    # The ratio's clip range [1 - clip_ratio_low, 1 + clip_ratio_high]; null: the loss's own default (ppo
+    # 0.2 / 0.2, gspo and gspo_token 3e-4 / 4e-4 as the GSPO paper, cispo 1.0 / 0.28: no lower bound, as MiniMax-M1)
     clip_ratio_low: Optional[float] = None
     clip_ratio_high: Optional[float] = None
     dual_clip_c: Optional[float] = None  # ppo only
@@ -218,7 +218,16 @@ class AlgorithmConfig:
     # on D, A or packing stops the run with the checker's diagnosis (exit 2). false skips it, e.g. for a
     # loss that needs batch keys the checker's synthetic batch does not have. Built-ins are tested instead.
     check_loss: bool = True
+
+    # the critic's clipped value loss, 0.5·max((V - R)², (clip(V, V_old ± value_clip) - R)²)
+    # (roll_lite/loss/value.py): a value further than value_clip from the rollout's old one gets no gradient
+    # where the clipped term is the larger; critic/vf_clipfrac is the fraction of tokens beyond it
     value_clip: float = 0.2
+    # how a step's per-token losses become one loss (roll_lite/loss/aggregation.py), for the built-in
+    # policy losses, the KL and distillation terms and the value loss: token-mean (over every token of the
+    # step) | seq-mean-token-sum (each sequence's sum, averaged over sequences) | seq-mean-token-mean (each
+    # sequence's mean, averaged) | seq-mean-token-sum-norm (Dr. GRPO: each sequence's sum / seq_len_norm,
+    # averaged). A loss_func of your own aggregates as it writes (a subclass may read this key)
     loss_agg_mode: str = "token-mean"
     seq_len_norm: Optional[float] = None  # seq-mean-token-sum-norm constant; default: rollout.max_new_tokens
     # passes over each rollout batch; above 1 (or mini_batches above 1) the actor computes old log-probs first
@@ -237,9 +246,9 @@ class AlgorithmConfig:
     overlong_buffer: Optional[int] = None
     overlong_penalty: float = 1.0
     overlong_filter: bool = False  # responses cut at rollout.max_new_tokens without ending leave the loss
-    # Truncated importance sampling on the rollout engine's log-probs (train / inference mismatch):
-    # null: off; token: weight each token's loss by min(π_actor / π_rollout, cap); sequence: by the
-    # capped product over the response. π_actor is always the actor's own (old_log_probs, or the
+    # rollout_is: truncated importance sampling on the rollout engine's log-probs (train / inference mismatch):
+    # null: off; token: weight each token's loss by min(π_actor / π_rollout, rollout_is_cap); sequence: by
+    # the capped product over the response. π_actor is always the actor's own (old_log_probs, or the
     # training forward's when on-policy), never the engine's.
     rollout_is: Optional[str] = None
     rollout_is_cap: float = 2.0
@@ -264,8 +273,8 @@ class AlgorithmConfig:
 @dataclass
 class WorkersConfig:
     actor_dp: int = 1  # D: actor ranks (one torch.distributed group)
-    # null: workers.actor_dp on GPUs (rank i of each role shares the actor rank i's GPU, so they must be
-    # equal), 1 on CPU
+    # critic_dp, reference_dp: the critic's and the reference's ranks; null: workers.actor_dp on GPUs (rank i
+    # of each role shares the actor rank i's GPU, so they must be equal), 1 on CPU
     critic_dp: Optional[int] = None
     reference_dp: Optional[int] = None
     # Rank i of the reference and of the critic in actor rank i's process, each with a model of its own
