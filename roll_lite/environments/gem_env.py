@@ -1,4 +1,4 @@
-"""`gem`: any environment of GEM (`pip install roll_lite[envs]`, gem-llm 0.1.0) by its GEM id.
+"""`gem`: any environment of GEM (gem-llm 0.1.0, the `envs` extra: `bash scripts/setup.sh dev,envs`) by its GEM id.
 
     environment: {name: gem, kwargs: {env_id: "game:GuessTheNumber-v0-easy"}}
 
@@ -23,8 +23,8 @@ class GemEnvironment:
         try:
             import gem
         except ModuleNotFoundError as error:
-            raise ModuleNotFoundError(f"the 'gem' environment needs GEM: pip install 'roll_lite[envs]' ({error})",
-                                      name=error.name) from None
+            raise ModuleNotFoundError(f"the 'gem' environment needs GEM: pip install gem-llm==0.1.0 (in a clone: "
+                                      f"bash scripts/setup.sh dev,envs) ({error})", name=error.name) from None
         self.env = gem.make(env_id, **kwargs)
 
     def reset(self, seed: int | None = None):

@@ -62,7 +62,7 @@ def _why_not(path: str, device: torch.device, dtype: torch.dtype, dropout: float
     if dtype not in HALF_DTYPES:
         return f"compute dtype is {str(dtype).removeprefix('torch.')}; the varlen kernels take bfloat16/float16"
     if path == "flash-attn" and not flash_attn_available():
-        return "flash-attn is not installed (pip install 'roll_lite[gpu]')"
+        return "flash-attn is not installed (with nvcc: pip install flash-attn==2.8.3.post2 --no-build-isolation)"
     if path == "torch-varlen":
         if missing := _torch_varlen_missing():
             return missing
