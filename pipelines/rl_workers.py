@@ -43,16 +43,19 @@ class RLWorkers:
 
     def start_workers(self) -> None:
         from roll_lite.workers.group import ModelGroup, RewardClient, RolloutClient
-        from roll_lite.workers.placement import Placement
+        from roll_lite.workers.placement import Placement, reward_has_models
 
         w = self.config.workers
-        # On GPUs, the processes of rank i of every model group and the rollout worker (unless it has GPUs
-        # of its own, workers.rollout_gpus, or runs in the actor's process, rollout.in_actor) share a GPU.
+        # On GPUs, the processes of rank i of every model group, the rollout worker (unless it has GPUs of its
+        # own, workers.rollout_gpus, or runs in the actor's process, rollout.in_actor) and a reward worker with
+        # models or judges (unless workers.reward_gpus gives it a GPU of its own) share a GPU.
         colocated_rollout = w.rollout_gpus == 0 and not self.config.rollout.in_actor
+        colocated_reward = w.reward_gpus == 0 and reward_has_models(self.config)
         reference_worker = self.use_reference and not self.reference_in_actor
         teachers = len(self.teachers.folders) if self.teachers is not None else 0
         own_processes = 0 if w.one_process_per_rank else reference_worker + self.use_critic
-        placement = Placement(self.config, roles_on_a_gpu=1 + own_processes + colocated_rollout + teachers)
+        placement = Placement(self.config,
+                              roles_on_a_gpu=1 + own_processes + colocated_rollout + colocated_reward + teachers)
         self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)  # processes start now; wait_ready builds
         host = self.actor if w.one_process_per_rank else None  # or processes of their own
         # cast: load_config sets reference_dp and critic_dp (None in the dataclass: "as actor_dp on GPUs, else 1")
@@ -60,7 +63,7 @@ class RLWorkers:
         self.critic = ModelGroup("critic", cast(int, w.critic_dp), placement, self.config, host) if self.use_critic else None
         in_actor = self.config.rollout.in_actor  # then the actor's process generates, once it is ready
         self.rollout = None if in_actor else RolloutClient(self.config, placement)
-        self.reward = RewardClient(self.config)
+        self.reward = RewardClient(self.config, placement)
         for group in (self.actor, self.reference, self.critic):
             if group is not None:
                 group.wait_ready()

@@ -26,7 +26,10 @@ GPUS = ["workers.gpus_per_rank=1", "workers.actor_dp=2",  # reference_dp and cri
 def test_gpu_settings_are_checked_with_the_key_named(tmp_path):
     cases = {"workers.gpus_per_rank=2": "workers.gpus_per_rank: must be 0 (CPU) or 1",
              "workers.placement=random": "workers.placement: must be pack or spread",
-             "workers.reference_dp=1": "workers.reference_dp: with workers.gpus_per_rank=1 the roles share the actor's GPUs"}
+             "workers.reference_dp=1": "workers.reference_dp: with workers.gpus_per_rank=1 the roles share the actor's GPUs",
+             "workers.reward_gpus=2": "workers.reward_gpus: must be 0 (a share of actor rank 0's GPU) or 1",
+             "workers.reward_gpus=1": "workers.reward_gpus: the reward worker takes a GPU for reward models and judges, "
+                                      "and this run has none"}
     for override, expected in cases.items():
         with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
             load_config(REPO / "configs/ppo.yaml", GPUS + [override])
@@ -53,8 +56,9 @@ def test_rollout_gpus_of_its_own_are_checked_with_the_key_named():
     assert (colocated.rollout.release_memory, disaggregated.rollout.release_memory) == (True, False)
 
 
-def test_the_capacity_checks_count_what_the_placement_reserves():
+def test_the_capacity_checks_count_what_the_placement_reserves(tmp_path):
     from roll_lite.workers.placement import reservation
+    from test_reward_model import save_reward_model
 
     on_gpus = reservation(load_config(REPO / "configs/ppo.yaml", GPUS))  # the rollout takes a GPU share, no CPU
     assert (on_gpus.cpus, on_gpus.gpus, on_gpus.cpus_from) == (1.0, 2, "workers.actor_cpus 0.5 × workers.actor_dp 2")
@@ -64,6 +68,10 @@ def test_the_capacity_checks_count_what_the_placement_reserves():
     assert reservation(load_config(REPO / "configs/ppo.yaml", ["rollout.in_actor=true"])).cpus == 1  # no rollout process
     apart = reservation(load_config(REPO / "configs/ppo.yaml", GPUS + ["workers.rollout_gpus=1"]))
     assert (apart.gpus, apart.gpus_from) == (3, "workers.gpus_per_rank × workers.actor_dp + workers.rollout_gpus")
+    scorer = f"reward.models={{{save_reward_model(tmp_path / 'rm')}: 1.0}}"
+    own_reward_gpu = reservation(load_config(REPO / "configs/ppo.yaml", GPUS + [scorer, "workers.reward_gpus=1"]))
+    assert (own_reward_gpu.gpus, own_reward_gpu.gpus_from) == (3, "workers.gpus_per_rank × workers.actor_dp + workers.reward_gpus")
+    assert reservation(load_config(REPO / "configs/ppo.yaml", GPUS + [scorer])).gpus == 2  # colocated: a share
 
 
 def test_too_few_gpus_stops_roll_train_in_one_line_before_any_worker(tmp_path, monkeypatch, capsys):
@@ -87,19 +95,30 @@ def four_logical_gpus():
 
 def test_each_actor_rank_gets_its_own_gpu_and_the_other_roles_share_it(tmp_path, four_logical_gpus):
     from roll_lite.pipelines.ppo import PPOPipeline
+    from roll_lite.workers.group import RewardClient
+    from roll_lite.workers.placement import Placement
+    from test_reward_model import save_reward_model
 
-    config = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + [f"output_dir={tmp_path}"])
+    scorer = f"reward.models={{{save_reward_model(tmp_path / 'rm', positions=512)}: 0.5}}"
+    config = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + [f"output_dir={tmp_path}", scorer])
     pipeline = PPOPipeline(config)
     pipeline.prepare_data()
-    pipeline.start_workers()  # actor, reference, critic (GAE) with 2 ranks each, the rollout worker
+    pipeline.start_workers()  # actor, reference, critic (GAE) with 2 ranks each, the rollout and reward workers
     actor, reference, critic = (group.where() for group in (pipeline.actor, pipeline.reference, pipeline.critic))
     gpu = [rank["gpu_ids"] for rank in actor]
     assert all(len(ids) == 1 for ids in gpu) and gpu[0] != gpu[1]  # no two actor ranks on one GPU
     assert [rank["gpu_ids"] for rank in reference] == gpu and [rank["gpu_ids"] for rank in critic] == gpu
-    assert pipeline.rollout.where()["gpu_ids"] == gpu[0]
-    # The colocated layout trains (here on CPU, torch sees no CUDA): one full PPO step.
+    assert pipeline.rollout.where()["gpu_ids"] == gpu[0] and pipeline.reward.where()["gpu_ids"] == gpu[0]
+    assert "reward models and judges on cpu" in pipeline.reward.describe()  # torch sees no CUDA here
+    # The colocated layout trains (here on CPU, torch sees no CUDA): one full PPO step, the reward model scoring.
     metrics = pipeline.step(1)
     assert metrics["actor/grad_norm"] > 0 and metrics["critic/grad_norm"] > 0
+    assert metrics["reward/model:rm/failed"] == 0 and "reward/model:rm" in metrics
+    # workers.reward_gpus=1: a GPU of its own, apart from the actor's (one actor rank, so the 4 GPUs suffice)
+    apart = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + ["workers.actor_dp=1", "workers.reward_gpus=1",
+                                                                          scorer])
+    own = RewardClient(apart, Placement(apart, roles_on_a_gpu=1)).where()["gpu_ids"]
+    assert len(own) == 1 and own not in gpu, (own, gpu)
 
 
 @pytest.fixture

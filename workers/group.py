@@ -317,9 +317,12 @@ class RewardClient:
     worker: Any  # the RewardWorker's Ray actor handle, or None
     local: RewardWorker | None  # or the RewardWorker itself, in the driver
 
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig, placement: Placement | None = None):
+        """`placement`: where a reward worker of its own runs (workers/placement.py); none: no GPU."""
         from roll_lite.rewards import is_import_path
         from roll_lite.rewards.routing import all_sources
+
+        from .placement import reward_has_models
 
         reward = config.reward
         self._get = WorkerCalls("reward", config.workers).get
@@ -330,9 +333,15 @@ class RewardClient:
         specs = [*all_sources(reward, "functions"), *([reward.judge_parser] if reward.judge_parser else [])]
         roots = sorted(cast("set[str]", {import_root(spec) for spec in specs if is_import_path(spec)} - {None}))
         self.local = None
-        self.worker = ray.remote(RewardWorker).options(num_cpus=0).remote(
+        options = placement.reward(reward_has_models(config)) if placement is not None else {"num_cpus": 0}
+        self.worker = ray.remote(RewardWorker).options(**options).remote(
             reward, config.data.domain_key, (config.model.tokenizer_path, config.model.chat_template), roots,
-            roll_lite_dir())
+            roll_lite_dir(), on_gpu="num_gpus" in options)
+
+    def where(self) -> dict:
+        """The reward worker's node and assigned GPU ids (workers/placement.py)."""
+        assert self.worker is not None, "scored in the driver: no reward worker"
+        return self._get(self.worker.where.remote(), "where")
 
     def describe(self) -> str:
         if self.local is not None:

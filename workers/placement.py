@@ -10,7 +10,9 @@ reference and the critic all run on bundle i, and the rollout worker on bundle 0
 share of the bundle's GPU, so Ray gives them the same GPU (CUDA_VISIBLE_DEVICES) and no two ranks of
 one group share a GPU (nccl needs one device per rank). With `workers.rollout_gpus=N` the rollout worker
 instead gets N whole GPUs of its own, on one node (a placement group of its own): the disaggregated
-layout, where vLLM can generate with tensor parallelism while the actor trains elsewhere.
+layout, where vLLM can generate with tensor parallelism while the actor trains elsewhere. The reward
+worker, when it loads reward models or judges, takes a share of actor rank 0's GPU as well, or with
+`workers.reward_gpus=1` a GPU of its own; with rule rewards only it takes none.
 """
 
 from __future__ import annotations
@@ -44,7 +46,16 @@ def reservation(config: RunConfig, with_rollout: bool = True) -> Reservation:
     gpus, gpus_from = w.gpus_per_rank * w.actor_dp, "workers.gpus_per_rank × workers.actor_dp"
     if with_rollout and w.rollout_gpus:
         gpus, gpus_from = gpus + w.rollout_gpus, f"{gpus_from} + workers.rollout_gpus"
+    if with_rollout and w.gpus_per_rank and w.reward_gpus and reward_has_models(config):
+        gpus, gpus_from = gpus + w.reward_gpus, f"{gpus_from} + workers.reward_gpus"
     return Reservation(cpus, gpus, cpus_from, gpus_from)
+
+
+def reward_has_models(config: RunConfig) -> bool:
+    """The reward worker loads reward models or judges (then it takes a GPU on a GPU run)."""
+    from roll_lite.rewards.routing import all_sources
+
+    return bool(all_sources(config.reward, "models") or all_sources(config.reward, "judges"))
 
 
 class Placement:
@@ -59,6 +70,8 @@ class Placement:
         # disaggregated: the rollout worker's GPUs, all on one node (tensor parallelism)
         self.rollout_gpus = w.rollout_gpus if self.gpus else 0
         self.rollout_group = placement_group([{"GPU": self.rollout_gpus}], strategy="STRICT_PACK") if self.rollout_gpus else None
+        own_reward_gpu = self.gpus and w.reward_gpus > 0 and reward_has_models(config)
+        self.reward_group = placement_group([{"GPU": 1}]) if own_reward_gpu else None
 
     def model_rank(self, role: str, rank: int) -> dict:
         """Ray actor options for rank `rank` of a model group."""
@@ -77,14 +90,24 @@ class Placement:
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(self.rollout_group, placement_group_bundle_index=0)}
         return {"num_cpus": 0, "num_gpus": self.gpu_share, "scheduling_strategy": self._bundle(0)}
 
+    def reward(self, has_models: bool) -> dict:
+        """Ray actor options for the reward worker: on GPUs, with reward models or judges, a share of actor
+        rank 0's GPU (colocated) or, with workers.reward_gpus=1, a GPU of its own; otherwise no GPU."""
+        if not (self.gpus and has_models):
+            return {"num_cpus": 0}
+        if self.reward_group is not None:
+            return {"num_cpus": 0, "num_gpus": 1,
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(self.reward_group, placement_group_bundle_index=0)}
+        return {"num_cpus": 0, "num_gpus": self.gpu_share, "scheduling_strategy": self._bundle(0)}
+
     def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=index)
 
     def remove(self) -> None:
-        for group in (self.group, self.rollout_group):
+        for group in (self.group, self.rollout_group, self.reward_group):
             if group is not None:
                 remove_placement_group(group)
-        self.group = self.rollout_group = None
+        self.group = self.rollout_group = self.reward_group = None
 
 
 def local_gpu_index(gpus_per_rank: float) -> int:

@@ -46,15 +46,25 @@ if TYPE_CHECKING:
 logger = logging.getLogger("roll_lite.rewards")
 
 
+def model_device(on_gpu: bool) -> str:
+    """The GPU Ray gave this worker when torch sees CUDA, else the CPU (logical GPUs on a CPU machine)."""
+    if on_gpu and torch.cuda.is_available():
+        from .placement import local_gpu_index
+
+        return f"cuda:{local_gpu_index(1)}"
+    return "cpu"
+
+
 class RewardWorker:
     models: dict[str, RewardModel]  # reward-model folder -> its scorer
     judges: dict[str, Judge]  # judge folder -> its scorer
 
     def __init__(self, reward, domain_key: str = "domain", policy_tokenizer: tuple[str | None, str | None] = (None, None),
-                 import_roots: Sequence[str | None] = (), driver_roll_lite: str | None = None):
+                 import_roots: Sequence[str | None] = (), driver_roll_lite: str | None = None, on_gpu: bool = False):
         """`reward`: the run's RewardConfig; `policy_tokenizer`: (model.tokenizer_path, model.chat_template),
         which the reward models compare their own with; `import_roots`: the directories the driver
-        imported the user's reward modules from, searched after the installed packages."""
+        imported the user's reward modules from, searched after the installed packages; `on_gpu`: Ray
+        gave this worker a GPU (workers/placement.py), where its reward models and judges then run."""
         for root in import_roots:
             # cast: RewardClient passes driver_roll_lite with import_roots, its only caller that has them
             enter_import_root(root, cast(str, driver_roll_lite))
@@ -62,31 +72,39 @@ class RewardWorker:
         self.routes = routes(reward)
         self.runner = RewardRunner(list(all_sources(reward, "functions")), reward.timeout_s)
         self.models, self.judges = {}, {}
+        self.device = model_device(on_gpu)
         if models := all_sources(reward, "models"):
             from roll_lite.model.tokenizer import load_tokenizer
             from roll_lite.rewards.reward_model import RewardModel
 
             tokenizer = load_tokenizer(*policy_tokenizer)
             self.models = {path: RewardModel(path, tokenizer, reward.model_max_tokens, reward.model_normalize,
-                                             reward.model_clip) for path in models}
+                                             reward.model_clip, self.device) for path in models}
         if judges := all_sources(reward, "judges"):
             from roll_lite.rewards.judge import Judge
             from roll_lite.runtime.importing import load_object
 
             parser = load_object(reward.judge_parser) if reward.judge_parser else None
             self.judges = {path: Judge(path, reward.judge_template, parser, reward.judge_max_new_tokens,
-                                       timeout_s=reward.judge_timeout_s) for path in judges}
+                                       timeout_s=reward.judge_timeout_s, device=self.device) for path in judges}
         self.code: CodeReward | None = None
         if uses_code(reward):
             from roll_lite.rewards.code import CodeReward
 
             self.code = CodeReward(reward)  # starts the sandbox pool and proves it isolates
 
+    def where(self) -> dict:
+        from .placement import where_am_i
+
+        return where_am_i()
+
     def describe(self) -> list[str]:
-        """A line per reward model (how it sees the text) and per judge, and the routing."""
+        """A line per reward model (how it sees the text) and per judge, where they run, and the routing."""
         sources = cast("list[RewardModel | Judge | CodeReward]",  # cast: mypy joins the three kinds to object
                        [*self.models.values(), *self.judges.values()] + ([self.code] if self.code else []))
         lines = [source.describe() for source in sources]
+        if self.models or self.judges:
+            lines.append(f"reward models and judges on {self.device}")
         if None not in self.routes:
             lines.append("rewards routed by data." + self.domain_key + ": " + "; ".join(
                 f"{domain}: {', '.join(name for name, _, _, _ in self._sources(sources))}" for domain, sources in self.routes.items()))

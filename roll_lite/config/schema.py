@@ -291,6 +291,9 @@ class WorkersConfig:
     # GPUs of the rollout worker's own: 0 = it shares actor rank 0's GPU (colocated, the default); N >= 1 =
     # N GPUs on one node for it alone (disaggregated; with rollout.engine=vllm, rollout.tensor_parallel_size=N)
     rollout_gpus: int = 0
+    # The reward worker's GPU on a GPU run, when it loads reward models or judges (rule rewards need none):
+    # 0 = a share of actor rank 0's GPU (colocated, the default); 1 = a GPU of its own
+    reward_gpus: int = 0
     placement: str = "pack"  # the actor's bundles: pack (fill a node first) | spread (one per node where possible)
     # A worker call (a step's generate, train_step, ...) that has not answered after call_timeout_s stops
     # the run (a worker that is alive but stuck); a warning names the waiting ranks every stall_warning_s.

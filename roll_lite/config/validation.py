@@ -17,6 +17,7 @@ from roll_lite.config.validation_beyond_rl import validate_distill, validate_pre
 from roll_lite.config.validation_rewards import validate_reward
 from roll_lite.config.validation_rollout import validate_environment, validate_rollout
 from roll_lite.errors import ConfigError
+from roll_lite.rewards.routing import all_sources
 from roll_lite.runtime.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
 from roll_lite.strategy.config import PARAM_DTYPES
 
@@ -66,6 +67,13 @@ def _validate_workers(config: RunConfig) -> None:
         check(w.gpus_per_rank > 0, "workers.rollout_gpus", "GPUs of the rollout's own need workers.gpus_per_rank=1")
         check(config.rollout.engine == "vllm" or w.rollout_gpus == 1, "workers.rollout_gpus",
               f"the hf engine generates on one GPU, got {w.rollout_gpus} (rollout.engine=vllm uses several)")
+    check(w.reward_gpus in (0, 1), "workers.reward_gpus", f"must be 0 (a share of actor rank 0's GPU) or 1 (a GPU of its "
+          f"own), got {w.reward_gpus}")
+    if w.reward_gpus:
+        check(w.gpus_per_rank > 0, "workers.reward_gpus", "a GPU of the reward worker's own needs workers.gpus_per_rank=1")
+        check(bool(all_sources(config.reward, "models") or all_sources(config.reward, "judges")), "workers.reward_gpus",
+              "the reward worker takes a GPU for reward models and judges, and this run has none (reward.models, "
+              "reward.judges)")
     if w.gpus_per_rank:
         for key in ("reference_dp", "critic_dp"):
             check(getattr(w, key) == w.actor_dp, f"workers.{key}",

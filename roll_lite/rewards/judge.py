@@ -87,7 +87,7 @@ def check_judge_folder(path: str, key: str) -> None:
 
 class Judge:
     def __init__(self, path: str, template: str = "pointwise", parser: Callable[[str], float | None] | None = None,
-                 max_new_tokens: int = 32, seed: int = 0, timeout_s: float | None = None):
+                 max_new_tokens: int = 32, seed: int = 0, timeout_s: float | None = None, device: str = "cpu"):
         import jinja2
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -99,7 +99,8 @@ class Judge:
         self.parse = parser or PARSERS.get(template, parse_pointwise)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        self.engine = HFEngine(AutoModelForCausalLM.from_pretrained(folder), pad, self.tokenizer.eos_token_id, seed=seed)
+        model = AutoModelForCausalLM.from_pretrained(folder).to(device).eval()
+        self.engine = HFEngine(model, pad, self.tokenizer.eos_token_id, seed=seed)
 
     def describe(self) -> str:
         limit = f", at most {self.timeout_s:g} s a call" if self.timeout_s is not None else ""
