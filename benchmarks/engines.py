@@ -92,7 +92,10 @@ def measure(name: str, args) -> dict:
     from roll_lite.model.modeling import build_causal_lm
     from roll_lite.rollout import SamplingParams
     from roll_lite.rollout.hf import HFEngine
-    from roll_lite.rollout.vllm_engine import VLLMEngine, checkpoint_names, start_llm, vllm_logprobs_mode
+    from roll_lite.rollout.vllm_engine import VLLMEngine
+    from roll_lite.rollout.vllm_requests import vllm_logprobs_mode
+    from roll_lite.rollout.vllm_start import start_llm
+    from roll_lite.rollout.vllm_weights import checkpoint_names
 
     config = hf_config(name)
     model = build_causal_lm(config, dtype=torch.float32, seed=0)

@@ -130,7 +130,9 @@ def measure_vllm(rank: int, args) -> dict:
     from roll_lite.lora.settings import LoraSettings
     from roll_lite.model.modeling import build_causal_lm
     from roll_lite.rollout import SamplingParams
-    from roll_lite.rollout.vllm_engine import VLLMEngine, checkpoint_names, start_llm, vllm_weights
+    from roll_lite.rollout.vllm_engine import VLLMEngine
+    from roll_lite.rollout.vllm_start import start_llm
+    from roll_lite.rollout.vllm_weights import checkpoint_names, vllm_weights
 
     model_config = SMOKE_MODEL if args.smoke else MODEL
     settings = LoraSettings(rank=rank, alpha=2.0 * rank)

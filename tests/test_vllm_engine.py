@@ -1,6 +1,6 @@
-"""The vllm engine's logic without a vllm.LLM (roll_lite/rollout/vllm_engine.py): what it asks vLLM
-for, what it sends as weights, how it reads vLLM's outputs, and when it sleeps and wakes (sleep mode
-exists on GPU only, so only here is it exercised).
+"""The vllm engine's logic without a vllm.LLM (roll_lite/rollout/vllm_engine.py, vllm_requests.py,
+vllm_weights.py): what it asks vLLM for, what it sends as weights, how it reads vLLM's outputs, and
+when it sleeps and wakes (sleep mode exists on GPU only, so only here is it exercised).
 
 `RecordingLLM` stands in for a vllm.LLM and returns outputs shaped like vLLM 0.32's RequestOutput /
 CompletionOutput / Logprob. The real engine runs on CPU in tests/test_vllm_cpu.py.
@@ -16,15 +16,14 @@ from safetensors import safe_open
 
 from roll_lite.model.modeling import build_causal_lm
 from roll_lite.rollout import SamplingParams
-from roll_lite.rollout.vllm_engine import (
-    VLLMEngine,
-    checkpoint_names,
+from roll_lite.rollout.vllm_engine import VLLMEngine
+from roll_lite.rollout.vllm_requests import (
     completions_from_outputs,
     request_seeds,
     vllm_logprobs_mode,
     vllm_sampling_kwargs,
-    vllm_weights,
 )
+from roll_lite.rollout.vllm_weights import checkpoint_names, vllm_weights
 
 EOS = 2
 

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from roll_lite.rollout.vllm_engine import VLLM_LORA_RANKS, VLLMEngine, adapter_rank, lora_settings
+from roll_lite.rollout.vllm_engine import VLLMEngine
+from roll_lite.rollout.vllm_start import VLLM_LORA_RANKS, lora_settings
+from roll_lite.rollout.vllm_weights import adapter_rank
 
 REPO = Path(__file__).resolve().parents[1]
 # max |engine log p - actor log p| per sampled token, float32. The non-LoRA engine's tolerance
@@ -145,14 +147,14 @@ def engine_checks(tied: bool, folder: str) -> dict:
 
     from roll_lite.errors import StaleRolloutWeights
     from roll_lite.model.modeling import build_causal_lm
-    from roll_lite.rollout import SamplingParams, vllm_engine
+    from roll_lite.rollout import SamplingParams, vllm_engine, vllm_start, vllm_weights
 
     model = build_causal_lm(model_settings(tied), seed=0)
-    llm, sampling_params_class = vllm_engine.start_llm(
+    llm, sampling_params_class = vllm_start.start_llm(
         model.config, dtype="float32", seed=0, logprobs_mode="processed_logprobs", tensor_parallel_size=1,
         gpu_memory_utilization=0.5, sleep_mode=False, cpu_kv_cache_gib=1, enforce_eager=True, lora_rank=RANK)
     engine = vllm_engine.VLLMEngine(llm, sampling_params_class, 2, tie_word_embeddings=tied, seed=0,
-                                    checkpoint_names=vllm_engine.checkpoint_names(model.config), lora_rank=RANK)
+                                    checkpoint_names=vllm_weights.checkpoint_names(model.config), lora_rank=RANK)
     found: dict = {"syncs": [], "ids": []}
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 96, (length,), generator=generator).tolist() for length in (5, 9, 12)]

