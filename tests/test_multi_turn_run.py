@@ -1,15 +1,18 @@
 """roll-train on configs/multiturn.yaml, tiny: trajectories with an environment that fails on some
 rows train to the end (a fault costs its trajectory), a SIGKILL and resume give the uninterrupted
-run's metrics exactly, and the vllm engine (CPU build) plays the same game."""
+run's metrics exactly, and the vllm engine (CPU build) plays the same game; docs/multi-turn.md's
+command for configs/multiturn_tools.yaml (the game with a calculator tool) runs as written."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import shlex
 import sys
 import textwrap
 
+import doc_commands
 import pytest
 from test_resume import REPO, metrics, run, run_until
 
@@ -93,3 +96,19 @@ def test_the_vllm_engine_plays_the_game_on_the_actors_weights(setup, tmp_path):
     steps = [r for r in metrics(tmp_path / "vllm") if r["step"] > 0]
     assert len(steps) == 2 and steps[0]["env/faults/raised"] == 4
     assert all(r["actor/rollout_logp_gap_max"] < 1e-4 for r in steps) and steps[1]["env/turns"] > 0
+
+
+def test_the_docs_tools_command_runs_the_game_with_the_calculator(tmp_path):
+    """docs/multi-turn.md's command verbatim, two tiny steps appended: the warm start reads the tool
+    demonstrations, the model is shown the calculator, and the tool calls are counted every step."""
+    (line,) = doc_commands.commands("roll-train", "configs/multiturn_tools.yaml")
+    tiny = [*SMALL[:5], "workers.torch_threads=1", "sft.steps=2", "sft.batch_size=4", "rollout.prompts_per_step=2",
+            "rollout.num_samples=2", "steps=2", "eval_every=2", "save_model=false"]
+    log = run([sys.executable, "-m", "roll_lite.cli", *shlex.split(line)[1:], *tiny, f"output_dir={tmp_path}",
+               "run_name=tools"]).stderr
+    assert "sft_tools.jsonl: 512 sequences" in log and "environment: tools in 2 process(es)" in log
+    steps = [r for r in metrics(tmp_path / "tools") if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2] and all("env/tool_calls" in r and "env/tool_errors" in r for r in steps)
+    sample = json.loads((tmp_path / "tools" / "eval_samples" / "step_2.jsonl").read_text().splitlines()[0])
+    assert sample["prompt"].startswith("S: # Tools\n") and '"name": "calculator"' in sample["prompt"]
+    assert sample["prompt"].endswith("U: Guess 1-16.\nA: ")

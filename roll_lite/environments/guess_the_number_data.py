@@ -9,6 +9,11 @@ a demonstrator, as JSONL files.
   but it does not bisect: it needs ~30% more guesses than bisection and runs out of turns now and
   then, which leaves RL something to improve (success, and turns to solve). Its observations are the
   environment's own, replayed on an instance of it.
+- sft_tools.jsonl: the same game inside the `tools` environment with the calculator (configs/multiturn_tools.yaml):
+  the tools' system message first, then a demonstrator that, for each guess, half the time asks the
+  calculator for the middle of the numbers still possible and guesses its answer (bisection, through
+  the tool), and otherwise guesses at random among them as above. Replayed on the tools environment,
+  tool messages included.
 
 Regenerate the files, byte for byte, with
 
@@ -24,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from roll_lite.environments.guess_the_number import GuessTheNumber
+from roll_lite.environments.tools import ToolEnvironment
 
 LO, HI, MAX_TURNS = 1, 16, 5
 INTRO = "Guess {lo}-{hi}."  # configs/multiturn.yaml's environment.kwargs.intro: short, for a small model
 NUM_TRAIN, NUM_SFT, SEED = 4096, 2048, 0
+TOOLS, NUM_SFT_TOOLS = ["roll_lite.environments.example_tools:calculator"], 512  # configs/multiturn_tools.yaml
 
 
 def demonstration(secret: int, rng: random.Random, lo: int = LO, hi: int = HI, max_turns: int = MAX_TURNS) -> list[dict]:
@@ -47,6 +54,32 @@ def demonstration(secret: int, rng: random.Random, lo: int = LO, hi: int = HI, m
         low, high = (guess + 1, high) if guess < secret else (low, guess - 1)
 
 
+def tool_demonstration(secret: int, rng: random.Random, lo: int = LO, hi: int = HI,
+                       max_turns: int = MAX_TURNS) -> list[dict]:
+    """One conversation of the game with the calculator (sft_tools.jsonl), up to the environment's last
+    observation: the tools' system message and the game's intro, then the demonstrator's turns."""
+    env = ToolEnvironment(env="guess_the_number", tools=TOOLS,
+                          env_kwargs={"lo": lo, "hi": hi, "max_turns": max_turns, "intro": INTRO})
+    messages, _ = env.reset(secret=secret)
+    low, high = lo, hi
+    while True:
+        if rng.random() < 0.5:
+            call = {"name": "calculator", "arguments": {"expression": f"({low}+{high})//2"}}
+            reply = f"<tool_call>{json.dumps(call)}</tool_call>"
+            messages.append({"role": "assistant", "content": reply})
+            answers = env.step(reply)[0]
+            messages += answers
+            guess = int(answers[0]["content"])
+        else:
+            guess = rng.randint(low, high)
+        messages.append({"role": "assistant", "content": str(guess)})
+        observation, _, terminated, truncated, _ = env.step(str(guess))
+        if terminated or truncated:
+            return messages
+        messages.append({"role": "user", "content": observation})
+        low, high = (guess + 1, high) if guess < secret else (low, guess - 1)
+
+
 def write(folder: Path) -> None:
     rng = random.Random(SEED)
     folder.mkdir(parents=True, exist_ok=True)
@@ -55,6 +88,7 @@ def write(folder: Path) -> None:
         "eval.jsonl": [{"secret": secret} for secret in range(LO, HI + 1)],
         "sft.jsonl": [{"messages": demonstration(rng.randint(LO, HI), rng)} for _ in range(NUM_SFT)],
     }
+    rows["sft_tools.jsonl"] = [{"messages": tool_demonstration(rng.randint(LO, HI), rng)} for _ in range(NUM_SFT_TOOLS)]
     for name, lines in rows.items():
         (folder / name).write_text("".join(json.dumps(line) + "\n" for line in lines))
 
