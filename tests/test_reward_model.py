@@ -109,11 +109,31 @@ def test_what_breaks_costs_its_rows_only_and_normalize_and_clip_apply_to_the_res
     assert values.abs().max() <= 0.5 and len(set(values.tolist())) > 1
 
 
+def test_batches_not_started_within_the_timeout_are_timed_out_and_the_rest_scored(tmp_path, monkeypatch):
+    import time
+
+    policy = build_char_tokenizer()
+    model = RewardModel(save_reward_model(tmp_path / "rm"), policy, max_tokens=8, timeout_s=0.05)
+    assert model.describe().endswith(", batches after 0.05 s timed out")
+    forward = model._forward
+
+    def slow(batch):  # each batch takes longer than the whole limit
+        time.sleep(0.1)
+        return forward(batch)
+
+    monkeypatch.setattr(model, "_forward", slow)
+    sequences = [[5] * 6, [6] * 2, [7] * 7, [8] * 3]  # 8 tokens a batch: [2, 3], [6], [7] in length order
+    outcomes = model.score(["p"] * 4, ["r"] * 4, sequences)
+    assert [o.kind for o in outcomes] == ["timed_out", "ok", "timed_out", "ok"]  # the first batch ran
+    assert outcomes[0].reason == f"reward model {tmp_path / 'rm'}: not reached within reward.model_timeout_s=0.05 s"
+
+
 def test_the_worker_adds_a_reward_model_to_the_functions(tmp_path):
     policy = build_char_tokenizer()
     folder = save_reward_model(tmp_path / "judge_rm")
     worker = RewardWorker(RewardConfig(functions={"exact_answer": 1.0}, models={folder: 0.5}))
-    assert worker.describe() == [f"reward model {folder}: the policy's token ids go straight in (same tokenizer and chat template)"]
+    assert worker.describe() == [f"reward model {folder}: the policy's token ids go straight in (same tokenizer and chat template)",
+                                 "reward models and judges on cpu"]
     sequences = [policy("1=" + r)["input_ids"] for r in ("1", "2")]
     scores, scored, metrics = worker.score(["1", "2"], ["1", "1"], None, ["1=", "1="], sequences)
     rm = [alone(worker.models[folder], ids) for ids in sequences]

@@ -79,7 +79,7 @@ class RewardWorker:
 
             tokenizer = load_tokenizer(*policy_tokenizer)
             self.models = {path: RewardModel(path, tokenizer, reward.model_max_tokens, reward.model_normalize,
-                                             reward.model_clip, self.device) for path in models}
+                                             reward.model_clip, self.device, reward.model_timeout_s) for path in models}
         if judges := all_sources(reward, "judges"):
             from roll_lite.rewards.judge import Judge
             from roll_lite.runtime.importing import load_object

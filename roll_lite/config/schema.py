@@ -160,6 +160,9 @@ class RewardConfig:
     model_max_tokens: int = 4096  # padded tokens per reward-model batch (rows sorted by length)
     model_normalize: bool = False  # standardise each model's scores over the step's responses it scored
     model_clip: Optional[float] = None  # after normalising, scores clipped to [-clip, clip]; null: no clip
+    # each reward model's scoring per call: batches not started within model_timeout_s are `timed_out` (the
+    # batch under way finishes; reward.on_failure decides for the rest); null: no limit
+    model_timeout_s: Optional[float] = None
     # LLM judges: local folder -> weight. Each is a generative model (AutoModelForCausalLM) that reads
     # every (prompt, response) through judge_template and answers greedily; a strict parser takes its
     # last verdict, and a reply without one is `unparseable` (roll_lite/rewards/judge.py); metrics

@@ -18,6 +18,8 @@ def validate_reward(config: RunConfig) -> None:
         raise ConfigError(str(error)) from None
     one_of(config.reward.on_failure, ("zero", "drop"), "reward.on_failure")
     check(config.reward.model_max_tokens >= 1, "reward.model_max_tokens", f"must be >= 1, got {config.reward.model_max_tokens}")
+    check(config.reward.model_timeout_s is None or config.reward.model_timeout_s > 0, "reward.model_timeout_s",
+          f"must be > 0 seconds or null, got {config.reward.model_timeout_s}")
     check(config.reward.model_clip is None or config.reward.model_clip > 0, "reward.model_clip",
           f"must be > 0 or null, got {config.reward.model_clip}")
     check(not (config.reward.in_driver and (reads_text(config.reward) or uses_code(config.reward))), "reward.in_driver",

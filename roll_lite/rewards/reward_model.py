@@ -17,13 +17,14 @@ batch's scores (over the rows scored), `clip` bounds them to [-clip, clip] after
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
 from roll_lite.rewards.calls import describe
-from roll_lite.rewards.outcomes import Score, failed, scored
+from roll_lite.rewards.outcomes import Score, failed, scored, timed_out
 
 
 def folder_label(path: str) -> str:
@@ -53,10 +54,11 @@ def check_reward_model_folder(path: str, key: str) -> None:
 
 class RewardModel:
     def __init__(self, path: str, policy_tokenizer, max_tokens: int = 4096, normalize: bool = False,
-                 clip: float | None = None, device: str = "cpu"):
+                 clip: float | None = None, device: str = "cpu", timeout_s: float | None = None):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.path, self.max_tokens, self.normalize, self.clip = path, max_tokens, normalize, clip
+        self.timeout_s = timeout_s
         folder = Path(path).expanduser()
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         self.model = AutoModelForSequenceClassification.from_pretrained(folder).to(device).eval()
@@ -70,7 +72,8 @@ class RewardModel:
         how = ("the policy's token ids go straight in (same tokenizer and chat template)" if self.same_tokenizer else
                "the conversation is decoded and rendered with its own " +
                ("chat template" if self.tokenizer.chat_template else "tokenizer (no chat template: prompt + response)"))
-        return f"reward model {self.path}: {how}"
+        limit = f", batches after {self.timeout_s:g} s timed out" if self.timeout_s is not None else ""
+        return f"reward model {self.path}: {how}{limit}"
 
     def score(self, prompts: list[Any], responses: list[str], sequences: list[list[int]]) -> list[Score]:
         inputs = sequences if self.same_tokenizer else [self._render(p, r) for p, r in zip(prompts, responses)]
@@ -79,7 +82,13 @@ class RewardModel:
             if self.positions is not None and len(ids) > self.positions:
                 results[index] = failed(f"{len(ids)} tokens, more than the reward model's {self.positions} positions")
         pending = sorted((i for i, r in enumerate(results) if r is None), key=lambda i: len(inputs[i]))
+        start = time.monotonic()
         for rows in self._batches(pending, inputs):
+            if self.timeout_s is not None and time.monotonic() - start > self.timeout_s:
+                for i in rows:  # a batch under way finishes; the batches after the limit are not started
+                    results[i] = timed_out(f"reward model {self.path}: not reached within reward.model_timeout_s="
+                                           f"{self.timeout_s:g} s")
+                continue
             try:
                 values = self._forward([inputs[i] for i in rows])
             except Exception as error:  # the batch's rows fail; the next batch goes on
