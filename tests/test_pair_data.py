@@ -24,8 +24,22 @@ def write_jsonl(path, rows):
     return str(path)
 
 
-def load(tmp_path, rows, tokenizer=None, **settings):
-    path = write_jsonl(tmp_path / "pairs.jsonl", rows)
+def write_pairs(tmp_path, rows, fmt="jsonl"):
+    """The rows as JSONL, Parquet or a `save_to_disk` folder: the formats the shared reader (roll_lite/data/files.py) takes."""
+    if fmt == "jsonl":
+        return write_jsonl(tmp_path / "pairs.jsonl", rows)
+    import datasets
+
+    table = datasets.Dataset.from_list(rows)
+    if fmt == "parquet":
+        table.to_parquet(str(tmp_path / "pairs.parquet"))
+        return str(tmp_path / "pairs.parquet")
+    table.save_to_disk(str(tmp_path / "saved"))
+    return str(tmp_path / "saved")
+
+
+def load(tmp_path, rows, tokenizer=None, fmt="jsonl", **settings):
+    path = write_pairs(tmp_path, rows, fmt)
     return prepare_pair_datasets(PreferenceConfig(train_files=[path], **settings), tokenizer or build_char_tokenizer())
 
 
@@ -74,6 +88,45 @@ def test_bad_rows_are_one_line_errors_naming_file_row_and_key(tmp_path, row, set
     with pytest.raises(DataError) as error:
         load(tmp_path, [good, row], tokenizer, **settings)
     assert "pairs.jsonl: row 1 (line 2): " in str(error.value) and message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+CHAT_PAIRS = [
+    {"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "2+2"}],
+     "chosen": [{"role": "assistant", "content": "4"}], "rejected": [{"role": "assistant", "content": "5"}], "m": 1.5},
+    {"prompt": [{"role": "user", "content": "12="}],
+     "chosen": [{"role": "assistant", "content": "21"}], "rejected": [{"role": "assistant", "content": "12"}], "m": 0.0},
+]
+STRING_PAIRS = [{"prompt": "12=", "chosen": "21", "rejected": "1", "m": 0.5}, {"prompt": "345=", "chosen": "543", "rejected": "54", "m": 2}]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "saved"])
+@pytest.mark.parametrize("rows", [STRING_PAIRS, CHAT_PAIRS], ids=["strings", "chat"])
+def test_parquet_and_saved_pairs_give_the_jsonl_pairs_and_batch(tmp_path, fmt, rows):
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = TEMPLATE
+    (tmp_path / "jsonl").mkdir()
+    (tmp_path / fmt).mkdir()
+    expected = load(tmp_path / "jsonl", rows, tokenizer, margin_key="m").train
+    got = load(tmp_path / fmt, rows, tokenizer, fmt=fmt, margin_key="m").train
+    assert (got.chosen, got.rejected, got.margins) == (expected.chosen, expected.rejected, expected.margins)
+    batches = [build_pair_batch(data, tokenizer.pad_token_id) for data in (expected, got)]
+    assert batches[0].batch.keys() == batches[1].batch.keys()
+    assert all(torch.equal(batches[0][key], batches[1][key]) for key in batches[0].batch.keys())
+    assert batches[0].meta_info == batches[1].meta_info
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "saved"])
+@pytest.mark.parametrize("bad, message", [
+    ({"chosen": "21", "rejected": "21"}, "the chosen and the rejected response are the same"),
+    ({"chosen": "21", "rejected": " "}, "key 'rejected': the rejected response is empty"),
+], ids=["identical", "empty"])
+def test_a_bad_row_in_parquet_or_saved_pairs_is_one_line_naming_file_and_row(tmp_path, fmt, bad, message):
+    rows = [STRING_PAIRS[0], {**STRING_PAIRS[1], **bad}]
+    with pytest.raises(DataError) as error:
+        load(tmp_path, rows, fmt=fmt)
+    path = str(tmp_path / ("pairs.parquet" if fmt == "parquet" else "saved"))
+    assert str(error.value).startswith(f"preference.train_files: {path}: row 1: ") and message in str(error.value)
     assert "\n" not in str(error.value)
 
 
