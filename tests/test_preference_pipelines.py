@@ -4,6 +4,7 @@ with a reference worker and with precomputed reference log-probs (the same steps
 checkpoint bit for bit; LoRA DPO with the actor as its own reference."""
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -142,6 +143,10 @@ def test_the_chain_example_stages_are_valid_configs_and_its_scorer_reads_a_polic
                 continue
             config = load_config(REPO / arguments[1], arguments[2:])
             assert config.run_name.startswith("chain_"), name
+    # docs/preferences.md's stage table shows the commands the script runs, in order
+    section = (REPO / "docs/preferences.md").read_text().split("## The chain, on a CPU")[1].split("\n## ")[0]
+    shown = [shlex.split(code) for code in re.findall(r"`(roll-train --config [^`]+)`", section)]
+    assert shown == [["roll-train", *arguments, f"seed={chain.SEED}"] for arguments in chain.stages(False).values()]
     tokenizer = build_char_tokenizer()
     build_causal_lm(dict(model_type="qwen2", vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1), seed=0).save_pretrained(tmp_path)
