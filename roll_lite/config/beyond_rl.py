@@ -49,7 +49,7 @@ class PreferenceConfig:
     loss: str = "dpo"  # the DPO pipeline: dpo | ipo | simpo (the reward-model pipeline: Bradley–Terry)
     beta: float = 0.1  # DPO / IPO / SimPO: the inverse temperature β of the implicit reward
     label_smoothing: float = 0.0  # dpo, simpo: conservative DPO's ε, the chance that a label is flipped
-    nll_coef: float = 0.0  # dpo, ipo, simpo: + this × the chosen responses' token-mean NLL (TRL's rpo_alpha)
+    nll_coef: float = 0.0  # dpo, ipo, simpo: + this × the chosen responses' token-mean NLL (RPO)
     simpo_gamma: float = 0.5  # simpo: the target margin γ
     # dpo, ipo: worker = the reference's log-probs for each step's pairs (a reference worker; with LoRA the
     # actor with its adapters off); precomputed = one pass over all pairs before step 1, kept in checkpoints
