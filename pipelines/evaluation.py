@@ -18,7 +18,7 @@ logger = logging.getLogger("roll_lite")
 EVAL_CHUNK = 256  # eval prompts per generate call
 
 Generate = Callable[[PromptData, SamplingParams], DataProto]
-Score = Callable[[DataProto], "tuple[torch.Tensor, dict[str, float]]"]
+Score = Callable[[list[DataProto]], "tuple[torch.Tensor, torch.Tensor, dict[str, float]]"]  # PPOPipeline.score_batches
 
 
 def evaluate_held_out(eval_data: PromptData, generate: Generate, score: Score, rollout: RolloutConfig,
@@ -44,22 +44,19 @@ def evaluate_held_out(eval_data: PromptData, generate: Generate, score: Score, r
 
 def score_in_chunks(eval_data: PromptData, generate: Generate, score: Score,
                     params: SamplingParams) -> tuple[torch.Tensor, dict[str, float], list[str]]:
-    """Scores and response texts of every eval (prompt, sample) in order, and each reward function's mean."""
-    sums: dict[str, float]  # reward function -> its chunk means times the chunk sizes, summed
-    scores, sums, responses, prompts = [], {}, [], len(eval_data)
+    """Scores and response texts of every eval (prompt, sample) in order, and the reward metrics over all
+    of them: generated EVAL_CHUNK prompts at a time, scored in one call (a mean or a count per domain or
+    source is then over the whole set, not a mean of the chunks')."""
+    batches, prompts = [], len(eval_data)
     several_chunks = prompts > EVAL_CHUNK  # a long evaluation: show its progress
     bar = progress_bar(prompts, "evaluation", unit="prompt", show=several_chunks)
     for start in range(0, prompts, EVAL_CHUNK):
         chunk = eval_data.select(range(start, min(start + EVAL_CHUNK, prompts)))
-        batch = generate(chunk, params)
-        chunk_scores, means = score(batch)
-        scores.append(chunk_scores)
-        responses.extend(batch.non_tensor_batch["response_text"])
-        for name, mean in means.items():
-            sums[name] = sums.get(name, 0.0) + mean * len(chunk_scores)
+        batches.append(generate(chunk, params))
         bar.update(len(chunk))
         if several_chunks and not on_terminal():
             logger.info("evaluation: %d/%d prompts", start + len(chunk), prompts)
     bar.close()
-    scores = torch.cat(scores)
-    return scores, {name: total / len(scores) for name, total in sums.items()}, responses
+    scores, _, metrics = score(batches)
+    responses = [text for batch in batches for text in batch.non_tensor_batch["response_text"]]
+    return scores, metrics, responses

@@ -249,14 +249,22 @@ class PPOPipeline(RLWorkers, RLCheckpoints):
         """The reward functions on each row: its response text, answer and extra dataset fields
         (non_tensor_batch["extra"], one dict per row, when the data provides them). With
         reward.on_failure=drop it also marks the rows every function scored: batch["scored"]."""
-        extras, with_text = batch.non_tensor_batch.get("extra"), reads_text(self.config.reward)
-        scores, scored, metrics = self.reward.score(list(batch.non_tensor_batch["response_text"]),
-                                                    list(batch.non_tensor_batch["answer"]),
-                                                    None if extras is None else list(extras),
-                                                    *((list(batch.non_tensor_batch["prompt"]), token_ids(batch)) if with_text else ()))
+        scores, scored, metrics = self.score_batches([batch])
         if self.config.reward.on_failure == "drop":
             batch.batch["scored"] = scored
         return scores, metrics
+
+    def score_batches(self, batches: list[DataProto]) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """(scores, scored, metrics) of the rows of several batches in one call, so that every metric is over
+        all of them (a held-out set generated in chunks)."""
+        def column(key: str) -> list:
+            return [value for batch in batches for value in batch.non_tensor_batch[key]]
+
+        extras = column("extra") if "extra" in batches[0].non_tensor_batch else None
+        with_text = reads_text(self.config.reward)
+        ids = [row for batch in batches for row in token_ids(batch)] if with_text else []
+        return self.reward.score(column("response_text"), column("answer"), extras,
+                                 *((column("prompt"), ids) if with_text else ()))
 
     def compute_advantages(self, scores: torch.Tensor, token_rewards: torch.Tensor,
                            batch: DataProto) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -286,8 +294,8 @@ class PPOPipeline(RLWorkers, RLCheckpoints):
         if self.eval_data is None:
             return {}
         self.schedule.wait_sync()
-        metrics, self.eval_samples = evaluate_held_out(self.eval_data, self.generate, self.score, self.config.rollout,
-                                                       self.config.data.eval_num_samples)
+        metrics, self.eval_samples = evaluate_held_out(self.eval_data, self.generate, self.score_batches,
+                                                       self.config.rollout, self.config.data.eval_num_samples)
         return metrics
 
     def run(self) -> list[dict[str, Any]]:

@@ -79,3 +79,28 @@ def test_greedy_only_by_default_and_rows_keep_their_extra_fields(tmp_path):
     assert list(batch.non_tensor_batch["answer"]) == ["6", "6", "21", "21"]
     assert list(batch.non_tensor_batch["extra"]) == [{"id": 2}, {"id": 2}, {"id": 0}, {"id": 0}]
     assert batch["group_ids"].tolist() == [0, 0, 1, 1]
+
+
+def test_a_held_out_set_generated_in_chunks_is_scored_in_one_call(tmp_path, monkeypatch):
+    """Metrics over subsets (a domain's mean, a source's failure count) are over the whole set: a mean of
+    the chunks' means weighted by chunk size would be wrong for both."""
+    import roll_lite.pipelines.evaluation as evaluation
+
+    class Counting(LengthReward):
+        rows: list[int] = []
+
+        def score(self, responses, answers, *extra):
+            self.rows.append(len(responses))
+            values, scored, _ = super().score(responses, answers, *extra)
+            short = values < 0.5
+            return values, scored, {"reward/length/failed": float(short.sum())}
+
+    monkeypatch.setattr(evaluation, "EVAL_CHUNK", 2)  # 3 prompts: generated as 2 + 1
+    pipeline = pipeline_on(tmp_path, 0)
+    pipeline.reward = Counting()
+    metrics = pipeline.evaluate()
+    assert [len(ids) for _, ids in pipeline.rollout.calls] == [2, 1] and pipeline.reward.rows == [3]
+    scores = [length_score(pipeline.tokenizer.decode(ids, skip_special_tokens=True))
+              for _, out in pipeline.rollout.calls for ids in out]
+    assert metrics["eval/reward/length/failed"] == sum(s < 0.5 for s in scores)
+    assert metrics["eval/reward_mean"] == pytest.approx(sum(scores) / 3, abs=1e-6)
