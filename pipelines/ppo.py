@@ -257,7 +257,7 @@ class PPOPipeline(RLWorkers, RLCheckpoints):
     def score_batches(self, batches: list[DataProto]) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """(scores, scored, metrics) of the rows of several batches in one call, so that every metric is over
         all of them (a held-out set generated in chunks)."""
-        def column(key: str) -> list:
+        def column(key: str) -> list[Any]:
             return [value for batch in batches for value in batch.non_tensor_batch[key]]
 
         extras = column("extra") if "extra" in batches[0].non_tensor_batch else None
