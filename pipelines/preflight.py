@@ -140,13 +140,18 @@ def _joins_a_cluster(config: RunConfig) -> bool:
 
 def _check_rollout_engine(config: RunConfig) -> None:
     """On a local cluster the rollout worker runs on this machine: its engine must be able to run
-    here. A joined cluster's GPU nodes are checked by the rollout worker itself."""
+    here, and so must the judges' (reward.judge_engine). A joined cluster's GPU nodes are checked by
+    the workers themselves."""
+    from roll_lite.rewards.routing import all_sources
     from roll_lite.rollout import choose_engine
 
     if _joins_a_cluster(config):
         return
+    on_gpu = config.workers.gpus_per_rank > 0
     try:
-        choose_engine(config.rollout.engine, on_gpu=config.workers.gpus_per_rank > 0)
+        choose_engine(config.rollout.engine, on_gpu=on_gpu)
+        if all_sources(config.reward, "judges"):  # the reward worker runs the judges' engine here too
+            choose_engine(config.reward.judge_engine, on_gpu=on_gpu, key="reward.judge_engine")
     except (RuntimeError, NotImplementedError, ValueError) as error:
         raise ConfigError(str(error)) from None
 

@@ -86,7 +86,7 @@ def test_a_real_untrained_judge_is_unparseable_not_guessed_and_the_worker_counts
     folder = save_judge(tmp_path / "tiny_judge")
     worker = RewardWorker(RewardConfig(functions={"exact_answer": 1.0}, judges={folder: 2.0}, judge_template="pointwise",
                                        judge_max_new_tokens=6))
-    assert worker.describe() == [f"judge {folder}: greedy, at most 6 new tokens", "reward models and judges on cpu"]
+    assert worker.describe() == [f"judge {folder}: greedy, at most 6 new tokens, hf engine", "reward models and judges on cpu"]
     scores, scored, metrics = worker.score(["7", "8"], ["7", "7"], None, ["3+4=", "3+4="], [[1], [1]])
     assert scored.tolist() == [False, False] and scores.tolist() == [1.0, 0.0]  # only exact_answer scored
     assert metrics["reward/judge:tiny_judge/unparseable"] == 2.0 and metrics["reward/unscored"] == 2.0
@@ -103,6 +103,6 @@ def test_a_judge_past_its_timeout_gives_timed_out_rows_not_a_frozen_step(tmp_pat
     outcomes = slow.score(*rows)
     assert [o.kind for o in outcomes] == ["timed_out"] * 4, outcomes
     assert "cut at reward.judge_timeout_s=1e-06 s after" in outcomes[0].reason
-    assert slow.describe().endswith("at most 64 new tokens, at most 1e-06 s a call")
+    assert slow.describe().endswith("at most 64 new tokens, at most 1e-06 s a call, hf engine")
     unlimited = Judge(folder, template="correctness", max_new_tokens=16)
     assert [o.kind for o in unlimited.score(*rows)] == ["unparseable"] * 4

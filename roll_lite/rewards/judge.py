@@ -10,7 +10,8 @@ The parser takes the last well-formed verdict of the reply: `Score: N` (N an int
 `Verdict: correct|incorrect`; with a template of your own, `reward.judge_parser` (an import path of
 fn(reply) -> float | None) or the pointwise parser. A reply without one is `unparseable`, with the
 reply's start as the reason: never a guess (a reply that says "yes" somewhere is not a verdict).
-The judge decodes greedily with our hf engine, so the same inputs give the same scores.
+The judge decodes greedily with our hf engine, or with reward.judge_engine=vllm a vLLM engine in the
+reward worker (roll_lite/rollout/vllm_engine.py serve_model), so the same inputs give the same scores.
 """
 
 from __future__ import annotations
@@ -87,31 +88,50 @@ def check_judge_folder(path: str, key: str) -> None:
 
 class Judge:
     def __init__(self, path: str, template: str = "pointwise", parser: Callable[[str], float | None] | None = None,
-                 max_new_tokens: int = 32, seed: int = 0, timeout_s: float | None = None, device: str = "cpu"):
+                 max_new_tokens: int = 32, seed: int = 0, timeout_s: float | None = None, device: str = "cpu",
+                 engine: str = "hf", gpu_memory_utilization: float = 0.2):
+        """`engine`: hf (transformers' generate) or vllm (a vLLM engine in this process, on `device`'s GPU
+        or vLLM's CPU build; `gpu_memory_utilization` its share of the GPU); `timeout_s` needs hf."""
         import jinja2
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from roll_lite.rollout.hf import HFEngine
-
         folder = Path(path).expanduser()
-        self.path, self.max_new_tokens, self.timeout_s = path, max_new_tokens, timeout_s
+        self.path, self.max_new_tokens, self.timeout_s, self.engine_name = path, max_new_tokens, timeout_s, engine
         self.template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(template_source(template))
         self.parse = parser or PARSERS.get(template, parse_pointwise)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        model = AutoModelForCausalLM.from_pretrained(folder).to(device).eval()
-        self.engine = HFEngine(model, pad, self.tokenizer.eos_token_id, seed=seed)
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        self.engine: Any
+        if engine == "vllm":
+            from roll_lite.rollout.vllm_engine import serve_model
+
+            if timeout_s is not None:
+                raise ValueError("reward.judge_timeout_s: a vLLM judge's generation has no time limit; set it to null "
+                                 "or use reward.judge_engine=hf")
+            self.engine = serve_model(model, self.tokenizer.eos_token_id, seed, device.startswith("cuda"),
+                                      gpu_memory_utilization)
+        else:
+            from roll_lite.rollout.hf import HFEngine
+
+            self.engine = HFEngine(model.to(device), pad, self.tokenizer.eos_token_id, seed=seed)
 
     def describe(self) -> str:
         limit = f", at most {self.timeout_s:g} s a call" if self.timeout_s is not None else ""
-        return f"judge {self.path}: greedy, at most {self.max_new_tokens} new tokens{limit}"
+        return f"judge {self.path}: greedy, at most {self.max_new_tokens} new tokens{limit}, {self.engine_name} engine"
 
-    def score(self, prompts: list[Any], responses: list[str], answers: list[str], extras: list[dict]) -> list[Score]:
+    def _generate(self, inputs: list[list[int]]) -> list[list[int]]:
         from roll_lite.rollout.engine import SamplingParams
 
+        params = SamplingParams(self.max_new_tokens, greedy=True)
+        if self.engine_name == "vllm":
+            return self.engine.generate(inputs, params).token_ids
+        return self.engine.generate(inputs, params, self.timeout_s).token_ids
+
+    def score(self, prompts: list[Any], responses: list[str], answers: list[str], extras: list[dict]) -> list[Score]:
         try:
             inputs = [self._input_ids(*row) for row in zip(prompts, responses, answers, extras)]
-            replies = self.engine.generate(inputs, SamplingParams(self.max_new_tokens, greedy=True), self.timeout_s).token_ids
+            replies = self._generate(inputs)
         except Exception as error:  # the judge's rows fail; the other sources and the run go on
             return [failed(f"judge {self.path}: {describe(error)}")] * len(responses)
         return [self._cut(ids) or self._verdict(self.tokenizer.decode(ids, skip_special_tokens=True)) for ids in replies]

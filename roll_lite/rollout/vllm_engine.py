@@ -156,3 +156,24 @@ class VLLMEngine:
 
     def load_state_dict(self, state: dict) -> None:
         self.seed, self.calls = int(state["seed"]), int(state["calls"])
+
+
+def serve_model(model, eos_token_id: int, seed: int, on_gpu: bool, gpu_memory_utilization: float,
+                cpu_kv_cache_gib: int = 1) -> VLLMEngine:
+    """A vLLM engine in this process serving `model`'s weights (a loaded transformers causal LM): a
+    judge's (roll_lite/rewards/judge.py). Started as the rollout's engine is (start_llm: dummy weights),
+    then loaded in memory with the model's state dict, every checkpoint tensor checked; greedy replies
+    use vLLM's raw log-probs mode (none are read)."""
+    from roll_lite.rollout.vllm_start import start_llm
+    from roll_lite.rollout.vllm_weights import checkpoint_names
+
+    hf_config = model.config
+    llm, sampling_params_class = start_llm(
+        hf_config, dtype=str(next(model.parameters()).dtype).removeprefix("torch."), seed=seed,
+        logprobs_mode="raw_logprobs", tensor_parallel_size=1, gpu_memory_utilization=gpu_memory_utilization,
+        sleep_mode=False, cpu_kv_cache_gib=cpu_kv_cache_gib, enforce_eager=not on_gpu)
+    engine = VLLMEngine(llm, sampling_params_class, eos_token_id,
+                        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)), seed=seed,
+                        checkpoint_names=checkpoint_names(hf_config))
+    engine.update_weights(model.state_dict())
+    return engine
