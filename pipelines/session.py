@@ -126,12 +126,18 @@ class RunSession:
     # -- the run --------------------------------------------------------------------------------------
 
     def begin(self) -> int:
-        """After the workers started: put them back as the claimed checkpoint left them (if any), open
-        the tracker (metrics.jsonl continued from the checkpoint's records) and the checkpointer.
-        Returns the checkpoint's step, 0 for a fresh run."""
+        """After the workers started: log which node each role runs on (on a cluster of several nodes),
+        put the workers back as the claimed checkpoint left them (if any), open the tracker
+        (metrics.jsonl continued from the checkpoint's records) and the checkpointer. Returns the
+        checkpoint's step, 0 for a fresh run."""
+        from roll_lite.workers.cluster import where_the_roles_run
+
         from roll_lite.checkpoint import Checkpointer
         from roll_lite.runtime.tracking import RunLogger
 
+        roles = {name: getattr(self.pipeline, name, None) for name in ("actor", "reference", "critic", "rollout", "reward")}
+        if (placement := where_the_roles_run(roles)) is not None:
+            logger.info(placement)
         c, resumed_step, history = self.config, 0, None
         assert self.claim is not None  # __enter__ claimed it
         if self.claim.resume_from is not None:

@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -60,6 +60,32 @@ def start_ray(address: str | None, needed: Reservation, object_store_mb: int = 5
             f"but the cluster has {gpus:g}; lower workers.actor_dp, or set workers.gpus_per_rank=0 to run on CPU"
         )
     return f"{where} ({available:g} CPUs, {gpus:g} GPUs)"
+
+
+def where_the_roles_run(roles: dict[str, Any]) -> str | None:
+    """On a cluster of several nodes, one line with the node address of the driver and of each role's
+    processes; None on one node, where everything runs. `roles`: name -> its ModelGroup, RolloutClient
+    or RewardClient (workers/group.py), or None where the run has no such role."""
+    nodes = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
+    if len(nodes) < 2:
+        return None
+
+    def address(where: dict) -> str:
+        return nodes.get(where["node_id"], where["node_id"])
+
+    parts = [f"driver on {ray.util.get_node_ip_address()}"]
+    for name, role in roles.items():
+        if role is None:
+            continue
+        if getattr(role, "local", None) is not None:  # a RewardClient that scores in the driver
+            parts.append(f"{name} in the driver")
+            continue
+        found = role.where()
+        if isinstance(found, list):  # a ModelGroup: one per rank
+            parts.append(f"{name} " + ", ".join(f"rank {i} on {address(rank)}" for i, rank in enumerate(found)))
+        else:
+            parts.append(f"{name} on {address(found)}")
+    return f"placement on {len(nodes)} nodes: " + "; ".join(parts)
 
 
 def shadowing_directories() -> list[str]:

@@ -57,6 +57,23 @@ def strategy_config(config: RunConfig, role: str) -> StrategyConfig:
     return chosen
 
 
+def bind_gloo_to_the_node_address() -> None:
+    """gloo listens on the address this machine's hostname resolves to, often a loopback one (Debian's
+    127.0.1.1, a container's 127.0.0.1) that the ranks on other hosts cannot reach: their group then
+    fails to form ("connectFullMesh failed ... 127.0.0.1"). Use the interface that holds Ray's address
+    of this node instead, unless GLOO_SOCKET_IFNAME already names one."""
+    import psutil  # a dependency of peft and accelerate
+    import ray
+
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    node_ip = ray.util.get_node_ip_address()
+    for interface, addresses in psutil.net_if_addrs().items():
+        if any(address.address == node_ip for address in addresses):
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
+            return
+
+
 class ModelWorker:
     def __init__(self, role: str, rank: int, world_size: int, config: RunConfig, pipeline_root: str | None,
                  driver_roll_lite: str):
@@ -90,6 +107,7 @@ class ModelWorker:
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_gpu_index(self.config.workers.gpus_per_rank)))
         torch.set_num_threads(self.config.workers.torch_threads)
         check_kernels(self.config.reproducible)  # the kernels' variables reached this process
+        bind_gloo_to_the_node_address()
         store = self.group_store if self.rank == 0 else join_group_store(master_addr, master_port, self.world_size)
         init_distributed(store=store)
         self.build()
