@@ -51,11 +51,14 @@ class MultiTurnPipeline(PPOPipeline):
         if config.environment.name is None:
             raise ConfigError("environment.name: MultiTurnPipeline needs an environment (e.g. environment.name="
                               "guess_the_number); for single-turn runs use roll_lite.pipelines.ppo:PPOPipeline")
-        for key in ("models", "judges", "domains", "code"):
+        for key in ("domains", "code"):
             if getattr(config.reward, key):
-                raise ConfigError(f"reward.{key}: MultiTurnPipeline does not score with reward models, judges, domains or code "
-                                  "yet (its rows hold whole trajectories); score with reward.functions or the "
+                raise ConfigError(f"reward.{key}: MultiTurnPipeline does not score with domains or code yet (its rows "
+                                  "hold whole trajectories); score with reward.functions, reward models, judges or the "
                                   "environment's rewards")
+        if (config.reward.models or config.reward.judges) and not config.environment.final_reward:
+            raise ConfigError("environment.final_reward: reward.models and reward.judges score a trajectory's last turn, "
+                              "which needs environment.final_reward=true")
         if config.data.domain_weights:
             raise ConfigError("data.domain_weights: MultiTurnPipeline draws its prompts without domain weights yet")
         if config.reward.on_failure == "drop":  # turn-level credit has no baseline over the scored rows yet
@@ -153,6 +156,11 @@ class MultiTurnPipeline(PPOPipeline):
             cut = torch.tensor([e.truncated for e in kept])
             batch.batch["model_mask"][cut] = 0
         batch.non_tensor_batch["response_text"] = [e.turn_texts[-1] for e in kept]
+        # what reward models and judges read as the prompt: the conversation before the last model turn, as
+        # the policy saw it (its chat markup kept); they score the last turn in it, and a reward model with
+        # the policy's tokenizer reads the whole trajectory's ids
+        batch.non_tensor_batch["prompt"] = [self.tokenizer.decode(before_last_turn(cast("Trajectory", e.trajectory)))
+                                            for e in kept]
         batch.non_tensor_batch["answer"] = [self.train_data[r].get(self.config.data.answer_key) for r in rows]
         batch.non_tensor_batch["extra"] = [dict(self.train_data[r]) for r in rows]
         self.kept = kept
@@ -245,3 +253,9 @@ def episode_metrics(episodes: list[Episode], prefix: str, max_turns: int) -> dic
     for name in sorted({name for e in episodes for name in e.metrics}):
         metrics[f"{prefix}/{name}"] = sum(e.metrics.get(name, 0) for e in episodes) / n
     return metrics
+
+
+def before_last_turn(trajectory: Trajectory) -> list[int]:
+    """The prompt's ids and every piece before the trajectory's last model turn."""
+    last = max(i for i, (_, log_probs) in enumerate(trajectory.pieces) if log_probs is not None)
+    return trajectory.prompt_ids + [token for ids, _ in trajectory.pieces[:last] for token in ids]

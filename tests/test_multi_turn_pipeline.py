@@ -180,8 +180,36 @@ def test_the_pipeline_refuses_to_drop_unscored_responses_for_now(rows_file):
 
 
 def test_the_pipeline_refuses_the_code_source_for_now(rows_file):
-    with pytest.raises(ConfigError, match="reward.code: MultiTurnPipeline does not score with reward models, judges, domains or code"):
+    with pytest.raises(ConfigError, match="reward.code: MultiTurnPipeline does not score with domains or code yet"):
         pipeline_for(rows_file, "reward.code=1.0", "reward.sandbox.isolation=rlimits")
+
+
+def test_reward_models_and_judges_read_the_conversation_and_score_its_last_turn(rows_file, tmp_path):
+    from test_reward_model import save_reward_model
+
+    scorer = f"reward.models={{{save_reward_model(tmp_path / 'rm')}: 1.0}}"
+    with pytest.raises(ConfigError, match="environment.final_reward: reward.models and reward.judges score a "
+                                          "trajectory's last turn, which needs environment.final_reward=true"):
+        pipeline_for(rows_file, scorer)
+    pipeline = pipeline_for(rows_file, scorer, "environment.final_reward=true")
+    episodes = [episode(0, 0, [(2, 0.0), (3, 0.0)]), episode(1, 0, [(1, 0.0)])]
+    pipeline.episodes = episodes
+    batch = pipeline.episode_batch(episodes, step=1)
+    seen = {}
+
+    class Recording:
+        def score(self, responses, answers, extras, prompts, sequences):
+            seen.update(responses=responses, prompts=prompts, sequences=sequences)
+            return torch.tensor([1.0, 0.0]), torch.ones(2, dtype=torch.bool), {}
+
+    pipeline.reward = Recording()
+    _, scores, token_rewards, _ = pipeline.rewards(batch)
+    decode = pipeline.tokenizer.decode
+    assert seen["responses"] == ["t1", "t0"]  # each trajectory's last model turn
+    # prompt [1, 2] | turn 5 5 | observation 7 7 7 | last turn 5 5 5: the conversation before the last turn
+    assert seen["prompts"] == [decode([1, 2, 5, 5, 7, 7, 7]), decode([1, 2])]
+    assert seen["sequences"] == [[1, 2, 5, 5, 7, 7, 7, 5, 5, 5], [1, 2, 5]]  # the whole trajectory's ids
+    assert token_rewards[0, 9].item() == 1.0 and scores.tolist() == [1.0, 0.0]
 
 
 def test_final_reward_adds_the_reward_functions_score_on_the_last_turn(rows_file, monkeypatch):
