@@ -159,10 +159,10 @@ def test_a_users_loss_by_import_path_is_used_and_checked_first(losses_module):
 
 
 @pytest.fixture(scope="module")
-def readme_loss(tmp_path_factory):
+def docs_loss(tmp_path_factory):
     import doc_commands
 
-    with user_module(tmp_path_factory, "readme_loss", doc_commands.python_blocks_defining("my_loss")[0].body) as name:
+    with user_module(tmp_path_factory, "docs_loss", doc_commands.python_blocks_defining("my_loss")[0].body) as name:
         yield f"{name}:my_loss"
 
 
@@ -170,13 +170,13 @@ def readme_loss(tmp_path_factory):
     (["algorithm.rollout_is=token"], "'rollout_is_weight@sum'"),
     (["algorithm.rollout_mask=token", "algorithm.rollout_veto_threshold=4.0"], "'rollout_dropped@sum'"),
 ])
-def test_a_correction_the_loss_does_not_apply_fails_the_check_naming_the_metric(readme_loss, correction, metrics):
-    """The README's my_loss reports the engine-vs-actor gap but applies no correction: with one
-    configured, the loss check stops the run before training (check_correction_applied would stop it
-    after the first step), naming the metric the loss must report."""
-    plain = PPOPipeline(load_config(None, [f"algorithm.policy_loss={readme_loss}"]))
+def test_a_correction_the_loss_does_not_apply_fails_the_check_naming_the_metric(docs_loss, correction, metrics):
+    """docs/custom-losses.md's my_loss (the README's example) reports the engine-vs-actor gap but applies
+    no correction: with one configured, the loss check stops the run before training
+    (check_correction_applied would stop it after the first step), naming the metric the loss must report."""
+    plain = PPOPipeline(load_config(None, [f"algorithm.policy_loss={docs_loss}"]))
     assert check_own_losses(plain).startswith("loss check: loss_func passed")
-    corrected = PPOPipeline(load_config(None, [f"algorithm.policy_loss={readme_loss}", *correction]))
+    corrected = PPOPipeline(load_config(None, [f"algorithm.policy_loss={docs_loss}", *correction]))
     with pytest.raises(LossCheckFailed) as failed:
         check_own_losses(corrected)
     settings = ", ".join(correction)
