@@ -28,16 +28,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from distributed_harness import (  # noqa: E402
-    BUDGET,
-    CRITIC_LOSSES,
-    MASK_KEYS,
-    case_batch,
-    deviations,
-    make_loss,
-    reference,
-    value_head_weights,
-)
+from distributed_harness import case_batch, deviations, reference  # noqa: E402
+from loss_cases import BUDGET, CRITIC_LOSSES, MASK_KEYS, make_loss, value_head_weights  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: E402
 from torch.distributed.fsdp import FSDPModule  # noqa: E402
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from distributed_harness import CRITIC_LOSSES, all_cases, deviations, reference, run_strategy  # noqa: E402
+from distributed_harness import all_cases, deviations, reference, run_strategy  # noqa: E402
+from loss_cases import CRITIC_LOSSES  # noqa: E402
 from pair_cases import PAIR_LOSSES, PAIR_MODE  # noqa: E402
 
 from roll_lite.loss import AGG_MODES  # noqa: E402

@@ -4,6 +4,7 @@ Used by test_exactness.py (float64, tolerance 1e-10) and benchmarks/exactness.py
 float32 table). The reference is one forward/backward of the plain HF model over the whole padded
 global batch with full logits and log_softmax (policy losses), or the HF decoder's hidden states
 times the value head's weights (critic, loss 'value'): no strategy, packing or chunking code involved.
+The losses and batches of the cases: loss_cases.py (RL, SFT, critic, distillation) and pair_cases.py.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 
 import torch
+from loss_cases import BUDGET, CRITIC_LOSSES, MASK_KEYS, global_batch, lora_model, make_loss, value_head_weights
 from pair_cases import (
     PAIR_BUDGET,
     PAIR_LOSSES,
@@ -26,89 +28,11 @@ from pair_cases import (
 )
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
-from roll_lite.lora.adapters import add_adapters
-from roll_lite.lora.settings import LoraSettings
-from roll_lite.loss import (
-    AGG_MODES,
-    RolloutCorrection,
-    cispo_policy_loss_func,
-    gspo_token_policy_loss_func,
-    kl_regularized_loss_func,
-    ppo_policy_loss_func,
-    reverse_kl_loss_func,
-    sequence_policy_loss_func,
-    sft_loss_func,
-    top_k_forward_kl_loss_func,
-    value_loss_func,
-)
-from roll_lite.loss.checker import TINY_MODEL, random_rl_batch, relative_deviation
+from roll_lite.loss import AGG_MODES
+from roll_lite.loss.checker import TINY_MODEL, relative_deviation
 from roll_lite.model.modeling import build_causal_lm, enable_gradient_checkpointing
 
-SEQ_LEN = 16
-BUDGET = 29  # tokens per micro-batch in the token-budget cases: the two ranks need 2 and 1
-MASK_KEYS = {
-    "ppo": ["response_mask"], "sequence": ["response_mask"], "ppo_kl": ["response_mask", "kl_mask"],
-    "gspo_token": ["response_mask"], "cispo": ["response_mask"],
-    # the rollout correction's masks (weight 0 inside loss_mat, the global denominators unchanged)
-    "ppo_mis": ["response_mask"], "gspo_seqmask": ["response_mask"], "ppo_bypass": ["response_mask"],
-    "value": ["response_mask"],  # the critic: FSDP2Strategy(head='value')
-    "sft": ["kl_mask"],  # a target mask with holes, like a conversation's assistant turns (token-mean only)
-    # Multi-turn: the model's own tokens (model_mask) between environment / tool spans of varied length
-    "multiturn_ppo": ["model_mask"], "multiturn_ppo_kl": ["model_mask"], "multiturn_value": ["model_mask"],
-    "distill_rkl": ["response_mask"],  # on-policy distillation: the teacher's reverse KL as a loss
-    "distill_topk": ["response_mask"],  # and the forward KL over the teacher's top k (the student's chunked gather)
-}
-CRITIC_LOSSES = {"value", "multiturn_value"}
 DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32"}
-
-
-def make_loss(name: str, mode: str):
-    if name == "ppo":
-        # truncated importance sampling on: a token's weight depends on that token alone
-        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01, rollout_is="token",
-                                    rollout_is_cap=1.2)
-    if name == "sequence":
-        # and per sequence: on the whole row, which a micro-batch always holds
-        return sequence_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN,
-                                         rollout_is="sequence", rollout_is_cap=1.5)
-    if name == "gspo_token":
-        return gspo_token_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN,
-                                           rollout_is="token", rollout_is_cap=1.2)
-    if name == "cispo":  # a clip range the ratios cross on both sides
-        return cispo_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.1, seq_len_norm=SEQ_LEN,
-                                      entropy_coef=0.01, rollout_is="sequence", rollout_is_cap=1.5)
-    if name == "ppo_mis":  # TIS and the token band together (IcePop-like), and the veto
-        correction = RolloutCorrection(rollout_is="token", rollout_is_cap=1.2, rollout_mask="token", rollout_mask_low=0.7,
-                                       rollout_mask_high=1.4, rollout_veto_threshold=3.0)
-        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01, correction=correction)
-    if name == "gspo_seqmask":  # rows dropped by their geometric mean ratio, TIS per sequence on the rest
-        correction = RolloutCorrection(rollout_is="sequence", rollout_is_cap=1.5, rollout_mask="sequence",
-                                       rollout_mask_low=0.9, rollout_mask_high=1.1)
-        return sequence_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN,
-                                         correction=correction)
-    if name == "ppo_bypass":  # the engine's log-probs as π_old, with the sequence mask and the veto
-        correction = RolloutCorrection(rollout_bypass=True, rollout_mask="sequence", rollout_mask_low=0.9,
-                                       rollout_mask_high=1.1, rollout_veto_threshold=3.0)
-        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, entropy_coef=0.01, correction=correction)
-    if name == "sft":
-        return sft_loss_func(MASK_KEYS["sft"][0])
-    if name == "value":
-        # With the head below, about a third of the response tokens take the clipped branch.
-        return value_loss_func(mode, clip_range=0.5, seq_len_norm=SEQ_LEN)
-    if name == "multiturn_ppo":
-        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01, mask_key="model_mask",
-                                    rollout_is="token", rollout_is_cap=1.2)
-    if name == "multiturn_value":
-        return value_loss_func(mode, clip_range=0.5, seq_len_norm=SEQ_LEN, mask_key="model_mask")
-    if name == "distill_rkl":  # PPO on the task advantages + 0.7 × the k2 estimate of KL(π_S‖π_T)
-        policy = ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, entropy_coef=0.01)
-        return reverse_kl_loss_func(policy, mode, coef=0.7, estimator="k2", seq_len_norm=SEQ_LEN)
-    if name == "distill_topk":  # PPO + 0.7 × Σ p_T (log p_T − log p_S) over the teacher's top 3 ids
-        return top_k_forward_kl_loss_func(ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN), mode, coef=0.7, seq_len_norm=SEQ_LEN)
-    if name == "multiturn_ppo_kl":
-        return kl_regularized_loss_func(mode, kl_coef=0.5, kl_estimator="k3", seq_len_norm=SEQ_LEN,
-                                        policy_mask_key="model_mask", kl_mask_key="model_mask")
-    return kl_regularized_loss_func(mode, kl_coef=0.5, kl_estimator="k3", seq_len_norm=SEQ_LEN)
 
 
 def mask_keys(loss: str) -> list[str]:
@@ -117,13 +41,6 @@ def mask_keys(loss: str) -> list[str]:
 
 def loss_for(loss: str, mode: str):
     return make_pair_loss(loss) if loss in PAIR_LOSSES else make_loss(loss, mode)
-
-
-def value_head_weights(dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """A non-zero value head (the critic's starts at zero, which would leave the backbone without a
-    gradient): values of about unit scale, like the batch's returns and old values."""
-    weight = 0.2 * torch.randn(1, TINY_MODEL["hidden_size"], generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    return {"value_head.weight": weight.to(dtype), "value_head.bias": torch.tensor([0.1], dtype=torch.float64).to(dtype)}
 
 
 @dataclass(frozen=True)
@@ -143,21 +60,6 @@ class Case:
         suffix = ("" if self.rows == 7 else f"-{self.rows}row") + ("-lora" if self.lora else "")
         suffix += "-checkpointing" if self.checkpointing else ""
         return f"{self.loss}-{self.mode}-D{self.world_size}-{a}-{self.micro_batching}{suffix}"
-
-
-LORA = LoraSettings(rank=4, alpha=8.0, target_modules="all-linear")
-
-
-def lora_model(dtype: torch.dtype) -> torch.nn.Module:
-    """The tiny model with adapters on every Linear layer but the head, lora_B non-zero (it starts at
-    zero, which would leave lora_A without a gradient)."""
-    lm = add_adapters(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0), LORA, seed=1)
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for name, parameter in lm.named_parameters():
-            if ".lora_B." in name:
-                parameter.copy_(0.2 * torch.randn(parameter.shape, generator=generator, dtype=torch.float64))
-    return lm
 
 
 def case_model(case: Case, dtype: torch.dtype) -> torch.nn.Module:
@@ -194,15 +96,6 @@ def all_cases() -> list[Case]:
     return cases
 
 
-def global_batch(dtype: torch.dtype, rows: int = 7):
-    # 7 rows of uneven length (one of 2 tokens), two rows with an all-zero response mask, one with
-    # an all-zero kl_mask: shares and micro-batches get uneven and partly empty.
-    data = random_rl_batch(num_rows=7, seq_len=SEQ_LEN, mask_keys=["response_mask", "kl_mask"], seed=11, dtype=dtype)
-    data.batch["model_mask"] = multi_turn_mask(data["response_mask"])
-    data.batch["teacher_log_probs"] = data["ref_log_probs"].flip(-1)  # another policy's log-probs
-    return data.slice(0, rows)
-
-
 def case_batch(loss: str, dtype: torch.dtype, rows: int):
     if loss in PAIR_LOSSES:
         return pair_batch(dtype)
@@ -213,22 +106,6 @@ def case_batch(loss: str, dtype: torch.dtype, rows: int):
         data.batch["teacher_top_k_ids"] = torch.randint(0, TINY_MODEL["vocab_size"], shape, generator=generator)
         data.batch["teacher_top_k_log_probs"] = -torch.rand(shape, generator=generator, dtype=dtype) * 3 - 0.1
     return data
-
-
-def multi_turn_mask(response_mask: torch.Tensor, seed: int = 23) -> torch.Tensor:
-    """The model's own tokens of multi-turn trajectories: each row's response alternates model turns
-    and environment / tool spans (1-3 tokens each, the model first); 0 outside the response."""
-    generator = torch.Generator().manual_seed(seed)
-    model_mask = torch.zeros_like(response_mask)
-    for row, mask in enumerate(response_mask):
-        positions = mask.nonzero().flatten().tolist()
-        start, model_turn = 0, True
-        while start < len(positions):
-            span = int(torch.randint(1, 4, (1,), generator=generator))
-            if model_turn:
-                model_mask[row, positions[start:start + span]] = 1
-            start, model_turn = start + span, not model_turn
-    return model_mask
 
 
 def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: torch.dtype, out_path: str):

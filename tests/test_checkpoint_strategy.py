@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 import torch
-from distributed_harness import MASK_KEYS, global_batch, make_loss
+from loss_cases import MASK_KEYS, global_batch, make_loss
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.loss.checker import TINY_MODEL

@@ -12,7 +12,8 @@ float64, relative error ≤ 1e-10."""
 
 import pytest
 import torch
-from distributed_harness import BUDGET, all_cases, deviations, global_batch, reference, run_strategy
+from distributed_harness import all_cases, deviations, reference, run_strategy
+from loss_cases import BUDGET, global_batch
 
 from roll_lite.model.packing import row_lengths, token_budget_groups
 from roll_lite.strategy.micro_batches import split_for_data_parallel

@@ -4,7 +4,7 @@ reference as the adapters switched off, and the strategy training and checkpoint
 
 import pytest
 import torch
-from distributed_harness import LORA, MASK_KEYS, global_batch, lora_model, make_loss
+from loss_cases import LORA, MASK_KEYS, global_batch, lora_model, make_loss
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.errors import ConfigError

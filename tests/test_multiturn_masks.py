@@ -6,7 +6,7 @@ values the batch holds there. (The step over such batches equals the global-batc
 
 import pytest
 import torch
-from distributed_harness import MASK_KEYS, global_batch, make_loss
+from loss_cases import MASK_KEYS, global_batch, make_loss
 
 from roll_lite.data import DataProto
 from roll_lite.loss import AGG_MODES

@@ -309,8 +309,8 @@ def test_the_config_keys_reach_the_built_in_losses():
 
 
 def test_the_exactness_matrix_corrections_drop_some_tokens_but_not_all():
-    """tests/distributed_harness.py's correction entries: each mask and the veto bites on its batch."""
-    from distributed_harness import MASK_KEYS, global_batch, make_loss
+    """tests/loss_cases.py's correction entries: each mask and the veto bites on its batch."""
+    from loss_cases import MASK_KEYS, global_batch, make_loss
 
     data = global_batch(torch.float64)
     key = "response_mask"

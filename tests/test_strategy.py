@@ -4,14 +4,8 @@ import math
 
 import pytest
 import torch
-from distributed_harness import (
-    OPTIMIZER_CASE,
-    OPTIMIZER_SETTINGS,
-    global_batch,
-    make_loss,
-    reference,
-    run_optimizer_step,
-)
+from distributed_harness import OPTIMIZER_CASE, OPTIMIZER_SETTINGS, reference, run_optimizer_step
+from loss_cases import global_batch, make_loss
 
 from roll_lite.data import DataProto
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch
