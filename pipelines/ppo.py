@@ -8,27 +8,26 @@ rollout.async_steps = N > 0 the rollout of the next N steps runs while a step tr
 Override `loss_func(batch, output)` in a subclass to change the policy loss (examples/custom_loss/). The class
 is also built, without workers, in every actor / critic worker to serve its losses: `__init__` stays light.
 
-Its worker groups (start_workers, sync_from_actor, warm_start, save_final) are in pipelines/rl_workers.py,
-its checkpoints' hooks in pipelines/rl_checkpoints.py.
+Its prompts (prepare_data, read_data, draw_prompts, ...) are in pipelines/rl_data.py, its worker groups
+(start_workers, sync_from_actor, warm_start, save_final) in pipelines/rl_workers.py, its checkpoints' hooks
+in pipelines/rl_checkpoints.py.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from roll_lite.config import RunConfig, rollout_dtype
 from roll_lite.data import DataProto
-from roll_lite.data.domain_sampler import training_sampler
-from roll_lite.data.prompts import PromptData, prepare_datasets
+from roll_lite.data.prompts import PromptData
 from roll_lite.data.sequences import completion_batch, token_ids
 from roll_lite.loss import value_loss_func
 from roll_lite.loss.advantages import kl_shaped_rewards, last_token_rewards
 from roll_lite.model.tokenizer import load_tokenizer
-from roll_lite.rewards.code import code_row_check
 from roll_lite.rewards.routing import reads_text
 from roll_lite.rollout import SamplingParams
 from roll_lite.rollout.ahead import staleness
@@ -40,6 +39,7 @@ from .evaluation import evaluate_held_out
 from .fresh_weights import check_fresh_weights
 from .losses import check_correction_applied, policy_loss_func
 from .rl_checkpoints import RLCheckpoints
+from .rl_data import RLData
 from .rl_workers import RLWorkers
 from .rollout_schedule import RolloutSchedule
 from .run_log import fmt, progress_line
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("roll_lite")
 
 
-class PPOPipeline(RLWorkers, RLCheckpoints):
+class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
     # The mask of the tokens the losses train on (loss_mask_keys): every generated token here; the
     # model's own tokens of a multi-turn trajectory in MultiTurnPipeline (pipelines/multi_turn.py).
     loss_mask_key = "response_mask"
@@ -101,48 +101,6 @@ class PPOPipeline(RLWorkers, RLCheckpoints):
 
     # -- the controller ---------------------------------------------------------------------------
 
-    def prepare_data(self) -> None:
-        """Load, validate and tokenize the data: files (data.train_files, data.eval_files), and the
-        training sampler. In the driver, before Ray starts; a bad file raises DataError (one line).
-        Idempotent: run() calls it too."""
-        if self.train_data is not None:
-            return
-        if self.teachers is not None:
-            self.teachers.check(self.tokenizer)
-        self.train_data, self.eval_data = self.read_data()
-        self.sampler = training_sampler(self.config.data, self.train_data, self.data_seed)
-        if self.config.sft.steps:
-            self.warm_start_sft = SFTPipeline(self.config, self.tokenizer)
-            self.warm_start_sft.train_loss = "sft"  # the built-in SFT loss, not this pipeline's loss_func
-            self.warm_start_sft.prepare_data()
-
-    def read_data(self) -> tuple[PromptData, PromptData | None]:
-        """(the training prompts, the held-out ones or None), tokenized."""
-        reward, data = self.config.reward, self.config.data
-        teachers = self.teachers.domains if self.teachers is not None else None
-        domains = list(reward.domains) or list(data.domain_weights) or teachers
-        prepared = prepare_datasets(data, self.tokenizer, domains=domains, row_check=code_row_check(reward, data.domain_key))
-        for note in prepared.notes:
-            logger.info(note)
-        return prepared.train, prepared.eval
-
-    def longest_sequences(self) -> tuple[int, int]:
-        """(tokens of the longest prompt, of the longest warm-start SFT sequence; 0 without a warm start)."""
-        self.prepare_data()
-        rows = [self.train_data] + ([self.eval_data] if self.eval_data is not None else [])
-        longest_prompt = max(len(ids) for data in rows for ids in data.prompt_ids)
-        return longest_prompt, cast(SFTPipeline, self.warm_start_sft).longest_sequences()[1] if self.config.sft.steps else 0
-
-    @property
-    def data_seed(self) -> int:
-        return self.config.seed if self.config.data.seed is None else self.config.data.seed
-
-    @property
-    def data_used_up(self) -> bool:
-        """data.epochs ended: no prompts left to draw, and every step they were drawn for has run."""
-        assert self.sampler is not None  # prepare_data() made it
-        return self.sampler.exhausted and not len(self.schedule.queue)
-
     def sampling_params(self) -> SamplingParams:
         r = self.config.rollout
         return SamplingParams(r.max_new_tokens, r.num_samples, r.temperature, r.top_p, r.top_k)
@@ -152,11 +110,6 @@ class PPOPipeline(RLWorkers, RLCheckpoints):
         self.schedule.wait_sync()
         assert self.rollout is not None  # start_workers() made it
         return completion_batch(prompts, self.rollout.generate(prompts.prompt_ids, params), self.tokenizer)
-
-    def draw_prompts(self) -> tuple[list[int], list[list[int]]] | None:
-        assert self.sampler is not None  # prepare_data() made it
-        rows = self.sampler.draw(self.config.rollout.prompts_per_step)
-        return (rows, self.train_data.select(rows).prompt_ids) if rows else None
 
     def collect_rollout(self, step: int) -> tuple[DataProto, int]:
         """(the batch of `step`, how many steps older than the actor its sampling weights are)."""
