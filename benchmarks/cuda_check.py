@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from attention_paths import KERNELS, force_path, runnable_paths  # noqa: E402  (the script's folder is on sys.path)
 from distributed_harness import case_batch, deviations, reference  # noqa: E402
 from loss_cases import BUDGET, CRITIC_LOSSES, MASK_KEYS, make_loss, value_head_weights  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: E402
@@ -40,12 +40,6 @@ from roll_lite.model.modeling import CausalLMWithLogProbs, build_causal_lm  # no
 from roll_lite.strategy import FSDP2Strategy, StrategyConfig  # noqa: E402
 from roll_lite.strategy.micro_batches import forward_micro_batch  # noqa: E402
 
-KERNELS = {
-    "flash-attn": lambda q, k, v, cu, m, s: attention._flash_attn_varlen(q, k, v, cu, m, s, 0.0),
-    "torch-varlen": attention._torch_varlen,
-    "per-sequence-sdpa": lambda q, k, v, cu, m, s: attention._per_sequence_sdpa(q, k, v, cu, s, 0.0),
-}
-
 
 def table(header: list[str], rows: list[list]) -> None:
     print("| " + " | ".join(header) + " |")
@@ -53,17 +47,6 @@ def table(header: list[str], rows: list[list]) -> None:
     for row in rows:
         print("| " + " | ".join(f"{x:.1e}" if isinstance(x, float) else str(x) for x in row) + " |")
     print(flush=True)
-
-
-def runnable_paths(device: torch.device, dtype: torch.dtype) -> list[str]:
-    return [p for p in attention.PACKED_PATHS if attention._why_not(p, device, dtype, 0.0) is None]
-
-
-def force_path(path: str | None) -> None:
-    if path is None:
-        os.environ.pop(attention.OVERRIDE_ENV, None)
-    else:
-        os.environ[attention.OVERRIDE_ENV] = path
 
 
 def check_kernels(device: torch.device, lengths: list[int]) -> None:
