@@ -213,7 +213,8 @@ def test_a_portable_run_pins_the_kernels_of_the_driver_every_worker_and_the_rewa
     (tmp_path / "usermod.py").write_text(textwrap.dedent(REPORTING))
     command = [str(Path(sys.executable).parent / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"),
                "pipeline=usermod:Pipeline", *small(tmp_path), "reward.functions={'usermod:reward': 1.0}",
-               "rollout.in_actor=false", "steps=1", "eval_every=1", "save_model=false", "wandb_mode=disabled",
+               "rollout.in_actor=false", "workers.one_process_per_rank=false",  # every role a process of its own
+               "steps=1", "eval_every=1", "save_model=false", "wandb_mode=disabled",
                f"output_dir={tmp_path / 'out'}", "run_name=portable", "reproducible=portable"]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=clean_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
