@@ -3,7 +3,7 @@ as Ray builds them). tests/test_failures.py sees them through real runs."""
 
 import ray
 import torch
-from roll_lite.workers.group import worker_error
+from roll_lite.workers.calls import worker_error
 
 from roll_lite.runtime.failures import WorkerError
 
@@ -58,7 +58,7 @@ import os, time
 import ray
 from roll_lite.config import WorkersConfig
 from roll_lite.runtime.failures import WorkerError
-from roll_lite.workers.group import WorkerCalls
+from roll_lite.workers.calls import WorkerCalls
 
 @ray.remote(num_cpus=0)
 class Rank:
