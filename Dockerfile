@@ -11,5 +11,7 @@ ENV PATH=/opt/venv/bin:$PATH
 RUN pip install --no-cache-dir torch==2.13.0
 COPY . .
 RUN pip install --no-cache-dir -c constraints-cpu.txt -e ".[gpu]" --no-build-isolation
-ENTRYPOINT ["roll-train"]
+# One image for every node: `head`, `worker HEAD_IP:PORT` or roll-train's arguments (scripts/docker_entrypoint.sh;
+# docs/gpus-and-clusters.md: several hosts)
+ENTRYPOINT ["/opt/roll_lite/scripts/docker_entrypoint.sh"]
 CMD ["--config", "configs/grpo_gpu.yaml"]
