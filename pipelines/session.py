@@ -171,7 +171,9 @@ class RunSession:
         """After a training step: its metrics, then its checkpoint when one is due (`last`: no step follows)."""
         self.log(step, metrics, eval_samples)
         assert self.checkpointer is not None  # begin() opened it
+        before, self.pipeline.stage = self.pipeline.stage, f"the checkpoint of step {step}"  # a failure in it says so
         self.checkpointer.maybe_save(step, last)
+        self.pipeline.stage = before
 
     def checkpoint_on_stop(self) -> None:
         """On SIGINT / SIGTERM: write the checkpoint of the last completed step if it was due and is not

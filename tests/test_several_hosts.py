@@ -1,25 +1,29 @@
-"""A Ray cluster over three hosts (network namespaces, tests/hosts.py): the head in host 1, a worker
-node in hosts 2 and 3, token authentication on. `ray job submit` from outside the hosts (this
-process's namespace, over the bridge) runs GRPO with the actor's two FSDP2 ranks on two hosts and
-the rollout worker on the third; its metrics equal those of the same run on one host, bit for bit."""
+"""A Ray cluster over three hosts (network namespaces, tests/hosts.py; Ray on them, tests/ray_hosts.py):
+the head in host 1, a worker node in hosts 2 and 3, token authentication on, started once for the
+module. `ray job submit` from outside the hosts (this process's namespace, over the bridge) runs GRPO
+with the actor's two FSDP2 ranks on two hosts and the rollout worker on the third; its metrics equal
+those of the same run on one host, bit for bit.
+
+Then a worker host is lost: every process in its namespace is killed with SIGKILL (its raylet, its
+workers, its `ray start`), in the middle of step 2, or while step 2's checkpoint is being written. The
+run stops within seconds with one line naming the lost worker and its host; resubmitted with the same
+command once the host is back, it resumes from the last complete checkpoint and ends where the
+uninterrupted three-host run ended, bit for bit. The runs time their kills with a pipeline written to
+tmp_path (`pipeline=host_loss:...`): a step, or a checkpoint's write, that waits for the test."""
 
 import json
-import os
 import re
-import secrets
-import shutil
 import subprocess
-import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from hosts import Hosts, hosts_or_skip
+import pytest
+from hosts import hosts_or_skip
+from ray_hosts import BIN, RayCluster
 from test_pipeline_ray import REPO, SMALL
 
-BIN = Path(sys.executable).parent
+from roll_lite.checkpoint import layout
+
 # Each host has one CPU and each actor rank and the rollout worker reserve one, so the actor's
 # placement group (workers.placement=spread) takes two hosts and the rollout worker the third.
 ONE_CPU_EACH = ["workers.actor_cpus=1", "workers.rollout_cpus=1"]
@@ -27,118 +31,201 @@ ONE_CPU_EACH = ["workers.actor_cpus=1", "workers.rollout_cpus=1"]
 # not what it computes: each one computes with workers.torch_threads=1 either way.
 HALF_A_CPU_EACH = ["workers.actor_cpus=0.5", "workers.rollout_cpus=0.5"]
 GRPO = [*SMALL, "rollout.prompts_per_step=2", "rollout.num_samples=4", "steps=2", "eval_every=2", "save_model=false",
-        "checkpoint.enabled=false", "algorithm.track_kl=false",  # no reference model: cheaper, same proof
+        "checkpoint.every=1",  # a checkpoint after each step: the runs that lose a host resume from step 1's
+        "algorithm.track_kl=false",  # no reference model: cheaper, same proof
         "workers.actor_dp=2", "workers.placement=spread"]
 # Timings and memory figures: they follow the machine's load, and no two runs share them.
 TIMING = re.compile(r"^perf/|_per_s$|_s$|memory")
+PLACEMENT = re.compile(r"placement on 3 nodes: driver on (\S+); actor rank 0 on (\S+), rank 1 on (\S+); rollout on (\S+);")
+
+PIPELINES = '''
+import json
+import os
+import time
+from pathlib import Path
+
+import ray
+
+from roll_lite.checkpoint import layout
+from roll_lite.pipelines.ppo import PPOPipeline
+
+HERE = Path(__file__).parent
 
 
-def test_grpo_with_its_ranks_on_two_hosts_and_the_rollout_on_a_third_equals_the_one_host_run(tmp_path):
-    data = tiny_data(tmp_path)
-    token = tmp_path / "ray_auth_token"
-    token.write_text(secrets.token_hex(32))
-    token.chmod(0o600)
-    env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
-    temp_dirs = [tempfile.mkdtemp(prefix=f"rl{os.getpid()}h{i}-", dir="/tmp") for i in (1, 2, 3)]  # short: Ray's socket paths
-    try:
-        with hosts_or_skip(3) as hosts:
-            # The one-host run goes on meanwhile: its own local Ray cluster, in this namespace.
-            with (tmp_path / "one_host.log").open("w") as log:
-                one_host = subprocess.Popen([str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *GRPO,
-                                             *HALF_A_CPU_EACH, *data, f"output_dir={tmp_path}", "run_name=one_host"],
-                                            stdout=subprocess.DEVNULL, stderr=log, cwd=tmp_path)
-            try:
-                dashboard = start_cluster(hosts, env, temp_dirs, tmp_path)
-                submitted = submit(dashboard, env, [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"),
-                                                    *GRPO, *ONE_CPU_EACH, *data, f"output_dir={tmp_path}",
-                                                    "run_name=three_hosts"], tmp_path / "three_hosts.log")
-            except BaseException:
-                one_host.terminate()  # roll-train stops its local cluster on SIGTERM
-                raise
-            finally:
-                one_host.wait(timeout=300)
-            addresses = [host.address for host in hosts]
-        assert hosts.leftovers() == []
-        assert not ray_processes_in(temp_dirs)
-    finally:
-        for folder in temp_dirs:
-            shutil.rmtree(folder, ignore_errors=True)
+class LosesAHostMidStep(PPOPipeline):
+    """In its second call (step 2) the loss_func of each actor rank on a worker node (not on the head,
+    where the driver runs) writes its node's address to rank<R>.json, then sleeps until the test has
+    killed that node. Once: the run resumed with the same command goes through."""
 
-    assert one_host.returncode == 0, (tmp_path / "one_host.log").read_text()[-3000:]
-    assert submitted.returncode == 0 and "succeeded" in submitted.stdout, submitted.stdout[-4000:] + submitted.stderr[-2000:]
-    assert f"joined the Ray cluster at {addresses[0]}:6379 (3 CPUs" in submitted.stdout
-    placement = re.search(r"placement on 3 nodes: driver on (\S+); actor rank 0 on (\S+), rank 1 on (\S+); "
-                          r"rollout on (\S+); reward in the driver", submitted.stdout)
-    assert placement, submitted.stdout[-4000:]
-    driver, rank_0, rank_1, rollout = placement.groups()
-    assert driver == addresses[0]  # a job's driver runs on the head
-    assert sorted([rank_0, rank_1, rollout]) == addresses  # one host each
-    assert metrics(tmp_path / "three_hosts") == metrics(tmp_path / "one_host")
+    def loss_func(self, batch, output):
+        self.calls = getattr(self, "calls", 0) + 1
+        if self.calls == 2 and "RANK" in os.environ:  # an actor rank (the driver's loss check calls it too)
+            node, mark = ray.util.get_node_ip_address(), HERE / f"rank{os.environ['RANK']}.json"
+            if node != ray.get_runtime_context().gcs_address.split(":")[0] and not mark.exists():
+                mark.write_text(json.dumps({"node": node}))
+                time.sleep(120)
+        return super().loss_func(batch, output)
 
 
-def tiny_data(tmp_path: Path) -> list[str]:
+class LosesAHostInACheckpoint(PPOPipeline):
+    """The write of step 2's checkpoint, its folder made and no part written yet, waits (once) until the
+    test has killed a node and says `go`."""
+
+    def checkpoint_groups(self):
+        writing = layout.partial_dir(Path(self.config.output_dir) / self.config.run_name, 2).is_dir()
+        if writing and not (HERE / "paused").exists():
+            (HERE / "paused").touch()
+            for _ in range(1200):
+                if (HERE / "go").exists():
+                    break
+                time.sleep(0.1)
+        return super().checkpoint_groups()
+'''
+
+
+def roll_train(data: list[str], output: Path, run_name: str, *extra: str) -> list[str]:
+    return [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *GRPO, *data, f"output_dir={output}",
+            f"run_name={run_name}", *extra]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Three hosts and a Ray cluster on them, for every test of the module; afterwards no namespace,
+    veth, bridge or process of theirs is left."""
+    with hosts_or_skip(3) as hosts:
+        cluster = RayCluster(hosts, tmp_path_factory.mktemp("cluster"))
+        yield cluster
+    cluster.remove_temp_dirs()
+    assert hosts.leftovers() == []
+    assert not cluster.processes_left()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> list[str]:
+    folder = tmp_path_factory.mktemp("data")
     overrides = []
     for split in ("train", "eval"):
         rows = (REPO / f"data/reverse_digits/{split}.jsonl").read_text().splitlines(keepends=True)[:8]
-        (tmp_path / f"{split}.jsonl").write_text("".join(rows))
-        overrides.append(f"data.{split}_files={tmp_path / f'{split}.jsonl'}")
+        (folder / f"{split}.jsonl").write_text("".join(rows))
+        overrides.append(f"data.{split}_files={folder / f'{split}.jsonl'}")
     return overrides
 
 
-def start_cluster(hosts: Hosts, env: dict[str, str], temp_dirs: list[str], logs: Path) -> str:
-    """Ray's head in host 1, a worker node in each other host, one CPU each; returns the head's
-    dashboard address once all three nodes are up. Ray's default ports: each host has its own."""
-    head = hosts[0]
-    common = ["--block", "--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
-    head.start([str(BIN / "ray"), "start", "--head", f"--node-ip-address={head.address}", "--port=6379",
-                f"--dashboard-host={head.address}", f"--temp-dir={temp_dirs[0]}", *common], logs / "host1.log", env)
-    for number, host in enumerate(hosts[1:], start=2):  # they wait for the head's GCS
-        host.start([str(BIN / "ray"), "start", f"--address={head.address}:6379", f"--node-ip-address={host.address}",
-                    f"--temp-dir={temp_dirs[number - 1]}", *common], logs / f"host{number}.log", env)
-    dashboard = f"http://{head.address}:8265"
-    deadline = time.monotonic() + 120
-    while (found := alive_nodes(dashboard, Path(env["RAY_AUTH_TOKEN_PATH"]).read_text())) < 3:
-        exited = [number for number, host in enumerate(hosts, start=1) if host.processes[0].poll() is not None]
-        assert not exited and time.monotonic() < deadline, (
-            f"{found} of 3 Ray nodes up after {120 - deadline + time.monotonic():.0f} s; `ray start` exited in hosts "
-            f"{exited}; host1.log: {(logs / 'host1.log').read_text()[-2000:]}")
-        time.sleep(1)
-    return dashboard
-
-
-def alive_nodes(dashboard: str, token: str) -> int:
-    """How many nodes the head's dashboard counts alive (0 while it is not up). Without the token it
-    answers 401: token authentication is on."""
+@pytest.fixture(scope="module")
+def reference(cluster, data, tmp_path_factory):
+    """The run on the three hosts, uninterrupted, and the same run on one host (its own local Ray
+    cluster, in this namespace, meanwhile): their run directories and the three-host job's output."""
+    output = tmp_path_factory.mktemp("reference")
+    with (output / "one_host.log").open("w") as log:
+        one_host = subprocess.Popen(roll_train(data, output, "one_host", *HALF_A_CPU_EACH), stdout=subprocess.DEVNULL,
+                                    stderr=log, cwd=output)
     try:
-        urllib.request.urlopen(f"{dashboard}/nodes?view=summary", timeout=5)
-        raise AssertionError("the dashboard answered a request without the token")
-    except urllib.error.HTTPError as refused:
-        assert refused.code == 401, refused
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return 0
-    request = urllib.request.Request(f"{dashboard}/nodes?view=summary", headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(request, timeout=5) as answer:
-        summary = json.load(answer)["data"]["summary"]
-    return sum(node["raylet"]["state"] == "ALIVE" for node in summary)
+        submitted = cluster.submit(roll_train(data, output, "three_hosts", *ONE_CPU_EACH), output / "three_hosts.log")
+    except BaseException:
+        one_host.terminate()  # roll-train stops its local cluster on SIGTERM
+        raise
+    finally:
+        one_host.wait(timeout=300)
+    assert one_host.returncode == 0, (output / "one_host.log").read_text()[-3000:]
+    assert submitted.returncode == 0 and "succeeded" in submitted.stdout, submitted.stdout[-4000:] + submitted.stderr[-2000:]
+    return output / "one_host", output / "three_hosts", submitted.stdout
 
 
-def submit(dashboard: str, env: dict[str, str], command: list[str], log: Path) -> subprocess.CompletedProcess:
-    for _ in range(12):  # the head's job agent can come up seconds after its dashboard
-        submitted = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", dashboard, "--", *command],
-                                   capture_output=True, text=True, timeout=300, env=env)
-        if "No available agent to submit job" not in submitted.stderr:
-            break
-        time.sleep(2)
-    log.write_text(submitted.stdout + submitted.stderr)
-    return submitted
+def test_grpo_with_its_ranks_on_two_hosts_and_the_rollout_on_a_third_equals_the_one_host_run(cluster, reference):
+    one_host, three_hosts, log = reference
+    addresses = [host.address for host in cluster.hosts]
+    assert f"joined the Ray cluster at {addresses[0]}:6379 (3 CPUs" in log
+    placement = PLACEMENT.search(log)
+    assert placement and "reward in the driver" in log, log[-4000:]
+    driver, rank_0, rank_1, rollout = placement.groups()
+    assert driver == addresses[0]  # a job's driver runs on the head
+    assert sorted([rank_0, rank_1, rollout]) == addresses  # one host each
+    assert metrics(three_hosts) == metrics(one_host)
 
 
-def ray_processes_in(temp_dirs: list[str]) -> list[str]:
-    """The processes still running whose command line names one of the nodes' temp dirs (Ray's GCS,
-    raylets and agents do)."""
-    listed = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-    return [line for line in listed if any(folder in line for folder in temp_dirs)]
+def test_a_host_lost_mid_step_stops_the_run_naming_it_and_the_same_command_resumes_once_it_is_back(
+        cluster, data, reference, tmp_path):
+    cluster.restart_lost()  # a test before this one that failed may have left a host down
+    (tmp_path / "host_loss.py").write_text(PIPELINES)
+    command = ["env", f"--chdir={tmp_path}",  # where the driver imports host_loss from
+               *roll_train(data, tmp_path, "run", *ONE_CPU_EACH, "pipeline=host_loss:LosesAHostMidStep")]
+    with cluster.job(command, tmp_path / "killed.log") as job:
+        marks = wait_for(lambda: sorted(tmp_path.glob("rank*.json")), job, tmp_path / "killed.log")
+        rank, node = int(marks[-1].stem.removeprefix("rank")), json.loads(marks[-1].read_text())["node"]
+        killed, log = lose_the_host(cluster, node, job, tmp_path / "killed.log")
+    assert f"roll-train: worker failure: actor rank {rank} died during train_step at step 2 on node {node}\n" in log, log[-4000:]
+    run_dir = tmp_path / "run"
+    assert layout.committed_steps(run_dir) == [1] and layout.latest(run_dir) == layout.step_dir(run_dir, 1)
+    assert not list(layout.checkpoints_dir(run_dir).glob(".*.partial"))  # no write was under way
+
+    # On the hosts that remain, the same command is refused at once: they lack the CPUs it reserves.
+    print(f"the head counted the node dead {cluster.wait_until_dead(node) - killed:.1f} s after the kill")
+    remaining = cluster.submit(command, tmp_path / "remaining.log")
+    assert remaining.returncode != 0
+    assert ("roll-train: config error: workers.actor_cpus: the workers reserve 3 CPUs (workers.actor_cpus 1 × workers.actor_dp 2 + "
+            "workers.rollout_cpus 1) but the cluster has 2; lower them") in remaining.stdout, remaining.stdout[-3000:]
+    assert layout.committed_steps(run_dir) == [1]  # it changed nothing
+
+    cluster.restart(node)
+    resumed = cluster.submit(command, tmp_path / "resumed.log")
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    assert f"resumed from {layout.step_dir(run_dir, 1)} (step 1)" in resumed.stdout
+    assert metrics(run_dir) == metrics(reference[1])
+
+
+def test_a_host_lost_while_a_checkpoint_is_written_leaves_it_uncommitted_and_the_previous_one_loads(
+        cluster, data, reference, tmp_path):
+    cluster.restart_lost()
+    (tmp_path / "host_loss.py").write_text(PIPELINES)
+    command = ["env", f"--chdir={tmp_path}",
+               *roll_train(data, tmp_path, "run", *ONE_CPU_EACH, "pipeline=host_loss:LosesAHostInACheckpoint")]
+    with cluster.job(command, tmp_path / "killed.log") as job:
+        wait_for(lambda: (tmp_path / "paused").exists(), job, tmp_path / "killed.log")
+        # The job's log comes a moment after its lines were written
+        placement = wait_for(lambda: PLACEMENT.search((tmp_path / "killed.log").read_text()), job, tmp_path / "killed.log")
+        driver, *actor_ranks, _ = placement.groups()
+        rank = max(rank for rank, node in enumerate(actor_ranks) if node != driver)  # a rank on a worker host
+        _, log = lose_the_host(cluster, actor_ranks[rank], job, tmp_path / "killed.log", then=tmp_path / "go")
+    assert (f"roll-train: worker failure: actor rank {rank} died during save_checkpoint at the checkpoint of step 2 "
+            f"on node {actor_ranks[rank]}\n") in log, log[-4000:]
+    run_dir = tmp_path / "run"
+    torn = layout.partial_dir(run_dir, 2)
+    assert torn.is_dir() and not layout.is_checkpoint(torn)  # begun, never committed
+    assert layout.committed_steps(run_dir) == [1] and layout.latest(run_dir) == layout.step_dir(run_dir, 1)
+
+    cluster.restart(actor_ranks[rank])
+    resumed = cluster.submit(command, tmp_path / "resumed.log")
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    assert f"resumed from {layout.step_dir(run_dir, 1)} (step 1)" in resumed.stdout
+    assert "resume: dropped the records of step 2 that the previous run logged after checkpoint step_1" in resumed.stdout
+    assert metrics(run_dir) == metrics(reference[1])
+    assert layout.committed_steps(run_dir) == [1, 2] and not torn.exists()  # the next write of step 2 replaced it
+
+
+def lose_the_host(cluster: RayCluster, node: str, job: subprocess.Popen, log: Path, then: Path | None = None):
+    """Kill the host at `node` (then create the file `then`, if given) and wait for the job: it fails
+    within seconds, and no worker of it is left on any host. Returns (the kill's time.monotonic(), the
+    job's log)."""
+    killed = cluster.kill(node)
+    if then is not None:
+        then.touch()
+    job.wait(timeout=120)
+    stopped_s = time.monotonic() - killed
+    print(f"{log.parent.name}: host {node} killed; the job ended {stopped_s:.1f} s later")
+    assert job.returncode != 0, log.read_text()[-4000:]
+    assert stopped_s < 30, stopped_s  # the driver names the loss within seconds; Ray's job ends a few seconds later
+    assert not cluster.workers_left()  # the ranks on hosts still up went with the job: none waits on
+    return killed, log.read_text()
+
+
+def wait_for(found, job: subprocess.Popen, log: Path, timeout: float = 180):
+    """found()'s first true answer, while the job runs."""
+    deadline = time.monotonic() + timeout
+    while not (answer := found()):
+        assert job.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(0.1)
+    time.sleep(0.2)  # a mark is written before its file is closed
+    return answer
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -3,8 +3,9 @@ as Ray builds them). tests/test_failures.py sees them through real runs."""
 
 import ray
 import torch
-from roll_lite.workers.calls import worker_error
+from roll_lite.workers.calls import WorkerCalls, worker_error
 
+from roll_lite.config import WorkersConfig
 from roll_lite.runtime.failures import WorkerError
 
 
@@ -53,9 +54,26 @@ def test_a_dead_worker_and_one_that_failed_to_start():
     assert "ImportError: no module x" in str(not_started)
 
 
+def test_on_a_cluster_of_several_nodes_a_failure_names_its_node_and_what_else_ran_there():
+    # What workers/cluster.py where_the_roles_run tells every role's calls; tests/test_several_hosts.py
+    # sees it when a host is killed.
+    calls = WorkerCalls("actor", WorkersConfig())
+    calls.nodes = {"actor rank 0": "10.0.0.1", "actor rank 1": "10.0.0.2", "reference rank 1": "10.0.0.2",
+                   "rollout": "10.0.0.2"}
+    died = calls._on_node(worker_error(ray.exceptions.ActorDiedError(), "actor", 1, "train_step"))
+    died.stage = "step 2"
+    assert died.headline() == ("actor rank 1 died during train_step at step 2 on node 10.0.0.2 (which also held: "
+                               "reference rank 1, rollout)")
+    alone = calls._on_node(worker_error(task_error(ValueError("bad batch")), "actor", 0, "train_step"))
+    assert alone.headline() == "actor rank 0 raised an error in train_step on node 10.0.0.1"
+    one_node = WorkerCalls("actor", WorkersConfig())._on_node(worker_error(ray.exceptions.ActorDiedError(), "actor", 1, "x"))
+    assert one_node.headline() == "actor rank 1 died during x"  # one node: where_the_roles_run tells nothing
+
+
 PEER_DIED = """
 import os, time
 import ray
+from roll_lite.config import WorkersConfig
 from roll_lite.config import WorkersConfig
 from roll_lite.runtime.failures import WorkerError
 from roll_lite.workers.calls import WorkerCalls

@@ -33,6 +33,9 @@ class WorkerCalls:
 
     def __init__(self, role: str, workers: WorkersConfig):
         self.role, self.timeout_s, self.warn_every_s = role, workers.call_timeout_s, workers.stall_warning_s
+        # On a cluster of several nodes, each worker's node address, of every role ("actor rank 1" ->
+        # "10.0.0.2"; workers/cluster.py where_the_roles_run): a failure names its node and who else ran there
+        self.nodes: dict[str, str] = {}
 
     def get(self, refs, method: str):
         single = isinstance(refs, ray.ObjectRef)
@@ -47,10 +50,11 @@ class WorkerCalls:
         while pending:
             now = time.monotonic()
             if now - start > timeout_s:
-                raise WorkerError(self.role, ranks[pending[0]], method, "timed out",
-                                  f"no answer from {self._names(ranks, pending)} within {timeout_s:g} s ({limit}): "
-                                  f"alive but stuck{self._others(ranks, answered, start)}. If its calls are this slow "
-                                  "by design, raise workers.call_timeout_s")
+                raise self._on_node(WorkerError(
+                    self.role, ranks[pending[0]], method, "timed out",
+                    f"no answer from {self._names(ranks, pending)} within {timeout_s:g} s ({limit}): alive but "
+                    f"stuck{self._others(ranks, answered, start)}. If its calls are this slow by design, raise "
+                    "workers.call_timeout_s"))
             if now >= warn_at:
                 logger.warning("still waiting for %s to answer %s after %.0f s%s; the run stops after %g s (%s)",
                                self._names(ranks, pending), method, now - start, self._others(ranks, answered, start),
@@ -62,8 +66,16 @@ class WorkerCalls:
                 try:
                     values[ref] = ray.get(ref)
                 except ray.exceptions.RayError as error:
-                    raise self._root_cause(worker_error(error, self.role, ranks[ref], method), ranks, pending, method) from None
+                    failure = self._root_cause(worker_error(error, self.role, ranks[ref], method), ranks, pending, method)
+                    raise self._on_node(failure) from None
         return values[refs] if single else [values[ref] for ref in refs]
+
+    def _on_node(self, failure: WorkerError) -> WorkerError:
+        """The failed worker's node, and the workers of every role that ran there too (a node that is
+        gone took them all), where the run knows them (a cluster of several nodes)."""
+        failure.node = self.nodes.get(failure.worker)
+        failure.node_also = [worker for worker, node in self.nodes.items() if node == failure.node and worker != failure.worker]
+        return failure
 
     def _root_cause(self, failure: WorkerError, ranks: dict, pending: list, method: str) -> WorkerError:
         """A rank that raised in a collective has often only seen another rank die (gloo: 'Connection

@@ -65,7 +65,8 @@ def start_ray(address: str | None, needed: Reservation, object_store_mb: int = 5
 def where_the_roles_run(roles: dict[str, Any]) -> str | None:
     """On a cluster of several nodes, one line with the node address of the driver and of each role's
     processes; None on one node, where everything runs. `roles`: name -> its ModelGroup, RolloutClient
-    or RewardClient (workers/group.py), or None where the run has no such role."""
+    or RewardClient (workers/group.py), or None where the run has no such role. Their calls learn the
+    node of every worker: a failure then names its node and what else ran there."""
     nodes = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
     if len(nodes) < 2:
         return None
@@ -74,16 +75,20 @@ def where_the_roles_run(roles: dict[str, Any]) -> str | None:
         return nodes.get(where["node_id"], where["node_id"])
 
     parts = [f"driver on {ray.util.get_node_ip_address()}"]
+    held: dict[str, str] = {}  # "actor rank 1" -> its node's address, shared by every role's WorkerCalls
     for name, role in roles.items():
         if role is None:
             continue
+        role.calls.nodes = held
         if getattr(role, "local", None) is not None:  # a RewardClient that scores in the driver
             parts.append(f"{name} in the driver")
             continue
         found = role.where()
         if isinstance(found, list):  # a ModelGroup: one per rank
+            held.update({f"{name} rank {i}": address(rank) for i, rank in enumerate(found)})
             parts.append(f"{name} " + ", ".join(f"rank {i} on {address(rank)}" for i, rank in enumerate(found)))
         else:
+            held[name] = address(found)
             parts.append(f"{name} on {address(found)}")
     return f"placement on {len(nodes)} nodes: " + "; ".join(parts)
 

@@ -37,7 +37,8 @@ class ModelGroup:
                  host: "ModelGroup | None" = None):
         self.role, self.world_size, self.hosted = role, world_size, host is not None
         self.workers: list[Any]  # Ray actor handles of ModelWorker, rank order
-        self._get = WorkerCalls(role, config.workers).get
+        self.calls = WorkerCalls(role, config.workers)  # its failures name their node (where_the_roles_run)
+        self._get = self.calls.get
         self.balance_tokens = (config.critic if role == "critic" else config.actor).use_packing
         if host is not None:
             assert host.world_size == world_size, "validated: workers.one_process_per_rank needs equal dp"
@@ -149,7 +150,8 @@ class RolloutClient:
     on the actor's only rank, which generates with its own parameters."""
 
     def __init__(self, config: RunConfig, placement: Placement, actor: ModelGroup | None = None):
-        self._get = WorkerCalls("rollout", config.workers).get
+        self.calls = WorkerCalls("rollout", config.workers)  # its failures name their node (where_the_roles_run)
+        self._get = self.calls.get
         # LoRA: the first sync (and the first after a resume) sends the base too, every later one only
         # the adapters
         self.adapters_only, self.base_synced = config.actor.lora.rank > 0, False
@@ -224,7 +226,8 @@ class RewardClient:
         from .placement import reward_has_models
 
         reward = config.reward
-        self._get = WorkerCalls("reward", config.workers).get
+        self.calls = WorkerCalls("reward", config.workers)  # its failures name their node (where_the_roles_run)
+        self._get = self.calls.get
         if reward.in_driver:
             self.worker, self.local = None, RewardWorker(reward, config.data.domain_key)
             return

@@ -36,6 +36,10 @@ class WorkerError(RuntimeError):
     def __init__(self, role: str, rank: int | None, method: str, kind: str, detail: str):
         self.role, self.rank, self.method, self.kind, self.detail = role, rank, method, kind, detail
         self.stage: str | None = None  # where the run was, e.g. "step 3"; set by the controller
+        # On a cluster of several nodes: the address of the worker's node, and the other workers that ran
+        # there ("rollout", "reference rank 1"), which a lost node takes with it (workers/calls.py)
+        self.node: str | None = None
+        self.node_also: list[str] = []
         super().__init__(self.headline())
 
     @property
@@ -47,6 +51,8 @@ class WorkerError(RuntimeError):
         verbs = {"raised": "raised an error in", "died": "died during", "out of memory": "ran out of memory in",
                  "timed out": "did not answer", "stopped": "stopped the run in"}
         line = f"{self.worker} {verbs.get(self.kind, self.kind)} {self.method}{where}"
+        if self.node:
+            line += f" on node {self.node}" + (f" (which also held: {', '.join(self.node_also)})" if self.node_also else "")
         if self.kind == "out of memory":
             line += f": {memory_advice(self.role)}"
         return line
