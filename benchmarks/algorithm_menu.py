@@ -30,8 +30,14 @@ ALGORITHMS = {
     "cispo": ["algorithm.policy_loss=cispo"],
     # DAPO as configs/dapo.yaml: clip-higher, token-mean, no KL, dynamic sampling, overlong shaping and
     # filtering; byo solutions take ~18 of rollout.max_new_tokens=24 tokens, so the last 4 cost
-    "dapo": ["algorithm.clip_ratio_low=0.2", "algorithm.clip_ratio_high=0.28", "algorithm.dynamic_sampling=true",
-             "algorithm.max_sampling_rounds=3", "algorithm.overlong_buffer=4", "algorithm.overlong_filter=true"],
+    "dapo": [
+        "algorithm.clip_ratio_low=0.2",
+        "algorithm.clip_ratio_high=0.28",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.max_sampling_rounds=3",
+        "algorithm.overlong_buffer=4",
+        "algorithm.overlong_filter=true",
+    ],
     # GRPO training LoRA adapters (rank 16, alpha 32, every Linear but the LM head) on the frozen SFT model,
     # at 10x the full fine-tuning learning rate, as is usual for LoRA; the rollout engine gets the adapters only
     "grpo_lora": ["actor.lora.rank=16", "actor.lora.alpha=32", "actor.lr=1e-3"],
@@ -52,14 +58,30 @@ def ensure_sft_model() -> None:
 def run(algorithm: str, seed: int, steps: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        roll_train("--config", "examples/byo/grpo.yaml", *ALGORITHMS[algorithm], f"seed={seed}", f"steps={steps}",
-                   f"eval_every={steps}", f"output_dir={out}", "run_name=menu", "save_model=false", *extra)
+        roll_train(
+            "--config",
+            "examples/byo/grpo.yaml",
+            *ALGORITHMS[algorithm],
+            f"seed={seed}",
+            f"steps={steps}",
+            f"eval_every={steps}",
+            f"output_dir={out}",
+            "run_name=menu",
+            "save_model=false",
+            *extra,
+        )
         wall = time.perf_counter() - start
         records = [json.loads(line) for line in (Path(out) / "menu" / "metrics.jsonl").read_text().splitlines()]
     steps_run = [r for r in records if "perf/step_s" in r]
     evals = [r["eval/reward_mean"] for r in records if r.get("eval/reward_mean") is not None]
-    row = {"algorithm": algorithm, "seed": seed, "start": evals[0], "end": evals[-1], "wall_s": wall,
-           "step_s": statistics.median(r["perf/step_s"] for r in steps_run)}
+    row = {
+        "algorithm": algorithm,
+        "seed": seed,
+        "start": evals[0],
+        "end": evals[-1],
+        "wall_s": wall,
+        "step_s": statistics.median(r["perf/step_s"] for r in steps_run),
+    }
     if algorithm == "dapo":
         row["kept"] = statistics.mean(r["dapo/informative_groups"] for r in steps_run)
         row["extra_rounds"] = statistics.mean(r["dapo/extra_rounds"] for r in steps_run)
@@ -68,18 +90,24 @@ def run(algorithm: str, seed: int, steps: int, extra: list[str]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| algorithm | seed | held-out start | held-out end | median step s | wall s | DAPO: groups kept | extra rounds / step | overlong filtered |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| algorithm | seed | held-out start | held-out end | median step s | wall s | DAPO: groups kept | extra rounds / step | overlong filtered |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        dapo = (f"{r['kept']:.2f} | {r['extra_rounds']:.2f} | {r['filtered']:.3f}" if "kept" in r else "— | — | —")
-        lines.append(f"| {r['algorithm']} | {r['seed']} | {r['start']:.3f} | {r['end']:.3f} | {r['step_s']:.2f} | "
-                     f"{r['wall_s']:.0f} | {dapo} |")
+        dapo = f"{r['kept']:.2f} | {r['extra_rounds']:.2f} | {r['filtered']:.3f}" if "kept" in r else "— | — | —"
+        lines.append(
+            f"| {r['algorithm']} | {r['seed']} | {r['start']:.3f} | {r['end']:.3f} | {r['step_s']:.2f} | "
+            f"{r['wall_s']:.0f} | {dapo} |"
+        )
     means = {}
     for r in rows:
         means.setdefault(r["algorithm"], []).append(r["end"] - r["start"])
     lines.append("")
-    lines.append("mean change of the held-out reward over the seeds: " +
-                 ", ".join(f"{name} {statistics.mean(d):+.3f}" for name, d in means.items()))
+    lines.append(
+        "mean change of the held-out reward over the seeds: "
+        + ", ".join(f"{name} {statistics.mean(d):+.3f}" for name, d in means.items())
+    )
     return "\n".join(lines)
 
 
@@ -95,8 +123,11 @@ def main() -> None:
     for seed in args.seeds:  # seed-major: the algorithms of one seed run back to back
         for algorithm in args.algorithms:
             rows.append(run(algorithm, seed, args.steps, args.overrides))
-            print(f"{algorithm} seed {seed}: {rows[-1]['start']:.3f} -> {rows[-1]['end']:.3f} "
-                  f"({rows[-1]['wall_s']:.0f} s)", flush=True)
+            print(
+                f"{algorithm} seed {seed}: {rows[-1]['start']:.3f} -> {rows[-1]['end']:.3f} "
+                f"({rows[-1]['wall_s']:.0f} s)",
+                flush=True,
+            )
     print(table(rows))
 
 

@@ -97,12 +97,22 @@ def fresh(device, smoke: bool) -> None:
     loss = ppo_policy_loss_func("token-mean")
     rows = [("before training", gap(strategy, repeated, worker.generate(prompts, params), tokenizer.pad_token_id))]
     strategy.train_step(train, loss)
-    seconds = timed(lambda: worker.use_actor_weights(1), torch.cuda.synchronize if device.type == "cuda" else lambda: None)
-    rows.append((f"after a step and a sync ({seconds * 1e3:.2f} ms)",
-                 gap(strategy, repeated, worker.generate(prompts, params), tokenizer.pad_token_id)))
+    seconds = timed(
+        lambda: worker.use_actor_weights(1), torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    )
+    rows.append(
+        (
+            f"after a step and a sync ({seconds * 1e3:.2f} ms)",
+            gap(strategy, repeated, worker.generate(prompts, params), tokenizer.pad_token_id),
+        )
+    )
     strategy.train_step(train, loss)
-    rows.append(("after a step without a sync (stale)",
-                 gap(strategy, repeated, worker.generate(prompts, params), tokenizer.pad_token_id)))
+    rows.append(
+        (
+            "after a step without a sync (stale)",
+            gap(strategy, repeated, worker.generate(prompts, params), tokenizer.pad_token_id),
+        )
+    )
     print("\n| engine vs actor | mean abs log-prob gap |\n|---|---|")
     for what, value in rows:
         print(f"| {what} | {value:.5f} |")
@@ -149,8 +159,10 @@ def sync_times(size: str, device, repeats: int) -> str:
     gib = sum(t.numel() * 2 for t in engine.model.state_dict().values()) / 2**30
     split = " / ".join(f"{statistics.median(v):.3f}" for v in parts.values())
     median_old, median_new = statistics.median(old), statistics.median(new)
-    return (f"| {size} | {gib:.2f} | {median_old:.3f} ({split}) | {median_new * 1e3:.2f} ms | "
-            f"{median_old / median_new:,.0f}× |")
+    return (
+        f"| {size} | {gib:.2f} | {median_old:.3f} ({split}) | {median_new * 1e3:.2f} ms | "
+        f"{median_old / median_new:,.0f}× |"
+    )
 
 
 def engine_speed(size: str, device, smoke: bool, new_tokens: int, prompts_count: int, samples: int, calls: int) -> None:
@@ -163,30 +175,39 @@ def engine_speed(size: str, device, smoke: bool, new_tokens: int, prompts_count:
         model = build_causal_lm(config, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32, seed=0)
     eos = config["vocab_size"] - 1
     generator = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(2, eos, (int(torch.randint(16, 65, (1,), generator=generator)),), generator=generator).tolist()
-               for _ in range(prompts_count)]
+    prompts = [
+        torch.randint(2, eos, (int(torch.randint(16, 65, (1,), generator=generator)),), generator=generator).tolist()
+        for _ in range(prompts_count)
+    ]
     engines = {"dynamic": HFEngine(model, 0, eos, seed=0), "static": HFEngine(model, 0, eos, seed=0, static_cache=True)}
     sampled = SamplingParams(max_new_tokens=new_tokens, num_samples=samples)
     firsts, speeds, greedy = {}, {name: [] for name in engines}, {}
     for name, engine in engines.items():
         firsts[name] = timed(lambda: engine.generate(prompts, sampled), sync)
     for call in range(calls):
-        for name in (list(engines) if call % 2 == 0 else list(engines)[::-1]):
+        for name in list(engines) if call % 2 == 0 else list(engines)[::-1]:
             out = []
             seconds = timed(lambda: out.append(engines[name].generate(prompts, sampled)), sync)
             speeds[name].append(sum(map(len, out[0].token_ids)) / seconds)
     for name, engine in engines.items():
         greedy[name] = engine.generate(prompts, SamplingParams(max_new_tokens=new_tokens, greedy=True)).token_ids
     same = sum(a == b for a, b in zip(greedy["dynamic"], greedy["static"]))
-    first_differences = [next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) for a, b in
-                         zip(greedy["dynamic"], greedy["static"]) if a != b and len(a) == len(b)]
-    print(f"\n{size}: {prompts_count} prompts of 16-64 tokens × {samples} samples, ≤ {new_tokens} new tokens, "
-          f"{'bf16' if device.type == 'cuda' else 'float32'}\n")
+    first_differences = [
+        next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        for a, b in zip(greedy["dynamic"], greedy["static"])
+        if a != b and len(a) == len(b)
+    ]
+    print(
+        f"\n{size}: {prompts_count} prompts of 16-64 tokens × {samples} samples, ≤ {new_tokens} new tokens, "
+        f"{'bf16' if device.type == 'cuda' else 'float32'}\n"
+    )
     print("| cache | first call s | tokens/s (median of {0}) |\n|---|---|---|".format(calls))
     for name in engines:
         print(f"| {name} | {firsts[name]:.2f} | {statistics.median(speeds[name]):,.0f} |")
-    print(f"\ngreedy: {same} of {prompts_count} rows identical; rows that differ first differ at token "
-          f"{sorted(first_differences) or '-'}")
+    print(
+        f"\ngreedy: {same} of {prompts_count} rows identical; rows that differ first differ at token "
+        f"{sorted(first_differences) or '-'}"
+    )
 
 
 def main() -> None:
@@ -205,7 +226,14 @@ def main() -> None:
         parser.error(f"--sections: unknown {unknown}; choose from {', '.join(SECTIONS)}")
     device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     if args.smoke:
-        args.sync_sizes, args.engine_size, args.prompts, args.samples, args.new_tokens, args.calls = "tiny", "tiny", 4, 2, 8, 1
+        args.sync_sizes, args.engine_size, args.prompts, args.samples, args.new_tokens, args.calls = (
+            "tiny",
+            "tiny",
+            4,
+            2,
+            8,
+            1,
+        )
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(f"{name}; torch {torch.__version__}")
     if "fresh" in sections:
@@ -213,8 +241,10 @@ def main() -> None:
     if "engine" in sections:
         engine_speed(args.engine_size, device, args.smoke, args.new_tokens, args.prompts, args.samples, args.calls)
     if "sync" in sections:
-        print("\n| size | bf16 GiB | through CPU s (gather / cast + flatten + unflatten / into the engine) | "
-              "in place on the device | ratio |\n|---|---|---|---|---|")
+        print(
+            "\n| size | bf16 GiB | through CPU s (gather / cast + flatten + unflatten / into the engine) | "
+            "in place on the device | ratio |\n|---|---|---|---|---|"
+        )
         for size in args.sync_sizes.split(","):
             print(sync_times(size, device, repeats=1 if args.smoke else 3), flush=True)
             if device.type == "cuda":

@@ -30,8 +30,9 @@ PARTS = ("perf/step_s", "perf/generate_s", "perf/train_s", "perf/prepare_s", "pe
 
 def install(ref: str, where: Path) -> tuple[str, Path, Path]:
     """(short sha, worktree, python) of `ref`, installed into a venv that sees this one's packages."""
-    sha = subprocess.run(["git", "rev-parse", "--short", ref], cwd=REPO, check=True, capture_output=True,
-                         text=True).stdout.strip()
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", ref], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.strip()
     tree, venv = where / f"tree_{sha}", where / f"venv_{sha}"
     subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=REPO, check=True, capture_output=True)
     python = venv_sharing_packages(venv)
@@ -41,10 +42,22 @@ def install(ref: str, where: Path) -> tuple[str, Path, Path]:
 
 def run(python: Path, tree: Path, out: Path, steps: int, overrides: list[str]) -> dict:
     data = tree / "data" / "reverse_digits"
-    command = [str(python), "-m", "roll_lite.cli", "--config", str(tree / "configs/ppo.yaml"), "sft.steps=0",
-               f"steps={steps}", f"eval_every={steps}", f"data.train_files={data / 'train.jsonl'}",
-               f"data.eval_files={data / 'eval.jsonl'}", "save_model=false", f"output_dir={out}", "run_name=ab",
-               *overrides]
+    command = [
+        str(python),
+        "-m",
+        "roll_lite.cli",
+        "--config",
+        str(tree / "configs/ppo.yaml"),
+        "sft.steps=0",
+        f"steps={steps}",
+        f"eval_every={steps}",
+        f"data.train_files={data / 'train.jsonl'}",
+        f"data.eval_files={data / 'eval.jsonl'}",
+        "save_model=false",
+        f"output_dir={out}",
+        "run_name=ab",
+        *overrides,
+    ]
     start = time.perf_counter()
     result = subprocess.run(command, cwd=out.parent, capture_output=True, text=True)
     if result.returncode:
@@ -72,7 +85,9 @@ def main() -> None:
             for ref in (args.old, args.new):
                 sides.append(install(ref, where))
             rows = []
-            print("| commit | round | median step | generate | train | prepare | weight sync | response length | wall |")
+            print(
+                "| commit | round | median step | generate | train | prepare | weight sync | response length | wall |"
+            )
             print("|---|---|---|---|---|---|---|---|---|")
             for round_ in range(1, args.rounds + 1):
                 for sha, tree, python in sides:
@@ -80,8 +95,12 @@ def main() -> None:
                     out.mkdir()
                     row = run(python, tree, out, args.steps, args.overrides)
                     rows.append((sha, row))
-                    print(f"| {sha} | {round_} | " + " | ".join(f"{row[p]:.3f} s" for p in PARTS)
-                          + f" | {row['response_length']:.2f} | {row['wall_s']:.0f} s |", flush=True)
+                    print(
+                        f"| {sha} | {round_} | "
+                        + " | ".join(f"{row[p]:.3f} s" for p in PARTS)
+                        + f" | {row['response_length']:.2f} | {row['wall_s']:.0f} s |",
+                        flush=True,
+                    )
             (old, _, _), (new, _, _) = sides
             median = {sha: statistics.median(r["perf/step_s"] for s, r in rows if s == sha) for sha in (old, new)}
             print(f"\nmedian step, {new} / {old}: {median[new] / median[old]:.2f}")

@@ -79,10 +79,27 @@ def check_kernels(device: torch.device, lengths: list[int]) -> None:
 def check_packed_vs_padded(device: torch.device, num_rows: int, seq_len: int) -> None:
     """bf16 log-probs, packed (auto path) and padded (sdpa), each vs the float64 model on CPU."""
     models = {
-        "qwen2": dict(TINY_MODEL, vocab_size=512, hidden_size=256, intermediate_size=512, num_attention_heads=8,
-                      num_key_value_heads=2, num_hidden_layers=4, max_position_embeddings=seq_len),
-        "llama": dict(TINY_MODEL, model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=512,
-                      num_attention_heads=8, num_key_value_heads=8, num_hidden_layers=4, max_position_embeddings=seq_len),
+        "qwen2": dict(
+            TINY_MODEL,
+            vocab_size=512,
+            hidden_size=256,
+            intermediate_size=512,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            num_hidden_layers=4,
+            max_position_embeddings=seq_len,
+        ),
+        "llama": dict(
+            TINY_MODEL,
+            model_type="llama",
+            vocab_size=512,
+            hidden_size=256,
+            intermediate_size=512,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            num_hidden_layers=4,
+            max_position_embeddings=seq_len,
+        ),
     }
     data = random_rl_batch(num_rows=num_rows, seq_len=seq_len, vocab_size=512, seed=4)
     valid = data["attention_mask"].bool()
@@ -91,16 +108,22 @@ def check_packed_vs_padded(device: torch.device, num_rows: int, seq_len: int) ->
     for name, model_config in models.items():
         lm = build_causal_lm(model_config, dtype=torch.float64, seed=0)
         with torch.no_grad():
-            exact = forward_micro_batch(CausalLMWithLogProbs(lm), data, StrategyConfig(), with_entropy=False)["log_probs"]
+            exact = forward_micro_batch(CausalLMWithLogProbs(lm), data, StrategyConfig(), with_entropy=False)[
+                "log_probs"
+            ]
         model = CausalLMWithLogProbs(lm.to(device, torch.bfloat16))
         results = {}
         with torch.no_grad():
             for packing in (False, True):
-                out = forward_micro_batch(model, data.to(device), StrategyConfig(use_packing=packing), with_entropy=False)
+                out = forward_micro_batch(
+                    model, data.to(device), StrategyConfig(use_packing=packing), with_entropy=False
+                )
                 results[packing] = out["log_probs"].double().cpu()
         path = attention.packed_attention_path(device, torch.bfloat16)[0]
         err = lambda a, b: float((a - b)[valid].abs().max())  # noqa: E731
-        rows.append([name, path, err(results[True], exact), err(results[False], exact), err(results[True], results[False])])
+        rows.append(
+            [name, path, err(results[True], exact), err(results[False], exact), err(results[True], results[False])]
+        )
     print(f"## bf16 log-probs, packed vs padded ({num_rows} rows up to {seq_len} tokens), max |error| in nats\n")
     table(["model", "packed path", "packed vs fp64", "padded vs fp64", "packed vs padded"], rows)
 
@@ -118,21 +141,33 @@ def check_strategy_exactness(device: torch.device) -> None:
                         grad_accum_steps=2 if micro_batching == "A2-padded" else 1,
                         use_packing=micro_batching == "budget-packed",
                         max_tokens_per_micro_batch=BUDGET if micro_batching == "budget-packed" else None,
-                        lr=0.0, max_grad_norm=None, param_dtype=param_dtype,
+                        lr=0.0,
+                        max_grad_norm=None,
+                        param_dtype=param_dtype,
                     )
                     critic = loss_name in CRITIC_LOSSES
                     # shard_single_rank: on one GPU in float32 the strategy would train the bare model
-                    strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float32, seed=0), config,
-                                             head="value" if critic else "log_probs", device=device,
-                                             shard_single_rank=True)
+                    strategy = FSDP2Strategy(
+                        build_causal_lm(TINY_MODEL, dtype=torch.float32, seed=0),
+                        config,
+                        head="value" if critic else "log_probs",
+                        device=device,
+                        shard_single_rank=True,
+                    )
                     if critic:
-                        set_model_state_dict(strategy.model, value_head_weights(torch.float32),
-                                             options=StateDictOptions(full_state_dict=True, strict=False))
+                        set_model_state_dict(
+                            strategy.model,
+                            value_head_weights(torch.float32),
+                            options=StateDictOptions(full_state_dict=True, strict=False),
+                        )
                     data = case_batch(loss_name, torch.float32, rows=7)
                     data.meta_info["loss_mask_keys"] = MASK_KEYS[loss_name]
                     metrics = strategy.train_step(data, make_loss(loss_name, mode))
-                    grads = {n.removeprefix("lm."): p.grad.full_tensor().double().cpu()
-                             for n, p in strategy.model.named_parameters() if p.grad is not None}
+                    grads = {
+                        n.removeprefix("lm."): p.grad.full_tensor().double().cpu()
+                        for n, p in strategy.model.named_parameters()
+                        if p.grad is not None
+                    }
                     ref_loss, ref_grads = references[(loss_name, mode)]
                     loss_err, grad_err = deviations((metrics["loss"], grads, None), (ref_loss, ref_grads))
                     loss_abs_err = abs(metrics["loss"] - ref_loss)
@@ -142,10 +177,24 @@ def check_strategy_exactness(device: torch.device) -> None:
             backend = torch.distributed.get_backend()
             for (model, mode), errors in worst.items():
                 rows.append([param_dtype, micro_batching, model, mode, backend, *errors])
-    print("## FSDP2 strategy on one rank vs one float64 forward/backward (actor: worst over the 3 policy losses; "
-          "critic: the value loss)")
+    print(
+        "## FSDP2 strategy on one rank vs one float64 forward/backward (actor: worst over the 3 policy losses; "
+        "critic: the value loss)"
+    )
     print("(the KL loss under seq-mean-token-mean is -3e-4, a near-cancelling sum: read its absolute error)\n")
-    table(["compute dtype", "micro-batches", "model", "agg mode", "backend", "loss rel. err", "loss abs. err", "grad rel. err"], rows)
+    table(
+        [
+            "compute dtype",
+            "micro-batches",
+            "model",
+            "agg mode",
+            "backend",
+            "loss rel. err",
+            "loss abs. err",
+            "grad rel. err",
+        ],
+        rows,
+    )
 
 
 def time_train_steps(device: torch.device, smoke: bool) -> None:
@@ -153,15 +202,27 @@ def time_train_steps(device: torch.device, smoke: bool) -> None:
         model_config = dict(TINY_MODEL, vocab_size=512, max_position_embeddings=256)
         num_rows, seq_len, budget, steps = 8, 64, 256, 2
     else:
-        model_config = dict(model_type="qwen2", vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                            num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
-                            max_position_embeddings=2048, tie_word_embeddings=False)
+        model_config = dict(
+            model_type="qwen2",
+            vocab_size=32000,
+            hidden_size=1024,
+            intermediate_size=2816,
+            num_hidden_layers=12,
+            num_attention_heads=16,
+            num_key_value_heads=4,
+            max_position_embeddings=2048,
+            tie_word_embeddings=False,
+        )
         num_rows, seq_len, budget, steps = 64, 2048, 16384, 5
-    data = random_rl_batch(num_rows=num_rows, seq_len=seq_len, vocab_size=model_config["vocab_size"], seed=1, dtype=torch.float32)
+    data = random_rl_batch(
+        num_rows=num_rows, seq_len=seq_len, vocab_size=model_config["vocab_size"], seed=1, dtype=torch.float32
+    )
     tokens = int(data["attention_mask"].sum())
     settings = [("padded", None, dict(grad_accum_steps=8))]
-    settings += [(f"packed, {p}", p, dict(use_packing=True, max_tokens_per_micro_batch=budget))
-                 for p in runnable_paths(device, torch.bfloat16)]
+    settings += [
+        (f"packed, {p}", p, dict(use_packing=True, max_tokens_per_micro_batch=budget))
+        for p in runnable_paths(device, torch.bfloat16)
+    ]
     rows = []
     for label, path, micro_batching in settings:
         force_path(path)
@@ -183,13 +244,17 @@ def time_train_steps(device: torch.device, smoke: bool) -> None:
             times.append(time.perf_counter() - start)
         median = sorted(times[2:])[len(times[2:]) // 2]
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
-        rows.append([label, int(metrics["num_micro_batches"]), f"{median:.3f}", f"{tokens / median:,.0f}", f"{peak:.1f}"])
+        rows.append(
+            [label, int(metrics["num_micro_batches"]), f"{median:.3f}", f"{tokens / median:,.0f}", f"{peak:.1f}"]
+        )
         del strategy
         if device.type == "cuda":
             torch.cuda.empty_cache()
     force_path(None)
-    print(f"## bf16 train step, Qwen2 {num_params / 1e6:.0f} M params, {num_rows} rows, {tokens} real tokens "
-          f"(padded to {num_rows * seq_len}), median of {steps} steps after 2 warm-ups\n")
+    print(
+        f"## bf16 train step, Qwen2 {num_params / 1e6:.0f} M params, {num_rows} rows, {tokens} real tokens "
+        f"(padded to {num_rows * seq_len}), median of {steps} steps after 2 warm-ups\n"
+    )
     table(["micro-batching", "micro-batches", "s/step", "real tokens/s", "peak GiB"], rows)
 
 
@@ -197,9 +262,17 @@ def check_offload(device: torch.device, smoke: bool) -> None:
     if device.type != "cuda":
         print("## offload: nothing to move on CPU (FSDP2Strategy.offload is a no-op there)\n")
         return
-    model_config = dict(model_type="qwen2", vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                        num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
-                        max_position_embeddings=2048, tie_word_embeddings=False)
+    model_config = dict(
+        model_type="qwen2",
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=12,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
     data = random_rl_batch(num_rows=16, seq_len=512, vocab_size=32000, seed=2, dtype=torch.float32)
     config = StrategyConfig(param_dtype="bfloat16", lr=1e-4, use_packing=True, max_tokens_per_micro_batch=4096)
     runs = {}
@@ -228,11 +301,28 @@ def check_offload(device: torch.device, smoke: bool) -> None:
     param_diff = max(float((params[n] - o_params[n]).abs().max()) for n in params)
     before, after, out_s, in_s = (sum(m[i] for m in moves) / len(moves) for i in range(4))
     print("## offload / onload between steps (201 M-param Qwen2, float32 master weights + AdamW), 3 steps\n")
-    table(["allocated before offload GiB", "after GiB", "offload s", "onload s", "grad norms, without / with",
-           "max |Δ param| after 3 steps", "max |Δ log-prob|"],
-          [[f"{before:.2f}", f"{after:.2f}", f"{out_s:.3f}", f"{in_s:.3f}",
-            " ".join(f"{a:.6g}/{b:.6g}" for a, b in zip(norms, o_norms)), param_diff,
-            float((log_probs - o_log_probs).abs().max())]])
+    table(
+        [
+            "allocated before offload GiB",
+            "after GiB",
+            "offload s",
+            "onload s",
+            "grad norms, without / with",
+            "max |Δ param| after 3 steps",
+            "max |Δ log-prob|",
+        ],
+        [
+            [
+                f"{before:.2f}",
+                f"{after:.2f}",
+                f"{out_s:.3f}",
+                f"{in_s:.3f}",
+                " ".join(f"{a:.6g}/{b:.6g}" for a, b in zip(norms, o_norms)),
+                param_diff,
+                float((log_probs - o_log_probs).abs().max()),
+            ]
+        ],
+    )
 
 
 SECTIONS = ("kernels", "log_probs", "strategy", "speed", "offload")
@@ -252,8 +342,10 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 rows compare float32 arithmetic
         torch.backends.cudnn.allow_tf32 = False
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"torch {torch.__version__}, transformers {importlib.metadata.version('transformers')}, device {name}; "
-          f"flash-attn installed: {attention.flash_attn_available()}, torch varlen: {attention.torch_varlen_available()}")
+    print(
+        f"torch {torch.__version__}, transformers {importlib.metadata.version('transformers')}, device {name}; "
+        f"flash-attn installed: {attention.flash_attn_available()}, torch varlen: {attention.torch_varlen_available()}"
+    )
     for dtype in (torch.bfloat16, torch.float32):
         path, why = attention.packed_attention_path(device, dtype)
         print(f"packed attention for {str(dtype).removeprefix('torch.')}: {path} ({why})")

@@ -77,10 +77,14 @@ def train_and_decode(steps: int, threads: int, hidden: int | None, fused: bool) 
     with torch.no_grad():
         greedy = model.generate(prompts, max_new_tokens=24, do_sample=False, pad_token_id=0)[:, 8:]
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return {"weights": weights.tolist(), "weights_sha": hashlib.sha256(weights.numpy().tobytes()).hexdigest(),
-            "greedy": greedy.tolist(), "greedy_sha": hashlib.sha256(greedy.numpy().tobytes()).hexdigest(),
-            "step_s": statistics.median(step_times[WARM_UP_STEPS:] or step_times),
-            "kernels": torch.backends.cpu.get_cpu_capability()}
+    return {
+        "weights": weights.tolist(),
+        "weights_sha": hashlib.sha256(weights.numpy().tobytes()).hexdigest(),
+        "greedy": greedy.tolist(),
+        "greedy_sha": hashlib.sha256(greedy.numpy().tobytes()).hexdigest(),
+        "step_s": statistics.median(step_times[WARM_UP_STEPS:] or step_times),
+        "kernels": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def run_child(args, env: dict[str, str], threads: int, fused: bool, emulate: str | None = None) -> dict:
@@ -94,8 +98,9 @@ def run_child(args, env: dict[str, str], threads: int, fused: bool, emulate: str
         command += ["--fused"]
     out = subprocess.run(command, env={**clean, **env}, capture_output=True, text=True)
     if out.returncode != 0:
-        raise SystemExit(f"the child for {env or 'machine'}{' under ' + emulate if emulate else ''} failed:\n"
-                         f"{out.stderr[-3000:]}")
+        raise SystemExit(
+            f"the child for {env or 'machine'}{' under ' + emulate if emulate else ''} failed:\n{out.stderr[-3000:]}"
+        )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -106,19 +111,30 @@ def machine_summary() -> str:
     model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
     flags_line = re.search(r"^flags\s*:\s*(.*)$", cpuinfo, re.M)
     flags = set(flags_line.group(1).split()) if flags_line else set()
-    isa = ", ".join(f"{name} {'yes' if flag in flags else 'no'}" for name, flag in
-                    (("AVX2", "avx2"), ("FMA", "fma"), ("AVX-512F", "avx512f"), ("AVX-512 BF16", "avx512_bf16"), ("AMX", "amx_tile")))
+    isa = ", ".join(
+        f"{name} {'yes' if flag in flags else 'no'}"
+        for name, flag in (
+            ("AVX2", "avx2"),
+            ("FMA", "fma"),
+            ("AVX-512F", "avx512f"),
+            ("AVX-512 BF16", "avx512_bf16"),
+            ("AMX", "amx_tile"),
+        )
+    )
     config = torch.__config__.show()
     mkl = re.search(r"Math Kernel Library Version (\S+)", config)
     onednn = re.search(r"MKL-DNN (v[\d.]+)", config)
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                                text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         commit = ""
-    return (f"{datetime.date.today()}, commit {commit or '?'}, {model.group(1) if model else platform.processor()} "
-            f"({os.cpu_count()} cores; {isa}); torch {torch.__version__}, MKL {mkl.group(1) if mkl else '?'}, "
-            f"oneDNN {onednn.group(1) if onednn else '?'}, Python {platform.python_version()}")
+    return (
+        f"{datetime.date.today()}, commit {commit or '?'}, {model.group(1) if model else platform.processor()} "
+        f"({os.cpu_count()} cores; {isa}); torch {torch.__version__}, MKL {mkl.group(1) if mkl else '?'}, "
+        f"oneDNN {onednn.group(1) if onednn else '?'}, Python {platform.python_version()}"
+    )
 
 
 def main() -> None:
@@ -126,9 +142,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved machine / portable runs, for the cost")
     parser.add_argument("--no-extra", action="store_true", help="only the timed machine / portable rounds")
-    parser.add_argument("--emulate", default="", help=f"CPU models for {QEMU} -cpu, comma-separated: "
-                        "portable's process again on each (e.g. Haswell-v1,EPYC-Rome)")
-    parser.add_argument("--hidden", type=int, default=None, help="a smaller model: hidden size, 1 layer (the test's 16)")
+    parser.add_argument(
+        "--emulate",
+        default="",
+        help=f"CPU models for {QEMU} -cpu, comma-separated: "
+        "portable's process again on each (e.g. Haswell-v1,EPYC-Rome)",
+    )
+    parser.add_argument(
+        "--hidden", type=int, default=None, help="a smaller model: hidden size, 1 layer (the test's 16)"
+    )
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--fused", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -150,23 +172,30 @@ def main() -> None:
 
     base, portable_base = rows[0][3], next(row[3] for row in rows if row[0] == "portable")
     print(f"{args.steps} AdamW steps of the demo's actor, then 32 × 24 greedy tokens; {machine_summary()}\n")
-    print("| setting | threads | torch kernels | weights sha256 | greedy tokens sha256 | weights = machine's | "
-          "weights = portable's | largest weight difference | greedy tokens that differ | median step |")
+    print(
+        "| setting | threads | torch kernels | weights sha256 | greedy tokens sha256 | weights = machine's | "
+        "weights = portable's | largest weight difference | greedy tokens that differ | median step |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, _env, threads, result in rows:
         diff = max(abs(a - b) for a, b in zip(result["weights"], base["weights"]))
         tokens = sum(a != b for ra, rb in zip(result["greedy"], base["greedy"]) for a, b in zip(ra, rb))
-        same, same_portable = ("yes" if result["weights_sha"] == other["weights_sha"] else "no"
-                               for other in (base, portable_base))
-        print(f"| {name} | {threads} | {result['kernels']} | {result['weights_sha'][:16]} | {result['greedy_sha'][:16]} | "
-              f"{same} | {same_portable} | {diff:.1e} | {tokens} of {len(base['greedy']) * len(base['greedy'][0])} | "
-              f"{1000 * result['step_s']:.1f} ms |")
+        same, same_portable = (
+            "yes" if result["weights_sha"] == other["weights_sha"] else "no" for other in (base, portable_base)
+        )
+        print(
+            f"| {name} | {threads} | {result['kernels']} | {result['weights_sha'][:16]} | {result['greedy_sha'][:16]} | "
+            f"{same} | {same_portable} | {diff:.1e} | {tokens} of {len(base['greedy']) * len(base['greedy'][0])} | "
+            f"{1000 * result['step_s']:.1f} ms |"
+        )
     machine, portable = times["machine"], times["portable"]
     ratios = [p / m for m, p in zip(machine, portable)]
-    print(f"\nportable / machine, median step time over {args.rounds} interleaved rounds: "
-          f"{statistics.median(portable) / statistics.median(machine):.2f} (per round: "
-          f"{', '.join(f'{r:.2f}' for r in ratios)}; machine {', '.join(f'{1000 * t:.1f}' for t in machine)} ms, "
-          f"portable {', '.join(f'{1000 * t:.1f}' for t in portable)} ms)")
+    print(
+        f"\nportable / machine, median step time over {args.rounds} interleaved rounds: "
+        f"{statistics.median(portable) / statistics.median(machine):.2f} (per round: "
+        f"{', '.join(f'{r:.2f}' for r in ratios)}; machine {', '.join(f'{1000 * t:.1f}' for t in machine)} ms, "
+        f"portable {', '.join(f'{1000 * t:.1f}' for t in portable)} ms)"
+    )
     print(f"portable's variables: {' '.join(f'{k}={v}' for k, v in PORTABLE.items())}, and fused AdamW")
 
 

@@ -51,7 +51,7 @@ def main(argv=None) -> None:
         tokens, hidden_size, vocab, ks, args.repeats = 64, 16, 128, (0, 4), 1
     torch.manual_seed(0)
     hidden = torch.randn(tokens, hidden_size)
-    weight = torch.randn(vocab, hidden_size) / hidden_size ** 0.5
+    weight = torch.randn(vocab, hidden_size) / hidden_size**0.5
     sampled = torch.randint(0, vocab, (tokens,))
 
     def student(k: int):
@@ -67,7 +67,10 @@ def main(argv=None) -> None:
             else:
                 chunked_top_k(hidden, weight, k, chunk_size=1024)
 
-    rows = [(k, median_seconds(lambda: student(k), args.repeats), median_seconds(lambda: teacher(k), args.repeats)) for k in ks]
+    rows = [
+        (k, median_seconds(lambda: student(k), args.repeats), median_seconds(lambda: teacher(k), args.repeats))
+        for k in ks
+    ]
     print(f"tokens {tokens}, hidden {hidden_size}, vocab {vocab}, {torch.get_num_threads()} threads")
     print("| k | student fwd+bwd | × k=0 | teacher pass | × k=0 |\n|---:|---:|---:|---:|---:|")
     for k, s, t in rows:

@@ -62,8 +62,15 @@ REPO = Path(__file__).resolve().parents[1]
 RESULT = "RESULT "  # the child's result line on stdout
 MODELS = {
     "demo": {},  # configs/grpo.yaml's model: ModelConfig's defaults
-    "48m": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8,
-                num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=True),
+    "48m": dict(
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    ),
 }
 VOCAB_48M = 32_000
 
@@ -105,19 +112,40 @@ def measure(name: str, args) -> dict:
     rss_hf = peak_rss_gib()
     start = time.perf_counter()
     llm, sampling_params_class = start_llm(
-        config, dtype="float32", seed=0, logprobs_mode=vllm_logprobs_mode(1.0, 1.0, 0), tensor_parallel_size=1,
-        gpu_memory_utilization=0.5, sleep_mode=False, cpu_kv_cache_gib=args.kv_cache_gib,
-        enforce_eager=args.mode == "eager")
+        config,
+        dtype="float32",
+        seed=0,
+        logprobs_mode=vllm_logprobs_mode(1.0, 1.0, 0),
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.5,
+        sleep_mode=False,
+        cpu_kv_cache_gib=args.kv_cache_gib,
+        enforce_eager=args.mode == "eager",
+    )
     startup_s = time.perf_counter() - start
-    result = {"model": name, "mode": args.mode, "params": params, "import_s": import_s, "startup_s": startup_s,
-              "rss_hf_gib": rss_hf, "rss_started_gib": peak_rss_gib()}
+    result = {
+        "model": name,
+        "mode": args.mode,
+        "params": params,
+        "import_s": import_s,
+        "startup_s": startup_s,
+        "rss_hf_gib": rss_hf,
+        "rss_started_gib": peak_rss_gib(),
+    }
     if args.startup_only:
         return result
+
     def no_stop(**kwargs):  # vLLM refuses stop token ids outside the vocabulary
         return sampling_params_class(**{**kwargs, "stop_token_ids": [], "ignore_eos": True})
 
-    vllm_ = VLLMEngine(llm, no_stop, eos, tie_word_embeddings=bool(config.tie_word_embeddings), seed=0,
-                       checkpoint_names=checkpoint_names(config))
+    vllm_ = VLLMEngine(
+        llm,
+        no_stop,
+        eos,
+        tie_word_embeddings=bool(config.tie_word_embeddings),
+        seed=0,
+        checkpoint_names=checkpoint_names(config),
+    )
     engines = {"vllm": vllm_, "hf": hf}
     update_s = []
 
@@ -155,8 +183,14 @@ def measure(name: str, args) -> dict:
             totals[engine][0] += tokens
             totals[engine][1] += seconds
         rounds.append({engine: tokens / seconds for engine, (tokens, seconds) in totals.items()})
-    return {**result, "update_s": update_s, "first_s": first_s, "rounds": rounds, "threads": torch.get_num_threads(),
-            "rss_peak_gib": peak_rss_gib()}
+    return {
+        **result,
+        "update_s": update_s,
+        "first_s": first_s,
+        "rounds": rounds,
+        "threads": torch.get_num_threads(),
+        "rss_peak_gib": peak_rss_gib(),
+    }
 
 
 def child(name: str, mode: str, args, cache: Path | None, startup_only: bool) -> dict:
@@ -170,7 +204,7 @@ def child(name: str, mode: str, args, cache: Path | None, startup_only: bool) ->
     lines = [line for line in run.stdout.splitlines() if line.startswith(RESULT)]
     if run.returncode or not lines:
         raise SystemExit(f"{name}, {mode} failed ({run.returncode}):\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}")
-    return json.loads(lines[-1][len(RESULT):])
+    return json.loads(lines[-1][len(RESULT) :])
 
 
 def forwarded(args) -> list[str]:
@@ -181,26 +215,38 @@ def forwarded(args) -> list[str]:
 def report(results: list[dict], args) -> None:
     cold = "cold: empty vLLM and inductor caches, in a process of its own; warm: with the caches it left"
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"\nload average at the end (1 / 5 / 15 min): {load}; {args.rounds} rounds × {args.calls} generate calls "
-          f"per engine, each call {args.prompts} prompts of {args.prompt_tokens} tokens × {args.samples} samples, "
-          f"{args.new_tokens} new tokens each (no early stop), temperature 1, float32, torch threads {args.threads} "
-          f"for both engines (vLLM in-process, KV cache {args.kv_cache_gib} GiB); start-up "
-          + (cold if args.cold_start else "with this machine's caches as they were") + "\n")
+    print(
+        f"\nload average at the end (1 / 5 / 15 min): {load}; {args.rounds} rounds × {args.calls} generate calls "
+        f"per engine, each call {args.prompts} prompts of {args.prompt_tokens} tokens × {args.samples} samples, "
+        f"{args.new_tokens} new tokens each (no early stop), temperature 1, float32, torch threads {args.threads} "
+        f"for both engines (vLLM in-process, KV cache {args.kv_cache_gib} GiB); start-up "
+        + (cold if args.cold_start else "with this machine's caches as they were")
+        + "\n"
+    )
     print("| model | params | vllm | round | vllm tokens/s | hf tokens/s | vllm / hf |\n|---|---|---|---|---|---|---|")
     for r in results:
         for i, round_ in enumerate(r["rounds"], 1):
-            print(f"| {r['model']} | {r['params'] / 1e6:.1f} M | {r['mode']} | {i} | {round_['vllm']:.0f} | "
-                  f"{round_['hf']:.0f} | {round_['vllm'] / round_['hf']:.2f} |")
-    print("\n| model | vllm | vllm / hf tokens/s, geometric mean | import vllm s | vllm start-up s | first generate s, "
-          "vllm / hf | weight update s (median) | peak RSS GiB: hf engine → + vllm started → end |\n"
-          "|---|---|---|---|---|---|---|---|")
+            print(
+                f"| {r['model']} | {r['params'] / 1e6:.1f} M | {r['mode']} | {i} | {round_['vllm']:.0f} | "
+                f"{round_['hf']:.0f} | {round_['vllm'] / round_['hf']:.2f} |"
+            )
+    print(
+        "\n| model | vllm | vllm / hf tokens/s, geometric mean | import vllm s | vllm start-up s | first generate s, "
+        "vllm / hf | weight update s (median) | peak RSS GiB: hf engine → + vllm started → end |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
     for r in results:
         ratio = statistics.geometric_mean([round_["vllm"] / round_["hf"] for round_ in r["rounds"]])
-        startup = (f"{r['cold_startup_s']:.1f} cold / {r['startup_s']:.1f} warm" if "cold_startup_s" in r
-                   else f"{r['startup_s']:.1f}")
-        print(f"| {r['model']} | {r['mode']} | {ratio:.2f} | {r['import_s']:.1f} | {startup} | "
-              f"{r['first_s']['vllm']:.2f} / {r['first_s']['hf']:.2f} | {statistics.median(r['update_s']):.3f} | "
-              f"{r['rss_hf_gib']:.2f} → {r['rss_started_gib']:.2f} → {r['rss_peak_gib']:.2f} |")
+        startup = (
+            f"{r['cold_startup_s']:.1f} cold / {r['startup_s']:.1f} warm"
+            if "cold_startup_s" in r
+            else f"{r['startup_s']:.1f}"
+        )
+        print(
+            f"| {r['model']} | {r['mode']} | {ratio:.2f} | {r['import_s']:.1f} | {startup} | "
+            f"{r['first_s']['vllm']:.2f} / {r['first_s']['hf']:.2f} | {statistics.median(r['update_s']):.3f} | "
+            f"{r['rss_hf_gib']:.2f} → {r['rss_started_gib']:.2f} → {r['rss_peak_gib']:.2f} |"
+        )
 
 
 def main() -> None:
@@ -215,8 +261,12 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, for both engines")
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="vLLM's CPU KV cache (rollout.cpu_kv_cache_gib)")
-    parser.add_argument("--no-cold-start", dest="cold_start", action="store_false",
-                        help="measure start-up with this machine's caches only (no first-run start)")
+    parser.add_argument(
+        "--no-cold-start",
+        dest="cold_start",
+        action="store_false",
+        help="measure start-up with this machine's caches only (no first-run start)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="eager", help=argparse.SUPPRESS)
     parser.add_argument("--startup-only", action="store_true", help=argparse.SUPPRESS)

@@ -22,8 +22,14 @@ from pair_cases import PAIR_LOSSES, PAIR_MODE  # noqa: E402
 
 from roll_lite.loss import AGG_MODES  # noqa: E402
 
-MODELS = ("actor", "actor (LoRA)", "critic", "reward model (Bradley–Terry)", "policy (DPO, IPO, SimPO)",
-          "student (distillation: reverse KL, top-k forward KL)")
+MODELS = (
+    "actor",
+    "actor (LoRA)",
+    "critic",
+    "reward model (Bradley–Terry)",
+    "policy (DPO, IPO, SimPO)",
+    "student (distillation: reverse KL, top-k forward KL)",
+)
 
 
 def model_of(case) -> str:
@@ -48,7 +54,16 @@ def main():
                 if not selected:
                     continue
                 errors = [deviations(results[c], references[(c.loss, c.mode, c.rows, c.lora)]) for c in selected]
-                rows.append((str(dtype).removeprefix("torch."), mode, model, max(e[0] for e in errors), max(e[1] for e in errors), len(errors)))
+                rows.append(
+                    (
+                        str(dtype).removeprefix("torch."),
+                        mode,
+                        model,
+                        max(e[0] for e in errors),
+                        max(e[1] for e in errors),
+                        len(errors),
+                    )
+                )
         print(f"{dtype}: {len(cases)} cases in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print("| dtype | agg mode | model | worst loss rel. err | worst grad rel. err | cases |")
     print("|---|---|---|---|---|---|")

@@ -52,8 +52,11 @@ class GpuMemorySampler(threading.Thread):
 
     def run(self):
         while not self.stop.is_set():
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True)
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+            )
             if out.returncode == 0:
                 self.peak_mib = max([self.peak_mib] + [int(x) for x in out.stdout.split()])
             self.stop.wait(0.5)
@@ -77,8 +80,17 @@ def main() -> None:
         sampler = GpuMemorySampler()
         sampler.start()
         start = time.perf_counter()
-        command = [sys.executable, "-m", "roll_lite.cli", "--config", args.config, *args.overrides,
-                   f"output_dir={out}", "run_name=gpu_run", "checkpoint.enabled=false"]
+        command = [
+            sys.executable,
+            "-m",
+            "roll_lite.cli",
+            "--config",
+            args.config,
+            *args.overrides,
+            f"output_dir={out}",
+            "run_name=gpu_run",
+            "checkpoint.enabled=false",
+        ]
         done = subprocess.run(command, cwd=REPO)
         wall = time.perf_counter() - start
         sampler.stop.set()
@@ -93,20 +105,29 @@ def main() -> None:
     tokens = statistics.median(r["perf/tokens_per_s"] * r["perf/step_s"] for r in steps)
     train_tflops = 6 * n_params * tokens / median("perf/train_s") / 1e12
     evals = [r["eval/reward_mean"] for r in records if r.get("eval/reward_mean") is not None]
-    print(f"\n{name}; {n_params / 1e6:.1f} M parameters; {len(steps)} steps after the first; "
-          f"{' '.join(args.overrides) or 'no overrides'}\n")
-    print("| step s | generate s | prepare s | train s | weight sync s | tokens/step | tokens/s | train TFLOP/s | "
-          "train MFU | actor peak GiB | GPU peak GiB (all processes) | engine vs actor |Δ log p| mean / max | "
-          "held-out reward | wall s |")
+    print(
+        f"\n{name}; {n_params / 1e6:.1f} M parameters; {len(steps)} steps after the first; "
+        f"{' '.join(args.overrides) or 'no overrides'}\n"
+    )
+    print(
+        "| step s | generate s | prepare s | train s | weight sync s | tokens/step | tokens/s | train TFLOP/s | "
+        "train MFU | actor peak GiB | GPU peak GiB (all processes) | engine vs actor |Δ log p| mean / max | "
+        "held-out reward | wall s |"
+    )
     print("|" + "---|" * 14)
     reward = f"{evals[0]:.3f} → {evals[-1]:.3f}" if evals else "no eval"
-    gap = (f"{median('actor/rollout_logp_gap'):.4f} / {max(r['actor/rollout_logp_gap_max'] for r in steps):.3f}"
-           if "actor/rollout_logp_gap" in steps[0] else "-")
+    gap = (
+        f"{median('actor/rollout_logp_gap'):.4f} / {max(r['actor/rollout_logp_gap_max'] for r in steps):.3f}"
+        if "actor/rollout_logp_gap" in steps[0]
+        else "-"
+    )
     actor_peak = max((r.get("actor/peak_memory_gib", float("nan")) for r in steps), default=float("nan"))
-    print(f"| {median('perf/step_s'):.3f} | {median('perf/generate_s'):.3f} | {median('perf/prepare_s'):.3f} | "
-          f"{median('perf/train_s'):.3f} | {median('perf/weight_sync_s'):.3f} | {tokens:,.0f} | "
-          f"{median('perf/tokens_per_s'):,.0f} | {train_tflops:.1f} | {train_tflops / peak:.1%} | {actor_peak:.2f} | "
-          f"{sampler.peak_mib / 1024:.2f} | {gap} | {reward} | {wall:.0f} |")
+    print(
+        f"| {median('perf/step_s'):.3f} | {median('perf/generate_s'):.3f} | {median('perf/prepare_s'):.3f} | "
+        f"{median('perf/train_s'):.3f} | {median('perf/weight_sync_s'):.3f} | {tokens:,.0f} | "
+        f"{median('perf/tokens_per_s'):,.0f} | {train_tflops:.1f} | {train_tflops / peak:.1%} | {actor_peak:.2f} | "
+        f"{sampler.peak_mib / 1024:.2f} | {gap} | {reward} | {wall:.0f} |"
+    )
 
 
 if __name__ == "__main__":

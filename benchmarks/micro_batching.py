@@ -34,8 +34,10 @@ def rollout_like_batch(num_rows: int, cap: int, seed: int = 0) -> DataProto:
     attention_mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
     response_mask = attention_mask * (torch.arange(width)[None, :] >= prompts[:, None]).long()
     input_ids = torch.randint(1, 500, (num_rows, width), generator=gen) * attention_mask
-    return DataProto({"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask},
-                     meta_info={"loss_mask_keys": ["response_mask"]})
+    return DataProto(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask},
+        meta_info={"loss_mask_keys": ["response_mask"]},
+    )
 
 
 OPTIONS = {
@@ -47,8 +49,10 @@ OPTIONS = {
 
 def token_table(data: DataProto, cap: int) -> None:
     real = int(data["attention_mask"].sum())
-    print(f"## useful-token fraction, {len(data)} rows, {real} real tokens, widest row {data['input_ids'].shape[1]} "
-          f"(cap {cap} on 10 % of responses)\n")
+    print(
+        f"## useful-token fraction, {len(data)} rows, {real} real tokens, widest row {data['input_ids'].shape[1]} "
+        f"(cap {cap} on 10 % of responses)\n"
+    )
     print("| option | D | A | useful | D-rank imbalance |")
     print("|---|---|---|---|---|")
     for label, options in OPTIONS.items():
@@ -61,7 +65,9 @@ def token_table(data: DataProto, cap: int) -> None:
                     share_tokens.append(int(share["attention_mask"].sum()))
                     for micro_batch in split_micro_batches(share, config):
                         lengths = row_lengths(micro_batch["attention_mask"])
-                        computed += sum(lengths) if config.use_packing else len(lengths) * micro_batch["input_ids"].shape[1]
+                        computed += (
+                            sum(lengths) if config.use_packing else len(lengths) * micro_batch["input_ids"].shape[1]
+                        )
                 imbalance = max(share_tokens) / statistics.mean(share_tokens)
                 print(f"| {label} | {world_size} | {accum} | {real / computed:.3f} | {imbalance:.4f} |")
     print()
@@ -72,8 +78,17 @@ def time_steps(steps: int) -> None:
     from roll_lite.model.modeling import build_causal_lm
     from roll_lite.strategy import FSDP2Strategy
 
-    model_config = dict(model_type="qwen2", vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True)
+    model_config = dict(
+        model_type="qwen2",
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
     data = rollout_like_batch(32, cap=256, seed=1)
     extra = random_rl_batch(num_rows=32, seq_len=data["input_ids"].shape[1], seed=2, dtype=torch.float32)
     for name in ("old_log_probs", "advantages"):
@@ -92,8 +107,10 @@ def time_steps(steps: int) -> None:
         losses[label] = metrics["loss"]
         rows.append((label, statistics.median(times[1:])))
     base = rows[0][1]
-    print(f"## CPU train step, Qwen2 {sum(p.numel() for p in build_causal_lm(model_config).parameters()) / 1e6:.1f} M "
-          f"params, 32 rows, {real} real tokens (widest {data['input_ids'].shape[1]}), A=4, median of {steps}\n")
+    print(
+        f"## CPU train step, Qwen2 {sum(p.numel() for p in build_causal_lm(model_config).parameters()) / 1e6:.1f} M "
+        f"params, 32 rows, {real} real tokens (widest {data['input_ids'].shape[1]}), A=4, median of {steps}\n"
+    )
     print("| option | s/step | real tokens/s | speed-up vs untrimmed | loss |")
     print("|---|---|---|---|---|")
     for label, seconds in rows:

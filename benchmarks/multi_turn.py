@@ -42,8 +42,17 @@ from pathlib import Path
 from roll_lite.environments.guess_the_number import GuessTheNumber
 
 ROWS = ("sequential", "lockstep", "overlapped")
-MODEL = dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, initializer_range=0.2)
+MODEL = dict(
+    model_type="qwen2",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+    initializer_range=0.2,
+)
 TINY = dict(trajectories=4, env_latency_ms=5.0, max_concurrent=2, max_turns=3, new_tokens=4, repeats=1)
 
 
@@ -54,8 +63,9 @@ class SlowGuessTheNumber(GuessTheNumber):
         super().__init__(**kwargs)
         self.latency_s = latency_ms / 1000
 
-    def reset(self, seed: int | None = None, secret: int | None = None, lo: int | None = None,
-              hi: int | None = None) -> tuple[str, dict]:
+    def reset(
+        self, seed: int | None = None, secret: int | None = None, lo: int | None = None, hi: int | None = None
+    ) -> tuple[str, dict]:
         time.sleep(self.latency_s)
         return super().reset(seed, secret, lo, hi)
 
@@ -122,8 +132,14 @@ def play_sequentially(engine: TimedEngine, runner, tokenizer, starts, params, li
     episodes = []
     for start in starts:
         first = result(runner.submit_reset(start.key, start.seed, start.fields))
-        prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": first.observation}],
-                                                    add_generation_prompt=True, tokenize=True, return_dict=False))
+        prompt = list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": first.observation}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        )
         response, texts, rewards, end = [], [], [], None
         while True:
             allowed = min(limits.max_new_tokens_per_turn, positions - len(prompt) - len(response))
@@ -169,8 +185,9 @@ def run_row(row: str, engine: TimedEngine, runners: dict, tokenizer, starts, par
     else:
         episode_loop.wait = timed_wait
         try:
-            played = episode_loop.run_episodes(engine, runners["many"], tokenizer, starts, params, limits,
-                                               overlap=row == "overlapped")
+            played = episode_loop.run_episodes(
+                engine, runners["many"], tokenizer, starts, params, limits, overlap=row == "overlapped"
+            )
         finally:
             episode_loop.wait = timed_wait.wait
         waited = timed_wait.seconds
@@ -178,8 +195,13 @@ def run_row(row: str, engine: TimedEngine, runners: dict, tokenizer, starts, par
             raise RuntimeError(f"{row}: environment faults: {faults}")
         outcomes = [outcome(e) for e in played]
     wall = time.perf_counter() - start
-    return {"wall": wall, "generate": engine.seconds, "wait": waited, "outcomes": outcomes,
-            "turns": statistics.mean(len(o[2]) for o in outcomes)}
+    return {
+        "wall": wall,
+        "generate": engine.seconds,
+        "wait": waited,
+        "outcomes": outcomes,
+        "turns": statistics.mean(len(o[2]) for o in outcomes),
+    }
 
 
 def cpu_model() -> str:
@@ -225,11 +247,13 @@ def main() -> None:
     print(f"load average at the start (1 / 5 / 15 min): {load}", flush=True)
     engine.engine.generate([[1, 2, 3]], params)  # warm-up: transformers' first call
     results = {row: [] for row in ROWS}
-    with EnvironmentRunner(environment_spec(), kwargs, max_concurrent=1, step_timeout_s=60) as one, \
-            EnvironmentRunner(environment_spec(), kwargs, max_concurrent=args.max_concurrent, step_timeout_s=60) as many:
+    with (
+        EnvironmentRunner(environment_spec(), kwargs, max_concurrent=1, step_timeout_s=60) as one,
+        EnvironmentRunner(environment_spec(), kwargs, max_concurrent=args.max_concurrent, step_timeout_s=60) as many,
+    ):
         runners = {"one": one, "many": many}
         for round_ in range(args.repeats):
-            order = ROWS[round_ % 3:] + ROWS[:round_ % 3]
+            order = ROWS[round_ % 3 :] + ROWS[: round_ % 3]
             for row in order:
                 results[row].append(run_row(row, engine, runners, tokenizer, starts, params, limits))
                 print(f"round {round_ + 1}, {row}: {results[row][-1]['wall']:.2f} s", flush=True)
@@ -241,33 +265,46 @@ def report(results: dict, args) -> None:
     same = {row: all(r["outcomes"] == reference for r in runs) for row, runs in results.items()}
     median = lambda row, key: statistics.median(r[key] for r in results[row])  # noqa: E731
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"\nload average at the end (1 / 5 / 15 min): {load}; {cpu_model()}, torch threads {args.threads}; "
-          f"{args.trajectories} trajectories, max_turns {args.max_turns}, max_new_tokens_per_turn {args.new_tokens}, "
-          f"greedy; environment latency {args.env_latency_ms:g} ms per reset / step; lockstep and overlapped over "
-          f"{args.max_concurrent} environment processes, sequential over 1; medians of {args.repeats} interleaved "
-          "rounds\n")
-    print("| rows | trajectories/s | wall s | generate | waiting for environments | loop's own work | mean turns | "
-          "speed-up vs sequential |\n|---|---|---|---|---|---|---|---|")
+    print(
+        f"\nload average at the end (1 / 5 / 15 min): {load}; {cpu_model()}, torch threads {args.threads}; "
+        f"{args.trajectories} trajectories, max_turns {args.max_turns}, max_new_tokens_per_turn {args.new_tokens}, "
+        f"greedy; environment latency {args.env_latency_ms:g} ms per reset / step; lockstep and overlapped over "
+        f"{args.max_concurrent} environment processes, sequential over 1; medians of {args.repeats} interleaved "
+        "rounds\n"
+    )
+    print(
+        "| rows | trajectories/s | wall s | generate | waiting for environments | loop's own work | mean turns | "
+        "speed-up vs sequential |\n|---|---|---|---|---|---|---|---|"
+    )
     for row in ROWS:
         wall = median(row, "wall")
         shares = [statistics.median(r[key] / r["wall"] for r in results[row]) for key in ("generate", "wait")]
         rest = statistics.median(1 - (r["generate"] + r["wait"]) / r["wall"] for r in results[row])
-        print(f"| {row} | {args.trajectories / wall:.2f} | {wall:.2f} | {shares[0]:.0%} | {shares[1]:.0%} | {rest:.0%} | "
-              f"{median(row, 'turns'):.2f} | {median('sequential', 'wall') / wall:.2f} |")
-    print("\ngenerate: the engine's generate calls (the loop's thread runs them); waiting for environments: the "
-          "loop's thread blocked on environment futures (sequential: future.result(); the episode loop: "
-          "concurrent.futures.wait, timed by wrapping it in episodes.py's namespace); loop's own work: the rest "
-          "(chat templates, tokenizing observations, decoding turns, submitting calls). Shares are medians over "
-          "the rounds of each round's share.")
-    print("same episodes as sequential (prompt and response ids, turn texts, rewards, endings): "
-          + ", ".join(f"{row} {'yes' if same[row] else 'NO'}" for row in ROWS[1:]))
+        print(
+            f"| {row} | {args.trajectories / wall:.2f} | {wall:.2f} | {shares[0]:.0%} | {shares[1]:.0%} | {rest:.0%} | "
+            f"{median(row, 'turns'):.2f} | {median('sequential', 'wall') / wall:.2f} |"
+        )
+    print(
+        "\ngenerate: the engine's generate calls (the loop's thread runs them); waiting for environments: the "
+        "loop's thread blocked on environment futures (sequential: future.result(); the episode loop: "
+        "concurrent.futures.wait, timed by wrapping it in episodes.py's namespace); loop's own work: the rest "
+        "(chat templates, tokenizing observations, decoding turns, submitting calls). Shares are medians over "
+        "the rounds of each round's share."
+    )
+    print(
+        "same episodes as sequential (prompt and response ids, turn texts, rewards, endings): "
+        + ", ".join(f"{row} {'yes' if same[row] else 'NO'}" for row in ROWS[1:])
+    )
     calls = median("sequential", "turns") + 1  # a reset and a step per turn, per trajectory
     floor = -(-args.trajectories // args.max_concurrent) * calls * args.env_latency_ms / 1000
-    print(f"the environments alone take at least {args.trajectories * calls * args.env_latency_ms / 1000:.2f} s "
-          f"one at a time, and about {floor:.2f} s over {args.max_concurrent} processes (their most loaded one: "
-          f"{-(-args.trajectories // args.max_concurrent)} trajectories × {calls:g} calls × the latency)")
+    print(
+        f"the environments alone take at least {args.trajectories * calls * args.env_latency_ms / 1000:.2f} s "
+        f"one at a time, and about {floor:.2f} s over {args.max_concurrent} processes (their most loaded one: "
+        f"{-(-args.trajectories // args.max_concurrent)} trajectories × {calls:g} calls × the latency)"
+    )
     endings = [o[4] for o in reference]
     print("endings (sequential): " + ", ".join(f"{end} {endings.count(end)}" for end in sorted(set(endings))))
+
 
 if __name__ == "__main__":
     main()

@@ -42,8 +42,10 @@ def main() -> None:
     started = time.perf_counter() - start
     rows = [
         ("exact_answer (inline)", median_ms(runner, "exact_answer", responses, answers, extras)),
-        ("roll_lite.rewards.rules:exact_answer (guarded process)",
-         median_ms(runner, "roll_lite.rewards.rules:exact_answer", responses, answers, extras)),
+        (
+            "roll_lite.rewards.rules:exact_answer (guarded process)",
+            median_ms(runner, "roll_lite.rewards.rules:exact_answer", responses, answers, extras),
+        ),
         ("math (guarded process, math-verify)", median_ms(runner, "math", math_responses, answers, extras, repeats=20)),
     ]
     start = time.perf_counter()

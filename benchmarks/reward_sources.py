@@ -58,8 +58,12 @@ def build_models(folder: Path) -> tuple[str, str]:
 
 def source_sets(model: str, judge: str) -> dict[str, dict]:
     rule = {"exact_answer": 1.0}
-    return {"rule": dict(functions=rule), "model": dict(functions={}, models={model: 1.0}),
-            "judge": dict(functions={}, judges={judge: 1.0}), "all": dict(functions=rule, models={model: 1.0}, judges={judge: 1.0})}
+    return {
+        "rule": dict(functions=rule),
+        "model": dict(functions={}, models={model: 1.0}),
+        "judge": dict(functions={}, judges={judge: 1.0}),
+        "all": dict(functions=rule, models={model: 1.0}, judges={judge: 1.0}),
+    }
 
 
 def demo_batch(rows: int):
@@ -100,20 +104,38 @@ def step_share(sets: dict[str, dict], steps: int, judge_tokens: int, out: Path) 
     """(median perf/reward_s, median perf/step_s) per source set over the steps after the first."""
     result = {}
     for name, sources in sets.items():
-        overrides = [f"reward.functions={json.dumps(sources['functions'])}", "reward.in_driver=false",
-                     f"reward.judge_max_new_tokens={judge_tokens}"]
+        overrides = [
+            f"reward.functions={json.dumps(sources['functions'])}",
+            "reward.in_driver=false",
+            f"reward.judge_max_new_tokens={judge_tokens}",
+        ]
         for key in ("models", "judges"):
             if key in sources:
                 overrides.append(f"reward.{key}={{{', '.join(f'{path}: {w}' for path, w in sources[key].items())}}}")
-        command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/grpo.yaml"), "sft.steps=0",
-                   f"steps={steps}", "eval_every=1000", "save_model=false", "checkpoint.enabled=false",
-                   f"output_dir={out}", f"run_name={name}", *overrides]
+        command = [
+            sys.executable,
+            "-m",
+            "roll_lite.cli",
+            "--config",
+            str(REPO / "configs/grpo.yaml"),
+            "sft.steps=0",
+            f"steps={steps}",
+            "eval_every=1000",
+            "save_model=false",
+            "checkpoint.enabled=false",
+            f"output_dir={out}",
+            f"run_name={name}",
+            *overrides,
+        ]
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{name}: roll-train failed:\n{done.stderr[-2000:]}")
         records = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
         timed = [r for r in records if "perf/reward_s" in r][1:]
-        result[name] = (statistics.median(r["perf/reward_s"] for r in timed), statistics.median(r["perf/step_s"] for r in timed))
+        result[name] = (
+            statistics.median(r["perf/reward_s"] for r in timed),
+            statistics.median(r["perf/step_s"] for r in timed),
+        )
     return result
 
 

@@ -55,19 +55,32 @@ def layers(repeats: int) -> list[tuple[str, float]]:
         script.write_text("print(1)\n")
         os.chmod(tmp, 0o755)
         bare = [PYTHON, "-I", "-S", str(script)]
-        rows = [("python -I -S (bare subprocess)", median_ms(lambda: subprocess.run(bare, capture_output=True), repeats)),
-                ("+ prlimit", median_ms(lambda: subprocess.run(["prlimit", *limits.prlimit_args(), "--", *bare],
-                                                                capture_output=True), repeats))]
+        rows = [
+            ("python -I -S (bare subprocess)", median_ms(lambda: subprocess.run(bare, capture_output=True), repeats)),
+            (
+                "+ prlimit",
+                median_ms(
+                    lambda: subprocess.run(["prlimit", *limits.prlimit_args(), "--", *bare], capture_output=True),
+                    repeats,
+                ),
+            ),
+        ]
         for mode in ("rlimits", "bwrap"):
             isolation = Isolation(mode, python=PYTHON)
             argv = [PYTHON, "-I", "-S", isolation.code_path("{code}", "main.py")]
-            rows.append((f"isolation={mode}", median_ms(lambda: run_program(isolation, limits, {"main.py": "print(1)\n"}, argv),
-                                                         repeats)))
+            rows.append(
+                (
+                    f"isolation={mode}",
+                    median_ms(lambda: run_program(isolation, limits, {"main.py": "print(1)\n"}, argv), repeats),
+                )
+            )
     pool = SandboxPool(Isolation("bwrap", python=PYTHON), limits, workers=1)
     try:
         row = make_row(2, 5)
         tests, code = parse_tests(row["tests"]), row["answer"]
-        rows.append(("isolation=bwrap, the task's program (8 cases)", median_ms(lambda: judge(pool, code, tests), repeats)))
+        rows.append(
+            ("isolation=bwrap, the task's program (8 cases)", median_ms(lambda: judge(pool, code, tests), repeats))
+        )
     finally:
         pool.close()
     return rows
@@ -76,9 +89,13 @@ def layers(repeats: int) -> list[tuple[str, float]]:
 def throughput(programs: int) -> list[tuple[str, int, float]]:
     pool = SandboxPool(Isolation("bwrap", python=PYTHON), Limits())
     try:
-        trivial = [(f"print({i})\n", parse_tests({"cases": [{"stdin": "", "stdout": f"{i}\n"}]})) for i in range(programs)]
-        task = [(make_row("x*x", b)["answer"], parse_tests(make_row("x*x", b)["tests"]))
-                for b in (list(range(10)) * (programs // 10 + 1))[:programs]]
+        trivial = [
+            (f"print({i})\n", parse_tests({"cases": [{"stdin": "", "stdout": f"{i}\n"}]})) for i in range(programs)
+        ]
+        task = [
+            (make_row("x*x", b)["answer"], parse_tests(make_row("x*x", b)["tests"]))
+            for b in (list(range(10)) * (programs // 10 + 1))[:programs]
+        ]
         rows = []
         for name, items in (("trivial (print, 1 stdin case)", trivial), ("the task's (8 function cases)", task)):
             start = time.perf_counter()
@@ -93,17 +110,31 @@ def throughput(programs: int) -> list[tuple[str, int, float]]:
 
 def step_share(sft_steps: int, steps: int, out: Path) -> tuple[float, float, float]:
     """(median perf/reward_s, median perf/step_s, the last eval/reward_mean)."""
-    command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/code.yaml"), f"sft.steps={sft_steps}",
-               f"steps={steps}", f"eval_every={steps}", "save_model=false", "checkpoint.enabled=false",
-               f"output_dir={out}", "run_name=code"]
+    command = [
+        sys.executable,
+        "-m",
+        "roll_lite.cli",
+        "--config",
+        str(REPO / "configs/code.yaml"),
+        f"sft.steps={sft_steps}",
+        f"steps={steps}",
+        f"eval_every={steps}",
+        "save_model=false",
+        "checkpoint.enabled=false",
+        f"output_dir={out}",
+        "run_name=code",
+    ]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"roll-train failed:\n{done.stderr[-2000:]}")
     records = [json.loads(line) for line in (out / "code" / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in records if "perf/reward_s" in r][1:]
     evals = [r["eval/reward_mean"] for r in records if "eval/reward_mean" in r]
-    return (statistics.median(r["perf/reward_s"] for r in timed), statistics.median(r["perf/step_s"] for r in timed),
-            evals[-1])
+    return (
+        statistics.median(r["perf/reward_s"] for r in timed),
+        statistics.median(r["perf/step_s"] for r in timed),
+        evals[-1],
+    )
 
 
 def main() -> None:
@@ -127,7 +158,9 @@ def main() -> None:
     if args.steps:
         with tempfile.TemporaryDirectory() as tmp:
             reward_s, step_s, held_out = step_share(args.sft_steps, args.steps, Path(tmp))
-        print(f"\nroll-train --config configs/code.yaml sft.steps={args.sft_steps} steps={args.steps}, median after the first\n")
+        print(
+            f"\nroll-train --config configs/code.yaml sft.steps={args.sft_steps} steps={args.steps}, median after the first\n"
+        )
         print("| reward s | step s | reward share of the step | held-out pass rate at the end |\n|---|---|---|---|")
         print(f"| {reward_s:.3f} | {step_s:.3f} | {reward_s / step_s:.0%} | {held_out:.3f} |")
 

@@ -13,8 +13,12 @@ def venv_sharing_packages(where: Path) -> Path:
     """Make a venv at `where` whose site-packages reads this one's; returns its python."""
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
     python = where / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
-                          capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # This environment's site-packages directory only, not its .pth files: its editable roll_lite stays out.
     Path(site, "shared_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return python

@@ -51,15 +51,23 @@ class StepTimer(TrainerCallback):
 def held_out_reward(model, tokenizer, rows: list[dict], max_new_tokens: int) -> float:
     """Greedy, left-padded, BOS + prompt tokens (as roll_lite encodes a plain prompt)."""
     model.eval()
-    saved, model.generation_config = model.generation_config, GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    saved, model.generation_config = (
+        model.generation_config,
+        GenerationConfig(
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        ),
+    )
     prompts = tokenizer([r["prompt"] for r in rows])["input_ids"]  # the tokenizer's post-processor adds BOS
     width = max(map(len, prompts))
     input_ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
     attention_mask = torch.zeros_like(input_ids)
     for i, ids in enumerate(prompts):
-        input_ids[i, width - len(ids):], attention_mask[i, width - len(ids):] = torch.tensor(ids), 1
-    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=max_new_tokens)
+        input_ids[i, width - len(ids) :], attention_mask[i, width - len(ids) :] = torch.tensor(ids), 1
+    out = model.generate(
+        input_ids=input_ids, attention_mask=attention_mask, do_sample=False, max_new_tokens=max_new_tokens
+    )
     texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
     model.generation_config = saved
     model.train()
@@ -91,20 +99,51 @@ def main() -> None:
 
     completions = args.prompts * args.samples
     config = GRPOConfig(
-        output_dir=args.output_dir, max_steps=args.steps, seed=args.seed,
-        per_device_train_batch_size=completions, num_generations=args.samples, gradient_accumulation_steps=1,
-        steps_per_generation=1, num_iterations=1,  # a fresh generation per optimizer step, used once
-        max_completion_length=args.max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, use_vllm=False,
-        beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=0.2, epsilon_high=0.2,
+        output_dir=args.output_dir,
+        max_steps=args.steps,
+        seed=args.seed,
+        per_device_train_batch_size=completions,
+        num_generations=args.samples,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=1,  # a fresh generation per optimizer step, used once
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        use_vllm=False,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        epsilon=0.2,
+        epsilon_high=0.2,
         mask_truncated_completions=False,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-        optim="adamw_torch", bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=True,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
         remove_unused_columns=False,  # the reward reads the `answer` column
-        logging_steps=1, save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
     )
     timer = StepTimer()
-    trainer = GRPOTrainer(model=model, reward_funcs=exact_answer, args=config, train_dataset=train,
-                          processing_class=tokenizer, callbacks=[timer])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=exact_answer,
+        args=config,
+        train_dataset=train,
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
     start = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - start
@@ -113,10 +152,20 @@ def main() -> None:
     lengths = [log["completions/mean_length"] for log in trainer.state.log_history if "completions/mean_length" in log]
     import trl
 
-    print(json.dumps({"step_s": timer.seconds, "train_s": train_s, "held_out_before": before, "held_out_after": after,
-                      "reward_mean": statistics.mean(rewards) if rewards else None,
-                      "response_length_mean": statistics.mean(lengths) if lengths else None, "trl": trl.__version__,
-                      "torch_threads": torch.get_num_threads()}))
+    print(
+        json.dumps(
+            {
+                "step_s": timer.seconds,
+                "train_s": train_s,
+                "held_out_before": before,
+                "held_out_after": after,
+                "reward_mean": statistics.mean(rewards) if rewards else None,
+                "response_length_mean": statistics.mean(lengths) if lengths else None,
+                "trl": trl.__version__,
+                "torch_threads": torch.get_num_threads(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

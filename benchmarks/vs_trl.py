@@ -74,21 +74,58 @@ def run_checked(command: list, cwd: Path) -> str:
 
 def warm_start(work: Path, sft_steps: int) -> Path:
     """The demo's warm start as a HF folder: SFT on the noisy demonstrator's responses."""
-    run_checked([sys.executable, "-m", "roll_lite.cli", "--config", "configs/sft.yaml", "sft.response_key=demonstration",
-                 "sft.eval_files=[]", f"sft.steps={sft_steps}", f"output_dir={work}", "run_name=warm_start",
-                 "checkpoint.every=0"], REPO)
+    run_checked(
+        [
+            sys.executable,
+            "-m",
+            "roll_lite.cli",
+            "--config",
+            "configs/sft.yaml",
+            "sft.response_key=demonstration",
+            "sft.eval_files=[]",
+            f"sft.steps={sft_steps}",
+            f"output_dir={work}",
+            "run_name=warm_start",
+            "checkpoint.every=0",
+        ],
+        REPO,
+    )
     return work / "warm_start" / "final"
 
 
 def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path, round_: int) -> dict:
     start = time.perf_counter()
-    out = run_checked([python, REPO / "benchmarks/trl_grpo.py", "--model", model, "--train", TRAIN, "--eval", EVAL,
-                       "--steps", steps, "--threads", threads, "--output-dir", work / f"trl_r{round_}"], work)
+    out = run_checked(
+        [
+            python,
+            REPO / "benchmarks/trl_grpo.py",
+            "--model",
+            model,
+            "--train",
+            TRAIN,
+            "--eval",
+            EVAL,
+            "--steps",
+            steps,
+            "--threads",
+            threads,
+            "--output-dir",
+            work / f"trl_r{round_}",
+        ],
+        work,
+    )
     result = json.loads(out.strip().splitlines()[-1])
-    return {"run": f"TRL {result['trl']}", "variant": "trl", "step_s": statistics.median(result["step_s"][SKIP:]),
-            "generate_s": None, "train_s": None, "sync_s": None,
-            "held_out": (result["held_out_before"], result["held_out_after"]),
-            "response_tokens": result.get("response_length_mean"), "wall_s": time.perf_counter() - start}
+    return {
+        "run": f"TRL {result['trl']}",
+        "variant": "trl",
+        "step_s": statistics.median(result["step_s"][SKIP:]),
+        "generate_s": None,
+        "train_s": None,
+        "sync_s": None,
+        "held_out": (result["held_out_before"], result["held_out_after"]),
+        "response_tokens": result.get("response_length_mean"),
+        "wall_s": time.perf_counter() - start,
+    }
 
 
 # roll_lite's runs: name -> (label, the overrides that make it)
@@ -103,10 +140,23 @@ VARIANTS = {
 def run_roll_lite(model: Path, steps: int, threads: int, variant: str, work: Path, round_: int) -> dict:
     """`threads`: workers.torch_threads (every worker's; the driver always uses one)."""
     name = f"{variant}_r{round_}"  # a run directory of its own: the same one would resume
-    overrides = [f"model.pretrained_path={model}", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.num_samples=8",
-                 "rollout.max_new_tokens=16", "actor.lr=1e-4", "algorithm.track_kl=false", f"steps={steps}",
-                 f"eval_every={steps}", "checkpoint.every=0", "save_model=false", f"workers.torch_threads={threads}",
-                 f"output_dir={work}", f"run_name={name}", *VARIANTS[variant][1]]
+    overrides = [
+        f"model.pretrained_path={model}",
+        "sft.steps=0",
+        "rollout.prompts_per_step=2",
+        "rollout.num_samples=8",
+        "rollout.max_new_tokens=16",
+        "actor.lr=1e-4",
+        "algorithm.track_kl=false",
+        f"steps={steps}",
+        f"eval_every={steps}",
+        "checkpoint.every=0",
+        "save_model=false",
+        f"workers.torch_threads={threads}",
+        f"output_dir={work}",
+        f"run_name={name}",
+        *VARIANTS[variant][1],
+    ]
     start = time.perf_counter()
     run_checked([sys.executable, "-m", "roll_lite.cli", "--config", "configs/grpo.yaml", *overrides], REPO)
     wall = time.perf_counter() - start
@@ -114,11 +164,17 @@ def run_roll_lite(model: Path, steps: int, threads: int, variant: str, work: Pat
     steps_ = [r for r in records if "perf/step_s" in r][SKIP:]
     held_out = [r["eval/reward_mean"] for r in records if r.get("eval/reward_mean") is not None]
     median = lambda key: statistics.median(r[key] for r in steps_)  # noqa: E731
-    return {"run": f"roll_lite, {VARIANTS[variant][0]}", "variant": variant, "step_s": median("perf/step_s"),
-            "generate_s": median("perf/generate_s"), "train_s": median("perf/train_s"),
-            "sync_s": median("perf/weight_sync_s"), "held_out": (held_out[0], held_out[-1]),
-            "response_tokens": statistics.mean(r["response_length/mean"] for r in records if "perf/step_s" in r),
-            "wall_s": wall}
+    return {
+        "run": f"roll_lite, {VARIANTS[variant][0]}",
+        "variant": variant,
+        "step_s": median("perf/step_s"),
+        "generate_s": median("perf/generate_s"),
+        "train_s": median("perf/train_s"),
+        "sync_s": median("perf/weight_sync_s"),
+        "held_out": (held_out[0], held_out[-1]),
+        "response_tokens": statistics.mean(r["response_length/mean"] for r in records if "perf/step_s" in r),
+        "wall_s": wall,
+    }
 
 
 def load_average() -> str:
@@ -129,13 +185,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of each roll_lite worker, with a rollout worker")
-    parser.add_argument("--in-actor-threads", type=int, default=2, help="torch threads of the actor generating in its own process")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads of each roll_lite worker, with a rollout worker"
+    )
+    parser.add_argument(
+        "--in-actor-threads", type=int, default=2, help="torch threads of the actor generating in its own process"
+    )
     parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
     parser.add_argument("--sft-steps", type=int, default=1200)
     parser.add_argument("--trl-venv", type=Path, default=REPO / ".venv-trl")
-    parser.add_argument("--variants", default=",".join(["trl", *VARIANTS]),
-                        help=f"comma-separated, run in this order each round, of: trl, {', '.join(VARIANTS)}")
+    parser.add_argument(
+        "--variants",
+        default=",".join(["trl", *VARIANTS]),
+        help=f"comma-separated, run in this order each round, of: trl, {', '.join(VARIANTS)}",
+    )
     args = parser.parse_args()
     variants = args.variants.split(",")
     if unknown := [v for v in variants if v != "trl" and v not in VARIANTS]:
@@ -164,16 +227,22 @@ def main() -> None:
 def report(rows: list[dict], variants: list[str], args) -> None:
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     print(f"\nload average at the end (1 / 5 / 15 min): {load_average()}")
-    print(f"\n{args.steps} GRPO steps per run, 2 prompts × 8 completions, ≤ 16 new tokens; torch threads: TRL "
-          f"{args.trl_threads}, roll_lite's actor generating in its own process {args.in_actor_threads}, each worker "
-          f"with a rollout worker {args.threads}; medians of steps {SKIP + 1}-{args.steps}\n")
-    print("| run | round | median step s | generate s | train s | weight sync s | response tokens | "
-          "held-out start → end | wall s |")
+    print(
+        f"\n{args.steps} GRPO steps per run, 2 prompts × 8 completions, ≤ 16 new tokens; torch threads: TRL "
+        f"{args.trl_threads}, roll_lite's actor generating in its own process {args.in_actor_threads}, each worker "
+        f"with a rollout worker {args.threads}; medians of steps {SKIP + 1}-{args.steps}\n"
+    )
+    print(
+        "| run | round | median step s | generate s | train s | weight sync s | response tokens | "
+        "held-out start → end | wall s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         tokens = "-" if r["response_tokens"] is None else f"{r['response_tokens']:.2f}"
-        print(f"| {r['run']} | {r['round']} | {fmt(r['step_s'])} | {fmt(r['generate_s'])} | {fmt(r['train_s'])} | "
-              f"{fmt(r['sync_s'])} | {tokens} | {r['held_out'][0]:.3f} → {r['held_out'][1]:.3f} | {r['wall_s']:.0f} |")
+        print(
+            f"| {r['run']} | {r['round']} | {fmt(r['step_s'])} | {fmt(r['generate_s'])} | {fmt(r['train_s'])} | "
+            f"{fmt(r['sync_s'])} | {tokens} | {r['held_out'][0]:.3f} → {r['held_out'][1]:.3f} | {r['wall_s']:.0f} |"
+        )
     rounds = range(1, args.rounds + 1)
     step = {(r["variant"], r["round"]): r["step_s"] for r in rows}
     print(f"\n| run | median step s, rounds {' / '.join(map(str, rounds))} | / TRL per round | / TRL, geometric mean |")

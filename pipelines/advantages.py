@@ -16,8 +16,9 @@ from roll_lite.loss.advantages import (
 )
 
 
-def estimate_advantages(a: AlgorithmConfig, token_rewards: torch.Tensor, batch: DataProto,
-                        mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def estimate_advantages(
+    a: AlgorithmConfig, token_rewards: torch.Tensor, batch: DataProto, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(advantages, returns for the critic or None). The estimator's raw advantages, whitened over the
     masked tokens when algorithm.whiten_advantages says so (default: gae and reinforce_pp); the
     critic's returns are built from the raw GAE advantages. Rows the rewards left unscored under

@@ -43,14 +43,17 @@ def overlong_penalty(lengths: torch.Tensor, truncated: torch.Tensor, max_new_tok
     return torch.where(truncated, torch.full_like(penalty, -1.0), penalty)
 
 
-def shape_overlong(batch: DataProto, scores: torch.Tensor, metrics: dict, algorithm, max_new_tokens: int,
-                   eos_token_id: int) -> tuple[torch.Tensor, dict]:
+def shape_overlong(
+    batch: DataProto, scores: torch.Tensor, metrics: dict, algorithm, max_new_tokens: int, eos_token_id: int
+) -> tuple[torch.Tensor, dict]:
     """Scores with the overlong penalty (algorithm.overlong_buffer); unchanged when it is off."""
     if not algorithm.overlong_buffer:
         return scores, metrics
     truncated = truncated_responses(batch, max_new_tokens, eos_token_id)
     lengths = batch["response_mask"].sum(-1)
-    penalty = algorithm.overlong_penalty * overlong_penalty(lengths, truncated, max_new_tokens, algorithm.overlong_buffer)
+    penalty = algorithm.overlong_penalty * overlong_penalty(
+        lengths, truncated, max_new_tokens, algorithm.overlong_buffer
+    )
     return scores + penalty.to(scores.dtype), {**metrics, "dapo/overlong_penalty": penalty.mean().item()}
 
 
@@ -100,13 +103,21 @@ def keep_informative_groups(pipeline, batch: DataProto, scores: torch.Tensor, me
         scores, _ = pipeline.shaped_scores(batch)
     metrics = {**metrics, "dapo/informative_groups": found / seen, "dapo/extra_rounds": float(rounds)}
     if not batches:  # every advantage is 0: the step changes nothing but the optimizer's state
-        logger.warning("dynamic sampling: no group with different scores in %d groups; the step trains on the "
-                       "first batch, whose advantages are all 0", seen)
+        logger.warning(
+            "dynamic sampling: no group with different scores in %d groups; the step trains on the "
+            "first batch, whose advantages are all 0",
+            seen,
+        )
         return first_batch, first_scores, metrics
     if found < wanted:
-        logger.warning("dynamic sampling: %d of %d informative groups after %d extra round(s) "
-                       "(algorithm.max_sampling_rounds=%d); training on those", found, wanted, rounds,
-                       pipeline.algorithm.max_sampling_rounds)
+        logger.warning(
+            "dynamic sampling: %d of %d informative groups after %d extra round(s) "
+            "(algorithm.max_sampling_rounds=%d); training on those",
+            found,
+            wanted,
+            rounds,
+            pipeline.algorithm.max_sampling_rounds,
+        )
     batch, scores = concat_padded(batches, pipeline.tokenizer.pad_token_id), torch.cat(kept_scores)
     keep = batch["group_ids"] < wanted  # the first prompts_per_step groups found
     return batch.index_select(keep.nonzero().flatten()), scores[keep], metrics
@@ -119,7 +130,11 @@ def concat_padded(batches: list[DataProto], pad_token_id: int) -> DataProto:
     padded = []
     for b in batches:
         extra = width - b["input_ids"].shape[1]
-        tensors = {key: torch.nn.functional.pad(t, (0, extra), value=pad_token_id if key == "input_ids" else 0)
-                   if t.dim() == 2 and extra else t for key, t in b.batch.items()}
+        tensors = {
+            key: torch.nn.functional.pad(t, (0, extra), value=pad_token_id if key == "input_ids" else 0)
+            if t.dim() == 2 and extra
+            else t
+            for key, t in b.batch.items()
+        }
         padded.append(DataProto(tensors, b.non_tensor_batch, b.meta_info))
     return DataProto.concat(padded)

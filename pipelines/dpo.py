@@ -48,7 +48,9 @@ class DPOPipeline(PairPipeline):
         p = self.preference
         self._loss = dpo_loss_func(p.loss, p.beta, p.label_smoothing, p.nll_coef, p.simpo_gamma)
         self.reference: ModelGroup | None = None  # start_workers(), with preference.reference = worker
-        self.precomputed: dict[str, torch.Tensor] = {}  # split -> [pairs, 2] summed response log-probs (chosen, rejected)
+        self.precomputed: dict[
+            str, torch.Tensor
+        ] = {}  # split -> [pairs, 2] summed response log-probs (chosen, rejected)
 
     def loss_func(self, batch: DataProto, output: dict) -> tuple[torch.Tensor, dict]:
         """preference.loss over the batch's pairs (mean over the step's pairs, whatever D, A and packing)."""
@@ -77,8 +79,11 @@ class DPOPipeline(PairPipeline):
         self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)
         host = self.actor if w.one_process_per_rank else None  # or processes of their own
         # cast: load_config sets reference_dp (None in the dataclass: "as actor_dp on GPUs, else 1")
-        self.reference = (ModelGroup("reference", cast(int, w.reference_dp), placement, self.config, host)
-                          if reference_worker else None)
+        self.reference = (
+            ModelGroup("reference", cast(int, w.reference_dp), placement, self.config, host)
+            if reference_worker
+            else None
+        )
         for group in (self.actor, self.reference):
             if group is not None:
                 group.wait_ready()
@@ -101,8 +106,11 @@ class DPOPipeline(PairPipeline):
                 chunk = pairs.select(range(start, min(start + EVAL_PAIRS, len(pairs))))
                 sums.append(self.reference_logps(build_pair_batch(chunk, self.tokenizer.pad_token_id)).reshape(-1, 2))
             self.precomputed[split] = torch.cat(sums)
-        logger.info("reference log-probs precomputed for %d training and %d held-out pairs", len(self.train_data),
-                    0 if self.eval_data is None else len(self.eval_data))
+        logger.info(
+            "reference log-probs precomputed for %d training and %d held-out pairs",
+            len(self.train_data),
+            0 if self.eval_data is None else len(self.eval_data),
+        )
 
     def complete_batch(self, batch: DataProto, rows: list[int], split: str) -> DataProto:
         """reference_logps: [rows] each response's summed reference log-prob (not for SimPO)."""

@@ -21,17 +21,21 @@ Generate = Callable[[PromptData, SamplingParams], DataProto]
 Score = Callable[[list[DataProto]], "tuple[torch.Tensor, torch.Tensor, dict[str, float]]"]  # PPOPipeline.score_batches
 
 
-def evaluate_held_out(eval_data: PromptData, generate: Generate, score: Score, rollout: RolloutConfig,
-                      k: int) -> tuple[dict[str, float], list[dict]]:
+def evaluate_held_out(
+    eval_data: PromptData, generate: Generate, score: Score, rollout: RolloutConfig, k: int
+) -> tuple[dict[str, float], list[dict]]:
     """(metrics, the greedy answers). Greedy decoding scored by the configured rewards
     (eval/reward_mean, eval/<function>); with k > 0 also k samples per prompt at the rollout's
     temperature: eval/mean@k (mean score) and eval/pass@k (mean over prompts of the best of k scores;
     for 0/1 rewards the share of prompts solved at least once)."""
-    scores, per_function, responses = score_in_chunks(eval_data, generate, score,
-                                                      SamplingParams(rollout.max_new_tokens, greedy=True))
+    scores, per_function, responses = score_in_chunks(
+        eval_data, generate, score, SamplingParams(rollout.max_new_tokens, greedy=True)
+    )
     # The greedy answers, for the run directory (eval_samples/): what a reload of final/ must reproduce.
-    samples = [{"prompt": p, "response": text, "answer": a, "score": s}
-               for p, text, a, s in zip(eval_data.prompts, responses, eval_data.answers, scores.tolist())]
+    samples = [
+        {"prompt": p, "response": text, "answer": a, "score": s}
+        for p, text, a, s in zip(eval_data.prompts, responses, eval_data.answers, scores.tolist())
+    ]
     metrics = {"eval/reward_mean": scores.mean().item(), **{f"eval/{name}": v for name, v in per_function.items()}}
     if k > 0:
         params = SamplingParams(rollout.max_new_tokens, k, rollout.temperature, rollout.top_p, rollout.top_k)
@@ -42,8 +46,9 @@ def evaluate_held_out(eval_data: PromptData, generate: Generate, score: Score, r
     return metrics, samples
 
 
-def score_in_chunks(eval_data: PromptData, generate: Generate, score: Score,
-                    params: SamplingParams) -> tuple[torch.Tensor, dict[str, float], list[str]]:
+def score_in_chunks(
+    eval_data: PromptData, generate: Generate, score: Score, params: SamplingParams
+) -> tuple[torch.Tensor, dict[str, float], list[str]]:
     """Scores and response texts of every eval (prompt, sample) in order, and the reward metrics over all
     of them: generated EVAL_CHUNK prompts at a time, scored in one call (a mean or a count per domain or
     source is then over the whole set, not a mean of the chunks')."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 from roll_lite.errors import ConfigError, StaleRolloutWeights
 
 
-def check_fresh_weights(actor_metrics: dict[str, float], weights_behind: int, max_gap: float | None,
-                        pipeline: str, step: int) -> None:
+def check_fresh_weights(
+    actor_metrics: dict[str, float], weights_behind: int, max_gap: float | None, pipeline: str, step: int
+) -> None:
     if max_gap is None:
         return
     gap = actor_metrics.get("rollout_logp_gap")
@@ -22,11 +23,13 @@ def check_fresh_weights(actor_metrics: dict[str, float], weights_behind: int, ma
         raise ConfigError(
             f"rollout.max_logp_gap={max_gap}: {pipeline}.loss_func reported no 'rollout_logp_gap@sum', so nothing "
             "checks that the rollout engine samples with the actor's weights; report it with "
-            "roll_lite.loss.rollout_correction (as the built-in losses do), or set rollout.max_logp_gap=null")
+            "roll_lite.loss.rollout_correction (as the built-in losses do), or set rollout.max_logp_gap=null"
+        )
     if weights_behind == 0 and gap > max_gap:
         raise StaleRolloutWeights(
             f"step {step}: the rollout engine's log-probs differ from the actor's by {gap:.3g} per token "
             f"(actor/rollout_logp_gap; rollout.max_logp_gap={max_gap}) on a batch sampled after the latest "
             "weight sync: the engine is not generating with the actor's weights (a stale or partial weight "
             "sync, or a prefix cache kept across one). If the gap is expected (low precision, a large model), "
-            "raise rollout.max_logp_gap, or set it to null to only log it")
+            "raise rollout.max_logp_gap, or set it to null to only log it"
+        )

@@ -28,28 +28,40 @@ def check_own_losses(pipeline) -> str | None:
     if pipeline.use_critic and cls.critic_loss_func is not PPOPipeline.critic_loss_func:
         own.append(("critic_loss_func", pipeline.critic_loss_func, "value"))
     if not own or not a.check_loss:
-        return None if not own else f"loss check: skipped (algorithm.check_loss=false) for {', '.join(n for n, _, _ in own)}"
+        return (
+            None
+            if not own
+            else f"loss check: skipped (algorithm.check_loss=false) for {', '.join(n for n, _, _ in own)}"
+        )
     start, lines = time.perf_counter(), []
     for name, loss_func, head in own:
         try:
             report = check_loss_invariance(loss_func, [pipeline.loss_mask_key], head=head, raise_on_failure=False)
         except Exception as error:  # it would raise in the workers too, at the first step
-            raise LossCheckFailed(f"{cls.__name__}.{name} raised on the checker's synthetic batch: "
-                                  f"{type(error).__name__}: {error} (algorithm.check_loss=false skips this check, "
-                                  "e.g. for a loss that needs batch keys the synthetic batch lacks)") from None
+            raise LossCheckFailed(
+                f"{cls.__name__}.{name} raised on the checker's synthetic batch: "
+                f"{type(error).__name__}: {error} (algorithm.check_loss=false skips this check, "
+                "e.g. for a loss that needs batch keys the synthetic batch lacks)"
+            ) from None
         if not report.passed:
-            raise LossCheckFailed(f"{cls.__name__}.{name} ({a.policy_loss if name == 'loss_func' else 'critic'}) fails "
-                                  f"the loss checker, so its step would depend on D, A or packing (algorithm.check_loss="
-                                  f"false skips this check):\n{report.table()}")
+            raise LossCheckFailed(
+                f"{cls.__name__}.{name} ({a.policy_loss if name == 'loss_func' else 'critic'}) fails "
+                f"the loss checker, so its step would depend on D, A or packing (algorithm.check_loss="
+                f"false skips this check):\n{report.table()}"
+            )
         max_gap = pipeline.config.rollout.max_logp_gap
         if name == "loss_func" and max_gap is not None and "rollout_logp_gap@sum" not in report.metrics:
             raise LossCheckFailed(
                 f"{cls.__name__}.loss_func reports no 'rollout_logp_gap@sum' (it reports {sorted(report.metrics) or 'nothing'}), "
                 f"so the check that the rollout engine samples with the actor's weights (rollout.max_logp_gap={max_gap}) "
                 "would stop the run after its first step: add the metrics of roll_lite.loss.rollout_correction(batch, "
-                "old_log_probs, mask, stats) to the ones it returns, as the built-in losses do, or set rollout.max_logp_gap=null")
-        missing = [(key, setting, metric) for key, setting, metric in corrections_asked(a)
-                   if f"{metric}@sum" not in report.metrics]
+                "old_log_probs, mask, stats) to the ones it returns, as the built-in losses do, or set rollout.max_logp_gap=null"
+            )
+        missing = [
+            (key, setting, metric)
+            for key, setting, metric in corrections_asked(a)
+            if f"{metric}@sum" not in report.metrics
+        ]
         if name == "loss_func" and missing:
             raise LossCheckFailed(
                 f"{cls.__name__}.loss_func reports no {' or '.join(sorted({repr(m + '@sum') for _, _, m in missing}))} "
@@ -58,6 +70,7 @@ def check_own_losses(pipeline) -> str | None:
                 "run would stop after its first step: multiply its per-token loss by the weights of "
                 "roll_lite.loss.rollout_correction(batch, old_log_probs, mask, stats, correction=RolloutCorrection."
                 "from_config(algorithm)) and return that call's metrics, as the built-in losses do, or set "
-                f"{' and '.join(f'algorithm.{key}' for key, _, _ in missing)} to null")
+                f"{' and '.join(f'algorithm.{key}' for key, _, _ in missing)} to null"
+            )
         lines.append(f"{name} passed (worst relative deviation {report.worst:.1e})")
     return f"loss check: {'; '.join(lines)}, {time.perf_counter() - start:.1f} s"

@@ -46,16 +46,25 @@ def _policy_and_reference(a: AlgorithmConfig, mask_key: str, seq_len_norm: float
         policy = load_object(a.policy_loss, search_cwd=True)
     if not use_reference:
         return policy
-    return kl_regularized_loss_func(a.loss_agg_mode, kl_coef=0.0 if a.kl_in_reward else a.kl_coef,
-                                    kl_estimator=a.kl_estimator, seq_len_norm=seq_len_norm, kl_mask_key=mask_key,
-                                    kl_clamp=a.kl_clamp, policy_loss=policy)
+    return kl_regularized_loss_func(
+        a.loss_agg_mode,
+        kl_coef=0.0 if a.kl_in_reward else a.kl_coef,
+        kl_estimator=a.kl_estimator,
+        seq_len_norm=seq_len_norm,
+        kl_mask_key=mask_key,
+        kl_clamp=a.kl_clamp,
+        policy_loss=policy,
+    )
 
 
 def corrections_asked(a: AlgorithmConfig) -> list[tuple[str, object, str]]:
     """(key, setting, metric) of each rollout correction the config asks for (algorithm.rollout_is,
     rollout_mask, rollout_veto_threshold): a loss that applies it reports `metric` ('@sum')."""
-    asked = [("rollout_is", a.rollout_is, "rollout_is_weight"), ("rollout_mask", a.rollout_mask, "rollout_dropped"),
-             ("rollout_veto_threshold", a.rollout_veto_threshold, "rollout_dropped")]
+    asked = [
+        ("rollout_is", a.rollout_is, "rollout_is_weight"),
+        ("rollout_mask", a.rollout_mask, "rollout_dropped"),
+        ("rollout_veto_threshold", a.rollout_veto_threshold, "rollout_dropped"),
+    ]
     return [(key, setting, metric) for key, setting, metric in asked if setting]
 
 
@@ -68,4 +77,5 @@ def check_correction_applied(a: AlgorithmConfig, metrics: dict[str, float], pipe
             raise ConfigError(
                 f"algorithm.{key}={setting}: {pipeline}.loss_func applied no rollout correction (it reported no "
                 f"'{metric}@sum'); pass its per-token loss through roll_lite.loss.rollout_correction, or set "
-                f"algorithm.{key}=null")
+                f"algorithm.{key}=null"
+            )

@@ -49,21 +49,29 @@ class MultiTurnPipeline(PPOPipeline):
 
     def __init__(self, config: RunConfig):
         if config.environment.name is None:
-            raise ConfigError("environment.name: MultiTurnPipeline needs an environment (e.g. environment.name="
-                              "guess_the_number); for single-turn runs use roll_lite.pipelines.ppo:PPOPipeline")
+            raise ConfigError(
+                "environment.name: MultiTurnPipeline needs an environment (e.g. environment.name="
+                "guess_the_number); for single-turn runs use roll_lite.pipelines.ppo:PPOPipeline"
+            )
         for key in ("domains", "code"):
             if getattr(config.reward, key):
-                raise ConfigError(f"reward.{key}: MultiTurnPipeline does not score with domains or code yet (its rows "
-                                  "hold whole trajectories); score with reward.functions, reward models, judges or the "
-                                  "environment's rewards")
+                raise ConfigError(
+                    f"reward.{key}: MultiTurnPipeline does not score with domains or code yet (its rows "
+                    "hold whole trajectories); score with reward.functions, reward models, judges or the "
+                    "environment's rewards"
+                )
         if (config.reward.models or config.reward.judges) and not config.environment.final_reward:
-            raise ConfigError("environment.final_reward: reward.models and reward.judges score a trajectory's last turn, "
-                              "which needs environment.final_reward=true")
+            raise ConfigError(
+                "environment.final_reward: reward.models and reward.judges score a trajectory's last turn, "
+                "which needs environment.final_reward=true"
+            )
         if config.data.domain_weights:
             raise ConfigError("data.domain_weights: MultiTurnPipeline draws its prompts without domain weights yet")
         if config.reward.on_failure == "drop":  # turn-level credit has no baseline over the scored rows yet
-            raise ConfigError("reward.on_failure: drop is not supported by MultiTurnPipeline yet; use zero (a faulted "
-                              "trajectory is handled by environment.on_fault)")
+            raise ConfigError(
+                "reward.on_failure: drop is not supported by MultiTurnPipeline yet; use zero (a faulted "
+                "trajectory is handled by environment.on_fault)"
+            )
         super().__init__(config)
         self.environments: EnvironmentRunner | None = None  # in the driver, from start_workers to the end of run()
         self.episodes: list[Episode] = []  # the step's episodes, and those of them in its batch
@@ -89,7 +97,9 @@ class MultiTurnPipeline(PPOPipeline):
 
         super().start_workers()
         self.environments = EnvironmentRunner.from_config(self.config.environment)
-        logger.info("environment: %s in %d process(es)", self.config.environment.name, self.config.environment.max_concurrent)
+        logger.info(
+            "environment: %s in %d process(es)", self.config.environment.name, self.config.environment.max_concurrent
+        )
 
     def run(self) -> list[dict]:
         try:
@@ -118,8 +128,11 @@ class MultiTurnPipeline(PPOPipeline):
         self.schedule.wait_sync()
         e = self.config.environment
         limits = EpisodeLimits(e.max_turns, e.max_new_tokens_per_turn, e.max_trajectory_tokens, self.positions)
-        starts = [EpisodeStart((split, row_id, sample), self.environment_seed(row, row_id, split), dict(row))
-                  for row, row_id in zip(rows, row_ids) for sample in range(params.num_samples)]
+        starts = [
+            EpisodeStart((split, row_id, sample), self.environment_seed(row, row_id, split), dict(row))
+            for row, row_id in zip(rows, row_ids)
+            for sample in range(params.num_samples)
+        ]
         return run_episodes(_EngineCalls(self.rollout), self.environments, self.tokenizer, starts, params, limits)
 
     @cached_property
@@ -130,8 +143,11 @@ class MultiTurnPipeline(PPOPipeline):
             return m.max_position_embeddings
         from transformers import AutoConfig
 
-        return getattr(AutoConfig.from_pretrained(m.pretrained_path, trust_remote_code=m.trust_remote_code),
-                       "max_position_embeddings", None)
+        return getattr(
+            AutoConfig.from_pretrained(m.pretrained_path, trust_remote_code=m.trust_remote_code),
+            "max_position_embeddings",
+            None,
+        )
 
     def environment_seed(self, row: dict, row_id: int, split: str) -> int:
         if isinstance(row.get("seed"), int):
@@ -141,13 +157,20 @@ class MultiTurnPipeline(PPOPipeline):
     def episode_batch(self, episodes: list[Episode], step: int) -> DataProto:
         """The batch of the episodes kept: every one with a model turn, but those that faulted when
         environment.on_fault=drop. group_ids: the row each came from."""
-        kept = [e for e in episodes if e.trajectory is not None and e.num_turns
-                and not (e.fault is not None and self.config.environment.on_fault == "drop")]
+        kept = [
+            e
+            for e in episodes
+            if e.trajectory is not None
+            and e.num_turns
+            and not (e.fault is not None and self.config.environment.on_fault == "drop")
+        ]
         if not kept:
             faults = Counter(e.fault for e in episodes if e.fault is not None)
-            raise RuntimeError(f"step {step}: no trajectory to train on: {len(episodes)} ended in faults "
-                               f"({', '.join(f'{n} {why}' for why, n in faults.items())}); "
-                               f"first error: {next(e.error for e in episodes if e.error)}")
+            raise RuntimeError(
+                f"step {step}: no trajectory to train on: {len(episodes)} ended in faults "
+                f"({', '.join(f'{n} {why}' for why, n in faults.items())}); "
+                f"first error: {next(e.error for e in episodes if e.error)}"
+            )
         # casts: a kept episode has a trajectory; its key is play()'s (split, row, sample)
         batch = trajectory_batch(cast("list[Trajectory]", [e.trajectory for e in kept]), self.tokenizer.pad_token_id)
         rows = [cast("tuple[str, int, int]", e.key)[1] for e in kept]
@@ -159,8 +182,9 @@ class MultiTurnPipeline(PPOPipeline):
         # what reward models and judges read as the prompt: the conversation before the last model turn, as
         # the policy saw it (its chat markup kept); they score the last turn in it, and a reward model with
         # the policy's tokenizer reads the whole trajectory's ids
-        batch.non_tensor_batch["prompt"] = [self.tokenizer.decode(before_last_turn(cast("Trajectory", e.trajectory)))
-                                            for e in kept]
+        batch.non_tensor_batch["prompt"] = [
+            self.tokenizer.decode(before_last_turn(cast("Trajectory", e.trajectory))) for e in kept
+        ]
         batch.non_tensor_batch["answer"] = [self.train_data[r].get(self.config.data.answer_key) for r in rows]
         batch.non_tensor_batch["extra"] = [dict(self.train_data[r]) for r in rows]
         self.kept = kept
@@ -191,7 +215,9 @@ class MultiTurnPipeline(PPOPipeline):
         a = self.algorithm
         if self.config.environment.credit != "turn":
             return super().compute_advantages(scores, token_rewards, batch)
-        advantages = turn_level_advantages(token_rewards, batch[self.loss_mask_key], batch["group_ids"], a.advantage, a.gamma)
+        advantages = turn_level_advantages(
+            token_rewards, batch[self.loss_mask_key], batch["group_ids"], a.advantage, a.gamma
+        )
         if self.teachers is not None:  # the teacher scores the model's own tokens only (model_mask)
             advantages = self.teachers.advantages(advantages, batch, batch[self.loss_mask_key], self.actor)
         return advantages, None
@@ -208,10 +234,17 @@ class MultiTurnPipeline(PPOPipeline):
         params = SamplingParams(e.max_new_tokens_per_turn, 1, greedy=True)
         episodes = self.play(self.eval_data, list(range(len(self.eval_data))), params, "eval")
         answer_key = self.config.data.answer_key
-        self.eval_samples = [{"prompt": self.tokenizer.decode(ep.trajectory.prompt_ids) if ep.trajectory else None,
-                              "response": self.tokenizer.decode(ep.trajectory.response_ids) if ep.trajectory else None,
-                              "answer": row.get(answer_key), "score": ep.env_return, "end": ep.fault or ep.end,
-                              "turns": ep.num_turns} for row, ep in zip(self.eval_data, episodes)]
+        self.eval_samples = [
+            {
+                "prompt": self.tokenizer.decode(ep.trajectory.prompt_ids) if ep.trajectory else None,
+                "response": self.tokenizer.decode(ep.trajectory.response_ids) if ep.trajectory else None,
+                "answer": row.get(answer_key),
+                "score": ep.env_return,
+                "end": ep.fault or ep.end,
+                "turns": ep.num_turns,
+            }
+            for row, ep in zip(self.eval_data, episodes)
+        ]
         return episode_metrics(episodes, "eval", e.max_turns)
 
 
@@ -240,7 +273,8 @@ def episode_metrics(episodes: list[Episode], prefix: str, max_turns: int) -> dic
         f"{prefix}/terminated": len(terminated) / n,
         f"{prefix}/truncated": sum(e.truncated for e in episodes) / n,
         f"{prefix}/turns": sum(e.num_turns for e in episodes) / n,
-        f"{prefix}/turns_to_terminate": sum(e.num_turns if e.end == "terminated" else max_turns + 1 for e in episodes) / n,
+        f"{prefix}/turns_to_terminate": sum(e.num_turns if e.end == "terminated" else max_turns + 1 for e in episodes)
+        / n,
         f"{prefix}/tokens": sum(e.response_tokens for e in episodes) / n,
         f"{prefix}/env_s": sum(e.env_seconds for e in episodes) / n,
     }

@@ -36,9 +36,15 @@ class PairPipeline(SupervisedPipeline):
     def __init__(self, config: RunConfig, tokenizer: Any = None) -> None:
         super().__init__(config, config.preference)
         self.preference = config.preference
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
+        self.tokenizer = (
+            tokenizer
+            if tokenizer is not None
+            else load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
+        )
 
-    def loss_func(self, batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def loss_func(
+        self, batch: DataProto, output: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
 
     def outputs(self, batch: DataProto) -> dict[str, torch.Tensor]:
@@ -100,9 +106,12 @@ class PairPipeline(SupervisedPipeline):
         if self.eval_data is None:
             return {}
         # the denominators of the whole held-out set: each chunk's metrics are its share of the mean
-        whole = {"global_valid_samples": {PAIR_MASK: torch.tensor(float(len(self.eval_data)), dtype=torch.float64)},
-                 "batch_num_tokens": {PAIR_MASK: torch.tensor(float(sum(sum(mask) for _, mask in self.eval_data.chosen)),
-                                                              dtype=torch.float64)}}
+        whole = {
+            "global_valid_samples": {PAIR_MASK: torch.tensor(float(len(self.eval_data)), dtype=torch.float64)},
+            "batch_num_tokens": {
+                PAIR_MASK: torch.tensor(float(sum(sum(mask) for _, mask in self.eval_data.chosen)), dtype=torch.float64)
+            },
+        }
         records = []
         for start in range(0, len(self.eval_data), EVAL_PAIRS):
             rows = list(range(start, min(start + EVAL_PAIRS, len(self.eval_data))))
@@ -113,7 +122,13 @@ class PairPipeline(SupervisedPipeline):
         return {f"eval/{self.metric_prefix}/{name}": value for name, value in reduce_metrics(records).items()}
 
     # Besides the model's: the keys that decide which pairs the sampler's saved position refers to.
-    checkpoint_compat_keys: tuple[str, ...] = ("preference.train_files", "preference.shuffle", "preference.prompt_key",
-                              "preference.chosen_key", "preference.rejected_key", "preference.apply_chat_template",
-                              "preference.max_length")
+    checkpoint_compat_keys: tuple[str, ...] = (
+        "preference.train_files",
+        "preference.shuffle",
+        "preference.prompt_key",
+        "preference.chosen_key",
+        "preference.rejected_key",
+        "preference.apply_chat_template",
+        "preference.max_length",
+    )
     total_steps_key = "preference.steps"

@@ -71,19 +71,27 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         self.sampler: PromptSampler | DomainSampler | None = None
         self.warm_start_sft: SFTPipeline | None = None  # an SFTPipeline when sft.steps > 0 (prepare_data)
         self.eval_samples: list[dict[str, Any]] = []  # the last evaluate()'s greedy answers
-        self.seq_len_norm = (self.algorithm.seq_len_norm if self.algorithm.seq_len_norm is not None
-                             else config.rollout.max_new_tokens)
+        self.seq_len_norm = (
+            self.algorithm.seq_len_norm if self.algorithm.seq_len_norm is not None else config.rollout.max_new_tokens
+        )
         self.use_critic = self.algorithm.advantage == "gae"
         self.use_reference = self.algorithm.kl_coef > 0 or self.algorithm.track_kl
         # LoRA: the reference is the actor with its adapters off, no model of its own
         self.reference_in_actor = self.use_reference and config.actor.lora.rank > 0
         # One optimizer step per rollout: the training forward's log-probs are the old ones.
-        self.on_policy = self.algorithm.ppo_epochs == 1 and self.algorithm.mini_batches == 1 and not (
-            self.use_reference and self.algorithm.kl_in_reward
+        self.on_policy = (
+            self.algorithm.ppo_epochs == 1
+            and self.algorithm.mini_batches == 1
+            and not (self.use_reference and self.algorithm.kl_in_reward)
         )
         self.teachers = Teachers.of(config)  # on-policy distillation's teachers (pipelines/teachers.py), or None
-        self._policy_loss = policy_loss_func(self.algorithm, self.loss_mask_key, self.seq_len_norm, self.use_reference,
-                                             config.distill if self.teachers is not None else None)
+        self._policy_loss = policy_loss_func(
+            self.algorithm,
+            self.loss_mask_key,
+            self.seq_len_norm,
+            self.use_reference,
+            config.distill if self.teachers is not None else None,
+        )
         a = self.algorithm
         self._value_loss = value_loss_func(a.loss_agg_mode, a.value_clip, self.seq_len_norm, self.loss_mask_key)
         self._shuffle = torch.Generator().manual_seed(config.seed)
@@ -92,11 +100,15 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
 
     # -- losses: run inside the actor / critic workers ------------------------------------------
 
-    def loss_func(self, batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def loss_func(
+        self, batch: DataProto, output: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Policy loss: algorithm.policy_loss (pipelines/losses.py; + KL to the reference when it is a loss)."""
         return self._policy_loss(batch, output)
 
-    def critic_loss_func(self, batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def critic_loss_func(
+        self, batch: DataProto, output: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return self._value_loss(batch, output)
 
     # -- the controller ---------------------------------------------------------------------------
@@ -128,7 +140,9 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
 
         batch, scores, token_rewards, reward_metrics = self.rewards(batch)
         scored = time.perf_counter()
-        reward_metrics = drop_unscored(batch, self.loss_mask_key, scores, {"reward/mean": scores.mean().item(), **reward_metrics})
+        reward_metrics = drop_unscored(
+            batch, self.loss_mask_key, scores, {"reward/mean": scores.mean().item(), **reward_metrics}
+        )
         batch.meta_info["temperature"] = self.config.rollout.temperature  # every log-prob below at the sampling one
         mask = batch[self.loss_mask_key]
 
@@ -142,8 +156,9 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
             batch.batch["values"] = self.critic.compute_values(batch)["values"]
         if self.use_reference and a.kl_in_reward:
             old = batch["rollout_log_probs"] if a.rollout_bypass else batch["old_log_probs"]
-            token_rewards = kl_shaped_rewards(token_rewards, old, batch["ref_log_probs"], mask,
-                                              a.kl_coef, a.kl_estimator, a.kl_clamp)
+            token_rewards = kl_shaped_rewards(
+                token_rewards, old, batch["ref_log_probs"], mask, a.kl_coef, a.kl_estimator, a.kl_clamp
+            )
 
         batch.batch["advantages"], returns = self.compute_advantages(scores, token_rewards, batch)
         if returns is not None:
@@ -195,8 +210,9 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
 
     def shaped_scores(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         scores, metrics = self.score(batch)
-        return shape_overlong(batch, scores, metrics, self.algorithm, self.config.rollout.max_new_tokens,
-                              self.tokenizer.eos_token_id)
+        return shape_overlong(
+            batch, scores, metrics, self.algorithm, self.config.rollout.max_new_tokens, self.tokenizer.eos_token_id
+        )
 
     def score(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         """The reward functions on each row: its response text, answer and extra dataset fields
@@ -210,17 +226,20 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
     def score_batches(self, batches: list[DataProto]) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """(scores, scored, metrics) of the rows of several batches in one call, so that every metric is over
         all of them (a held-out set generated in chunks)."""
+
         def column(key: str) -> list[Any]:
             return [value for batch in batches for value in batch.non_tensor_batch[key]]
 
         extras = column("extra") if "extra" in batches[0].non_tensor_batch else None
         with_text = reads_text(self.config.reward)
         ids = [row for batch in batches for row in token_ids(batch)] if with_text else []
-        return self.reward.score(column("response_text"), column("answer"), extras,
-                                 *((column("prompt"), ids) if with_text else ()))
+        return self.reward.score(
+            column("response_text"), column("answer"), extras, *((column("prompt"), ids) if with_text else ())
+        )
 
-    def compute_advantages(self, scores: torch.Tensor, token_rewards: torch.Tensor,
-                           batch: DataProto) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def compute_advantages(
+        self, scores: torch.Tensor, token_rewards: torch.Tensor, batch: DataProto
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(advantages, returns for the critic or None): algorithm.advantage's estimator
         (pipelines/advantages.py) on the batch's loss mask; with a teacher, distill's advantage."""
         advantages, returns = estimate_advantages(self.algorithm, token_rewards, batch, batch[self.loss_mask_key])
@@ -247,8 +266,9 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         if self.eval_data is None:
             return {}
         self.schedule.wait_sync()
-        metrics, self.eval_samples = evaluate_held_out(self.eval_data, self.generate, self.score_batches,
-                                                       self.config.rollout, self.config.data.eval_num_samples)
+        metrics, self.eval_samples = evaluate_held_out(
+            self.eval_data, self.generate, self.score_batches, self.config.rollout, self.config.data.eval_num_samples
+        )
         return metrics
 
     def run(self) -> list[dict[str, Any]]:
@@ -274,7 +294,9 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
             bar = progress_bar(c.steps - resumed_step, "RL")
             for step in range(resumed_step + 1, c.steps + 1):
                 if self.data_used_up:
-                    logger.info("the training prompts are used up (data.epochs=%d) after step %d", c.data.epochs, step - 1)
+                    logger.info(
+                        "the training prompts are used up (data.epochs=%d) after step %d", c.data.epochs, step - 1
+                    )
                     break
                 self.stage = f"step {step}"
                 metrics = self.step(step)
@@ -292,6 +314,11 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
                 self.save_final(session.run_dir / "final")
             assert session.tracker is not None  # session.begin() opened it
             initial, final = (session.tracker.history[i].get("eval/reward_mean") for i in (0, -1))
-        logger.info("held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
-                    fmt(initial), fmt(final), seconds_in_all(start), session.run_dir)
+        logger.info(
+            "held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
+            fmt(initial),
+            fmt(final),
+            seconds_in_all(start),
+            session.run_dir,
+        )
         return session.tracker.history

@@ -60,7 +60,9 @@ def _tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:
     except ValueError as error:
         message = str(error)
         if config.model.pretrained_path and config.model.tokenizer_path == config.model.pretrained_path:
-            message = message.replace("model.tokenizer_path:", "model.tokenizer_path (unset: model.pretrained_path's):", 1)
+            message = message.replace(
+                "model.tokenizer_path:", "model.tokenizer_path (unset: model.pretrained_path's):", 1
+            )
         raise ConfigError(message) from None
 
 
@@ -70,8 +72,9 @@ def _built_config(model, vocab_size: int) -> PretrainedConfig:
     try:
         return causal_lm_config(model, vocab_size)
     except ValueError:
-        raise ConfigError(f"model.model_type: '{model.model_type}' is not a model type of transformers "
-                          "(e.g. qwen2, llama)") from None
+        raise ConfigError(
+            f"model.model_type: '{model.model_type}' is not a model type of transformers (e.g. qwen2, llama)"
+        ) from None
 
 
 def _pretrained_config(model) -> PretrainedConfig:
@@ -85,13 +88,16 @@ def _pretrained_config(model) -> PretrainedConfig:
         model_config = AutoConfig.from_pretrained(path, trust_remote_code=model.trust_remote_code)
     except Exception as error:  # OSError (missing / unreachable), ValueError (unknown type, remote code), JSON errors
         hint = " (set model.trust_remote_code=true if you trust it)" if "trust_remote_code" in str(error) else ""
-        raise ConfigError(f"model.pretrained_path: cannot read the model config of the {where} '{path}': "
-                          f"{first_line(error)}{hint}") from None
+        raise ConfigError(
+            f"model.pretrained_path: cannot read the model config of the {where} '{path}': {first_line(error)}{hint}"
+        ) from None
     heads = getattr(model_config, "num_attention_heads", None)
     kv_heads = getattr(model_config, "num_key_value_heads", None)
     if heads and kv_heads and heads % kv_heads:
-        raise ConfigError(f"model.pretrained_path: its config.json has num_key_value_heads {kv_heads}, which does not "
-                          f"divide num_attention_heads {heads}")
+        raise ConfigError(
+            f"model.pretrained_path: its config.json has num_key_value_heads {kv_heads}, which does not "
+            f"divide num_attention_heads {heads}"
+        )
     return model_config
 
 
@@ -102,8 +108,9 @@ def _check_heads(hidden_size: int, heads: int, kv_heads: int, prefix: str) -> No
         raise ConfigError(f"{prefix}num_key_value_heads: {kv_heads} must divide {prefix}num_attention_heads {heads}")
 
 
-def _check_positions(config: RunConfig, model_config: PretrainedConfig, longest_prompt: int | None,
-                     longest_demonstration: int = 0) -> None:
+def _check_positions(
+    config: RunConfig, model_config: PretrainedConfig, longest_prompt: int | None, longest_demonstration: int = 0
+) -> None:
     """The longest prompt (None before the data is read: a prompt has at least 1 token) plus
     rollout.max_new_tokens, and the longest SFT sequence (warm start or SFT pipeline), fit the model's positions."""
     limit = getattr(model_config, "max_position_embeddings", None)
@@ -113,21 +120,29 @@ def _check_positions(config: RunConfig, model_config: PretrainedConfig, longest_
     new = config.rollout.max_new_tokens
     prompt_tokens = longest_prompt or 1
     if prompt_tokens + new > limit:
-        prompt = ("a prompt of at least 1 token" if longest_prompt is None else
-                  f"the longest prompt ({_tokens(longest_prompt)}, data.train_files / data.eval_files)")
-        raise ConfigError(f"rollout.max_new_tokens: {prompt} + rollout.max_new_tokens={new} = {prompt_tokens + new} "
-                          f"exceeds {key}={limit}")
+        prompt = (
+            "a prompt of at least 1 token"
+            if longest_prompt is None
+            else f"the longest prompt ({_tokens(longest_prompt)}, data.train_files / data.eval_files)"
+        )
+        raise ConfigError(
+            f"rollout.max_new_tokens: {prompt} + rollout.max_new_tokens={new} = {prompt_tokens + new} "
+            f"exceeds {key}={limit}"
+        )
     if config.sft.steps and longest_demonstration > limit:
-        raise ConfigError(f"sft.train_files: the SFT sequences (up to {longest_demonstration} tokens: prompt, response, "
-                          f"<eos>) exceed {key}={limit}; sft.max_length={limit} leaves the longer ones out")
+        raise ConfigError(
+            f"sft.train_files: the SFT sequences (up to {longest_demonstration} tokens: prompt, response, "
+            f"<eos>) exceed {key}={limit}; sft.max_length={limit} leaves the longer ones out"
+        )
 
 
 def _tokens(count: int) -> str:
     return f"{count} token" if count == 1 else f"{count} tokens"
 
 
-def check_sequence_lengths(config: RunConfig, model_config: PretrainedConfig, longest_prompt: int,
-                           longest_demonstration: int) -> None:
+def check_sequence_lengths(
+    config: RunConfig, model_config: PretrainedConfig, longest_prompt: int, longest_demonstration: int
+) -> None:
     """After the data is read (still before Ray): its longest prompt and warm-start sequence fit
     the model (`model_config`: what check_run returned)."""
     _check_positions(config, model_config, longest_prompt, longest_demonstration)

@@ -43,5 +43,7 @@ class RewardModelPipeline(PairPipeline):
 
     def check_config(self) -> None:
         if self.config.actor.lora.rank:
-            raise ConfigError("actor.lora.rank: the reward-model pipeline trains the whole model and its score head; "
-                              "set actor.lora.rank=0")
+            raise ConfigError(
+                "actor.lora.rank: the reward-model pipeline trains the whole model and its score head; "
+                "set actor.lora.rank=0"
+            )

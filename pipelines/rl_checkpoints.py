@@ -31,8 +31,12 @@ class RLCheckpoints:
 
     checkpoint_kind = "rl"
     # Besides the model's: the keys that decide which prompts the sampler's saved position refers to.
-    checkpoint_compat_keys: tuple[str, ...] = ("algorithm.advantage", "data.train_files", "data.shuffle",
-                                               "data.domain_weights")
+    checkpoint_compat_keys: tuple[str, ...] = (
+        "algorithm.advantage",
+        "data.train_files",
+        "data.shuffle",
+        "data.domain_weights",
+    )
 
     total_steps_key = "steps"
 

@@ -58,7 +58,9 @@ class RLData:
         reward, data = self.config.reward, self.config.data
         teachers = self.teachers.domains if self.teachers is not None else None
         domains = list(reward.domains) or list(data.domain_weights) or teachers
-        prepared = prepare_datasets(data, self.tokenizer, domains=domains, row_check=code_row_check(reward, data.domain_key))
+        prepared = prepare_datasets(
+            data, self.tokenizer, domains=domains, row_check=code_row_check(reward, data.domain_key)
+        )
         for note in prepared.notes:
             logger.info(note)
         return prepared.train, prepared.eval
@@ -68,7 +70,9 @@ class RLData:
         self.prepare_data()
         rows = [self.train_data] + ([self.eval_data] if self.eval_data is not None else [])
         longest_prompt = max(len(ids) for data in rows for ids in data.prompt_ids)
-        return longest_prompt, cast(SFTPipeline, self.warm_start_sft).longest_sequences()[1] if self.config.sft.steps else 0
+        return longest_prompt, cast(SFTPipeline, self.warm_start_sft).longest_sequences()[
+            1
+        ] if self.config.sft.steps else 0
 
     @property
     def data_seed(self) -> int:

@@ -54,13 +54,20 @@ class RLWorkers:
         reference_worker = self.use_reference and not self.reference_in_actor
         teachers = len(self.teachers.folders) if self.teachers is not None else 0
         own_processes = 0 if w.one_process_per_rank else reference_worker + self.use_critic
-        placement = Placement(self.config,
-                              roles_on_a_gpu=1 + own_processes + colocated_rollout + colocated_reward + teachers)
+        placement = Placement(
+            self.config, roles_on_a_gpu=1 + own_processes + colocated_rollout + colocated_reward + teachers
+        )
         self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)  # processes start now; wait_ready builds
         host = self.actor if w.one_process_per_rank else None  # or processes of their own
         # cast: load_config sets reference_dp and critic_dp (None in the dataclass: "as actor_dp on GPUs, else 1")
-        self.reference = ModelGroup("reference", cast(int, w.reference_dp), placement, self.config, host) if reference_worker else None
-        self.critic = ModelGroup("critic", cast(int, w.critic_dp), placement, self.config, host) if self.use_critic else None
+        self.reference = (
+            ModelGroup("reference", cast(int, w.reference_dp), placement, self.config, host)
+            if reference_worker
+            else None
+        )
+        self.critic = (
+            ModelGroup("critic", cast(int, w.critic_dp), placement, self.config, host) if self.use_critic else None
+        )
         in_actor = self.config.rollout.in_actor  # then the actor's process generates, once it is ready
         self.rollout = None if in_actor else RolloutClient(self.config, placement)
         self.reward = RewardClient(self.config, placement)

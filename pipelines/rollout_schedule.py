@@ -82,4 +82,6 @@ class RolloutSchedule:
 
     def _fetched(self, result) -> Completions:
         # cast: a generation in flight was started on the engine
-        return result if isinstance(result, Completions) else cast("RolloutClient", self.engine).wait(result, "generate")
+        return (
+            result if isinstance(result, Completions) else cast("RolloutClient", self.engine).wait(result, "generate")
+        )

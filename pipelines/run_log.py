@@ -10,12 +10,21 @@ from roll_lite.loss import RolloutCorrection
 
 def describe_async_rollout(async_steps: int, algorithm) -> str:
     asked = [f"algorithm.{key}={value}" for key, value in RolloutCorrection.from_config(algorithm).settings_on()]
-    correction = (f"{', '.join(asked)} correct(s) the gap to the sampling weights" if asked else
-                  "nothing corrects the gap to the sampling weights (algorithm.rollout_is, rollout_mask, "
-                  "rollout_veto_threshold, rollout_bypass: all off)")
-    old = "the engine's log-probs serve as the old ones" if algorithm.rollout_bypass else "the actor recomputes the old log-probs"
-    return (f"rollout.async_steps={async_steps}: the next steps' batches are generated while a step trains, with "
-            f"weights up to {async_steps} step(s) older than the actor (rollout/staleness); {old}, and {correction}")
+    correction = (
+        f"{', '.join(asked)} correct(s) the gap to the sampling weights"
+        if asked
+        else "nothing corrects the gap to the sampling weights (algorithm.rollout_is, rollout_mask, "
+        "rollout_veto_threshold, rollout_bypass: all off)"
+    )
+    old = (
+        "the engine's log-probs serve as the old ones"
+        if algorithm.rollout_bypass
+        else "the actor recomputes the old log-probs"
+    )
+    return (
+        f"rollout.async_steps={async_steps}: the next steps' batches are generated while a step trains, with "
+        f"weights up to {async_steps} step(s) older than the actor (rollout/staleness); {old}, and {correction}"
+    )
 
 
 def oversubscribed_cpu_warning(config: RunConfig) -> str | None:
@@ -26,9 +35,11 @@ def oversubscribed_cpu_warning(config: RunConfig) -> str | None:
     cores, busy = os.cpu_count() or 1, w.torch_threads * (w.actor_dp + 1)
     if w.gpus_per_rank or busy <= cores:
         return None
-    return (f"rollout.async_steps={config.rollout.async_steps} on CPU: the rollout worker generates while "
-            f"{w.actor_dp} actor rank(s) train, {busy} torch threads on {cores} cores; set "
-            f"workers.torch_threads={max(cores // (w.actor_dp + 1), 1)} or the overlap is lost to contention")
+    return (
+        f"rollout.async_steps={config.rollout.async_steps} on CPU: the rollout worker generates while "
+        f"{w.actor_dp} actor rank(s) train, {busy} torch threads on {cores} cores; set "
+        f"workers.torch_threads={max(cores // (w.actor_dp + 1), 1)} or the overlap is lost to contention"
+    )
 
 
 def fmt(value) -> str:
@@ -39,7 +50,12 @@ def progress_line(step: int, steps: int, m: dict) -> str:
     parts = [f"step {step}/{steps}", f"reward {m['reward/mean']:.3f}"]
     if "eval/reward_mean" in m:
         parts.append(f"held-out {m['eval/reward_mean']:.3f}")
-    for key, label in (("actor/kl", "kl"), ("actor/entropy", "entropy"), ("actor/grad_norm", "grad"), ("perf/step_s", "s")):
+    for key, label in (
+        ("actor/kl", "kl"),
+        ("actor/entropy", "entropy"),
+        ("actor/grad_norm", "grad"),
+        ("perf/step_s", "s"),
+    ):
         if key in m:
             parts.append(f"{label} {m[key]:.3g}")
     return " | ".join(parts)

@@ -49,8 +49,10 @@ def finished_run(pipeline) -> str | None:
     if step is None:
         return None
     key = pipeline.total_steps_key
-    return (f"{run_dir} is finished at step {step} ({key}={pipeline.total_steps}); nothing was started or changed. "
-            f"To train it further, raise {key}= above {step}")
+    return (
+        f"{run_dir} is finished at step {step} ({key}={pipeline.total_steps}); nothing was started or changed. "
+        f"To train it further, raise {key}= above {step}"
+    )
 
 
 class RunSession:
@@ -81,8 +83,14 @@ class RunSession:
         self.claim = self.claim_run_dir()
         try:
             # Ray first: a joined cluster too small for the workers is reported before anything is written.
-            logger.info(start_ray(self.config.ray_address, self.reserved, self.config.workers.object_store_mb,
-                                  kernel_env(self.config.reproducible)))
+            logger.info(
+                start_ray(
+                    self.config.ray_address,
+                    self.reserved,
+                    self.config.workers.object_store_mb,
+                    kernel_env(self.config.reproducible),
+                )
+            )
         except BaseException:
             self.claim.release()
             raise
@@ -116,8 +124,9 @@ class RunSession:
         claim = claim_run_dir(self.run_dir, self.config.resume)
         if claim.resume_from is not None:
             try:
-                check_compatible(claim.resume_from, self.config, self.pipeline.checkpoint_kind,
-                                 self.pipeline.checkpoint_compat_keys)
+                check_compatible(
+                    claim.resume_from, self.config, self.pipeline.checkpoint_kind, self.pipeline.checkpoint_compat_keys
+                )
             except BaseException:
                 claim.release()
                 raise
@@ -135,7 +144,9 @@ class RunSession:
         from roll_lite.checkpoint import Checkpointer
         from roll_lite.runtime.tracking import RunLogger
 
-        roles = {name: getattr(self.pipeline, name, None) for name in ("actor", "reference", "critic", "rollout", "reward")}
+        roles = {
+            name: getattr(self.pipeline, name, None) for name in ("actor", "reference", "critic", "rollout", "reward")
+        }
         if (placement := where_the_roles_run(roles)) is not None:
             logger.info(placement)
         c, resumed_step, history = self.config, 0, None
@@ -157,8 +168,12 @@ class RunSession:
         step = load_pipeline_state(self.pipeline, checkpoint)
         history = read_history(checkpoint)
         removed = discard_after(self.run_dir, step, trains_on=step < self.pipeline.total_steps)
-        logger.info("resumed from %s (step %d)%s", checkpoint, step,
-                    f"; removed what came after it: {', '.join(removed)}" if removed else "")
+        logger.info(
+            "resumed from %s (step %d)%s",
+            checkpoint,
+            step,
+            f"; removed what came after it: {', '.join(removed)}" if removed else "",
+        )
         return step, history
 
     def log(self, step: int, metrics: dict[str, float], eval_samples: list[dict] | None = None) -> None:
@@ -166,8 +181,9 @@ class RunSession:
         self.tracker.log(step, metrics, eval_samples)
         self.completed = step
 
-    def end_step(self, step: int, metrics: dict[str, float], eval_samples: list[dict] | None = None,
-                 last: bool = False) -> None:
+    def end_step(
+        self, step: int, metrics: dict[str, float], eval_samples: list[dict] | None = None, last: bool = False
+    ) -> None:
         """After a training step: its metrics, then its checkpoint when one is due (`last`: no step follows)."""
         self.log(step, metrics, eval_samples)
         assert self.checkpointer is not None  # begin() opened it
@@ -190,5 +206,8 @@ class RunSession:
         elif checkpointer.last_saved == step:
             logger.info("the checkpoint of the last completed step, %d, is written", step)
         else:
-            logger.info("no checkpoint written on stop: the last completed step, %d, was not due (checkpoint.every=%d)",
-                        step, self.config.checkpoint.every)
+            logger.info(
+                "no checkpoint written on stop: the last completed step, %d, was not due (checkpoint.every=%d)",
+                step,
+                self.config.checkpoint.every,
+            )

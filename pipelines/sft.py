@@ -35,14 +35,24 @@ class SFTPipeline(SupervisedPipeline):
     section, metric_prefix, headline = "sft", "sft", ("sft/loss", "eval/sft_loss")
     checkpoint_kind = "sft"
     # Besides the model's: the keys that decide which rows the sampler's saved position refers to.
-    checkpoint_compat_keys = ("sft.train_files", "sft.shuffle", "sft.prompt_key", "sft.response_key",
-                              "sft.apply_chat_template", "sft.max_length")
+    checkpoint_compat_keys = (
+        "sft.train_files",
+        "sft.shuffle",
+        "sft.prompt_key",
+        "sft.response_key",
+        "sft.apply_chat_template",
+        "sft.max_length",
+    )
     total_steps_key = "sft.steps"
 
     def __init__(self, config: RunConfig, tokenizer=None):
         super().__init__(config, config.sft)
         self.sft = config.sft
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
+        self.tokenizer = (
+            tokenizer
+            if tokenizer is not None
+            else load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
+        )
         self.train_loss = "policy"  # the actor workers' name for this pipeline's loss_func; "sft" in a warm start
         self._loss = sft_loss_func("response_mask")
 

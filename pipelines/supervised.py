@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
         def __call__(self, step: int, metrics: dict[str, float], *, last: bool) -> None: ...
 
+
 logger = logging.getLogger("roll_lite")
 
 
@@ -52,6 +53,7 @@ class SupervisedPipeline:
     total_steps_key: str
 
     if TYPE_CHECKING:  # what a subclass provides (the module's docstring); declared for the type checker only
+
         def prepare_data(self) -> None: ...
         def step(self, step: int) -> dict[str, float]: ...
         def evaluate(self) -> dict[str, float]: ...
@@ -86,8 +88,13 @@ class SupervisedPipeline:
         bar = progress_bar(s.steps - first_step + 1, self.progress_label)
         for step in range(first_step, s.steps + 1):
             if self.data_used_up:
-                logger.info("%s: the training rows are used up (%s.epochs=%d) after step %d", self.metric_prefix, self.section,
-                            s.epochs, step - 1)
+                logger.info(
+                    "%s: the training rows are used up (%s.epochs=%d) after step %d",
+                    self.metric_prefix,
+                    self.section,
+                    s.epochs,
+                    step - 1,
+                )
                 break
             self.stage = f"{self.metric_prefix} step {step}"
             metrics = self.step(step)
@@ -110,9 +117,16 @@ class SupervisedPipeline:
     def log_progress(self, step: int, metrics: dict[str, float], seconds: float) -> None:
         train_name, eval_name = self.headline
         held_out = metrics.get(eval_name)
-        logger.info("%s step %d/%d | %s %.3f%s | %.1f s", self.metric_prefix, step, self.settings.steps,
-                    train_name.rsplit("/", 1)[-1], metrics.get(train_name, float("nan")),
-                    "" if held_out is None else f" | held-out {held_out:.3f}", seconds)
+        logger.info(
+            "%s step %d/%d | %s %.3f%s | %.1f s",
+            self.metric_prefix,
+            step,
+            self.settings.steps,
+            train_name.rsplit("/", 1)[-1],
+            metrics.get(train_name, float("nan")),
+            "" if held_out is None else f" | held-out {held_out:.3f}",
+            seconds,
+        )
 
     def save_final(self, path: Path) -> None:
         """The model as a HF folder (+ tokenizer)."""

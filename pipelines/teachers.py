@@ -61,9 +61,11 @@ class Teachers:
                 raise ConfigError(f"{self.key(domain)}: {str(error).removeprefix('model.tokenizer_path: ')}") from None
             difference = first_difference(tokenizer, theirs)
             if difference is not None:
-                raise ConfigError(f"{self.key(domain)}: the teacher's tokenizer ('{folder}') differs from the student's: "
-                                  f"{difference}. Distillation scores the student's token ids with the teacher, so both "
-                                  "need one tokenizer (cross-tokenizer distillation is not supported)")
+                raise ConfigError(
+                    f"{self.key(domain)}: the teacher's tokenizer ('{folder}') differs from the student's: "
+                    f"{difference}. Distillation scores the student's token ids with the teacher, so both "
+                    "need one tokenizer (cross-tokenizer distillation is not supported)"
+                )
 
     def start(self, placement) -> None:
         """Each teacher's worker group, started and ready (blocks)."""
@@ -80,10 +82,16 @@ class Teachers:
     def describe(self) -> str:
         routes = "; ".join(f"{domain or 'every row'}: {folder}" for domain, folder in self.by_domain.items())
         d = self.distill
-        loss = (f"KL {d.kl_estimator}(π_S‖π_T)" if d.signal == "reverse_kl" else
-                f"the forward KL over the teacher's top {d.top_k}")
-        how = (f"advantage = {d.reward_weight:g}·A_task + {d.coef:g}·(log π_T − log π_S)" if d.signal == "advantage" else
-               f"the policy loss on {d.reward_weight:g}·A_task + {d.coef:g} × {loss}")
+        loss = (
+            f"KL {d.kl_estimator}(π_S‖π_T)"
+            if d.signal == "reverse_kl"
+            else f"the forward KL over the teacher's top {d.top_k}"
+        )
+        how = (
+            f"advantage = {d.reward_weight:g}·A_task + {d.coef:g}·(log π_T − log π_S)"
+            if d.signal == "advantage"
+            else f"the policy loss on {d.reward_weight:g}·A_task + {d.coef:g} × {loss}"
+        )
         return f"distillation: {how}; teachers by {self.config.data.domain_key}: {routes}"
 
     def scores(self, batch: DataProto) -> dict[str, torch.Tensor]:
@@ -112,7 +120,11 @@ class Teachers:
             "teacher/tokens_per_s": float(batch["attention_mask"].sum()) / seconds,
             "teacher/peak_memory_gib": max(group.peak_memory_gib() for group in self.groups.values()),
         }
-        return {f"teacher_{name}": outputs[name] for name in ("log_probs", "top_k_ids", "top_k_log_probs") if name in outputs.batch}
+        return {
+            f"teacher_{name}": outputs[name]
+            for name in ("log_probs", "top_k_ids", "top_k_log_probs")
+            if name in outputs.batch
+        }
 
     def advantages(self, task_advantages: torch.Tensor, batch: DataProto, mask: torch.Tensor, actor) -> torch.Tensor:
         """distill.signal = advantage: reward_weight·A_task + coef·(log π_T − log π_S) with the sampling
@@ -122,7 +134,9 @@ class Teachers:
         d = self.distill
         if d.signal != "advantage":
             return d.reward_weight * task_advantages
-        student = batch["old_log_probs"] if "old_log_probs" in batch.batch else actor.compute_log_probs(batch)["log_probs"]
+        student = (
+            batch["old_log_probs"] if "old_log_probs" in batch.batch else actor.compute_log_probs(batch)["log_probs"]
+        )
         gap = torch.where(mask.bool(), student.double() - batch["teacher_log_probs"].double(), 0.0)
         self.metrics["distill/reverse_kl"] = (gap.sum() / mask.sum().clamp(min=1)).item()  # k1, per sampled token
         return distill_advantages(task_advantages, student, batch["teacher_log_probs"], mask, d.coef, d.reward_weight)

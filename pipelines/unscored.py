@@ -29,8 +29,9 @@ def drop_unscored(batch: DataProto, mask_key: str, scores: torch.Tensor, metrics
     batch.batch[mask_key] = mask * scored[:, None].to(mask.dtype)
     dropped = int((~scored).sum())
     if dropped == len(scored):
-        logger.warning("rewards: no response of this step was scored (reward.on_failure=drop); its loss is 0 "
-                       "and the optimizer steps on zero gradients")
+        logger.warning(
+            "rewards: no response of this step was scored (reward.on_failure=drop); its loss is 0 "
+            "and the optimizer steps on zero gradients"
+        )
     mean = scores[scored].double().mean().item() if dropped < len(scored) else 0.0
     return {**metrics, "reward/mean": mean, "reward/dropped": float(dropped)}
-

@@ -91,8 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # SIGINT or SIGTERM (roll_lite/runtime/signals.py), or Ctrl-C before Ray started
         signum = received_signal() or signal.SIGINT
         close_bars()
-        print(f"roll-train: stopped by {signal.Signals(signum).name} during {pipeline.stage}, which was abandoned; "
-              "the workers and Ray were stopped", file=sys.stderr)
+        print(
+            f"roll-train: stopped by {signal.Signals(signum).name} during {pipeline.stage}, which was abandoned; "
+            "the workers and Ray were stopped",
+            file=sys.stderr,
+        )
         return 128 + signum
     return 0
 

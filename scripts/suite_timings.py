@@ -40,9 +40,11 @@ def main() -> None:
     setup_all, call_all = sum(r[2] for r in rows), sum(r[3] for r in rows)
     print(f"| all | {sum(r[1] for r in rows)} | {setup_all:.1f} | {call_all:.1f} | {setup_all + call_all:.1f} |")
     if args.top:
-        phases = [(times[i], phase, nodeid) for nodeid, times in tests.items() for i, phase in enumerate(("setup", "call"))]
+        phases = [
+            (times[i], phase, nodeid) for nodeid, times in tests.items() for i, phase in enumerate(("setup", "call"))
+        ]
         print(f"\nThe {args.top} slowest setups and calls:\n")
-        for seconds, phase, nodeid in sorted(phases, reverse=True)[:args.top]:
+        for seconds, phase, nodeid in sorted(phases, reverse=True)[: args.top]:
             print(f"- {seconds:.1f} s {phase}: {nodeid}")
 
 

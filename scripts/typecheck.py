@@ -37,8 +37,10 @@ def main(argv: list[str]) -> int:
     _, messages, blockers = run_build(sources, options, fscache, time.time(), sys.stdout, sys.stderr)
     errors, _, files = count_stats(messages)
     if errors:
-        print(f"Found {errors} error{'s' * (errors != 1)} in {files} file{'s' * (files != 1)} "
-              f"(checked {len(sources)} source files)")
+        print(
+            f"Found {errors} error{'s' * (errors != 1)} in {files} file{'s' * (files != 1)} "
+            f"(checked {len(sources)} source files)"
+        )
         return 2 if blockers else 1
     print(f"Success: no issues found in {len(sources)} source files")
     return 0

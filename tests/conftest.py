@@ -24,12 +24,18 @@ CHEAP_FIXTURES = {"tmp_path", "tmp_path_factory", "monkeypatch", "capsys", "capf
 
 
 def pytest_addoption(parser):
-    parser.addoption("--record-durations", metavar="PATH", default=None,
-                     help="write each test's setup and call seconds to PATH (JSON, the format of tests/durations.json)")
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        default=None,
+        help="write each test's setup and call seconds to PATH (JSON, the format of tests/durations.json)",
+    )
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", f"slow: measured over {SLOW_S:g} s, or sharing a slow fixture (tests/conftest.py)")
+    config.addinivalue_line(
+        "markers", f"slow: measured over {SLOW_S:g} s, or sharing a slow fixture (tests/conftest.py)"
+    )
     path = config.getoption("--record-durations")
     if path and not hasattr(config, "workerinput"):  # under xdist the controller sees every worker's reports
         config.pluginmanager.register(DurationRecorder(Path(path)), "record-durations")

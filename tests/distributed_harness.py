@@ -79,7 +79,9 @@ def all_cases() -> list[Case]:
     for world_size in (1, 2):
         for loss in ("ppo", "ppo_kl"):
             for mode in AGG_MODES:
-                cases += [Case(loss, mode, world_size, a, mb, lora=True) for a in (1, 2, 3) for mb in ("padded", "packed")]
+                cases += [
+                    Case(loss, mode, world_size, a, mb, lora=True) for a in (1, 2, 3) for mb in ("padded", "packed")
+                ]
                 cases.append(Case(loss, mode, world_size, 1, "budget", lora=True))
     # One row for two ranks: rank 1 only runs placeholder passes.
     for loss in ("ppo_kl", "value"):
@@ -87,12 +89,19 @@ def all_cases() -> list[Case]:
     # Pair losses (pair_cases.py): pairs kept together on a rank and in a micro-batch.
     for world_size in (1, 2):
         for loss in PAIR_LOSSES:
-            cases += [Case(loss, PAIR_MODE, world_size, a, mb, rows=PAIR_ROWS) for a in (1, 2, 3) for mb in ("padded", "packed")]
+            cases += [
+                Case(loss, PAIR_MODE, world_size, a, mb, rows=PAIR_ROWS)
+                for a in (1, 2, 3)
+                for mb in ("padded", "packed")
+            ]
             cases.append(Case(loss, PAIR_MODE, world_size, 1, "budget", rows=PAIR_ROWS))
     # Activation checkpointing under FSDP2 (and unwrapped on one rank), packed and token-budget.
     for loss in ("ppo_kl", "value"):
-        cases += [Case(loss, "seq-mean-token-mean", d, a, mb, checkpointing=True)
-                  for d in (1, 2) for a, mb in ((2, "packed"), (1, "budget"))]
+        cases += [
+            Case(loss, "seq-mean-token-mean", d, a, mb, checkpointing=True)
+            for d in (1, 2)
+            for a, mb in ((2, "packed"), (1, "budget"))
+        ]
     return cases
 
 
@@ -124,7 +133,10 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
             grad_accum_steps=case.grad_accum_steps,
             use_packing=case.micro_batching != "padded",
             max_tokens_per_micro_batch=budget if case.micro_batching == "budget" else None,
-            lr=0.0, max_grad_norm=None, param_dtype=DTYPE_NAMES[dtype], logprob_chunk_size=8,
+            lr=0.0,
+            max_grad_norm=None,
+            param_dtype=DTYPE_NAMES[dtype],
+            logprob_chunk_size=8,
         )
         critic = case.loss in CRITIC_LOSSES
         lm = case_model(case, dtype)
@@ -141,8 +153,11 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
         metrics = strategy.train_step(share, loss_for(case.loss, case.mode))
         # The critic never uses the LM head: its weight gets no gradient (deviations() checks the names).
         # one rank trains the bare model (plain tensors); FSDP2's gradients are DTensor shards
-        grads = {n.removeprefix("lm."): p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-                 for n, p in strategy.model.named_parameters() if p.grad is not None}
+        grads = {
+            n.removeprefix("lm."): p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            for n, p in strategy.model.named_parameters()
+            if p.grad is not None
+        }
         results[case] = (metrics["loss"], grads, metrics["num_micro_batches"])
     if rank == 0:
         torch.save(results, out_path)
@@ -189,7 +204,9 @@ def _policy_output(lm, batch) -> dict:
 
 def _critic_output(lm, batch, head: dict) -> dict:
     # The hidden state at position j values the state in which token j+1 is generated.
-    hidden = lm.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).last_hidden_state
+    hidden = lm.model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+    ).last_hidden_state
     next_values = torch.einsum("bth,h->bt", hidden[:, :-1], head["value_head.weight"][0]) + head["value_head.bias"][0]
     return {"values": _token_aligned(next_values, batch["attention_mask"])}
 
@@ -228,7 +245,9 @@ def deviations(result, ref) -> tuple[float, float]:
     """(loss relative error, worst per-parameter gradient relative error)."""
     (loss, grads, _), (ref_loss, ref_grads) = result, ref
     assert set(grads) == set(ref_grads), set(grads) ^ set(ref_grads)
-    return relative_deviation(loss, ref_loss), max(relative_deviation(grads[n].double(), ref_grads[n]) for n in ref_grads)
+    return relative_deviation(loss, ref_loss), max(
+        relative_deviation(grads[n].double(), ref_grads[n]) for n in ref_grads
+    )
 
 
 OPTIMIZER_CASE = ("ppo_kl", "token-mean")

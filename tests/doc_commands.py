@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FENCE = re.compile(r"(?:<!--\s*not run here:\s*(?P<reason>.*?)\s*-->\s*\n)?^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.S | re.M)
+FENCE = re.compile(
+    r"(?:<!--\s*not run here:\s*(?P<reason>.*?)\s*-->\s*\n)?^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```", re.S | re.M
+)
 
 
 @dataclass

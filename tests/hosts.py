@@ -59,8 +59,9 @@ class Host:
     def start(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
         """Start `args` in this host, in a session of its own, output to `log`; stopped when Hosts exits."""
         with log.open("ab") as out:
-            process = subprocess.Popen(self.command(args), stdout=out, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)
+            process = subprocess.Popen(
+                self.command(args), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self.processes.append(process)
         return process
 
@@ -180,7 +181,7 @@ def check_namespaces_possible() -> None:
 
 
 def free_subnet_prefix() -> str:
-    """"10.77.N" for an N no interface of this machine has an address in (tried from this pid on)."""
+    """ "10.77.N" for an N no interface of this machine has an address in (tried from this pid on)."""
     taken = ip("-4", "-o", "addr", "show").stdout
     for offset in range(250):
         prefix = f"10.77.{(os.getpid() + offset) % 250 + 1}"

@@ -27,14 +27,21 @@ from roll_lite.model.modeling import build_causal_lm
 SEQ_LEN = 16
 BUDGET = 29  # tokens per micro-batch in the token-budget cases: the two ranks need 2 and 1
 MASK_KEYS = {
-    "ppo": ["response_mask"], "sequence": ["response_mask"], "ppo_kl": ["response_mask", "kl_mask"],
-    "gspo_token": ["response_mask"], "cispo": ["response_mask"],
+    "ppo": ["response_mask"],
+    "sequence": ["response_mask"],
+    "ppo_kl": ["response_mask", "kl_mask"],
+    "gspo_token": ["response_mask"],
+    "cispo": ["response_mask"],
     # the rollout correction's masks (weight 0 inside loss_mat, the global denominators unchanged)
-    "ppo_mis": ["response_mask"], "gspo_seqmask": ["response_mask"], "ppo_bypass": ["response_mask"],
+    "ppo_mis": ["response_mask"],
+    "gspo_seqmask": ["response_mask"],
+    "ppo_bypass": ["response_mask"],
     "value": ["response_mask"],  # the critic: FSDP2Strategy(head='value')
     "sft": ["kl_mask"],  # a target mask with holes, like a conversation's assistant turns (token-mean only)
     # Multi-turn: the model's own tokens (model_mask) between environment / tool spans of varied length
-    "multiturn_ppo": ["model_mask"], "multiturn_ppo_kl": ["model_mask"], "multiturn_value": ["model_mask"],
+    "multiturn_ppo": ["model_mask"],
+    "multiturn_ppo_kl": ["model_mask"],
+    "multiturn_value": ["model_mask"],
     "distill_rkl": ["response_mask"],  # on-policy distillation: the teacher's reverse KL as a loss
     "distill_topk": ["response_mask"],  # and the forward KL over the teacher's top k (the student's chunked gather)
 }
@@ -44,30 +51,64 @@ CRITIC_LOSSES = {"value", "multiturn_value"}
 def make_loss(name: str, mode: str):
     if name == "ppo":
         # truncated importance sampling on: a token's weight depends on that token alone
-        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01, rollout_is="token",
-                                    rollout_is_cap=1.2)
+        return ppo_policy_loss_func(
+            mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01, rollout_is="token", rollout_is_cap=1.2
+        )
     if name == "sequence":
         # and per sequence: on the whole row, which a micro-batch always holds
-        return sequence_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN,
-                                         rollout_is="sequence", rollout_is_cap=1.5)
+        return sequence_policy_loss_func(
+            mode,
+            clip_ratio_low=0.1,
+            clip_ratio_high=0.12,
+            seq_len_norm=SEQ_LEN,
+            rollout_is="sequence",
+            rollout_is_cap=1.5,
+        )
     if name == "gspo_token":
-        return gspo_token_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN,
-                                           rollout_is="token", rollout_is_cap=1.2)
+        return gspo_token_policy_loss_func(
+            mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN, rollout_is="token", rollout_is_cap=1.2
+        )
     if name == "cispo":  # a clip range the ratios cross on both sides
-        return cispo_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.1, seq_len_norm=SEQ_LEN,
-                                      entropy_coef=0.01, rollout_is="sequence", rollout_is_cap=1.5)
+        return cispo_policy_loss_func(
+            mode,
+            clip_ratio_low=0.1,
+            clip_ratio_high=0.1,
+            seq_len_norm=SEQ_LEN,
+            entropy_coef=0.01,
+            rollout_is="sequence",
+            rollout_is_cap=1.5,
+        )
     if name == "ppo_mis":  # TIS and the token band together (IcePop-like), and the veto
-        correction = RolloutCorrection(rollout_is="token", rollout_is_cap=1.2, rollout_mask="token", rollout_mask_low=0.7,
-                                       rollout_mask_high=1.4, rollout_veto_threshold=3.0)
-        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01, correction=correction)
+        correction = RolloutCorrection(
+            rollout_is="token",
+            rollout_is_cap=1.2,
+            rollout_mask="token",
+            rollout_mask_low=0.7,
+            rollout_mask_high=1.4,
+            rollout_veto_threshold=3.0,
+        )
+        return ppo_policy_loss_func(
+            mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01, correction=correction
+        )
     if name == "gspo_seqmask":  # rows dropped by their geometric mean ratio, TIS per sequence on the rest
-        correction = RolloutCorrection(rollout_is="sequence", rollout_is_cap=1.5, rollout_mask="sequence",
-                                       rollout_mask_low=0.9, rollout_mask_high=1.1)
-        return sequence_policy_loss_func(mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN,
-                                         correction=correction)
+        correction = RolloutCorrection(
+            rollout_is="sequence",
+            rollout_is_cap=1.5,
+            rollout_mask="sequence",
+            rollout_mask_low=0.9,
+            rollout_mask_high=1.1,
+        )
+        return sequence_policy_loss_func(
+            mode, clip_ratio_low=0.1, clip_ratio_high=0.12, seq_len_norm=SEQ_LEN, correction=correction
+        )
     if name == "ppo_bypass":  # the engine's log-probs as π_old, with the sequence mask and the veto
-        correction = RolloutCorrection(rollout_bypass=True, rollout_mask="sequence", rollout_mask_low=0.9,
-                                       rollout_mask_high=1.1, rollout_veto_threshold=3.0)
+        correction = RolloutCorrection(
+            rollout_bypass=True,
+            rollout_mask="sequence",
+            rollout_mask_low=0.9,
+            rollout_mask_high=1.1,
+            rollout_veto_threshold=3.0,
+        )
         return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, entropy_coef=0.01, correction=correction)
     if name == "sft":
         return sft_loss_func(MASK_KEYS["sft"][0])
@@ -75,26 +116,46 @@ def make_loss(name: str, mode: str):
         # With the head below, about a third of the response tokens take the clipped branch.
         return value_loss_func(mode, clip_range=0.5, seq_len_norm=SEQ_LEN)
     if name == "multiturn_ppo":
-        return ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, dual_clip_c=3.0, entropy_coef=0.01, mask_key="model_mask",
-                                    rollout_is="token", rollout_is_cap=1.2)
+        return ppo_policy_loss_func(
+            mode,
+            seq_len_norm=SEQ_LEN,
+            dual_clip_c=3.0,
+            entropy_coef=0.01,
+            mask_key="model_mask",
+            rollout_is="token",
+            rollout_is_cap=1.2,
+        )
     if name == "multiturn_value":
         return value_loss_func(mode, clip_range=0.5, seq_len_norm=SEQ_LEN, mask_key="model_mask")
     if name == "distill_rkl":  # PPO on the task advantages + 0.7 × the k2 estimate of KL(π_S‖π_T)
         policy = ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN, entropy_coef=0.01)
         return reverse_kl_loss_func(policy, mode, coef=0.7, estimator="k2", seq_len_norm=SEQ_LEN)
     if name == "distill_topk":  # PPO + 0.7 × Σ p_T (log p_T − log p_S) over the teacher's top 3 ids
-        return top_k_forward_kl_loss_func(ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN), mode, coef=0.7, seq_len_norm=SEQ_LEN)
+        return top_k_forward_kl_loss_func(
+            ppo_policy_loss_func(mode, seq_len_norm=SEQ_LEN), mode, coef=0.7, seq_len_norm=SEQ_LEN
+        )
     if name == "multiturn_ppo_kl":
-        return kl_regularized_loss_func(mode, kl_coef=0.5, kl_estimator="k3", seq_len_norm=SEQ_LEN,
-                                        policy_mask_key="model_mask", kl_mask_key="model_mask")
+        return kl_regularized_loss_func(
+            mode,
+            kl_coef=0.5,
+            kl_estimator="k3",
+            seq_len_norm=SEQ_LEN,
+            policy_mask_key="model_mask",
+            kl_mask_key="model_mask",
+        )
     return kl_regularized_loss_func(mode, kl_coef=0.5, kl_estimator="k3", seq_len_norm=SEQ_LEN)
 
 
 def value_head_weights(dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """A non-zero value head (the critic's starts at zero, which would leave the backbone without a
     gradient): values of about unit scale, like the batch's returns and old values."""
-    weight = 0.2 * torch.randn(1, TINY_MODEL["hidden_size"], generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-    return {"value_head.weight": weight.to(dtype), "value_head.bias": torch.tensor([0.1], dtype=torch.float64).to(dtype)}
+    weight = 0.2 * torch.randn(
+        1, TINY_MODEL["hidden_size"], generator=torch.Generator().manual_seed(5), dtype=torch.float64
+    )
+    return {
+        "value_head.weight": weight.to(dtype),
+        "value_head.bias": torch.tensor([0.1], dtype=torch.float64).to(dtype),
+    }
 
 
 LORA = LoraSettings(rank=4, alpha=8.0, target_modules="all-linear")
@@ -132,6 +193,6 @@ def multi_turn_mask(response_mask: torch.Tensor, seed: int = 23) -> torch.Tensor
         while start < len(positions):
             span = int(torch.randint(1, 4, (1,), generator=generator))
             if model_turn:
-                model_mask[row, positions[start:start + span]] = 1
+                model_mask[row, positions[start : start + span]] = 1
             start, model_turn = start + span, not model_turn
     return model_mask

@@ -40,7 +40,8 @@ def pair_batch(dtype: torch.dtype, seq_len: int = 16, pairs: int = PAIR_ROWS // 
             "chosen_mask": response * is_chosen,
             "rejected_mask": response * ~is_chosen,
             "score_mask": (positions == lengths[:, None] - 1).long(),
-            "reference_logps": -math.log(vocab) * response.sum(-1).to(dtype) + torch.randn(rows, generator=gen, dtype=dtype),
+            "reference_logps": -math.log(vocab) * response.sum(-1).to(dtype)
+            + torch.randn(rows, generator=gen, dtype=dtype),
             "margin": torch.rand(rows, generator=gen, dtype=dtype),
         },
         meta_info={"loss_mask_keys": ["chosen_mask"], "rows_together": 2},
@@ -59,12 +60,16 @@ def make_pair_loss(name: str):
 
 def score_head_weights(dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """A score head of about unit output (transformers' init, std 0.02, would leave scores near zero)."""
-    weight = 0.2 * torch.randn(1, TINY_MODEL["hidden_size"], generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    weight = 0.2 * torch.randn(
+        1, TINY_MODEL["hidden_size"], generator=torch.Generator().manual_seed(6), dtype=torch.float64
+    )
     return {"score.weight": weight.to(dtype)}
 
 
 def reference_scores(lm, batch: dict, head: dict) -> dict:
     """Each token's score from the plain HF decoder: hidden state · score weight, at every real token."""
-    hidden = lm.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).last_hidden_state
+    hidden = lm.model(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+    ).last_hidden_state
     scores = torch.einsum("bth,h->bt", hidden, head["score.weight"][0])
     return {"scores": torch.where(batch["attention_mask"].bool(), scores, 0.0)}

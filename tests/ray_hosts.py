@@ -63,17 +63,30 @@ class RayCluster:
             role = ["--head", "--port=6379", f"--dashboard-host={host.address}"]
         else:
             role = [f"--address={self.head.address}:6379"]
-        host.start([str(BIN / "ray"), "start", *role, f"--node-ip-address={host.address}",
-                    f"--temp-dir={self.temp_dirs[-1]}", *NODE_OPTIONS], self.folder / f"host{number}.log", self.env)
+        host.start(
+            [
+                str(BIN / "ray"),
+                "start",
+                *role,
+                f"--node-ip-address={host.address}",
+                f"--temp-dir={self.temp_dirs[-1]}",
+                *NODE_OPTIONS,
+            ],
+            self.folder / f"host{number}.log",
+            self.env,
+        )
 
     def wait_for_nodes(self, count: int, timeout: float = 120) -> None:
         """Until `count` nodes are alive, one per host address."""
         start = time.monotonic()
         while len(found := self.alive_nodes()) < count:
-            exited = [number for number, host in enumerate(self.hosts, start=1) if host.processes[-1].poll() is not None]
+            exited = [
+                number for number, host in enumerate(self.hosts, start=1) if host.processes[-1].poll() is not None
+            ]
             assert not exited and time.monotonic() - start < timeout, (
                 f"{len(found)} of {count} Ray nodes up after {time.monotonic() - start:.0f} s ({found}); `ray start` "
-                f"exited in hosts {exited}; host1.log: {(self.folder / 'host1.log').read_text()[-2000:]}")
+                f"exited in hosts {exited}; host1.log: {(self.folder / 'host1.log').read_text()[-2000:]}"
+            )
             time.sleep(1)
 
     def alive_nodes(self) -> dict[str, str]:
@@ -90,8 +103,11 @@ class RayCluster:
         request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.token}"})
         with urllib.request.urlopen(request, timeout=5) as answer:
             summary = json.load(answer)["data"]["summary"]
-        return {node["raylet"]["nodeManagerAddress"]: node["raylet"]["nodeId"] for node in summary
-                if node["raylet"]["state"] == "ALIVE"}
+        return {
+            node["raylet"]["nodeManagerAddress"]: node["raylet"]["nodeId"]
+            for node in summary
+            if node["raylet"]["state"] == "ALIVE"
+        }
 
     def kill(self, address: str) -> float:
         """SIGKILL every process of the worker host at `address` (its raylet, its workers, its `ray
@@ -179,8 +195,12 @@ class RayCluster:
             yield process
         finally:
             if process.poll() is None:
-                subprocess.run([str(BIN / "ray"), "job", "stop", "--address", self.dashboard, submission],
-                               capture_output=True, timeout=120, env=self.env)
+                subprocess.run(
+                    [str(BIN / "ray"), "job", "stop", "--address", self.dashboard, submission],
+                    capture_output=True,
+                    timeout=120,
+                    env=self.env,
+                )
                 process.kill()
                 process.wait()
 

@@ -27,7 +27,9 @@ def test_modes_by_hand():
     assert agg_loss(LOSS, MASK, "token-mean", **stats).item() == pytest.approx(15 / 5)
     assert agg_loss(LOSS, MASK, "seq-mean-token-sum", **stats).item() == pytest.approx((3 + 12) / 2)
     assert agg_loss(LOSS, MASK, "seq-mean-token-mean", **stats).item() == pytest.approx((3 / 2 + 12 / 3) / 2)
-    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", **stats, seq_len_norm=4).item() == pytest.approx(15 / (2 * 4))
+    assert agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", **stats, seq_len_norm=4).item() == pytest.approx(
+        15 / (2 * 4)
+    )
 
 
 def test_global_denominators_are_used_as_given():
@@ -82,14 +84,18 @@ def test_ppo_clipped_loss_by_hand():
     loss, _ = ppo_clipped_loss(torch.tensor([[-0.5]]), torch.zeros(1, 1), torch.tensor([[-1.0]]), 0.3, 0.28)
     assert loss.item() == pytest.approx(0.7)
     # dual clip: A=-1, ratio e^{2}=7.39 -> plain loss 7.39, bounded by c·|A| = 3
-    loss, _ = ppo_clipped_loss(torch.tensor([[2.0]]), torch.zeros(1, 1), torch.tensor([[-1.0]]), 0.2, 0.2, dual_clip_c=3.0)
+    loss, _ = ppo_clipped_loss(
+        torch.tensor([[2.0]]), torch.zeros(1, 1), torch.tensor([[-1.0]]), 0.2, 0.2, dual_clip_c=3.0
+    )
     assert loss.item() == pytest.approx(3.0)
 
 
 def test_sequence_ratio_loss_by_hand():
     log_probs = torch.tensor([[0.0, 0.2, 0.4, 9.0]], dtype=torch.float64)
     mask = torch.tensor([[0, 1, 1, 0]])
-    loss = sequence_ratio_loss(log_probs, torch.zeros_like(log_probs), torch.tensor([2.0], dtype=torch.float64), mask, 0.1, 0.1)
+    loss = sequence_ratio_loss(
+        log_probs, torch.zeros_like(log_probs), torch.tensor([2.0], dtype=torch.float64), mask, 0.1, 0.1
+    )
     # mean log-ratio over the 2 masked tokens = 0.3 -> ratio 1.3499, clipped to 1.1 -> max(-2.70, -2.2) = -2.2
     assert loss.tolist() == [[pytest.approx(-2.2)] * 4]
 
@@ -117,7 +123,9 @@ def test_masks_are_0_1_not_weights():
     stats = local_mask_stats(MASK)
     weighted = MASK * 0.5
     for mode in AGG_MODES:
-        with pytest.raises(ValueError, match="mask 'loss_mask' holds values other than 0 and 1 .*multiply the per-token loss"):
+        with pytest.raises(
+            ValueError, match="mask 'loss_mask' holds values other than 0 and 1 .*multiply the per-token loss"
+        ):
             agg_loss(LOSS, weighted, mode, **stats, seq_len_norm=3)
     as_bool = agg_loss(LOSS, MASK.bool(), "token-mean", **stats)
     as_float = agg_loss(LOSS, MASK.double(), "token-mean", **stats)

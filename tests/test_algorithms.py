@@ -81,7 +81,12 @@ def test_masked_whiten_conventions():
 def test_which_estimators_whiten_by_default():
     # verl whitens gae and reinforce_plus_plus, not grpo / rloo (already centred per prompt group)
     assert [whitens_advantages(name) for name in ("gae", "reinforce_pp", "grpo", "dr_grpo", "rloo")] == [
-        True, True, False, False, False]
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
     assert whitens_advantages("gae", False) is False and whitens_advantages("rloo", True) is True
 
 
@@ -101,15 +106,28 @@ def test_gae_by_hand():
 
 
 def test_kl_shaped_rewards():
-    r = kl_shaped_rewards(torch.tensor([[0.0, 1.0]]), torch.tensor([[-1.0, -1.0]]), torch.tensor([[-2.0, -1.5]]),
-                          torch.tensor([[0, 1]]), kl_coef=0.1, estimator="k1")
+    r = kl_shaped_rewards(
+        torch.tensor([[0.0, 1.0]]),
+        torch.tensor([[-1.0, -1.0]]),
+        torch.tensor([[-2.0, -1.5]]),
+        torch.tensor([[0, 1]]),
+        kl_coef=0.1,
+        estimator="k1",
+    )
     assert r.tolist() == [[0.0, pytest.approx(1.0 - 0.05)]]
 
 
 def test_kl_shaped_rewards_with_clamp():
     # k1 = log π - log π_ref = 3 on the response token: clamped to 2
-    r = kl_shaped_rewards(torch.tensor([[0.0, 1.0]]), torch.tensor([[-1.0, -1.0]]), torch.tensor([[-2.0, -4.0]]),
-                          torch.tensor([[0, 1]]), kl_coef=0.1, estimator="k1", clamp=2.0)
+    r = kl_shaped_rewards(
+        torch.tensor([[0.0, 1.0]]),
+        torch.tensor([[-1.0, -1.0]]),
+        torch.tensor([[-2.0, -4.0]]),
+        torch.tensor([[0, 1]]),
+        kl_coef=0.1,
+        estimator="k1",
+        clamp=2.0,
+    )
     assert r.tolist() == [[0.0, pytest.approx(1.0 - 0.2)]]
 
 
@@ -151,13 +169,24 @@ def test_kl_clamp_zeroes_the_gradient_of_clamped_tokens():
 def test_kl_regularized_loss_func_passes_the_clamp():
     log_probs = torch.tensor([LOG_RATIO], dtype=D, requires_grad=True)
     mask = torch.ones(1, 3)
-    batch = DataProto({"response_mask": mask, "kl_mask": mask, "advantages": torch.zeros(1, 3, dtype=D),
-                       "ref_log_probs": torch.zeros(1, 3, dtype=D)},
-                      meta_info={"on_policy": True, "batch_num_tokens": {k: local_mask_stats(mask)["batch_num_tokens"]
-                                                                         for k in ("response_mask", "kl_mask")},
-                                 "global_valid_samples": {k: local_mask_stats(mask)["global_valid_samples"]
-                                                          for k in ("response_mask", "kl_mask")}})
-    loss, metrics = kl_regularized_loss_func(kl_coef=1.0, kl_estimator="k3", kl_clamp=2.5)(batch, {"log_probs": log_probs})
+    batch = DataProto(
+        {
+            "response_mask": mask,
+            "kl_mask": mask,
+            "advantages": torch.zeros(1, 3, dtype=D),
+            "ref_log_probs": torch.zeros(1, 3, dtype=D),
+        },
+        meta_info={
+            "on_policy": True,
+            "batch_num_tokens": {k: local_mask_stats(mask)["batch_num_tokens"] for k in ("response_mask", "kl_mask")},
+            "global_valid_samples": {
+                k: local_mask_stats(mask)["global_valid_samples"] for k in ("response_mask", "kl_mask")
+            },
+        },
+    )
+    loss, metrics = kl_regularized_loss_func(kl_coef=1.0, kl_estimator="k3", kl_clamp=2.5)(
+        batch, {"log_probs": log_probs}
+    )
     clamped = [math.exp(-0.5) - 0.5, 2.5, math.exp(-3.0) + 2.0]
     assert metrics["kl@sum"].item() == pytest.approx(sum(clamped) / 3)
     loss.backward()  # zero advantages: the gradient is the KL term's alone, token-mean over 3 tokens

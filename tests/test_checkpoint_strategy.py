@@ -23,11 +23,21 @@ SETTINGS = dict(lr=1e-2, warmup_steps=5, weight_decay=0.1, param_dtype="float64"
 def _full_state(strategy):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    optimizer = get_optimizer_state_dict(strategy.model, strategy.optimizer, options=StateDictOptions(full_state_dict=True))
-    moments = {f"{name}.{key}": value.clone() for name, state in optimizer["state"].items() for key, value in state.items()}
-    model = {name: value.clone() for name, value in strategy.full_state_dict().items()}  # on 1 rank: views of the parameters
-    return {"model": model, "optimizer": moments, "lr": strategy.scheduler.get_last_lr()[0],
-            "scheduler_step": strategy.scheduler.last_epoch}
+    optimizer = get_optimizer_state_dict(
+        strategy.model, strategy.optimizer, options=StateDictOptions(full_state_dict=True)
+    )
+    moments = {
+        f"{name}.{key}": value.clone() for name, state in optimizer["state"].items() for key, value in state.items()
+    }
+    model = {
+        name: value.clone() for name, value in strategy.full_state_dict().items()
+    }  # on 1 rank: views of the parameters
+    return {
+        "model": model,
+        "optimizer": moments,
+        "lr": strategy.scheduler.get_last_lr()[0],
+        "scheduler_step": strategy.scheduler.last_epoch,
+    }
 
 
 def _rank(rank: int, world_size: int, port: int, mode: str, folder: str, out_path: str, settings: dict):
@@ -107,8 +117,9 @@ def test_a_checkpoint_of_fused_adamw_on_two_ranks_loads_exactly_on_two_and_on_on
     folder = str(tmp_path / "actor")
     saved, saved_metrics, saved_after = _spawn(2, "save", folder, str(tmp_path / "saved.pt"), fused)
     foreach = saved_by_two_ranks[1][0]["optimizer"]
-    assert {name: (v.dtype, v.shape) for name, v in saved["optimizer"].items()} == \
-        {name: (v.dtype, v.shape) for name, v in foreach.items()}
+    assert {name: (v.dtype, v.shape) for name, v in saved["optimizer"].items()} == {
+        name: (v.dtype, v.shape) for name, v in foreach.items()
+    }
     for world_size in (2, 1):
         loaded, metrics, after = _spawn(world_size, "load", folder, str(tmp_path / f"loaded{world_size}.pt"), fused)
         _assert_equal_states(loaded, saved)
@@ -136,8 +147,10 @@ def _save_and_load_at_two_threads(rank: int, world_size: int, port: int, folder:
     before = _threads_named("pt_gloo_runloop")
     strategy.save_checkpoint(folder)
     strategy.load_checkpoint(folder)
-    torch.save({"before": before, "after": _threads_named("pt_gloo_runloop"), "torch_threads": torch.get_num_threads()},
-               out_path)
+    torch.save(
+        {"before": before, "after": _threads_named("pt_gloo_runloop"), "torch_threads": torch.get_num_threads()},
+        out_path,
+    )
     leave_group()
 
 

@@ -13,20 +13,34 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "roll_lite.cli", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "roll_lite.cli", *args], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
 
 
 @pytest.mark.parametrize(
     "override, expected",
     [
         ("no_such_key=1", "no_such_key: Key 'no_such_key' not in 'RunConfig'"),
-        ("rollout.max_new_tokens=many", "rollout.max_new_tokens: Value 'many' of type 'str' could not be converted to Integer"),
-        ("algorithm.loss_agg_mode=mean", "algorithm.loss_agg_mode: 'mean' is not one of token-mean, seq-mean-token-sum"),
+        (
+            "rollout.max_new_tokens=many",
+            "rollout.max_new_tokens: Value 'many' of type 'str' could not be converted to Integer",
+        ),
+        (
+            "algorithm.loss_agg_mode=mean",
+            "algorithm.loss_agg_mode: 'mean' is not one of token-mean, seq-mean-token-sum",
+        ),
         ("rollout.temperature=0", "rollout.temperature: must be > 0"),
-        ("actor.max_tokens_per_micro_batch=64", "actor.max_tokens_per_micro_batch: token-budget micro-batches need use_packing"),
+        (
+            "actor.max_tokens_per_micro_batch=64",
+            "actor.max_tokens_per_micro_batch: token-budget micro-batches need use_packing",
+        ),
         ("reward.functions={bleu: 1.0}", "reward.functions.bleu: 'bleu' is not one of"),
         ("pipeline=nowhere.module:Pipe", "pipeline: cannot import 'nowhere.module:Pipe'"),
-        ("algorithm.seq_len_norm=-4", "algorithm.seq_len_norm: must be > 0 or null (null: rollout.max_new_tokens), got -4"),
+        (
+            "algorithm.seq_len_norm=-4",
+            "algorithm.seq_len_norm: must be > 0 or null (null: rollout.max_new_tokens), got -4",
+        ),
         ("algorithm.seq_len_norm=0", "algorithm.seq_len_norm: must be > 0 or null"),
         ("actor.max_consecutive_skipped_steps=0", "actor.max_consecutive_skipped_steps: must be >= 1 or null"),
         ("algorithm.whiten_advantages=maybe", "algorithm.whiten_advantages: Value 'maybe' is not a valid bool"),
@@ -50,13 +64,27 @@ def run_cli(*args, cwd):
         ("algorithm.rollout_is_cap=0", "algorithm.rollout_is_cap: must be > 0, got 0.0"),
         ("rollout.async_steps=-1", "rollout.async_steps: must be >= 0 (0: on-policy), got -1"),
         ("reward.on_failure=skip", "reward.on_failure: 'skip' is not one of zero, drop"),
-        ("reward.judges={/nonexistent/judge: 1.0}", "reward.judges./nonexistent/judge: no such folder '/nonexistent/judge'"),
+        (
+            "reward.judges={/nonexistent/judge: 1.0}",
+            "reward.judges./nonexistent/judge: no such folder '/nonexistent/judge'",
+        ),
         ("reward.models={/nonexistent/rm: 1.0}", "reward.models./nonexistent/rm: no such folder '/nonexistent/rm'"),
-        ("rollout.in_actor=true|workers.actor_dp=2", "workers.actor_dp: rollout.in_actor=true needs workers.actor_dp=1"),
-        ("rollout.in_actor=true|rollout.async_steps=1", "rollout.async_steps: rollout.in_actor=true needs rollout.async_steps=0"),
-        ("rollout.in_actor=true|workers.offload=true", "workers.offload: rollout.in_actor=true needs workers.offload=false"),
-        ("rollout.in_actor=true|workers.gpus_per_rank=1|workers.rollout_gpus=1",
-         "workers.rollout_gpus: rollout.in_actor=true needs workers.rollout_gpus=0 (the engine generates on the actor's GPU)"),
+        (
+            "rollout.in_actor=true|workers.actor_dp=2",
+            "workers.actor_dp: rollout.in_actor=true needs workers.actor_dp=1",
+        ),
+        (
+            "rollout.in_actor=true|rollout.async_steps=1",
+            "rollout.async_steps: rollout.in_actor=true needs rollout.async_steps=0",
+        ),
+        (
+            "rollout.in_actor=true|workers.offload=true",
+            "workers.offload: rollout.in_actor=true needs workers.offload=false",
+        ),
+        (
+            "rollout.in_actor=true|workers.gpus_per_rank=1|workers.rollout_gpus=1",
+            "workers.rollout_gpus: rollout.in_actor=true needs workers.rollout_gpus=0 (the engine generates on the actor's GPU)",
+        ),
     ],
 )
 def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):  # override: a|b for two
@@ -75,22 +103,32 @@ def test_yaml_and_overrides_merge_over_defaults(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("steps: 7\nalgorithm:\n  advantage: rloo\n")
     config = load_config(path, ["rollout.num_samples=4", "actor.lr=3e-4"])
-    assert (config.steps, config.algorithm.advantage, config.rollout.num_samples, config.actor.lr) == (7, "rloo", 4, 3e-4)
+    assert (config.steps, config.algorithm.advantage, config.rollout.num_samples, config.actor.lr) == (
+        7,
+        "rloo",
+        4,
+        3e-4,
+    )
     assert config.algorithm.clip_ratio_high is None  # a default: null, the policy loss's own (ppo: 0.2)
     assert (config.algorithm.whiten_advantages, config.algorithm.kl_clamp) == (None, None)  # by estimator; exact KL
-    assert config.data.train_files == [] and load_config(path, ["data.train_files=a.jsonl"]).data.train_files == ["a.jsonl"]
+    assert config.data.train_files == [] and load_config(path, ["data.train_files=a.jsonl"]).data.train_files == [
+        "a.jsonl"
+    ]
     with pytest.raises(ConfigError, match="rollout.num_samples: rloo needs >= 2 samples"):
         load_config(path, ["rollout.num_samples=1"])
 
 
-@pytest.mark.parametrize("overrides, in_actor", [
-    ([], True),  # one CPU actor rank, on-policy: the actor's process generates
-    (["rollout.in_actor=false"], False),
-    (["workers.actor_dp=2"], False),
-    (["rollout.async_steps=1"], False),
-    (["rollout.dtype=bfloat16"], False),
-    (["workers.gpus_per_rank=1"], False),  # on a GPU (a copy of the weights in the engine's dtype): asked for
-])
+@pytest.mark.parametrize(
+    "overrides, in_actor",
+    [
+        ([], True),  # one CPU actor rank, on-policy: the actor's process generates
+        (["rollout.in_actor=false"], False),
+        (["workers.actor_dp=2"], False),
+        (["rollout.async_steps=1"], False),
+        (["rollout.dtype=bfloat16"], False),
+        (["workers.gpus_per_rank=1"], False),  # on a GPU (a copy of the weights in the engine's dtype): asked for
+    ],
+)
 def test_rollout_in_actor_null_is_chosen_exactly_when_it_can_run(overrides, in_actor):
     assert load_config(REPO / "configs/ppo.yaml", overrides).rollout.in_actor is in_actor
 

@@ -74,9 +74,12 @@ def test_the_code_config_loads_and_every_row_of_its_data_passes_the_tests_check(
     from roll_lite.model.tokenizer import build_char_tokenizer
     from roll_lite.rewards.code import code_row_check
 
-    config = load_config(REPO / "configs/code.yaml", [f"data.train_files={DATA / 'train.jsonl'}",
-                                                      f"data.eval_files={DATA / 'eval.jsonl'}"])
+    config = load_config(
+        REPO / "configs/code.yaml",
+        [f"data.train_files={DATA / 'train.jsonl'}", f"data.eval_files={DATA / 'eval.jsonl'}"],
+    )
     assert config.reward.code == 1.0 and config.reward.in_driver is False and config.data.extra_keys == ["tests"]
-    prepared = prepare_datasets(config.data, build_char_tokenizer(),
-                                row_check=code_row_check(config.reward, config.data.domain_key))
+    prepared = prepare_datasets(
+        config.data, build_char_tokenizer(), row_check=code_row_check(config.reward, config.data.domain_key)
+    )
     assert len(prepared.train) == 4000 and len(prepared.eval) == 24

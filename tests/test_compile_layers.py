@@ -29,7 +29,9 @@ def _train(compiled: bool, checkpointing: bool, batches, wrapped: bool = False):
         step = strategy.train_step(data, ppo_policy_loss_func("token-mean"))
         metrics += [step["loss"], step["grad_norm"]]
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
-    grads = {name: param.grad.full_tensor() if wrapped else param.grad for name, param in strategy.model.named_parameters()}
+    grads = {
+        name: param.grad.full_tensor() if wrapped else param.grad for name, param in strategy.model.named_parameters()
+    }
     return metrics, grads, graphs
 
 
@@ -54,6 +56,8 @@ def test_the_worker_compiles_the_layers_when_the_config_says_so(monkeypatch):
     from test_model import _worker  # a ModelWorker set up in this process
 
     for compiled in (False, True):
-        config = load_config(None, [f"model.compile_layers={compiled}", "model.dtype=float64", "actor.param_dtype=float64"])
+        config = load_config(
+            None, [f"model.compile_layers={compiled}", "model.dtype=float64", "actor.param_dtype=float64"]
+        )
         layers = decoder_layers(_worker("actor", config, monkeypatch).strategy.model)
         assert all(hasattr(vars(layer).get("forward"), "_torchdynamo_orig_callable") == compiled for layer in layers)

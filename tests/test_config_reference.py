@@ -20,7 +20,11 @@ def reference_rows(markdown: str) -> dict[str, tuple[str, str, str]]:
     for line in markdown.splitlines():
         cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
         if len(cells) == 4 and cells[0].startswith("`") and cells[0] != "`key`":
-            rows[cells[0].strip("`")] = (cells[1], cells[2].strip("`").replace("\\|", "|"), html.unescape(cells[3].replace("\\|", "|")))
+            rows[cells[0].strip("`")] = (
+                cells[1],
+                cells[2].strip("`").replace("\\|", "|"),
+                html.unescape(cells[3].replace("\\|", "|")),
+            )
     return rows
 
 
@@ -88,8 +92,12 @@ class _Outer:
 def test_the_generator_reads_comments_above_after_and_shared():
     from roll_lite.config.reference import field_comments, render
 
-    assert field_comments(_Inner) == {"alpha": "the alpha, continued here", "gamma": "about gamma and delta",
-                                      "delta": "about gamma and delta", "epsilon": "its own"}
+    assert field_comments(_Inner) == {
+        "alpha": "the alpha, continued here",
+        "gamma": "about gamma and delta",
+        "delta": "about gamma and delta",
+        "epsilon": "its own",
+    }
     rows = reference_rows(render(_Outer()))
     assert rows["inner.beta"] == ("float or null", "null", "")
     assert rows["inner.gamma"][1] == "auto" and rows["inner.delta"][1] == "true" and rows["inner.epsilon"][1] == "[]"

@@ -27,12 +27,18 @@ def responses(lengths_and_ends: list[tuple[int, bool]], width: int = 12) -> Data
     rows = len(lengths_and_ends)
     input_ids, response_mask = torch.full((rows, width), 0), torch.zeros(rows, width, dtype=torch.long)
     for i, (length, ends) in enumerate(lengths_and_ends):
-        input_ids[i, :2 + length] = 5
+        input_ids[i, : 2 + length] = 5
         if ends:
             input_ids[i, 1 + length] = EOS
-        response_mask[i, 2:2 + length] = 1
-    return DataProto({"input_ids": input_ids, "attention_mask": (input_ids != 0).long(), "response_mask": response_mask,
-                      "group_ids": torch.arange(rows) // 2})
+        response_mask[i, 2 : 2 + length] = 1
+    return DataProto(
+        {
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != 0).long(),
+            "response_mask": response_mask,
+            "group_ids": torch.arange(rows) // 2,
+        }
+    )
 
 
 def test_overlong_penalty_is_dapos_soft_punishment():
@@ -54,16 +60,23 @@ def test_overlong_filtering_masks_the_loss_only():
 
 
 def test_informative_rows_are_those_of_groups_with_different_scores():
-    assert informative_rows(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5]), torch.tensor([0, 0, 1, 1, 2, 2])).tolist() \
-        == [False, False, True, True, False, False]
+    assert informative_rows(
+        torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5]), torch.tensor([0, 0, 1, 1, 2, 2])
+    ).tolist() == [False, False, True, True, False, False]
 
 
 class FakePipeline:
     """What keep_informative_groups uses: draw_prompts, generate, shaped_scores, and the config."""
 
     def __init__(self, rounds_of_scores, prompts_per_step=2, max_rounds=3):
-        self.config = load_config(None, [f"rollout.prompts_per_step={prompts_per_step}", "rollout.num_samples=2",
-                                         f"algorithm.max_sampling_rounds={max_rounds}"])
+        self.config = load_config(
+            None,
+            [
+                f"rollout.prompts_per_step={prompts_per_step}",
+                "rollout.num_samples=2",
+                f"algorithm.max_sampling_rounds={max_rounds}",
+            ],
+        )
         self.algorithm, self.rounds = self.config.algorithm, list(rounds_of_scores)
         self.tokenizer = type("Tokenizer", (), {"pad_token_id": 0})()
         self.train_data = type("Rows", (), {"select": lambda _, rows: rows})()
@@ -85,8 +98,13 @@ class FakePipeline:
 
 def batch_of(scores: list[float]) -> DataProto:
     rows = len(scores)
-    return DataProto({"score": torch.tensor(scores, dtype=torch.float64), "group_ids": torch.arange(rows) // 2,
-                      "input_ids": torch.arange(rows)[:, None]})
+    return DataProto(
+        {
+            "score": torch.tensor(scores, dtype=torch.float64),
+            "group_ids": torch.arange(rows) // 2,
+            "input_ids": torch.arange(rows)[:, None],
+        }
+    )
 
 
 def test_dynamic_sampling_draws_until_the_batch_is_full_and_cuts_the_extra_groups():
@@ -108,17 +126,30 @@ def test_dynamic_sampling_trains_on_what_it_found_when_the_rounds_run_out(caplog
     assert len(batch) == 2 and metrics["dapo/extra_rounds"] == 1
     assert "dynamic sampling: 1 of 2 informative groups after 1 extra round(s)" in caplog.text
     with caplog.at_level(logging.WARNING, logger="roll_lite"):
-        batch, scores, _ = keep_informative_groups(FakePipeline([[1, 1, 0, 0]], max_rounds=0), batch_of([1, 1, 0, 0]),
-                                                   torch.tensor([1.0, 1, 0, 0]), {})
+        batch, scores, _ = keep_informative_groups(
+            FakePipeline([[1, 1, 0, 0]], max_rounds=0), batch_of([1, 1, 0, 0]), torch.tensor([1.0, 1, 0, 0]), {}
+        )
     assert len(batch) == 4 and "no group with different scores in 2 groups" in caplog.text
 
 
-@pytest.mark.parametrize("overrides, error", [
-    (["algorithm.dynamic_sampling=true", "algorithm.advantage=gae"], "algorithm.dynamic_sampling: .* group estimator"),
-    (["algorithm.dynamic_sampling=true", "rollout.async_steps=1"], "algorithm.dynamic_sampling: .* rollout.async_steps=0"),
-    (["algorithm.overlong_buffer=11"], r"algorithm.overlong_buffer: must be null or in 1..rollout.max_new_tokens \(10\)"),
-    (["algorithm.max_sampling_rounds=-1"], "algorithm.max_sampling_rounds: must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, error",
+    [
+        (
+            ["algorithm.dynamic_sampling=true", "algorithm.advantage=gae"],
+            "algorithm.dynamic_sampling: .* group estimator",
+        ),
+        (
+            ["algorithm.dynamic_sampling=true", "rollout.async_steps=1"],
+            "algorithm.dynamic_sampling: .* rollout.async_steps=0",
+        ),
+        (
+            ["algorithm.overlong_buffer=11"],
+            r"algorithm.overlong_buffer: must be null or in 1..rollout.max_new_tokens \(10\)",
+        ),
+        (["algorithm.max_sampling_rounds=-1"], "algorithm.max_sampling_rounds: must be >= 0"),
+    ],
+)
 def test_dapo_config_errors_name_the_key(overrides, error):
     with pytest.raises(ConfigError, match=error):
         load_config(None, overrides)
@@ -126,9 +157,23 @@ def test_dapo_config_errors_name_the_key(overrides, error):
 
 def test_configs_dapo_trains_with_dynamic_sampling_and_overlong_shaping(data, tmp_path):  # noqa: F811
     tiny = [o for o in TINY if not o.startswith(("steps=", "eval_every"))]  # token_accuracy: graded scores
-    run([__import__("sys").executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/dapo.yaml"), *tiny, *data,
-         "steps=3", "eval_every=3", f"output_dir={tmp_path}", "run_name=dapo"])
+    run(
+        [
+            __import__("sys").executable,
+            "-m",
+            "roll_lite.cli",
+            "--config",
+            str(REPO / "configs/dapo.yaml"),
+            *tiny,
+            *data,
+            "steps=3",
+            "eval_every=3",
+            f"output_dir={tmp_path}",
+            "run_name=dapo",
+        ]
+    )
     steps = [r for r in metrics(tmp_path / "dapo") if r["step"] > 0]
     assert len(steps) == 3
-    assert all("dapo/informative_groups" in r and "dapo/overlong_filtered" in r and "dapo/overlong_penalty" in r
-               for r in steps)
+    assert all(
+        "dapo/informative_groups" in r and "dapo/overlong_filtered" in r and "dapo/overlong_penalty" in r for r in steps
+    )

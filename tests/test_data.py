@@ -76,8 +76,16 @@ def test_pickling_keeps_every_tensor_and_sends_cpu_tensors_as_numpy():
     import pickle
 
     base = torch.arange(24.0).reshape(6, 4)
-    data = DataProto({"view": base[:, 1:3], "bf16": torch.ones(6, 2, dtype=torch.bfloat16), "ids": torch.arange(6),
-                      "mask": torch.tensor([True, False] * 3)}, {"text": ["a"] * 6}, {"loss_mask_keys": ["mask"]})
+    data = DataProto(
+        {
+            "view": base[:, 1:3],
+            "bf16": torch.ones(6, 2, dtype=torch.bfloat16),
+            "ids": torch.arange(6),
+            "mask": torch.tensor([True, False] * 3),
+        },
+        {"text": ["a"] * 6},
+        {"loss_mask_keys": ["mask"]},
+    )
     back = pickle.loads(pickle.dumps(data, protocol=5))
     for name, tensor in data.batch.items():
         assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name

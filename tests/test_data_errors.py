@@ -20,44 +20,60 @@ def command_line(tmp_path, *overrides) -> list[str]:
 
 
 CASES = {
-    "missing file": (
-        {}, ["data.train_files=nope.jsonl"],
-        "data.train_files: no such file or folder 'nope.jsonl'"),
+    "missing file": ({}, ["data.train_files=nope.jsonl"], "data.train_files: no such file or folder 'nope.jsonl'"),
     "unknown format": (
-        {"train.csv": "prompt,answer\n12=,21\n"}, ["data.train_files=train.csv"],
+        {"train.csv": "prompt,answer\n12=,21\n"},
+        ["data.train_files=train.csv"],
         "data.train_files: 'train.csv': unknown format '.csv' (use .jsonl, .json, .parquet, or a folder written by "
-        "Dataset.save_to_disk)"),
+        "Dataset.save_to_disk)",
+    ),
     "missing prompt": (
-        {"train.jsonl": GOOD + '{"question": "34=", "answer": "43"}\n'}, ["data.train_files=train.jsonl"],
-        "data.train_files: train.jsonl: row 1 (line 2): key 'prompt' (data.prompt_key) is missing or null"),
+        {"train.jsonl": GOOD + '{"question": "34=", "answer": "43"}\n'},
+        ["data.train_files=train.jsonl"],
+        "data.train_files: train.jsonl: row 1 (line 2): key 'prompt' (data.prompt_key) is missing or null",
+    ),
     "missing answer column": (
-        {"train.jsonl": '{"prompt": "12=", "solution": "21"}\n'}, ["data.train_files=train.jsonl"],
+        {"train.jsonl": '{"prompt": "12=", "solution": "21"}\n'},
+        ["data.train_files=train.jsonl"],
         "data.train_files: train.jsonl: row 0 (line 1): key 'answer' (data.answer_key) is missing; the file's "
-        "columns: prompt, solution"),
+        "columns: prompt, solution",
+    ),
     "empty prompt": (
-        {"train.jsonl": GOOD + "\n" + GOOD + '{"prompt": "  ", "answer": "x"}\n'}, ["data.train_files=train.jsonl"],
-        "data.train_files: train.jsonl: row 2 (line 4): key 'prompt': the prompt is empty"),
+        {"train.jsonl": GOOD + "\n" + GOOD + '{"prompt": "  ", "answer": "x"}\n'},
+        ["data.train_files=train.jsonl"],
+        "data.train_files: train.jsonl: row 2 (line 4): key 'prompt': the prompt is empty",
+    ),
     "non-UTF-8 bytes": (
         {"train.jsonl": (GOOD + GOOD + '{"prompt": "1\xe9=", "answer": "x"}\n').encode("latin-1")},
         ["data.train_files=train.jsonl"],
-        "data.train_files: train.jsonl: line 3 (row 2): byte 0xe9 at column 14 is not UTF-8 (save the file as UTF-8)"),
+        "data.train_files: train.jsonl: line 3 (row 2): byte 0xe9 at column 14 is not UTF-8 (save the file as UTF-8)",
+    ),
     "not JSON": (
-        {"train.jsonl": GOOD + '{"prompt": "3=", "answer": }\n'}, ["data.train_files=train.jsonl"],
-        "data.train_files: train.jsonl: line 2 (row 1): not valid JSON: Expecting value at column 28"),
+        {"train.jsonl": GOOD + '{"prompt": "3=", "answer": }\n'},
+        ["data.train_files=train.jsonl"],
+        "data.train_files: train.jsonl: line 2 (row 1): not valid JSON: Expecting value at column 28",
+    ),
     "unterminated string": (  # json's message ends in "starting at": the column follows it once
-        {"train.jsonl": GOOD + '{"prompt": "3=}\n'}, ["data.train_files=train.jsonl"],
-        "data.train_files: train.jsonl: line 2 (row 1): not valid JSON: Unterminated string starting at column 12"),
+        {"train.jsonl": GOOD + '{"prompt": "3=}\n'},
+        ["data.train_files=train.jsonl"],
+        "data.train_files: train.jsonl: line 2 (row 1): not valid JSON: Unterminated string starting at column 12",
+    ),
     "every prompt too long": (
         {"train.jsonl": GOOD + '{"prompt": "1234=", "answer": "4321"}\n'},
         ["data.train_files=train.jsonl", "data.max_prompt_length=3"],
         "data.train_files: train.jsonl: row 0 (line 1): key 'prompt': every prompt is longer than "
-        "data.max_prompt_length=3 tokens; the shortest, this one, has 4"),
+        "data.max_prompt_length=3 tokens; the shortest, this one, has 4",
+    ),
     "bad eval file": (
         {"train.jsonl": GOOD, "eval.jsonl": '{"prompt": "12="}\n'},
         ["data.train_files=train.jsonl", "data.eval_files=eval.jsonl"],
-        "data.eval_files: eval.jsonl: row 0 (line 1): key 'answer' (data.answer_key) is missing; the file's columns: prompt"),
+        "data.eval_files: eval.jsonl: row 0 (line 1): key 'answer' (data.answer_key) is missing; the file's columns: prompt",
+    ),
     "no training file": (
-        {}, [], "data.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)"),
+        {},
+        [],
+        "data.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)",
+    ),
 }
 
 
@@ -80,8 +96,13 @@ def test_bad_data_exits_2_with_one_line_and_starts_nothing(tmp_path, monkeypatch
 def test_the_command_itself_prints_one_line_and_exits_2(tmp_path):
     files, overrides, expected = CASES["missing prompt"]
     write_files(tmp_path, files)
-    result = subprocess.run([sys.executable, "-m", "roll_lite.cli", *command_line(tmp_path, *overrides)],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "roll_lite.cli", *command_line(tmp_path, *overrides)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines() == [f"roll-train: data error: {expected}"]
     assert not (tmp_path / "out").exists()

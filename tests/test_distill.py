@@ -20,15 +20,31 @@ from roll_lite.model.modeling import build_causal_lm
 from roll_lite.model.tokenizer import build_char_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
-        "model.num_key_value_heads=1", "workers.torch_threads=1"]
+TINY = [
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+    "workers.torch_threads=1",
+]
 
 
 def save_teacher(folder: Path, seed: int = 1, hidden: int = 32) -> Path:
     tokenizer = build_char_tokenizer()
-    lm = build_causal_lm(dict(model_type="qwen2", vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                              max_position_embeddings=64), seed=seed)
+    lm = build_causal_lm(
+        dict(
+            model_type="qwen2",
+            vocab_size=len(tokenizer),
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+        ),
+        seed=seed,
+    )
     lm.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -66,8 +82,10 @@ def test_on_policy_the_advantage_signal_and_the_k2_loss_give_one_gradient():
 
     data = random_rl_batch(seed=3)
     mask = data["response_mask"]
-    data.meta_info.update(batch_num_tokens={"response_mask": mask.sum().double()},
-                          global_valid_samples={"response_mask": (mask.sum(-1) > 0).sum().double()})
+    data.meta_info.update(
+        batch_num_tokens={"response_mask": mask.sum().double()},
+        global_valid_samples={"response_mask": (mask.sum(-1) > 0).sum().double()},
+    )
     data.batch["teacher_log_probs"] = data["ref_log_probs"]
     task = data["advantages"].clone()
 
@@ -78,8 +96,10 @@ def test_on_policy_the_advantage_signal_and_the_k2_loss_give_one_gradient():
         return log_probs.grad
 
     ppo = ppo_policy_loss_func("token-mean")
-    through_advantage = gradient(ppo, distill_advantages(task, data["old_log_probs"], data["teacher_log_probs"], mask,
-                                                         coef=0.5, reward_weight=1.0))
+    through_advantage = gradient(
+        ppo,
+        distill_advantages(task, data["old_log_probs"], data["teacher_log_probs"], mask, coef=0.5, reward_weight=1.0),
+    )
     through_loss = gradient(reverse_kl_loss_func(ppo, "token-mean", coef=0.5, estimator="k2"), task)
     assert torch.allclose(through_advantage, through_loss, atol=1e-15) and through_loss.abs().max() > 1e-3
 
@@ -105,7 +125,9 @@ class FakeTeacher:
         outputs = {"log_probs": torch.full(batch["input_ids"].shape, self.value)}
         if batch.meta_info.get("teacher_top_k"):  # its top k: ids 0..k-1, each at its constant
             shape = (*batch["input_ids"].shape, batch.meta_info["teacher_top_k"])
-            outputs.update(top_k_ids=torch.arange(shape[-1]).expand(shape), top_k_log_probs=torch.full(shape, self.value))
+            outputs.update(
+                top_k_ids=torch.arange(shape[-1]).expand(shape), top_k_log_probs=torch.full(shape, self.value)
+            )
         return DataProto(outputs)
 
     def peak_memory_gib(self):
@@ -120,8 +142,10 @@ def test_each_row_is_scored_by_its_domains_teacher():
     assert teachers.folders == ["/m", "/c"] and sorted(teachers.domains) == ["chat", "code", "math"]
     teachers.groups = {"/m": FakeTeacher(-1.0), "/c": FakeTeacher(-2.0)}
     domains = ["code", "math", "chat", "code", "math"]
-    batch = DataProto({"input_ids": torch.zeros(5, 3, dtype=torch.long), "attention_mask": torch.ones(5, 3, dtype=torch.long)},
-                      {"extra": [{"domain": d} for d in domains]})
+    batch = DataProto(
+        {"input_ids": torch.zeros(5, 3, dtype=torch.long), "attention_mask": torch.ones(5, 3, dtype=torch.long)},
+        {"extra": [{"domain": d} for d in domains]},
+    )
     log_probs = teachers.scores(batch)["teacher_log_probs"]
     assert log_probs[:, 0].tolist() == [-2.0, -1.0, -1.0, -2.0, -1.0]
     assert teachers.groups["/m"].calls == [3] and teachers.groups["/c"].calls == [2]  # one call per teacher
@@ -131,7 +155,12 @@ def test_each_row_is_scored_by_its_domains_teacher():
     teachers.distill.signal, teachers.distill.top_k = "top_k_forward_kl", 2
     scores = teachers.scores(batch)
     assert scores["teacher_top_k_ids"].shape == (5, 3, 2) and scores["teacher_top_k_log_probs"][:, 0, 0].tolist() == [
-        -2.0, -1.0, -1.0, -2.0, -1.0]
+        -2.0,
+        -1.0,
+        -1.0,
+        -2.0,
+        -1.0,
+    ]
     assert "teacher_top_k" not in batch.meta_info
 
 
@@ -144,32 +173,52 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_first_difference
     vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
     (folder / "tokenizer.json").write_text(json.dumps(spec))
     config = load_config(REPO / "configs/grpo.yaml", [f"distill.teacher={folder}"])
-    with pytest.raises(ConfigError, match=r"distill.teacher: the teacher's tokenizer .* differs from the student's: token id "
-                                          r"\d+ is 'a' for the student and 'b' for the teacher"):
+    with pytest.raises(
+        ConfigError,
+        match=r"distill.teacher: the teacher's tokenizer .* differs from the student's: token id "
+        r"\d+ is 'a' for the student and 'b' for the teacher",
+    ):
         Teachers(config).check(build_char_tokenizer())
     Teachers(load_config(REPO / "configs/grpo.yaml", [f"distill.teacher={save_teacher(tmp_path / 'same')}"])).check(
-        build_char_tokenizer())
+        build_char_tokenizer()
+    )
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["distill.teacher=/t", "distill.teachers={a: /t}"], "distill.teachers: set distill.teacher .* or distill.teachers"),
-    (["distill.teachers={a: /t}", "reward.domains={a: {functions: {exact_answer: 1.0}}, b: {functions: {exact_answer: 1.0}}}"],
-     "distill.teachers: has no teacher for domain.s. b, which reward.domains names"),
-    (["distill.teacher=/t", "distill.signal=forward_kl"],
-     "distill.signal: 'forward_kl' is not one of advantage, reverse_kl, top_k_forward_kl"),
-    (["distill.teacher=/t", "distill.top_k=0"], "distill.top_k: must be >= 1"),
-    (["distill.teacher=/t", "distill.signal=reverse_kl", "distill.kl_estimator=k1"],
-     r"distill.kl_estimator: k1 as a loss has zero expected gradient .* use k2"),
-    (["distill.teacher=/t", "distill.coef=0"], "distill.coef: must be > 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["distill.teacher=/t", "distill.teachers={a: /t}"],
+            "distill.teachers: set distill.teacher .* or distill.teachers",
+        ),
+        (
+            [
+                "distill.teachers={a: /t}",
+                "reward.domains={a: {functions: {exact_answer: 1.0}}, b: {functions: {exact_answer: 1.0}}}",
+            ],
+            "distill.teachers: has no teacher for domain.s. b, which reward.domains names",
+        ),
+        (
+            ["distill.teacher=/t", "distill.signal=forward_kl"],
+            "distill.signal: 'forward_kl' is not one of advantage, reverse_kl, top_k_forward_kl",
+        ),
+        (["distill.teacher=/t", "distill.top_k=0"], "distill.top_k: must be >= 1"),
+        (
+            ["distill.teacher=/t", "distill.signal=reverse_kl", "distill.kl_estimator=k1"],
+            r"distill.kl_estimator: k1 as a loss has zero expected gradient .* use k2",
+        ),
+        (["distill.teacher=/t", "distill.coef=0"], "distill.coef: must be > 0"),
+    ],
+)
 def test_distill_config_errors_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(REPO / "configs/grpo.yaml", overrides)
 
 
 def roll_train(argv, cwd):
-    result = subprocess.run([sys.executable, "-m", "roll_lite.cli", *argv[1:]], capture_output=True, text=True,
-                            timeout=600, cwd=cwd)
+    result = subprocess.run(
+        [sys.executable, "-m", "roll_lite.cli", *argv[1:]], capture_output=True, text=True, timeout=600, cwd=cwd
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -180,11 +229,26 @@ def test_the_docs_distill_command_trains_the_student_on_its_teacher(tmp_path, si
         (tmp_path / name).symlink_to(REPO / name)
     teacher = save_teacher(tmp_path / "outputs/grpo_reverse_digits/final")  # where the docs' first command puts it
     (line,) = doc_commands.commands("roll-train", "configs/distill.yaml")
-    result = roll_train(shlex.split(line) + TINY + [
-        "sft.steps=0", "steps=2", "eval_every=2", "rollout.prompts_per_step=2", "rollout.num_samples=2",
-        f"distill.signal={signal}", "distill.kl_estimator=k3", "distill.top_k=4"], tmp_path)
+    result = roll_train(
+        shlex.split(line)
+        + TINY
+        + [
+            "sft.steps=0",
+            "steps=2",
+            "eval_every=2",
+            "rollout.prompts_per_step=2",
+            "rollout.num_samples=2",
+            f"distill.signal={signal}",
+            "distill.kl_estimator=k3",
+            "distill.top_k=4",
+        ],
+        tmp_path,
+    )
     assert "distillation: " in result.stderr and "every row: outputs/grpo_reverse_digits/final" in result.stderr
-    records = [json.loads(line) for line in (tmp_path / "outputs/distill_reverse_digits/metrics.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line)
+        for line in (tmp_path / "outputs/distill_reverse_digits/metrics.jsonl").read_text().splitlines()
+    ]
     steps = [r for r in records if r["step"] >= 1]
     assert len(steps) == 2 and all(r["actor/grad_norm"] > 0 for r in steps)
     for r in steps:  # the teacher's cost: its pass is part of preparing the step; a CPU process holds > 0.1 GiB
@@ -219,8 +283,22 @@ def test_a_multi_turn_run_distils_on_the_models_own_tokens(tmp_path):
     for name in ("configs", "data"):
         (tmp_path / name).symlink_to(REPO / name)
     teacher = save_teacher(tmp_path / "teacher")
-    roll_train(["roll-train", "--config", "configs/multiturn.yaml", f"distill.teacher={teacher}", "steps=1", "sft.steps=0",
-                "eval_every=100", *TINY], tmp_path)
-    records = [json.loads(line) for line in (tmp_path / "outputs/multiturn_guess_the_number/metrics.jsonl").read_text().splitlines()]
+    roll_train(
+        [
+            "roll-train",
+            "--config",
+            "configs/multiturn.yaml",
+            f"distill.teacher={teacher}",
+            "steps=1",
+            "sft.steps=0",
+            "eval_every=100",
+            *TINY,
+        ],
+        tmp_path,
+    )
+    records = [
+        json.loads(line)
+        for line in (tmp_path / "outputs/multiturn_guess_the_number/metrics.jsonl").read_text().splitlines()
+    ]
     (step,) = [r for r in records if r["step"] == 1]
     assert step["distill/reverse_kl"] != 0 and step["actor/grad_norm"] > 0 and step["env/turns"] >= 1

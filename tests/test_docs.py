@@ -49,10 +49,17 @@ def readme_bash_blocks() -> list[doc_commands.Block]:
 
 # ---- the site ----------------------------------------------------------------------------------------
 
+
 def test_mkdocs_build_strict(tmp_path):
     site = tmp_path / "site"
-    result = subprocess.run([str(BIN / "mkdocs"), "build", "--strict", "--site-dir", str(site)], cwd=REPO,
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    result = subprocess.run(
+        [str(BIN / "mkdocs"), "build", "--strict", "--site-dir", str(site)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     reference = (site / "configuration" / "index.html").read_text()
     assert "rollout.max_new_tokens" in reference
@@ -76,8 +83,9 @@ def test_the_committed_configuration_reference_is_what_the_code_renders_and_ever
     from roll_lite.config.reference import render
 
     rendered = render()
-    assert (REPO / "docs/configuration.md").read_text() == rendered + "\n", \
+    assert (REPO / "docs/configuration.md").read_text() == rendered + "\n", (
         "docs/configuration.md is stale: python -m roll_lite.config.reference > docs/configuration.md"
+    )
     unexplained = [key for key, (_, _, comment) in reference_rows(rendered).items() if not comment.strip()]
     assert not unexplained, f"config keys without a comment in their dataclass: {unexplained}"
 
@@ -94,12 +102,16 @@ def test_a_comment_block_shared_by_keys_names_each_of_them():
         comments = {name: text for name, text in field_comments(section.cls).items() if name in keys}
         for name, comment in comments.items():
             sharing = [other for other, text in comments.items() if other != name and text.startswith(comment)]
-            unnamed |= {f"{section.prefix}.{key}".lstrip(".") for key in (name, *sharing) if sharing and
-                        not re.search(rf"(?<![\w.]){key}(?!\w)", comment)}
+            unnamed |= {
+                f"{section.prefix}.{key}".lstrip(".")
+                for key in (name, *sharing)
+                if sharing and not re.search(rf"(?<![\w.]){key}(?!\w)", comment)
+            }
     assert not unnamed, f"keys that share a comment block that does not name them: {sorted(unnamed)}"
 
 
 # ---- the README ---------------------------------------------------------------------------------------
+
 
 def test_readme_is_short():
     lines = len((REPO / "README.md").read_text().splitlines())
@@ -114,16 +126,25 @@ def test_readme_links_resolve():
     assert not [link for link in local if not (REPO / link).exists()]
 
 
-REPO_PATH = re.compile(r"(?<![\w~/.$-])(?:docs|examples|configs|tests|benchmarks|scripts|roll_lite|pipelines|workers|data|\.ci)/[\w./-]*[\w/]")
-IN_OTHER_REPOSITORIES = {"examples/data_preprocess/gsm8k.py": "verl"}  # a path in verl's repository, said so where named
+REPO_PATH = re.compile(
+    r"(?<![\w~/.$-])(?:docs|examples|configs|tests|benchmarks|scripts|roll_lite|pipelines|workers|data|\.ci)/[\w./-]*[\w/]"
+)
+IN_OTHER_REPOSITORIES = {
+    "examples/data_preprocess/gsm8k.py": "verl"
+}  # a path in verl's repository, said so where named
 
 
 def test_every_path_the_docs_configs_and_examples_name_exists():
     """Each repository path named in the README, the contributor notes, docs/, configs/ and examples/
     exists (examples/byo/grpo.yaml once sent readers to an examples/byo/README that never was)."""
-    files = [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "CHANGELOG.md", *sorted((REPO / "docs").glob("*.md")),
-             *sorted((REPO / "configs").glob("*.yaml")),
-             *sorted(p for p in (REPO / "examples").rglob("*") if p.suffix in (".yaml", ".py", ".sh", ".md"))]
+    files = [
+        REPO / "README.md",
+        REPO / "CONTRIBUTING.md",
+        REPO / "CHANGELOG.md",
+        *sorted((REPO / "docs").glob("*.md")),
+        *sorted((REPO / "configs").glob("*.yaml")),
+        *sorted(p for p in (REPO / "examples").rglob("*") if p.suffix in (".yaml", ".py", ".sh", ".md")),
+    ]
     missing = []
     for path in files:
         for number, line in enumerate(path.read_text().splitlines(), start=1):
@@ -193,8 +214,9 @@ def test_readme_demo_command_runs_and_draws_its_curves(tmp_path):
     two_steps = [*SMALL, "steps=2", "eval_every=2", "wandb_mode=disabled"]
     argv = [str(BIN / "roll-train"), *shlex.split(line)[1:], *two_steps, f"output_dir={tmp_path}", "run_name=demo"]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=600,
-                            env={**env, "RAY_AUTH_MODE": "disabled"})
+    result = subprocess.run(
+        argv, cwd=REPO, capture_output=True, text=True, timeout=600, env={**env, "RAY_AUTH_MODE": "disabled"}
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (tmp_path / "demo" / "curves.png").stat().st_size > 1000
     assert "advantage: gae" in (tmp_path / "demo" / "config.yaml").read_text()
@@ -212,12 +234,25 @@ def test_the_docs_custom_loss_trains_through_roll_train_at_another_temperature(t
     taken at the sampling temperature: the gap is float32 noise, not the tenths of two temperatures."""
     (tmp_path / "readme_loss.py").write_text(doc_commands.python_blocks_defining("my_loss")[0].body)
     data = [f"data.{split}_files={REPO / 'data/reverse_digits' / split}.jsonl" for split in ("train", "eval")]
-    argv = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *SMALL, *data,
-            "algorithm.policy_loss=readme_loss:my_loss", "rollout.temperature=0.7", "steps=1", "eval_every=1",
-            "save_model=false", "wandb_mode=disabled", f"output_dir={tmp_path}", "run_name=readme_loss"]
+    argv = [
+        str(BIN / "roll-train"),
+        "--config",
+        str(REPO / "configs/grpo.yaml"),
+        *SMALL,
+        *data,
+        "algorithm.policy_loss=readme_loss:my_loss",
+        "rollout.temperature=0.7",
+        "steps=1",
+        "eval_every=1",
+        "save_model=false",
+        "wandb_mode=disabled",
+        f"output_dir={tmp_path}",
+        "run_name=readme_loss",
+    ]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                            env={**env, "RAY_AUTH_MODE": "disabled"})
+    result = subprocess.run(
+        argv, cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**env, "RAY_AUTH_MODE": "disabled"}
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "loss check: loss_func passed" in result.stderr
     step = [json.loads(line) for line in (tmp_path / "readme_loss" / "metrics.jsonl").read_text().splitlines()][-1]
@@ -230,12 +265,21 @@ def test_the_troubleshooting_page_names_real_keys_and_what_roll_train_prints():
 
     page, keys = (REPO / "docs/troubleshooting.md").read_text(), {key for key, *_ in leaf_fields(RunConfig())}
     sections = "|".join(sorted({key.split(".")[0] for key in keys if "." in key}))
-    named = {m for code in re.findall(r"`([^`]+)`", page)
-             for m in re.findall(rf"(?<![\w./-])((?:{sections})\.[a-z_][a-z_.]*[a-z_])(?![\w(/])", code)}
+    named = {
+        m
+        for code in re.findall(r"`([^`]+)`", page)
+        for m in re.findall(rf"(?<![\w./-])((?:{sections})\.[a-z_][a-z_.]*[a-z_])(?![\w(/])", code)
+    }
     assert named and not named - keys, sorted(named - keys)
     cli = (REPO / "roll_lite/cli.py").read_text()
-    outcomes = set(re.findall(r"\| `roll-train: (config error|data error|loss check|worker failure|rollout error|stopped by)", page))
-    assert len(outcomes) == 6 and all(f"roll-train: {outcome}" in cli or outcome == "worker failure" for outcome in outcomes)
+    outcomes = set(
+        re.findall(
+            r"\| `roll-train: (config error|data error|loss check|worker failure|rollout error|stopped by)", page
+        )
+    )
+    assert len(outcomes) == 6 and all(
+        f"roll-train: {outcome}" in cli or outcome == "worker failure" for outcome in outcomes
+    )
     assert "worker failure: " in cli
 
 
@@ -247,12 +291,14 @@ def documented_runs() -> dict[tuple[str, str], set[tuple[str, ...]]]:
             words = [word.replace("$PWD/", "") for word in shlex.split(line)]
             if "roll-train" not in words:
                 continue
-            words = words[words.index("roll-train") + 1:]
+            words = words[words.index("roll-train") + 1 :]
             config_file = words[words.index("--config") + 1] if "--config" in words else None
             overrides = dict(word.split("=", 1) for word in words if "=" in word and not word.startswith("-"))
             written = yaml.safe_load((REPO / config_file).read_text()) if config_file else {}
-            where = (overrides.pop("output_dir", written.get("output_dir", "outputs")),
-                     overrides.pop("run_name", written.get("run_name", "ppo_reverse_digits")))
+            where = (
+                overrides.pop("output_dir", written.get("output_dir", "outputs")),
+                overrides.pop("run_name", written.get("run_name", "ppo_reverse_digits")),
+            )
             overrides.pop("steps", None)  # raising steps= trains the same run further (docs/checkpoints.md)
             runs[where].add((config_file, *sorted(f"{k}={v}" for k, v in overrides.items())))
     return runs

@@ -25,7 +25,7 @@ def test_domains_are_drawn_by_weight_and_each_domains_rows_cycle_without_repeats
     assert abs(counts["code"] / len(rows) - 0.5) < 0.03 and abs(counts["math"] / len(rows) - 0.25) < 0.03
     code_rows = [row for row in rows if DOMAINS[row] == "code"]
     for start in range(0, len(code_rows) - 10, 10):  # epoch after epoch, each of code's 10 rows once
-        assert sorted(code_rows[start:start + 10]) == list(range(30, 40))
+        assert sorted(code_rows[start : start + 10]) == list(range(30, 40))
 
 
 def test_the_draws_depend_only_on_the_seed_and_a_resume_continues_exactly():
@@ -49,20 +49,26 @@ def test_a_weight_of_zero_leaves_a_domain_out():
     assert not any(DOMAINS[row] == "code" for _ in range(50) for row in sampler.draw(8))
 
 
-@pytest.mark.parametrize("weights, message", [
-    ({"math": 1.0, "code": 1.0}, "the data has domain\\(s\\) 'chat' with no weight"),
-    ({"math": 1.0, "code": 1.0, "chat": 1.0, "poetry": 1.0}, "no training row has domain\\(s\\) 'poetry'"),
-])
+@pytest.mark.parametrize(
+    "weights, message",
+    [
+        ({"math": 1.0, "code": 1.0}, "the data has domain\\(s\\) 'chat' with no weight"),
+        ({"math": 1.0, "code": 1.0, "chat": 1.0, "poetry": 1.0}, "no training row has domain\\(s\\) 'poetry'"),
+    ],
+)
 def test_weights_must_name_exactly_the_datas_domains(weights, message):
     with pytest.raises(DataError, match=message):
         DomainSampler(DOMAINS, weights)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("data.domain_weights={math: -1.0}", "data.domain_weights.math: must be a number >= 0"),
-    ("data.domain_weights={math: 0.0}", "data.domain_weights: needs a weight > 0"),
-    ("data.epochs=2", "data.epochs: must be null with data.domain_weights"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.domain_weights={math: -1.0}", "data.domain_weights.math: must be a number >= 0"),
+        ("data.domain_weights={math: 0.0}", "data.domain_weights: needs a weight > 0"),
+        ("data.epochs=2", "data.epochs: must be null with data.domain_weights"),
+    ],
+)
 def test_bad_weights_are_config_errors(override, message):
     overrides = ["data.domain_weights={math: 1.0}", override] if "epochs" in override else [override]
     with pytest.raises(ConfigError, match=message):

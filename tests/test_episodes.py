@@ -76,7 +76,7 @@ class BisectingEngine:
             for word, number in re.findall(r"(Higher|Lower) than (\d+)", text):
                 lo, hi = (max(lo, int(number) + 1), hi) if word == "Higher" else (lo, min(hi, int(number) - 1))
             reply = TOKENIZER(str((lo + hi) // 2) + self.suffix, add_special_tokens=False)["input_ids"] + [EOS]
-            reply = reply[:params.max_new_tokens]
+            reply = reply[: params.max_new_tokens]
             ids.append(reply)
             log_probs.append([-0.01 * (len(self.returned) + i + 1) for i in range(len(reply))])
             self.returned.append((ids[-1], log_probs[-1]))
@@ -120,7 +120,12 @@ def test_trained_tokens_are_exactly_the_engines_and_the_sequence_is_the_template
         rendered = list(TOKENIZER.apply_chat_template(messages[:-1], tokenize=True, return_dict=False))
         assert t.prompt_ids + t.response_ids + [NEWLINE] == rendered
         assert [t.response_ids[end] for end in episode.turn_ends] == [EOS] * episode.num_turns
-    assert [e.num_turns for e in episodes] == [4, 1, 4, 5]  # bisection of 1..16: 8 4 2 1 / 8 / 8 12 10 11 / 8 12 14 15 16
+    assert [e.num_turns for e in episodes] == [
+        4,
+        1,
+        4,
+        5,
+    ]  # bisection of 1..16: 8 4 2 1 / 8 / 8 12 10 11 / 8 12 14 15 16
 
 
 def test_a_turn_cut_at_its_token_limit_gets_the_end_of_turn_token_as_the_environments():
@@ -133,12 +138,15 @@ def test_a_turn_cut_at_its_token_limit_gets_the_end_of_turn_token_as_the_environ
     assert episode.turn_texts[0] == "8!!"
 
 
-@pytest.mark.parametrize("limits, kwargs, end, turns", [
-    (EpisodeLimits(max_turns=2, max_new_tokens_per_turn=4), None, "max_turns", 2),  # the loop's turn limit
-    (EpisodeLimits(max_turns=9, max_new_tokens_per_turn=4), {"lo": 1, "hi": 16, "max_turns": 2}, "truncated", 2),
-    (EpisodeLimits(max_turns=9, max_new_tokens_per_turn=4, max_trajectory_tokens=30), None, "token_budget", 2),
-    (EpisodeLimits(max_turns=9, max_new_tokens_per_turn=4, max_sequence_tokens=150), None, "token_budget", 1),
-])
+@pytest.mark.parametrize(
+    "limits, kwargs, end, turns",
+    [
+        (EpisodeLimits(max_turns=2, max_new_tokens_per_turn=4), None, "max_turns", 2),  # the loop's turn limit
+        (EpisodeLimits(max_turns=9, max_new_tokens_per_turn=4), {"lo": 1, "hi": 16, "max_turns": 2}, "truncated", 2),
+        (EpisodeLimits(max_turns=9, max_new_tokens_per_turn=4, max_trajectory_tokens=30), None, "token_budget", 2),
+        (EpisodeLimits(max_turns=9, max_new_tokens_per_turn=4, max_sequence_tokens=150), None, "token_budget", 1),
+    ],
+)
 def test_how_a_trajectory_that_does_not_finish_ends(limits, kwargs, end, turns):
     (episode,) = play(BisectingEngine(), starts_for([1]), limits, kwargs=kwargs)
     assert (episode.end, episode.num_turns, episode.truncated) == (end, turns, True)
@@ -151,14 +159,19 @@ def test_how_a_trajectory_that_does_not_finish_ends(limits, kwargs, end, turns):
 
 def test_a_first_observation_longer_than_the_models_positions_is_a_config_error():
     with pytest.raises(ConfigError, match="model.max_position_embeddings"):
-        play(BisectingEngine(), starts_for([1]), EpisodeLimits(max_turns=2, max_new_tokens_per_turn=4, max_sequence_tokens=50))
+        play(
+            BisectingEngine(),
+            starts_for([1]),
+            EpisodeLimits(max_turns=2, max_new_tokens_per_turn=4, max_sequence_tokens=50),
+        )
 
 
 def test_a_fault_ends_its_trajectory_only(faulty_module):
     starts = starts_for([1, 5, 9, 13])
     starts[1] = EpisodeStart(1, seed=1, fields={"secret": 5, "boom_at": 2})
-    episodes = play(BisectingEngine(), starts, EpisodeLimits(max_turns=6, max_new_tokens_per_turn=4),
-                    name=f"{faulty_module}:Faulty")
+    episodes = play(
+        BisectingEngine(), starts, EpisodeLimits(max_turns=6, max_new_tokens_per_turn=4), name=f"{faulty_module}:Faulty"
+    )
     broken = episodes[1]
     assert (broken.end, broken.fault, broken.num_turns) == ("fault", "raised", 2)
     assert "the environment broke" in broken.error
@@ -173,7 +186,12 @@ def test_the_scheduling_changes_the_batching_not_the_episodes():
     cohorts = play(overlapped, starts_for(secrets), limits, overlap=True)
     for a, b in zip(lockstep, cohorts):
         ta, tb = a.trajectory, b.trajectory  # the scripted log-probs count calls, so they differ
-        assert (ta.prompt_ids, ta.response_ids, ta.model_mask, a.end) == (tb.prompt_ids, tb.response_ids, tb.model_mask, b.end)
+        assert (ta.prompt_ids, ta.response_ids, ta.model_mask, a.end) == (
+            tb.prompt_ids,
+            tb.response_ids,
+            tb.model_mask,
+            b.end,
+        )
     assert sum(plain.batches) == sum(overlapped.batches) == sum(e.num_turns for e in lockstep)
     assert max(plain.batches) == len(secrets)  # lockstep: every running trajectory in one call
     assert max(overlapped.batches) == len(secrets) // 2  # two cohorts take turns
@@ -184,15 +202,28 @@ def test_the_generation_calls_follow_from_the_starts_not_from_the_environments_t
     environments whose steps take random times, both are the same run after run."""
     engines = [BisectingEngine(), BisectingEngine()]
     for engine in engines:
-        play(engine, starts_for([2, 5, 7, 9, 11, 14]), EpisodeLimits(max_turns=6, max_new_tokens_per_turn=4),
-             name=f"{faulty_module}:Jittery", max_concurrent=3)
+        play(
+            engine,
+            starts_for([2, 5, 7, 9, 11, 14]),
+            EpisodeLimits(max_turns=6, max_new_tokens_per_turn=4),
+            name=f"{faulty_module}:Jittery",
+            max_concurrent=3,
+        )
     assert engines[0].calls == engines[1].calls
 
 
 def test_step_metrics_are_summed_per_trajectory(faulty_module):
-    episodes = play(BisectingEngine(), starts_for([3]), EpisodeLimits(max_turns=6, max_new_tokens_per_turn=4),
-                    name="tools", kwargs={"env": "guess_the_number", "env_kwargs": {"lo": 1, "hi": 16},
-                                          "tools": ["roll_lite.environments.example_tools:calculator"]})
+    episodes = play(
+        BisectingEngine(),
+        starts_for([3]),
+        EpisodeLimits(max_turns=6, max_new_tokens_per_turn=4),
+        name="tools",
+        kwargs={
+            "env": "guess_the_number",
+            "env_kwargs": {"lo": 1, "hi": 16},
+            "tools": ["roll_lite.environments.example_tools:calculator"],
+        },
+    )
     assert episodes[0].end == "terminated"
     assert episodes[0].metrics == {"tool_calls": 0, "tool_errors": 0}
 
@@ -201,8 +232,14 @@ def test_every_environment_process_hosts_both_cohorts():
     """So that all processes step while either cohort generates (with resets placed round-robin in
     the starts' order, an even max_concurrent put each cohort on half of them)."""
     with EnvironmentRunner("guess_the_number", {"lo": 1, "hi": 16}, max_concurrent=4, step_timeout_s=10) as runner:
-        run_episodes(BisectingEngine(), runner, TOKENIZER, starts_for([5] * 16), PARAMS,
-                     EpisodeLimits(max_turns=1, max_new_tokens_per_turn=4))
+        run_episodes(
+            BisectingEngine(),
+            runner,
+            TOKENIZER,
+            starts_for([5] * 16),
+            PARAMS,
+            EpisodeLimits(max_turns=1, max_new_tokens_per_turn=4),
+        )
         process_of = {key: record.process for key, record in runner._records.items()}
     for cohort in (0, 1):
         assert sorted({process_of[key] for key in range(16) if key % 2 == cohort}) == [0, 1, 2, 3]

@@ -14,10 +14,20 @@ from roll_lite.config import load_config
 from roll_lite.model.modeling import load_causal_lm
 from roll_lite.rollout import HFEngine, SamplingParams
 
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
-        "model.num_key_value_heads=1", "rollout.max_new_tokens=4", "rollout.temperature=2.0"]
-ROWS = [{"prompt": "12=", "answer": "21", "id": 0}, {"prompt": "345=", "answer": "543", "id": 1},
-        {"prompt": "6=", "answer": "6", "id": 2}]
+TINY = [
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+    "rollout.max_new_tokens=4",
+    "rollout.temperature=2.0",
+]
+ROWS = [
+    {"prompt": "12=", "answer": "21", "id": 0},
+    {"prompt": "345=", "answer": "543", "id": 1},
+    {"prompt": "6=", "answer": "6", "id": 2},
+]
 
 
 def length_score(response: str) -> float:
@@ -44,13 +54,18 @@ class Recording:
 
 def pipeline_on(tmp_path, k):
     from roll_lite.pipelines.ppo import PPOPipeline
+
     path = tmp_path / "eval.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
-    config = load_config(None, TINY + [f"data.train_files={path}", f"data.eval_files={path}", f"data.eval_num_samples={k}"])
+    config = load_config(
+        None, TINY + [f"data.train_files={path}", f"data.eval_files={path}", f"data.eval_num_samples={k}"]
+    )
     pipeline = PPOPipeline(config)
     pipeline.prepare_data()
     model = load_causal_lm(config.model, len(pipeline.tokenizer), seed=0)
-    pipeline.rollout = Recording(HFEngine(model, pipeline.tokenizer.pad_token_id, pipeline.tokenizer.eos_token_id, seed=3))
+    pipeline.rollout = Recording(
+        HFEngine(model, pipeline.tokenizer.pad_token_id, pipeline.tokenizer.eos_token_id, seed=3)
+    )
     pipeline.reward = LengthReward()
     return pipeline
 
@@ -63,7 +78,7 @@ def test_greedy_mean_and_pass_at_k_match_a_hand_computation(tmp_path):
     assert greedy.greedy and not sampled.greedy and sampled.num_samples == k and sampled.temperature == 2.0
     score = lambda ids: length_score(pipeline.tokenizer.decode(ids, skip_special_tokens=True))  # noqa: E731
     greedy_scores = [score(out) for out in greedy_out]
-    per_prompt = [[score(out) for out in sampled_out[p * k:(p + 1) * k]] for p in range(3)]
+    per_prompt = [[score(out) for out in sampled_out[p * k : (p + 1) * k]] for p in range(3)]
     assert metrics["eval/reward_mean"] == pytest.approx(sum(greedy_scores) / 3, abs=1e-6)
     assert metrics["eval/reward/length"] == pytest.approx(sum(greedy_scores) / 3, abs=1e-6)
     assert metrics[f"eval/mean@{k}"] == pytest.approx(sum(map(sum, per_prompt)) / (3 * k), abs=1e-6)
@@ -100,7 +115,10 @@ def test_a_held_out_set_generated_in_chunks_is_scored_in_one_call(tmp_path, monk
     pipeline.reward = Counting()
     metrics = pipeline.evaluate()
     assert [len(ids) for _, ids in pipeline.rollout.calls] == [2, 1] and pipeline.reward.rows == [3]
-    scores = [length_score(pipeline.tokenizer.decode(ids, skip_special_tokens=True))
-              for _, out in pipeline.rollout.calls for ids in out]
+    scores = [
+        length_score(pipeline.tokenizer.decode(ids, skip_special_tokens=True))
+        for _, out in pipeline.rollout.calls
+        for ids in out
+    ]
     assert metrics["eval/reward/length/failed"] == sum(s < 0.5 for s in scores)
     assert metrics["eval/reward_mean"] == pytest.approx(sum(scores) / 3, abs=1e-6)

@@ -92,11 +92,23 @@ def start(tmp_path, pipeline: str, *overrides: str, terminal: bool = False) -> s
     """roll-train with a pipeline of PIPELINES, in a session of its own (its own process group); its
     output goes to a pipe, or with `terminal` to a pseudo-terminal (read into process.output)."""
     (tmp_path / "failing_pipelines.py").write_text(PIPELINES)
-    command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/grpo.yaml"), *small(tmp_path),
-               f"pipeline=failing_pipelines:{pipeline}", "steps=50", "eval_every=100", "save_model=false",
-               "algorithm.track_kl=false",  # no reference worker: one process less to start
-               "algorithm.check_loss=false",  # these loss_funcs misbehave on purpose, in the workers
-               f"output_dir={tmp_path}", "run_name=run", *overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "roll_lite.cli",
+        "--config",
+        str(REPO / "configs/grpo.yaml"),
+        *small(tmp_path),
+        f"pipeline=failing_pipelines:{pipeline}",
+        "steps=50",
+        "eval_every=100",
+        "save_model=false",
+        "algorithm.track_kl=false",  # no reference worker: one process less to start
+        "algorithm.check_loss=false",  # these loss_funcs misbehave on purpose, in the workers
+        f"output_dir={tmp_path}",
+        "run_name=run",
+        *overrides,
+    ]
     options = dict(cwd=tmp_path, start_new_session=True)
     if not terminal:
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **options)
@@ -194,9 +206,16 @@ def test_a_worker_out_of_memory_names_the_config_keys_to_lower(tmp_path):
     wait_for_file(tmp_path / "oom.pid", process)
     code, output, _ = finish(process, descendants(process.pid))
     assert code == 1, output[-3000:]
-    assert "actor rank 0 ran out of memory in train_step at step 2: lower rollout.prompts_per_step, " in output, output[-3000:]
-    for key in ("rollout.num_samples", "rollout.max_new_tokens", "actor.grad_accum_steps",
-                "actor.max_tokens_per_micro_batch", "model.gradient_checkpointing=true"):
+    assert "actor rank 0 ran out of memory in train_step at step 2: lower rollout.prompts_per_step, " in output, output[
+        -3000:
+    ]
+    for key in (
+        "rollout.num_samples",
+        "rollout.max_new_tokens",
+        "actor.grad_accum_steps",
+        "actor.max_tokens_per_micro_batch",
+        "model.gradient_checkpointing=true",
+    ):
         assert key in output, key
     assert "DefaultCPUAllocator: can't allocate memory: you tried to allocate 100000000000000 bytes" in output
 
@@ -210,7 +229,8 @@ def test_a_run_stopped_by_nan_steps_says_why_in_one_line_with_the_drivers_step(t
         "roll-train: actor rank 0 stopped the run in train_step at step 3: grad norm is nan, optimizer step skipped "
         "(2 in a row); rank 0: no nan/inf in this rank's batch tensors: the model's forward or the loss_func produced "
         "it; actor.max_consecutive_skipped_steps=2 reached (raise it, or null to never stop; lowering lr or fixing "
-        "the data usually helps)"), output[-3000:]
+        "the data usually helps)"
+    ), output[-3000:]
     assert "Traceback" not in output and "optimizer step 1:" not in output  # no worker stack, no count of its own
 
 
@@ -240,7 +260,9 @@ def test_sigterm_to_the_driver_abandons_the_step_and_stops_the_workers_with_plai
     assert "interrupted during step 2; stopping the workers" in output
     # Step 1 was the last completed one; checkpoint.every=50: nothing was due.
     assert "no checkpoint written on stop: the last completed step, 1, was not due (checkpoint.every=50)" in output
-    assert "roll-train: stopped by SIGTERM during step 2, which was abandoned; the workers and Ray were stopped" in output
+    assert (
+        "roll-train: stopped by SIGTERM during step 2, which was abandoned; the workers and Ray were stopped" in output
+    )
     assert "Aborted" not in output and "SIGTERM received" not in output  # Ray's own handler: a stack dump, exit 134
     assert seconds < 30, seconds
     assert "step 1/50 | reward" in output and "\r" not in output and "RL:" not in output
@@ -255,7 +277,9 @@ def test_ctrl_c_in_a_terminal_stops_the_run_and_the_progress_bar_was_shown(tmp_p
     os.killpg(process.pid, signal.SIGINT)
     returncode, output, seconds = finish(process, run_pids, timeout=60)
     assert returncode == 130, output[-3000:]
-    assert "roll-train: stopped by SIGINT during step 2, which was abandoned; the workers and Ray were stopped" in output
+    assert (
+        "roll-train: stopped by SIGINT during step 2, which was abandoned; the workers and Ray were stopped" in output
+    )
     assert seconds < 30, seconds
     assert "RL:" in output and "1/50" in output  # tqdm's bar after step 1
     assert "step 1/50 | reward" in output  # the log line, written above the bar
@@ -282,14 +306,23 @@ def test_kill_9_of_the_driver_alone_takes_all_the_clusters_processes_with_it(tmp
 def test_a_worker_that_is_alive_but_stuck_is_warned_about_then_stops_the_run_after_call_timeout_s(tmp_path):
     # Two actor ranks: rank 1 sleeps inside its loss_func (alive, stuck); rank 0 waits for it in the
     # gradient all-reduce. Neither answers; the warnings and the final error name both.
-    process = start(tmp_path, "Hangs", "workers.actor_dp=2", "workers.actor_cpus=0.5", "workers.rollout_cpus=0.5",
-                    "workers.call_timeout_s=8", "workers.stall_warning_s=3")
+    process = start(
+        tmp_path,
+        "Hangs",
+        "workers.actor_dp=2",
+        "workers.actor_cpus=0.5",
+        "workers.rollout_cpus=0.5",
+        "workers.call_timeout_s=8",
+        "workers.stall_warning_s=3",
+    )
     wait_for_file(tmp_path / "hangs.pid", process)
     run_pids = descendants(process.pid)
     code, output, seconds = finish(process, run_pids, timeout=60)
     assert code == 1, output[-3000:]
-    assert ("still waiting for actor ranks 0, 1 to answer train_step after 3 s; the run stops after 8 s "
-            "(workers.call_timeout_s)") in output, output[-3000:]
+    assert (
+        "still waiting for actor ranks 0, 1 to answer train_step after 3 s; the run stops after 8 s "
+        "(workers.call_timeout_s)"
+    ) in output, output[-3000:]
     assert "roll-train: worker failure: actor rank 0 did not answer train_step at step 2" in output, output[-3000:]
     assert "no answer from actor ranks 0, 1 within 8 s (workers.call_timeout_s): alive but stuck" in output
     assert seconds < 40, seconds  # the sleeping worker would take 120 s

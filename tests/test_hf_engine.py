@@ -11,7 +11,10 @@ from roll_lite.model.modeling import build_causal_lm
 from roll_lite.rollout import HFEngine, SamplingParams
 
 
-@pytest.mark.parametrize("params", [SamplingParams(12, num_samples=3), SamplingParams(12, num_samples=2, temperature=0.7, top_k=5, top_p=0.9)])
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(12, num_samples=3), SamplingParams(12, num_samples=2, temperature=0.7, top_k=5, top_p=0.9)],
+)
 def test_the_hf_engine_returns_the_log_prob_of_every_sampled_token(params):
     """Against a teacher-forced forward of the same model: log softmax(logits / T) at each sampled
     token, before top-k / top-p. The model's generation_config asks for a repetition penalty, which

@@ -39,8 +39,10 @@ def test_vllm_cpus_cuda_companions_are_gone_or_import(name):
     if installed(name) is None:
         return
     result = run_python(f"import {name}")
-    assert result.returncode == 0, (f"{name} {installed(name)} is installed but does not import (a CUDA build?); "
-                                    f"{SETUP} removes it: {result.stderr.strip().splitlines()[-1:]}")
+    assert result.returncode == 0, (
+        f"{name} {installed(name)} is installed but does not import (a CUDA build?); "
+        f"{SETUP} removes it: {result.stderr.strip().splitlines()[-1:]}"
+    )
 
 
 def test_torch_is_still_the_cpu_2_13_0():
@@ -98,7 +100,8 @@ def test_roll_lite_runs_without_vllm_and_names_the_install():
 
 
 def test_the_docs_show_the_install_command():
-    shown = {block.path for block in doc_commands.blocks(lang="bash")
-             if SETUP in doc_commands.command_lines(block.body)}
+    shown = {
+        block.path for block in doc_commands.blocks(lang="bash") if SETUP in doc_commands.command_lines(block.body)
+    }
     assert "docs/getting-started.md" in shown, f"docs/getting-started.md no longer shows `{SETUP}`"
     assert INSTALL_VLLM_CPU.startswith(SETUP + " ")  # the error message names the command the docs show

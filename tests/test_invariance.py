@@ -45,8 +45,10 @@ def test_mask_outside_loss_mask_keys_is_caught_by_name():
     data = random_rl_batch(mask_keys=["response_mask", "kl_mask"])
     report = check_loss_invariance(stray_mask_loss, ["response_mask"], data=data, raise_on_failure=False)
     assert not report.passed
-    assert any(f.startswith("undeclared mask: loss_func reads ['kl_mask'], not in loss_mask_keys ['response_mask']")
-               for f in report.failures)
+    assert any(
+        f.startswith("undeclared mask: loss_func reads ['kl_mask'], not in loss_mask_keys ['response_mask']")
+        for f in report.failures
+    )
     # Declared properly, the same data passes with a correct loss.
     factory, keys = BUILTIN_LOSSES["ppo_kl"]
     assert check_loss_invariance(factory(), keys, data=data).passed
@@ -55,6 +57,7 @@ def test_mask_outside_loss_mask_keys_is_caught_by_name():
 # Mistakes that are partition-invariant (the same step under every D, A, packing) but wrong. The
 # padded-width normaliser is one only when micro-batches keep the global width (trim_padding=False);
 # with trimming, the default, the partitions see it too.
+
 
 def attention_mask_loss(batch, output):
     # Aggregates over attention_mask (prompt tokens too) with response_mask's global count.
@@ -72,8 +75,13 @@ def padded_width_loss(batch, output):
     # Dr. GRPO's constant taken from the padded width: the same in every micro-batch of a step.
     mask = batch["response_mask"]
     stats = mask_stats(batch.meta_info, "response_mask")
-    return agg_loss(-output["log_probs"] * batch["advantages"], mask, "seq-mean-token-sum-norm", **stats,
-                    seq_len_norm=mask.shape[-1]), {}
+    return agg_loss(
+        -output["log_probs"] * batch["advantages"],
+        mask,
+        "seq-mean-token-sum-norm",
+        **stats,
+        seq_len_norm=mask.shape[-1],
+    ), {}
 
 
 def metric_over_attention_mask(batch, output):
@@ -82,13 +90,21 @@ def metric_over_attention_mask(batch, output):
     return loss, {"tokens@sum": batch["attention_mask"].sum()}
 
 
-@pytest.mark.parametrize("loss_func, expected", [
-    (attention_mask_loss, ["undeclared mask: loss_func reads ['attention_mask']", "unmasked numerator:"]),
-    (unmasked_numerator_loss, ["unmasked numerator: the loss or gradient changes when values outside the declared "
-                               "masks ['response_mask'] change: 'log_probs' ("]),
-    (padded_width_loss, ["partitions: the step under", "padded-width normaliser: the loss changes by"]),
-    (metric_over_attention_mask, ["undeclared mask: loss_func reads ['attention_mask']"]),
-])
+@pytest.mark.parametrize(
+    "loss_func, expected",
+    [
+        (attention_mask_loss, ["undeclared mask: loss_func reads ['attention_mask']", "unmasked numerator:"]),
+        (
+            unmasked_numerator_loss,
+            [
+                "unmasked numerator: the loss or gradient changes when values outside the declared "
+                "masks ['response_mask'] change: 'log_probs' ("
+            ],
+        ),
+        (padded_width_loss, ["partitions: the step under", "padded-width normaliser: the loss changes by"]),
+        (metric_over_attention_mask, ["undeclared mask: loss_func reads ['attention_mask']"]),
+    ],
+)
 def test_partition_invariant_mistakes_fail_with_one_line_each(loss_func, expected):
     report = check_loss_invariance(loss_func, ["response_mask"], raise_on_failure=False)
     if loss_func is not padded_width_loss:
@@ -131,9 +147,15 @@ def test_cli_exit_codes_and_table(capsys):
 def test_cli_entry_point_passes_a_builtin():
     code = "from roll_lite.loss import ppo_policy_loss_func; loss = ppo_policy_loss_func('seq-mean-token-mean')"
     result = subprocess.run(
-        [sys.executable, "-c", f"{code}; import sys; sys.modules['user_loss'] = sys.modules[__name__]; "
-         "from roll_lite.loss.checker import main; raise SystemExit(main(['user_loss:loss']))"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            f"{code}; import sys; sys.modules['user_loss'] = sys.modules[__name__]; "
+            "from roll_lite.loss.checker import main; raise SystemExit(main(['user_loss:loss']))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "PASS: worst relative deviation" in result.stdout
@@ -153,7 +175,9 @@ def test_the_custom_loss_example_passes():
 def test_value_and_sft_losses_pass(mode):
     from roll_lite.loss import sft_loss_func, value_loss_func
 
-    report = check_loss_invariance(value_loss_func(mode, clip_range=0.5, seq_len_norm=24), head="value", tolerance=1e-10)
+    report = check_loss_invariance(
+        value_loss_func(mode, clip_range=0.5, seq_len_norm=24), head="value", tolerance=1e-10
+    )
     assert report.passed and report.worst < 1e-12
     if mode == "token-mean":
         assert check_loss_invariance(sft_loss_func(), tolerance=1e-10).worst < 1e-12

@@ -14,9 +14,17 @@ from roll_lite.rollout.engine import Completions
 
 def save_judge(folder):
     tokenizer = build_char_tokenizer()
-    config = AutoConfig.for_model("qwen2", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                  max_position_embeddings=1024, pad_token_id=tokenizer.pad_token_id)
+    config = AutoConfig.for_model(
+        "qwen2",
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -62,14 +70,27 @@ def test_replies_become_scores_or_named_outcomes(tmp_path, monkeypatch):
             seen.extend(judge.tokenizer.decode(ids) for ids in prompts)
             assert params.greedy and params.max_new_tokens == 8
             return Completions([judge.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts])
+
         return generate
 
-    monkeypatch.setattr(judge.engine, "generate", replies(["Verdict: correct", "Verdict: incorrect", "",
-                                                           "it is correct", "Verdict: correct"]))
-    outcomes = judge.score(["1+1=", "2+2=", "3+3=", "4+4=", [{"role": "user", "content": "5+5="}]],
-                           ["2", "5", "6", "8", "10"], ["2", "4", "6", "8", "10"], [{}] * 5)
-    assert [(o.kind, o.value) for o in outcomes] == [("ok", 1.0), ("ok", 0.0), ("unparseable", 0.0),
-                                                     ("unparseable", 0.0), ("ok", 1.0)]
+    monkeypatch.setattr(
+        judge.engine,
+        "generate",
+        replies(["Verdict: correct", "Verdict: incorrect", "", "it is correct", "Verdict: correct"]),
+    )
+    outcomes = judge.score(
+        ["1+1=", "2+2=", "3+3=", "4+4=", [{"role": "user", "content": "5+5="}]],
+        ["2", "5", "6", "8", "10"],
+        ["2", "4", "6", "8", "10"],
+        [{}] * 5,
+    )
+    assert [(o.kind, o.value) for o in outcomes] == [
+        ("ok", 1.0),
+        ("ok", 0.0),
+        ("unparseable", 0.0),
+        ("unparseable", 0.0),
+        ("ok", 1.0),
+    ]
     assert outcomes[2].reason == "the judge's reply is empty"
     assert outcomes[3].reason == "no verdict in the judge's reply 'it is correct'"
     assert "Reference answer: 4\nResponse: 5" in seen[1] and "user: 5+5=" in seen[4]  # the template, row by row
@@ -79,14 +100,21 @@ def test_replies_become_scores_or_named_outcomes(tmp_path, monkeypatch):
 
     monkeypatch.setattr(judge.engine, "generate", broken)
     assert {(o.kind, o.reason) for o in judge.score(["p"], ["r"], ["a"], [{}])} == {
-        ("failed", f"judge {judge.path}: RuntimeError: CUDA error: out of memory")}
+        ("failed", f"judge {judge.path}: RuntimeError: CUDA error: out of memory")
+    }
 
 
 def test_a_real_untrained_judge_is_unparseable_not_guessed_and_the_worker_counts_it(tmp_path):
     folder = save_judge(tmp_path / "tiny_judge")
-    worker = RewardWorker(RewardConfig(functions={"exact_answer": 1.0}, judges={folder: 2.0}, judge_template="pointwise",
-                                       judge_max_new_tokens=6))
-    assert worker.describe() == [f"judge {folder}: greedy, at most 6 new tokens, hf engine", "reward models and judges on cpu"]
+    worker = RewardWorker(
+        RewardConfig(
+            functions={"exact_answer": 1.0}, judges={folder: 2.0}, judge_template="pointwise", judge_max_new_tokens=6
+        )
+    )
+    assert worker.describe() == [
+        f"judge {folder}: greedy, at most 6 new tokens, hf engine",
+        "reward models and judges on cpu",
+    ]
     scores, scored, metrics = worker.score(["7", "8"], ["7", "7"], None, ["3+4=", "3+4="], [[1], [1]])
     assert scored.tolist() == [False, False] and scores.tolist() == [1.0, 0.0]  # only exact_answer scored
     assert metrics["reward/judge:tiny_judge/unparseable"] == 2.0 and metrics["reward/unscored"] == 2.0

@@ -21,9 +21,14 @@ def test_matches_naive_forward_and_backward(chunk_size, temperature):
     hidden = torch.randn(23, 16, generator=gen, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(50, 16, generator=gen, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 50, (23,), generator=gen)
-    g_lp, g_ent = torch.randn(23, generator=gen, dtype=torch.float64), torch.randn(23, generator=gen, dtype=torch.float64)
+    g_lp, g_ent = (
+        torch.randn(23, generator=gen, dtype=torch.float64),
+        torch.randn(23, generator=gen, dtype=torch.float64),
+    )
 
-    lp, ent = chunked_log_probs(hidden, weight, targets, chunk_size=chunk_size, temperature=temperature, with_entropy=True)
+    lp, ent = chunked_log_probs(
+        hidden, weight, targets, chunk_size=chunk_size, temperature=temperature, with_entropy=True
+    )
     grads = torch.autograd.grad((lp * g_lp).sum() + (ent * g_ent).sum(), (hidden, weight))
     lp_ref, ent_ref = naive(hidden, weight, targets, temperature)
     grads_ref = torch.autograd.grad((lp_ref * g_lp).sum() + (ent_ref * g_ent).sum(), (hidden, weight))
@@ -62,7 +67,7 @@ def test_an_entropy_no_loss_uses_adds_nothing_to_the_gradient_and_vice_versa():
     lp_ref, ent_ref = naive(hidden, weight, targets, 0.9)
     for uses_log_probs, uses_entropy in ((True, False), (False, True)):
         lp, ent = chunked_log_probs(hidden, weight, targets, chunk_size=4, temperature=0.9, with_entropy=True)
-        pick = lambda a, b: (a.sum() if uses_log_probs else 0) + ((b ** 2).sum() if uses_entropy else 0)  # noqa: E731
+        pick = lambda a, b: (a.sum() if uses_log_probs else 0) + ((b**2).sum() if uses_entropy else 0)  # noqa: E731
         got = torch.autograd.grad(pick(lp, ent), (hidden, weight))
         want = torch.autograd.grad(pick(lp_ref, ent_ref), (hidden, weight), retain_graph=True)
         for g, w in zip(got, want):
@@ -104,7 +109,11 @@ def test_backward_holds_one_chunk_of_logits_beside_the_heads_gradient():
         line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field + ":"))
         return int(line.split()[1]) * 1024
 
-    vocab, hidden_size, chunk = 150_000, 32, 512  # a 307 MB buffer: what malloc keeps of freed scratch is small beside it
+    vocab, hidden_size, chunk = (
+        150_000,
+        32,
+        512,
+    )  # a 307 MB buffer: what malloc keeps of freed scratch is small beside it
     gen = torch.Generator().manual_seed(4)
     hidden = torch.randn(2 * chunk, hidden_size, generator=gen, requires_grad=True)
     weight = torch.randn(vocab, hidden_size, generator=gen).mul_(0.1).requires_grad_()

@@ -46,22 +46,29 @@ def test_targets_resolve_against_the_models_linear_modules_and_unknown_names_lis
 
 
 def test_settings_are_checked_naming_the_key():
-    for settings, key in ((LoraSettings(rank=-1), "rank"), (LoraSettings(rank=4, alpha=0), "alpha"),
-                          (LoraSettings(rank=4, dropout=1.0), "dropout")):
+    for settings, key in (
+        (LoraSettings(rank=-1), "rank"),
+        (LoraSettings(rank=4, alpha=0), "alpha"),
+        (LoraSettings(rank=4, dropout=1.0), "dropout"),
+    ):
         with pytest.raises(ValueError, match=f"^actor.lora.{key}:"):
             StrategyConfig(lora=settings).validate("actor.")
 
 
 def test_adapters_start_as_the_base_model_and_only_they_train():
     base = build_causal_lm(TINY_MODEL, seed=0)
-    lm = add_adapters(build_causal_lm(TINY_MODEL, seed=0), LoraSettings(rank=4, target_modules=["q_proj", "up_proj"]), seed=0)
+    lm = add_adapters(
+        build_causal_lm(TINY_MODEL, seed=0), LoraSettings(rank=4, target_modules=["q_proj", "up_proj"]), seed=0
+    )
     ids = torch.randint(0, TINY_MODEL["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(0))
     assert torch.equal(logits(lm, ids), logits(base, ids))  # lora_B starts at zero
     trainable = [name for name, p in lm.named_parameters() if p.requires_grad]
     layers = TINY_MODEL["num_hidden_layers"]
     assert len(trainable) == 2 * 2 * layers and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     assert adapted_modules(lm) == ["q_proj", "up_proj"]
-    again = add_adapters(build_causal_lm(TINY_MODEL, seed=0), LoraSettings(rank=4, target_modules=["q_proj", "up_proj"]), seed=0)
+    again = add_adapters(
+        build_causal_lm(TINY_MODEL, seed=0), LoraSettings(rank=4, target_modules=["q_proj", "up_proj"]), seed=0
+    )
     assert all(torch.equal(a, b) for a, b in zip(lm.state_dict().values(), again.state_dict().values()))  # seeded
 
 

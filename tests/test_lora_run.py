@@ -21,7 +21,12 @@ from roll_lite.checkpoint import layout
 DOCS_COMMAND = shlex.split(doc_commands.commands("roll-train", "actor.lora.rank")[0])
 assert DOCS_COMMAND[1:3] == ["--config", "configs/ppo.yaml"], DOCS_COMMAND
 LORA = [word for word in DOCS_COMMAND[3:] if not word.startswith("run_name=")] + [
-    "sft.steps=4", "rollout.in_actor=false", "rollout.max_logp_gap=1e-4", "save_model=true", "actor.lora.save_merged=true"]
+    "sft.steps=4",
+    "rollout.in_actor=false",
+    "rollout.max_logp_gap=1e-4",
+    "save_model=true",
+    "actor.lora.save_merged=true",
+]
 STEPS = 6
 
 
@@ -81,8 +86,18 @@ def test_killed_and_resumed_with_lora_the_metrics_equal_an_uninterrupted_run(lor
 def test_with_the_vllm_engine_every_step_samples_with_the_actors_adapters(lora_data, tmp_path):
     """vLLM's CPU build serves the adapters as a LoRA request, a new one per sync (tests/test_vllm_lora.py
     checks the engine alone); here every step's sampled tokens are checked against the actor's."""
-    log = run(command(lora_data, tmp_path, "vllm", *LORA, "rollout.engine=vllm", "model.hidden_size=64", "steps=3",
-                      "save_model=false")).stderr
+    log = run(
+        command(
+            lora_data,
+            tmp_path,
+            "vllm",
+            *LORA,
+            "rollout.engine=vllm",
+            "model.hidden_size=64",
+            "steps=3",
+            "save_model=false",
+        )
+    ).stderr
     assert "rollout engine: vllm" in log
     steps = [r for r in metrics(tmp_path / "vllm") if "actor/rollout_logp_gap" in r]
     assert len(steps) == 3 and all(r["actor/rollout_logp_gap_max"] <= 1e-4 for r in steps), steps

@@ -17,8 +17,14 @@ from roll_lite.data.digit_domains import JUDGE_TEMPLATE, TASKS, VERDICTS, judge_
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data/digit_domains"
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=1", "model.num_attention_heads=2",
-        "model.num_key_value_heads=1", "workers.torch_threads=1"]
+TINY = [
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_hidden_layers=1",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+    "workers.torch_threads=1",
+]
 
 
 def rows(name: str) -> list[dict]:
@@ -43,7 +49,9 @@ def test_each_domain_has_right_answers_held_out_prompts_and_a_noisy_demonstrator
 
 
 def test_the_reward_models_pairs_and_the_judges_rows_are_right_and_wrong_answers():
-    increment = {r["prompt"]: r["answer"] for r in rows("train.jsonl") + rows("eval.jsonl") if r["domain"] == "increment"}
+    increment = {
+        r["prompt"]: r["answer"] for r in rows("train.jsonl") + rows("eval.jsonl") if r["domain"] == "increment"
+    }
     for name in ("increment_pairs_train.jsonl", "increment_pairs_eval.jsonl"):
         pairs = rows(name)
         assert all(p["chosen"] == increment[p["prompt"]] != p["rejected"] for p in pairs), name
@@ -58,7 +66,11 @@ def test_the_reward_models_pairs_and_the_judges_rows_are_right_and_wrong_answers
     assert 0.45 < verdicts.count(VERDICTS[True]) / len(verdicts) < 0.55
     # the template pairs the answer's and the response's digits, marking a missing one
     assert [template.render(response=r, answer="012") for r in ("012", "013", "01", "0123")] == [
-        "00,11,22,?", "00,11,23,?", "00,11,2_,?", "00,11,22,3?"]
+        "00,11,22,?",
+        "00,11,23,?",
+        "00,11,2_,?",
+        "00,11,22,3?",
+    ]
     (row,) = judge_rows([{"prompt": "123-", "answer": "012"}], random.Random(1))
     assert row["prompt"] == template.render(response=row["judged"], answer="012")
 
@@ -66,8 +78,14 @@ def test_the_reward_models_pairs_and_the_judges_rows_are_right_and_wrong_answers
 def test_the_judges_parser_takes_yes_or_no_and_nothing_else():
     from roll_lite.data.digit_domains import parse_verdict
 
-    assert [parse_verdict(reply) for reply in ("yes", " no\n", "Yes", "yes no", "", "maybe")] == [1.0, 0.0, 1.0, None, None,
-                                                                                                  None]
+    assert [parse_verdict(reply) for reply in ("yes", " no\n", "Yes", "yes no", "", "maybe")] == [
+        1.0,
+        0.0,
+        1.0,
+        None,
+        None,
+        None,
+    ]
 
 
 def test_the_configs_judge_template_is_the_one_the_judge_learnt(tmp_path, monkeypatch):
@@ -82,8 +100,9 @@ def test_the_configs_judge_template_is_the_one_the_judge_learnt(tmp_path, monkey
 def roll_train(arguments: list[str], cwd: Path):
     import subprocess
 
-    result = subprocess.run([sys.executable, "-m", "roll_lite.cli", *arguments[1:]], capture_output=True, text=True,
-                            timeout=600, cwd=cwd)
+    result = subprocess.run(
+        [sys.executable, "-m", "roll_lite.cli", *arguments[1:]], capture_output=True, text=True, timeout=600, cwd=cwd
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -97,17 +116,19 @@ def test_the_docs_three_commands_train_both_sources_and_route_every_domain(tmp_p
     roll_train(shlex.split(reward_model) + TINY + ["preference.steps=2", "preference.eval_every=2"], tmp_path)
     roll_train(shlex.split(judge) + TINY + ["sft.steps=2", "sft.eval_every=2"], tmp_path)
     result = roll_train(shlex.split(grpo) + TINY + ["steps=2", "eval_every=2", "sft.steps=2"], tmp_path)
-    assert ("reverse: exact_answer; increment: model:rm_increment; decrement: judge:judge_decrement"
-            in result.stderr)
-    records = [json.loads(line) for line in (tmp_path / "outputs/grpo_mixed_domains/metrics.jsonl").read_text().splitlines()]
+    assert "reverse: exact_answer; increment: model:rm_increment; decrement: judge:judge_decrement" in result.stderr
+    records = [
+        json.loads(line) for line in (tmp_path / "outputs/grpo_mixed_domains/metrics.jsonl").read_text().splitlines()
+    ]
     steps = [r for r in records if "reward/mean" in r]
     assert len(steps) == 2
     # every domain's rows went to its own source: the model scored, the untrained judge's replies have no verdict
     assert any(r["reward/increment/model:rm_increment/failed"] == 0 for r in steps if "reward/increment/mean" in r)
     judged = [r for r in steps if "reward/decrement/mean" in r]
     assert judged and all(r["reward/decrement/judge:judge_decrement/unparseable"] > 0 for r in judged)
-    assert not any(key.startswith("reward/reverse/model") or key.startswith("reward/reverse/judge") for r in steps
-                   for key in r)
+    assert not any(
+        key.startswith("reward/reverse/model") or key.startswith("reward/reverse/judge") for r in steps for key in r
+    )
 
 
 def test_the_examples_stages_are_the_configs_header_commands(monkeypatch):
@@ -118,6 +139,10 @@ def test_the_examples_stages_are_the_configs_header_commands(monkeypatch):
     stages = mixed_domains.stages()
     assert list(stages) == ["reward_model", "judge", "grpo"]
     assert stages["grpo"] == ["--config", "configs/mixed_domains.yaml"]
-    assert [mixed_domains.run_name(a) for a in stages.values()] == ["rm_increment", "judge_decrement", "grpo_mixed_domains"]
+    assert [mixed_domains.run_name(a) for a in stages.values()] == [
+        "rm_increment",
+        "judge_decrement",
+        "grpo_mixed_domains",
+    ]
     for name, arguments in stages.items():  # the docs show the same commands
         assert doc_commands.commands("roll-train", " ".join(arguments)) == ["roll-train " + " ".join(arguments)], name

@@ -81,8 +81,16 @@ def _worker(role, config, monkeypatch):
 @pytest.mark.parametrize("model_type, tied", [("qwen2", True), ("llama", False)])
 def test_a_pretrained_folder_feeds_actor_reference_critic_and_the_export(tmp_path, monkeypatch, model_type, tied):
     original = _save_pretrained_model(tmp_path / "model", model_type, tied)
-    config = load_config(None, [f"model.pretrained_path={tmp_path / 'model'}", "model.dtype=float64",
-                                "actor.param_dtype=float64", "critic.param_dtype=float64", "actor.lr=2e-2"])
+    config = load_config(
+        None,
+        [
+            f"model.pretrained_path={tmp_path / 'model'}",
+            "model.dtype=float64",
+            "actor.param_dtype=float64",
+            "critic.param_dtype=float64",
+            "actor.lr=2e-2",
+        ],
+    )
     assert config.model.tokenizer_path == str(tmp_path / "model")  # the tokenizer comes from the same folder
     workers = {role: _worker(role, config, monkeypatch) for role in ("actor", "reference", "critic")}
     for role, worker in workers.items():
@@ -119,7 +127,9 @@ def test_a_pretrained_folder_feeds_actor_reference_critic_and_the_export(tmp_pat
 
     # Plain transformers in a fresh process (AutoTokenizer + AutoModelForCausalLM, generation_config
     # defaults) against the run's own engine, built and synced as the rollout worker does it.
-    engine = HFEngine(load_causal_lm(config.model, len(tokenizer), seed=0), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    engine = HFEngine(
+        load_causal_lm(config.model, len(tokenizer), seed=0), tokenizer.pad_token_id, tokenizer.eos_token_id
+    )
     engine.update_weights(trained)
     run_outputs = [engine.generate([p], SamplingParams(12, greedy=True)).token_ids[0] for p in prompts]
     assert sum(tokenizer.eos_token_id in o for o in run_outputs) >= 2  # stopping at EOS is part of the comparison
@@ -134,10 +144,16 @@ def test_a_pretrained_folder_feeds_actor_reference_critic_and_the_export(tmp_pat
         "    out.append([ids['input_ids'][0].tolist(), gen, tok.decode(ids['input_ids'][0], skip_special_tokens=True)])\n"
         "print(json.dumps(out))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "final"), json.dumps(PROMPTS)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "final"), json.dumps(PROMPTS)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     plain = json.loads(result.stdout.strip().splitlines()[-1])
-    for prompt, run_prompt, run_output, (plain_prompt, plain_output, decoded) in zip(PROMPTS, prompts, run_outputs, plain):
+    for prompt, run_prompt, run_output, (plain_prompt, plain_output, decoded) in zip(
+        PROMPTS, prompts, run_outputs, plain
+    ):
         assert plain_prompt == run_prompt and decoded == prompt  # AutoTokenizer encodes as the run did
         assert plain_output == run_output, prompt  # the same greedy completion, stopping at the same EOS

@@ -15,8 +15,11 @@ from roll_lite.environments.episodes import Episode
 from roll_lite.environments.turns import Trajectory
 from roll_lite.loss.advantages import discounted_returns, first_turn_returns, turn_level_advantages, turn_returns
 
-MULTI_TURN = ["pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline", "environment.name=guess_the_number",
-              "model.chat_template=compact"]
+MULTI_TURN = [
+    "pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline",
+    "environment.name=guess_the_number",
+    "model.chat_template=compact",
+]
 
 
 @pytest.fixture
@@ -42,8 +45,16 @@ def episode(row: int, sample: int, turns: list[tuple[int, float]], end="terminat
         trajectory.add_model_turn([5] * tokens, [-0.5] * tokens)
         position += tokens
         turn_ends.append(position - 1)
-    return Episode(("train", row, sample), trajectory, [r for _, r in turns], turn_ends,
-                   [f"t{i}" for i in range(len(turns))], end, fault, "boom" if fault else None)
+    return Episode(
+        ("train", row, sample),
+        trajectory,
+        [r for _, r in turns],
+        turn_ends,
+        [f"t{i}" for i in range(len(turns))],
+        end,
+        fault,
+        "boom" if fault else None,
+    )
 
 
 def test_the_batch_trains_the_models_tokens_and_rewards_sit_on_each_turns_last_token(rows_file):
@@ -79,7 +90,9 @@ def test_a_faulted_trajectory_gets_reward_0_or_is_left_out_and_is_counted(rows_f
 
 def test_a_step_where_every_trajectory_faulted_stops_with_the_reasons(rows_file):
     pipeline = pipeline_for(rows_file)
-    with pytest.raises(RuntimeError, match="no trajectory to train on: 2 ended in faults .*2 timed_out.*first error: slow"):
+    with pytest.raises(
+        RuntimeError, match="no trajectory to train on: 2 ended in faults .*2 timed_out.*first error: slow"
+    ):
         pipeline.episode_batch([Episode((0, 0), end="fault", fault="timed_out", error="slow")] * 2, step=3)
 
 
@@ -118,7 +131,7 @@ def test_returns_skip_the_environments_tokens_instead_of_discounting_them():
     rewards = rewards_at({(0, 2): 1.0, (0, 8): 4.0})
     returns = discounted_returns(rewards, MASK, gamma=0.5)
     # model tokens 1 2 5 6 8 are five consecutive time steps: 4 at step 5 is worth 4·0.5^3 at position 2
-    assert returns[0, 2].item() == 1.0 + 0.5 ** 3 * 4 and returns[0, 8].item() == 4.0
+    assert returns[0, 2].item() == 1.0 + 0.5**3 * 4 and returns[0, 8].item() == 4.0
     assert returns[0, [0, 3, 4, 7, 9]].abs().sum() == 0
 
 
@@ -142,9 +155,11 @@ def test_early_turns_of_a_trajectory_that_ends_well_get_its_credit():
     turn only, every turn of the winner gets the same positive advantage, at either credit setting."""
     rewards = rewards_at({(0, 8): 1.0})
     groups = torch.tensor([0, 0])
-    for advantages in (turn_level_advantages(rewards, MASK, groups, "grpo"),
-                       # trajectory credit: the pipeline's GRPO on the returns, broadcast over model_mask
-                       (lambda s: ((s - s.mean()) / (s.std() + 1e-6))[:, None] * MASK)(rewards.sum(-1))):
+    for advantages in (
+        turn_level_advantages(rewards, MASK, groups, "grpo"),
+        # trajectory credit: the pipeline's GRPO on the returns, broadcast over model_mask
+        (lambda s: ((s - s.mean()) / (s.std() + 1e-6))[:, None] * MASK)(rewards.sum(-1)),
+    ):
         winner = advantages[0][MASK[0].bool()]
         assert (winner > 0).all() and torch.allclose(winner, winner[0].expand_as(winner))
 
@@ -152,15 +167,23 @@ def test_early_turns_of_a_trajectory_that_ends_well_get_its_credit():
 # -- config ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides, error", [
-    (["environment.name=guess_the_number"], "pipeline: environment.name asks for multi-turn rollouts"),
-    ([*MULTI_TURN, "rollout.async_steps=1"], "rollout.async_steps: multi-turn rollouts .* are on-policy for now"),
-    (MULTI_TURN, "data.train_files: multi-turn rollouts seed one environment per row"),
-    ([*MULTI_TURN, "data.train_files=x.jsonl", "environment.credit=turn", "algorithm.advantage=gae"],
-     "environment.credit: turn-level credit is for grpo, dr_grpo and rloo"),
-    ([*MULTI_TURN, "data.train_files=x.jsonl", "environment.max_turns=0"], "environment.max_turns: must be a whole number"),
-    (["model.chat_template=plain"], "model.chat_template: 'plain' is neither one of compact nor a Jinja template"),
-])
+@pytest.mark.parametrize(
+    "overrides, error",
+    [
+        (["environment.name=guess_the_number"], "pipeline: environment.name asks for multi-turn rollouts"),
+        ([*MULTI_TURN, "rollout.async_steps=1"], "rollout.async_steps: multi-turn rollouts .* are on-policy for now"),
+        (MULTI_TURN, "data.train_files: multi-turn rollouts seed one environment per row"),
+        (
+            [*MULTI_TURN, "data.train_files=x.jsonl", "environment.credit=turn", "algorithm.advantage=gae"],
+            "environment.credit: turn-level credit is for grpo, dr_grpo and rloo",
+        ),
+        (
+            [*MULTI_TURN, "data.train_files=x.jsonl", "environment.max_turns=0"],
+            "environment.max_turns: must be a whole number",
+        ),
+        (["model.chat_template=plain"], "model.chat_template: 'plain' is neither one of compact nor a Jinja template"),
+    ],
+)
 def test_multi_turn_config_errors_name_the_key(overrides, error):
     with pytest.raises((ConfigError, ValueError), match=error):
         config = load_config(None, overrides)
@@ -188,8 +211,11 @@ def test_reward_models_and_judges_read_the_conversation_and_score_its_last_turn(
     from test_reward_model import save_reward_model
 
     scorer = f"reward.models={{{save_reward_model(tmp_path / 'rm')}: 1.0}}"
-    with pytest.raises(ConfigError, match="environment.final_reward: reward.models and reward.judges score a "
-                                          "trajectory's last turn, which needs environment.final_reward=true"):
+    with pytest.raises(
+        ConfigError,
+        match="environment.final_reward: reward.models and reward.judges score a "
+        "trajectory's last turn, which needs environment.final_reward=true",
+    ):
         pipeline_for(rows_file, scorer)
     pipeline = pipeline_for(rows_file, scorer, "environment.final_reward=true")
     episodes = [episode(0, 0, [(2, 0.0), (3, 0.0)]), episode(1, 0, [(1, 0.0)])]
@@ -218,8 +244,14 @@ def test_final_reward_adds_the_reward_functions_score_on_the_last_turn(rows_file
     pipeline.episodes = episodes
     batch = pipeline.episode_batch(episodes, step=1)
     scored = []
-    monkeypatch.setattr(pipeline, "score", lambda b: (scored.append(list(b.non_tensor_batch["response_text"])),
-                                                      (torch.tensor([2.0, 3.0]), {"reward/exact_answer": 2.5}))[1])
+    monkeypatch.setattr(
+        pipeline,
+        "score",
+        lambda b: (
+            scored.append(list(b.non_tensor_batch["response_text"])),
+            (torch.tensor([2.0, 3.0]), {"reward/exact_answer": 2.5}),
+        )[1],
+    )
     _, scores, token_rewards, metrics = pipeline.rewards(batch)
     assert scored == [["t1", "t0"]]  # each trajectory's last model turn
     assert token_rewards[0, 3].item() == 0.5 and token_rewards[0, 8].item() == 2.0  # turn 1's step; turn 2's + final
@@ -229,8 +261,12 @@ def test_final_reward_adds_the_reward_functions_score_on_the_last_turn(rows_file
 @pytest.mark.parametrize("advantage", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"])
 def test_every_estimator_credits_the_models_tokens_only(rows_file, advantage):
     pipeline = pipeline_for(rows_file, f"algorithm.advantage={advantage}")
-    episodes = [episode(0, 0, [(2, 0.0), (2, 1.0)]), episode(0, 1, [(3, 0.0)]), episode(1, 0, [(1, 0.0), (1, 1.0)]),
-                episode(1, 1, [(2, 0.5)])]
+    episodes = [
+        episode(0, 0, [(2, 0.0), (2, 1.0)]),
+        episode(0, 1, [(3, 0.0)]),
+        episode(1, 0, [(1, 0.0), (1, 1.0)]),
+        episode(1, 1, [(2, 0.5)]),
+    ]
     pipeline.episodes = episodes
     batch = pipeline.episode_batch(episodes, step=1)
     _, scores, token_rewards, _ = pipeline.rewards(batch)

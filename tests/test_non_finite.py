@@ -20,7 +20,11 @@ from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 from roll_lite.strategy.non_finite import NonFiniteStepsError
 
 LOSSES = {
-    "ppo+entropy": (ppo_policy_loss_func("seq-mean-token-mean", dual_clip_c=3.0, entropy_coef=0.05), ["response_mask"], "log_probs"),
+    "ppo+entropy": (
+        ppo_policy_loss_func("seq-mean-token-mean", dual_clip_c=3.0, entropy_coef=0.05),
+        ["response_mask"],
+        "log_probs",
+    ),
     "sequence": (sequence_policy_loss_func("seq-mean-token-sum-norm", seq_len_norm=20), ["response_mask"], "log_probs"),
     "ppo_kl": (kl_regularized_loss_func("token-mean", kl_coef=0.5), ["response_mask", "kl_mask"], "log_probs"),
     "value": (value_loss_func("seq-mean-token-sum", clip_range=0.5), ["response_mask"], "value"),
@@ -57,8 +61,13 @@ def with_poisoned_output(loss_func, mask_keys):
         keep = torch.zeros_like(batch["response_mask"], dtype=torch.bool)
         for key in mask_keys:
             keep |= batch[key].bool()
-        return loss_func(batch, {name: value + torch.where(keep, 0.0, poisoned(torch.zeros_like(value), keep))
-                                 for name, value in output.items()})
+        return loss_func(
+            batch,
+            {
+                name: value + torch.where(keep, 0.0, poisoned(torch.zeros_like(value), keep))
+                for name, value in output.items()
+            },
+        )
 
     return wrapped
 
@@ -70,8 +79,9 @@ def test_poison_outside_the_masks_gives_the_clean_step_bit_for_bit(name, partiti
     data = random_rl_batch(num_rows=10, seq_len=20, mask_keys=mask_keys, seed=3)
     model = _model_with_head(build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=0), head, seed=0)
     clean_loss, clean_grads = simulate_step(model, data, loss_func, PARTITIONS[partition])
-    bad_loss, bad_grads = simulate_step(model, poison_batch(data, mask_keys), with_poisoned_output(loss_func, mask_keys),
-                                        PARTITIONS[partition])
+    bad_loss, bad_grads = simulate_step(
+        model, poison_batch(data, mask_keys), with_poisoned_output(loss_func, mask_keys), PARTITIONS[partition]
+    )
     assert bad_loss == clean_loss
     assert clean_grads.keys() == bad_grads.keys()
     for key, grad in clean_grads.items():
@@ -80,8 +90,9 @@ def test_poison_outside_the_masks_gives_the_clean_step_bit_for_bit(name, partiti
 
 @pytest.fixture(scope="module")
 def strategy():
-    config = StrategyConfig(use_packing=True, grad_accum_steps=2, param_dtype="float64", lr=1e-3,
-                            max_consecutive_skipped_steps=2)
+    config = StrategyConfig(
+        use_packing=True, grad_accum_steps=2, param_dtype="float64", lr=1e-3, max_consecutive_skipped_steps=2
+    )
     return FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=0), config)
 
 
@@ -99,25 +110,34 @@ def test_nan_inside_the_mask_stops_the_run_after_max_consecutive_skipped_steps(s
     data = random_rl_batch(num_rows=8, seq_len=16, seed=4)
     loss_func = ppo_policy_loss_func("token-mean")
     bad = data.select(data.batch.keys())
-    bad.batch["advantages"] = torch.where(data["response_mask"].bool() & (torch.arange(16) == 5), float("nan"), data["advantages"])
+    bad.batch["advantages"] = torch.where(
+        data["response_mask"].bool() & (torch.arange(16) == 5), float("nan"), data["advantages"]
+    )
     assert strategy.train_step(bad, loss_func)["skipped_step"] == 1.0
     assert "'advantages' (" in caplog.text and "inside the loss masks" in caplog.text
     assert strategy.train_step(data, loss_func)["skipped_step"] == 0.0  # a good step resets the count
     assert strategy.train_step(bad, loss_func)["skipped_step"] == 1.0
-    with pytest.raises(NonFiniteStepsError, match=r"2 in a row.*nan/inf in 'advantages' \(\d+ inside the loss masks, 0 outside\)"
-                       r".*max_consecutive_skipped_steps=2"):
+    with pytest.raises(
+        NonFiniteStepsError,
+        match=r"2 in a row.*nan/inf in 'advantages' \(\d+ inside the loss masks, 0 outside\)"
+        r".*max_consecutive_skipped_steps=2",
+    ):
         strategy.train_step(bad, loss_func)
 
 
 def test_the_stop_survives_pickling_and_names_the_config_key_with_its_section():
     import pickle
 
-    error = pickle.loads(pickle.dumps(NonFiniteStepsError(float("nan"), 3, 1, "nan/inf in 'advantages' (2 inside the loss "
-                                                                            "masks, 0 outside)")))
+    error = pickle.loads(
+        pickle.dumps(
+            NonFiniteStepsError(float("nan"), 3, 1, "nan/inf in 'advantages' (2 inside the loss masks, 0 outside)")
+        )
+    )
     assert error.describe("critic.") == (
         "grad norm is nan, optimizer step skipped (3 in a row); rank 1: nan/inf in 'advantages' (2 inside the loss masks, "
         "0 outside); critic.max_consecutive_skipped_steps=3 reached (raise it, or null to never stop; lowering lr or "
-        "fixing the data usually helps)")
+        "fixing the data usually helps)"
+    )
 
 
 def test_max_consecutive_skipped_steps_is_validated():

@@ -19,15 +19,32 @@ def test_the_wheel_holds_every_module_under_roll_lite(tmp_path):
     for folder in INSTALLED_AS:
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(source)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     [wheel] = (tmp_path / "dist").glob("roll_lite-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
 
-    expected = {f"{INSTALLED_AS[folder]}/{path.relative_to(REPO / folder).as_posix()}"
-                for folder in INSTALLED_AS for path in (REPO / folder).rglob("*.py") if "__pycache__" not in path.parts}
+    expected = {
+        f"{INSTALLED_AS[folder]}/{path.relative_to(REPO / folder).as_posix()}"
+        for folder in INSTALLED_AS
+        for path in (REPO / folder).rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
     assert "roll_lite/strategy/fsdp2.py" in expected
     missing = sorted(expected - names)
     assert not missing, f"not in the wheel (add their packages to [tool.setuptools] packages): {missing}"

@@ -17,10 +17,26 @@ from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.micro_batches import forward_micro_batch
 
 MODELS = {
-    "qwen2": dict(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
-    "llama": dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64),
+    "qwen2": dict(
+        model_type="qwen2",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    ),
+    "llama": dict(
+        model_type="llama",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+    ),
 }
 
 
@@ -83,7 +99,9 @@ def test_packed_equals_padded_equals_per_sequence(model_type):
     for packing in (False, True):
         params = list(model.parameters())
         output = forward_micro_batch(model, data, StrategyConfig(use_packing=packing), with_entropy=True)
-        weights = torch.randn(output["log_probs"].shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        weights = torch.randn(
+            output["log_probs"].shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+        )
         grads = torch.autograd.grad((output["log_probs"] * weights).sum() + output["entropy"].sum(), params)
         results[packing] = (output, grads)
         torch.testing.assert_close(output["log_probs"], expected, rtol=1e-12, atol=1e-12)
@@ -103,7 +121,9 @@ def test_packed_rows_do_not_see_each_other():
     changed[0] = (changed[0] * 7 + 3) % 64 * data["attention_mask"][0]
     config = StrategyConfig(use_packing=True)
     before = forward_micro_batch(model, data, config, with_entropy=False)["log_probs"]
-    after = forward_micro_batch(model, DataProto({**data.batch, "input_ids": changed}), config, with_entropy=False)["log_probs"]
+    after = forward_micro_batch(model, DataProto({**data.batch, "input_ids": changed}), config, with_entropy=False)[
+        "log_probs"
+    ]
     assert torch.equal(before[1:], after[1:]) and not torch.equal(before[0], after[0])
 
 
@@ -174,7 +194,9 @@ def test_packed_attention_override_is_checked(fresh_path_choice, monkeypatch):
     attention = fresh_path_choice
     monkeypatch.setenv(attention.OVERRIDE_ENV, "per-sequence-sdpa")
     assert attention.packed_attention_path(torch.device("cpu"), torch.float32) == (
-        "per-sequence-sdpa", "forced by ROLL_LITE_PACKED_ATTENTION")
+        "per-sequence-sdpa",
+        "forced by ROLL_LITE_PACKED_ATTENTION",
+    )
     monkeypatch.setenv(attention.OVERRIDE_ENV, "torch-varlen")
     with pytest.raises(ValueError, match="ROLL_LITE_PACKED_ATTENTION=torch-varlen cannot run: device is cpu"):
         attention.packed_attention_path(torch.device("cpu"), torch.bfloat16)
@@ -198,7 +220,9 @@ def test_torch_varlen_wrapper_follows_the_varlen_attn_contract(monkeypatch):
         for start, end in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
             scores = torch.einsum("qhd,khd->hqk", q[start:end], k[start:end]) * scale
             causal = torch.ones(end - start, end - start, dtype=torch.bool).tril()
-            out[start:end] = torch.einsum("hqk,khd->qhd", scores.masked_fill(~causal, float("-inf")).softmax(-1), v[start:end])
+            out[start:end] = torch.einsum(
+                "hqk,khd->qhd", scores.masked_fill(~causal, float("-inf")).softmax(-1), v[start:end]
+            )
         return out
 
     monkeypatch.setattr(varlen, "varlen_attn", contract)

@@ -15,8 +15,10 @@ from roll_lite.model.tokenizer import build_char_tokenizer
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.micro_batches import data_parallel_groups, micro_batch_groups
 
-TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}<end>\n{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}<end>\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 def write_jsonl(path, rows):
@@ -52,32 +54,60 @@ def test_string_pairs_train_on_each_response_and_eos(tmp_path):
     tokenizer = build_char_tokenizer()
     data = load(tmp_path, [{"prompt": "12=", "chosen": "21", "rejected": "12"}]).train
     (chosen,), (rejected,) = data.chosen, data.rejected
-    assert chosen[0] == [tokenizer.bos_token_id] + tokenizer("12=21", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert chosen[0] == [tokenizer.bos_token_id] + tokenizer("12=21", add_special_tokens=False)["input_ids"] + [
+        tokenizer.eos_token_id
+    ]
     assert targets(tokenizer, chosen) == "21<eos>" and targets(tokenizer, rejected) == "12<eos>"
 
 
 def test_chat_pairs_train_on_the_response_turn_only(tmp_path):
     tokenizer = build_char_tokenizer()
     tokenizer.chat_template = TEMPLATE
-    prompt = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "2+2"}]
-    row = {"prompt": prompt, "chosen": [{"role": "assistant", "content": "4"}], "rejected": [{"role": "assistant", "content": "5"}]}
+    prompt = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "2+2"},
+    ]
+    row = {
+        "prompt": prompt,
+        "chosen": [{"role": "assistant", "content": "4"}],
+        "rejected": [{"role": "assistant", "content": "5"}],
+    }
     data = load(tmp_path, [row], tokenizer).train
     assert targets(tokenizer, data.chosen[0]) == "4<end>\n"  # not the prompt's own assistant turn "yo"
     assert targets(tokenizer, data.rejected[0]) == "5<end>\n"
 
 
-@pytest.mark.parametrize("row, settings, message", [
-    ({"chosen": "1", "rejected": "2"}, {}, "key 'prompt' (preference.prompt_key) is missing or null"),
-    ({"prompt": "1=", "rejected": "2"}, {}, "key 'chosen' (preference.chosen_key) is missing or null"),
-    ({"prompt": "1=", "chosen": "1", "rejected": None}, {}, "key 'rejected' (preference.rejected_key) is missing or null"),
-    ({"prompt": "1=", "chosen": "  ", "rejected": "2"}, {}, "key 'chosen': the chosen response is empty"),
-    ({"prompt": "", "chosen": "1", "rejected": "2"}, {}, "key 'prompt': the prompt is empty"),
-    ({"prompt": "1=", "chosen": "1", "rejected": "1"}, {}, "the chosen and the rejected response are the same"),
-    ({"prompt": "1=", "chosen": [{"role": "user", "content": "1"}], "rejected": "2"}, {},
-     "the chosen messages must end with a non-empty assistant message"),
-    ({"prompt": "1=", "chosen": "1", "rejected": "2", "m": "big"}, {"margin_key": "m"}, "the margin must be a number"),
-    ({"prompt": [{"role": "user", "content": "1"}], "chosen": "1", "rejected": "2"}, {}, "need the tokenizer's chat template"),
-])
+@pytest.mark.parametrize(
+    "row, settings, message",
+    [
+        ({"chosen": "1", "rejected": "2"}, {}, "key 'prompt' (preference.prompt_key) is missing or null"),
+        ({"prompt": "1=", "rejected": "2"}, {}, "key 'chosen' (preference.chosen_key) is missing or null"),
+        (
+            {"prompt": "1=", "chosen": "1", "rejected": None},
+            {},
+            "key 'rejected' (preference.rejected_key) is missing or null",
+        ),
+        ({"prompt": "1=", "chosen": "  ", "rejected": "2"}, {}, "key 'chosen': the chosen response is empty"),
+        ({"prompt": "", "chosen": "1", "rejected": "2"}, {}, "key 'prompt': the prompt is empty"),
+        ({"prompt": "1=", "chosen": "1", "rejected": "1"}, {}, "the chosen and the rejected response are the same"),
+        (
+            {"prompt": "1=", "chosen": [{"role": "user", "content": "1"}], "rejected": "2"},
+            {},
+            "the chosen messages must end with a non-empty assistant message",
+        ),
+        (
+            {"prompt": "1=", "chosen": "1", "rejected": "2", "m": "big"},
+            {"margin_key": "m"},
+            "the margin must be a number",
+        ),
+        (
+            {"prompt": [{"role": "user", "content": "1"}], "chosen": "1", "rejected": "2"},
+            {},
+            "need the tokenizer's chat template",
+        ),
+    ],
+)
 def test_bad_rows_are_one_line_errors_naming_file_row_and_key(tmp_path, row, settings, message):
     good = {"prompt": "9=", "chosen": "9", "rejected": "8", "m": 1.0}
     if isinstance(row.get("chosen"), list):  # the datasets reader turns a column of strings and lists into neither
@@ -92,12 +122,27 @@ def test_bad_rows_are_one_line_errors_naming_file_row_and_key(tmp_path, row, set
 
 
 CHAT_PAIRS = [
-    {"prompt": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "2+2"}],
-     "chosen": [{"role": "assistant", "content": "4"}], "rejected": [{"role": "assistant", "content": "5"}], "m": 1.5},
-    {"prompt": [{"role": "user", "content": "12="}],
-     "chosen": [{"role": "assistant", "content": "21"}], "rejected": [{"role": "assistant", "content": "12"}], "m": 0.0},
+    {
+        "prompt": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yo"},
+            {"role": "user", "content": "2+2"},
+        ],
+        "chosen": [{"role": "assistant", "content": "4"}],
+        "rejected": [{"role": "assistant", "content": "5"}],
+        "m": 1.5,
+    },
+    {
+        "prompt": [{"role": "user", "content": "12="}],
+        "chosen": [{"role": "assistant", "content": "21"}],
+        "rejected": [{"role": "assistant", "content": "12"}],
+        "m": 0.0,
+    },
 ]
-STRING_PAIRS = [{"prompt": "12=", "chosen": "21", "rejected": "1", "m": 0.5}, {"prompt": "345=", "chosen": "543", "rejected": "54", "m": 2}]
+STRING_PAIRS = [
+    {"prompt": "12=", "chosen": "21", "rejected": "1", "m": 0.5},
+    {"prompt": "345=", "chosen": "543", "rejected": "54", "m": 2},
+]
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "saved"])
@@ -117,10 +162,14 @@ def test_parquet_and_saved_pairs_give_the_jsonl_pairs_and_batch(tmp_path, fmt, r
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "saved"])
-@pytest.mark.parametrize("bad, message", [
-    ({"chosen": "21", "rejected": "21"}, "the chosen and the rejected response are the same"),
-    ({"chosen": "21", "rejected": " "}, "key 'rejected': the rejected response is empty"),
-], ids=["identical", "empty"])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"chosen": "21", "rejected": "21"}, "the chosen and the rejected response are the same"),
+        ({"chosen": "21", "rejected": " "}, "key 'rejected': the rejected response is empty"),
+    ],
+    ids=["identical", "empty"],
+)
 def test_a_bad_row_in_parquet_or_saved_pairs_is_one_line_naming_file_and_row(tmp_path, fmt, bad, message):
     rows = [STRING_PAIRS[0], {**STRING_PAIRS[1], **bad}]
     with pytest.raises(DataError) as error:
@@ -139,7 +188,10 @@ def test_long_pairs_are_left_out_and_counted(tmp_path):
 
 def test_batch_layout_pairs_in_consecutive_rows_with_their_masks_and_margins(tmp_path):
     tokenizer = build_char_tokenizer()
-    rows = [{"prompt": "12=", "chosen": "21", "rejected": "1", "m": 0.5}, {"prompt": "3=", "chosen": "3", "rejected": "33", "m": 2}]
+    rows = [
+        {"prompt": "12=", "chosen": "21", "rejected": "1", "m": 0.5},
+        {"prompt": "3=", "chosen": "3", "rejected": "33", "m": 2},
+    ]
     data = load(tmp_path, rows, margin_key="m").train
     batch = build_pair_batch(data, tokenizer.pad_token_id)
     assert batch.meta_info == {"loss_mask_keys": ["chosen_mask"], "rows_together": 2}
@@ -170,16 +222,22 @@ def test_shipped_digit_pairs_are_the_generator_output():
     assert {r["prompt"] for r in train}.isdisjoint({r["prompt"] for r in evaluation})
 
 
-@pytest.mark.parametrize("config", [
-    StrategyConfig(grad_accum_steps=3, use_packing=False, trim_padding=False),
-    StrategyConfig(grad_accum_steps=3, use_packing=False, trim_padding=True),
-    StrategyConfig(grad_accum_steps=3, use_packing=True),
-    StrategyConfig(use_packing=True, max_tokens_per_micro_batch=24),
-], ids=["padded", "trimmed", "packed", "budget"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        StrategyConfig(grad_accum_steps=3, use_packing=False, trim_padding=False),
+        StrategyConfig(grad_accum_steps=3, use_packing=False, trim_padding=True),
+        StrategyConfig(grad_accum_steps=3, use_packing=True),
+        StrategyConfig(use_packing=True, max_tokens_per_micro_batch=24),
+    ],
+    ids=["padded", "trimmed", "packed", "budget"],
+)
 @pytest.mark.parametrize("balance", [False, True], ids=["contiguous", "balanced"])
 def test_pairs_stay_together_on_a_rank_and_in_a_micro_batch(tmp_path, config, balance):
-    rows = [{"prompt": f"{i}" * (1 + i % 4) + "=", "chosen": "1" * (1 + i % 3), "rejected": "2" * (1 + (i * 7) % 5)}
-            for i in range(9)]
+    rows = [
+        {"prompt": f"{i}" * (1 + i % 4) + "=", "chosen": "1" * (1 + i % 3), "rejected": "2" * (1 + (i * 7) % 5)}
+        for i in range(9)
+    ]
     batch = build_pair_batch(load(tmp_path, rows).train, 0)
     seen = []
     for share in data_parallel_groups(batch, 2, balance_tokens=balance):
@@ -194,7 +252,9 @@ def test_pairs_stay_together_on_a_rank_and_in_a_micro_batch(tmp_path, config, ba
 
 def test_a_pair_over_the_token_budget_is_named():
     batch = build_pair_batch(load_one_pair(), 0)
-    with pytest.raises(ValueError, match=r"rows 0-1, kept together .* have 6 tokens, more than max_tokens_per_micro_batch=5"):
+    with pytest.raises(
+        ValueError, match=r"rows 0-1, kept together .* have 6 tokens, more than max_tokens_per_micro_batch=5"
+    ):
         micro_batch_groups(batch, StrategyConfig(use_packing=True, max_tokens_per_micro_batch=5))
 
 

@@ -38,14 +38,14 @@ def test_group_estimators_are_not_whitened_unless_asked():
     assert ret is None and adv[MASK.bool()].tolist() == pytest.approx([-1.0, -1.0, 1.0])
     # whitened over the 3 tokens: mean -1/3, unbiased variance (4/9 + 4/9 + 16/9) / 2 = 4/3
     adv, _ = advantages("algorithm.advantage=rloo", "algorithm.whiten_advantages=true")
-    s3 = 3 ** 0.5
+    s3 = 3**0.5
     assert adv[MASK.bool()].tolist() == pytest.approx([-1 / s3, -1 / s3, 2 / s3], rel=1e-6)
 
 
 def test_reinforce_pp_whitens_by_default():
     # returns (1, 1) and (2): mean 4/3, unbiased variance (1/9 + 1/9 + 4/9) / 2 = 1/3
     adv, ret = advantages("algorithm.advantage=reinforce_pp")
-    s3 = 3 ** 0.5
+    s3 = 3**0.5
     assert ret is None and adv[MASK.bool()].tolist() == pytest.approx([-1 / s3, -1 / s3, 2 / s3], rel=1e-6)
     adv, _ = advantages("algorithm.advantage=reinforce_pp", "algorithm.whiten_advantages=false")
     assert adv[MASK.bool()].tolist() == pytest.approx([1.0, 1.0, 2.0])
@@ -74,6 +74,8 @@ def test_unscored_rows_leave_their_groups_baselines(estimator):
     advantages, _ = pipeline.compute_advantages(scores, rewards, batch)
     kept = [0, 1, 3]  # group 0's scored rows
     alone = PPOPipeline(load_config(None, ["rollout.num_samples=3", f"algorithm.advantage={estimator}"]))
-    expected, _ = alone.compute_advantages(scores[kept], rewards[kept], {"response_mask": mask[kept], "group_ids": groups[kept]})
+    expected, _ = alone.compute_advantages(
+        scores[kept], rewards[kept], {"response_mask": mask[kept], "group_ids": groups[kept]}
+    )
     assert torch.equal(advantages[kept], expected)
     assert advantages[[2, 4, 5, 6, 7]].abs().sum() == 0  # unscored, or alone in its group

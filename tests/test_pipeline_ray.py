@@ -18,8 +18,13 @@ from roll_lite.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
-    "model.num_key_value_heads=1", "sft.steps=0", "workers.torch_threads=1",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+    "sft.steps=0",
+    "workers.torch_threads=1",
     "reward.functions={token_accuracy: 1.0}",  # dense: non-zero advantages even from a random model
 ]
 
@@ -31,7 +36,9 @@ def small(tmp_path):
     files = []
     for split, rows in (("train", 200), ("eval", 8)):
         path = tmp_path / f"{split}{rows}.jsonl"
-        path.write_text("".join((REPO / f"data/reverse_digits/{split}.jsonl").read_text().splitlines(keepends=True)[:rows]))
+        path.write_text(
+            "".join((REPO / f"data/reverse_digits/{split}.jsonl").read_text().splitlines(keepends=True)[:rows])
+        )
         files.append(f"data.{split}_files={path}")
     return SMALL + files
 
@@ -50,14 +57,25 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
 
     # 2 PPO epochs × 2 mini-batches = 4 optimizer steps; with a 4-step warmup the last one runs at
     # the full learning rate, which is how the test sees that all four happened.
-    config = load_config(REPO / "configs/grpo.yaml", small(tmp_path) + [
-        "workers.actor_dp=2", "workers.actor_cpus=0.5", "workers.rollout_cpus=0.5", "actor.use_packing=true",
-        "actor.grad_accum_steps=2", "algorithm.kl_coef=0.05", "algorithm.ppo_epochs=2", "algorithm.mini_batches=2",
-        "actor.warmup_steps=4", f"output_dir={tmp_path}",
-        "rollout.dtype=bfloat16",  # the engine samples in bf16 (as on a GPU); the actor's weights are cast for it
-        "algorithm.rollout_is=token",  # and truncated importance sampling corrects for it
-        "workers.offload=true",  # a no-op on CPU; the calls go through the workers' onload / offload wrapper
-    ])
+    config = load_config(
+        REPO / "configs/grpo.yaml",
+        small(tmp_path)
+        + [
+            "workers.actor_dp=2",
+            "workers.actor_cpus=0.5",
+            "workers.rollout_cpus=0.5",
+            "actor.use_packing=true",
+            "actor.grad_accum_steps=2",
+            "algorithm.kl_coef=0.05",
+            "algorithm.ppo_epochs=2",
+            "algorithm.mini_batches=2",
+            "actor.warmup_steps=4",
+            f"output_dir={tmp_path}",
+            "rollout.dtype=bfloat16",  # the engine samples in bf16 (as on a GPU); the actor's weights are cast for it
+            "algorithm.rollout_is=token",  # and truncated importance sampling corrects for it
+            "workers.offload=true",  # a no-op on CPU; the calls go through the workers' onload / offload wrapper
+        ],
+    )
     ray_session(None, reservation(config))
     pipeline = PPOPipeline(config)
     pipeline.prepare_data()
@@ -85,7 +103,9 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
     assert 0 < metrics["actor/rollout_logp_gap"] <= metrics["actor/rollout_logp_gap_max"] < 1
     assert metrics["actor/rollout_is_weight"] == pytest.approx(1.0, abs=0.1)
     # the reference kept the initial weights: KL is measured against it
-    reference = pipeline.reference.compute_log_probs(pipeline.generate(pipeline.eval_data.select([0, 1]), _greedy(config)))
+    reference = pipeline.reference.compute_log_probs(
+        pipeline.generate(pipeline.eval_data.select([0, 1]), _greedy(config))
+    )
     assert torch.isfinite(reference["log_probs"]).all()
 
 
@@ -97,25 +117,52 @@ def _greedy(config):
 
 def test_roll_train_writes_the_run_directory(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/ppo.yaml"), *small(tmp_path),
-         "steps=2", "eval_every=2", f"output_dir={tmp_path}", "run_name=tiny", "wandb_mode=offline"],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "roll_lite.cli",
+            "--config",
+            str(REPO / "configs/ppo.yaml"),
+            *small(tmp_path),
+            "steps=2",
+            "eval_every=2",
+            f"output_dir={tmp_path}",
+            "run_name=tiny",
+            "wandb_mode=offline",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     run_dir = tmp_path / "tiny"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
-    assert "eval/reward_mean" in records[0] and "eval/reward_mean" in records[2] and "eval/reward_mean" not in records[1]
-    for key in ("reward/mean", "actor/kl", "actor/entropy", "actor/pg_loss", "actor/grad_norm", "actor/clipfrac",
-                "perf/tokens_per_s", "perf/step_s", "critic/vf_loss"):
+    assert (
+        "eval/reward_mean" in records[0] and "eval/reward_mean" in records[2] and "eval/reward_mean" not in records[1]
+    )
+    for key in (
+        "reward/mean",
+        "actor/kl",
+        "actor/entropy",
+        "actor/pg_loss",
+        "actor/grad_norm",
+        "actor/clipfrac",
+        "perf/tokens_per_s",
+        "perf/step_s",
+        "critic/vf_loss",
+    ):
         assert key in records[1], key
     assert (run_dir / "config.yaml").read_text().startswith("pipeline:")
     assert (run_dir / "curves.png").stat().st_size > 1000
     assert list((run_dir / "wandb").glob("offline-run-*")), "wandb offline run missing"
     assert not list(run_dir.glob("*.partial"))
     # The saved policy reloads and reproduces the final greedy held-out reward exactly.
-    config = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + [f"model.pretrained_path={run_dir / 'final'}",
-                                                             f"model.tokenizer_path={run_dir / 'final'}"])
+    config = load_config(
+        REPO / "configs/ppo.yaml",
+        small(tmp_path) + [f"model.pretrained_path={run_dir / 'final'}", f"model.tokenizer_path={run_dir / 'final'}"],
+    )
     from roll_lite.pipelines.ppo import PPOPipeline
 
     from roll_lite.model.modeling import load_causal_lm
@@ -124,7 +171,9 @@ def test_roll_train_writes_the_run_directory(tmp_path):
     from roll_lite.rollout import HFEngine, SamplingParams
 
     tokenizer = load_tokenizer(config.model.tokenizer_path)
-    engine = HFEngine(load_causal_lm(config.model, len(tokenizer), seed=123), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    engine = HFEngine(
+        load_causal_lm(config.model, len(tokenizer), seed=123), tokenizer.pad_token_id, tokenizer.eos_token_id
+    )
     pipeline = PPOPipeline(config)
     pipeline.prepare_data()
     examples = pipeline.eval_data
@@ -156,21 +205,60 @@ def test_ray_job_submit_to_a_local_head_runs_the_custom_loss_example(tmp_path):
     # --block keeps `ray start` in the foreground; stopping it (SIGTERM) stops this head only, where
     # `ray stop` would stop every Ray cluster on the machine (a training run beside the suite too).
     head = subprocess.Popen(
-        [ray, "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dashboard_port}", "--num-cpus=2", "--disable-usage-stats",
-         # ports of its own, not Ray's defaults: the suite runs other clusters beside this one (-n 2)
-         f"--dashboard-agent-listen-port={agent_port}", f"--ray-client-server-port={client_port}", f"--temp-dir={temp_dir}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+        [
+            ray,
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--port={port}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard_port}",
+            "--num-cpus=2",
+            "--disable-usage-stats",
+            # ports of its own, not Ray's defaults: the suite runs other clusters beside this one (-n 2)
+            f"--dashboard-agent-listen-port={agent_port}",
+            f"--ray-client-server-port={client_port}",
+            f"--temp-dir={temp_dir}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
     )
     try:
         # The example's pipeline class (its loss_func) is imported by the driver and by the workers.
-        command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "examples/custom_loss/config.yaml"), *small(tmp_path),
-                   "steps=2", "eval_every=1", f"output_dir={tmp_path}", "run_name=job"]
+        command = [
+            sys.executable,
+            "-m",
+            "roll_lite.cli",
+            "--config",
+            str(REPO / "examples/custom_loss/config.yaml"),
+            *small(tmp_path),
+            "steps=2",
+            "eval_every=1",
+            f"output_dir={tmp_path}",
+            "run_name=job",
+        ]
         for _ in range(12):  # a loaded box: the head's job agent can come up seconds after the head starts
             submit = subprocess.run(
-                [ray, "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}",
-                 "--runtime-env-json", json.dumps({"env_vars": {"PYTHONPATH": str(REPO)}}), "--", *command],
-                capture_output=True, text=True, timeout=600, env=env, cwd=REPO,
+                [
+                    ray,
+                    "job",
+                    "submit",
+                    "--address",
+                    f"http://127.0.0.1:{dashboard_port}",
+                    "--runtime-env-json",
+                    json.dumps({"env_vars": {"PYTHONPATH": str(REPO)}}),
+                    "--",
+                    *command,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                env=env,
+                cwd=REPO,
             )
             if "No available agent to submit job" not in submit.stderr and "Failed to connect" not in submit.stderr:
                 break
@@ -179,8 +267,13 @@ def test_ray_job_submit_to_a_local_head_runs_the_custom_loss_example(tmp_path):
         assert submit.returncode == 0 and "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-2000:]
         assert "joined the Ray cluster" in submit.stdout
         for wrong in ({"RAY_AUTH_TOKEN": "not-the-token"}, {"RAY_AUTH_MODE": "disabled"}):
-            refused = subprocess.run([ray, "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}", "--", "echo", "in"],
-                                     capture_output=True, text=True, timeout=120, env={**env, **wrong})
+            refused = subprocess.run(
+                [ray, "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}", "--", "echo", "in"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env={**env, **wrong},
+            )
             assert refused.returncode != 0 and "AuthenticationError" in refused.stderr, (wrong, refused.stderr[-2000:])
         config_text = (tmp_path / "job" / "config.yaml").read_text()
         assert "pipeline: examples.custom_loss.pipeline:CappedAdvantagePipeline" in config_text

@@ -19,17 +19,24 @@ from roll_lite.cli import main
 from roll_lite.config import ConfigError, load_config
 from roll_lite.strategy.distributed import free_port
 
-GPUS = ["workers.gpus_per_rank=1", "workers.actor_dp=2",  # reference_dp and critic_dp follow actor_dp on GPUs
-        "workers.actor_cpus=0.5", "workers.rollout_cpus=0", "algorithm.track_kl=true"]
+GPUS = [
+    "workers.gpus_per_rank=1",
+    "workers.actor_dp=2",  # reference_dp and critic_dp follow actor_dp on GPUs
+    "workers.actor_cpus=0.5",
+    "workers.rollout_cpus=0",
+    "algorithm.track_kl=true",
+]
 
 
 def test_gpu_settings_are_checked_with_the_key_named(tmp_path):
-    cases = {"workers.gpus_per_rank=2": "workers.gpus_per_rank: must be 0 (CPU) or 1",
-             "workers.placement=random": "workers.placement: must be pack or spread",
-             "workers.reference_dp=1": "workers.reference_dp: with workers.gpus_per_rank=1 the roles share the actor's GPUs",
-             "workers.reward_gpus=2": "workers.reward_gpus: must be 0 (a share of actor rank 0's GPU) or 1",
-             "workers.reward_gpus=1": "workers.reward_gpus: the reward worker takes a GPU for reward models and judges, "
-                                      "and this run has none"}
+    cases = {
+        "workers.gpus_per_rank=2": "workers.gpus_per_rank: must be 0 (CPU) or 1",
+        "workers.placement=random": "workers.placement: must be pack or spread",
+        "workers.reference_dp=1": "workers.reference_dp: with workers.gpus_per_rank=1 the roles share the actor's GPUs",
+        "workers.reward_gpus=2": "workers.reward_gpus: must be 0 (a share of actor rank 0's GPU) or 1",
+        "workers.reward_gpus=1": "workers.reward_gpus: the reward worker takes a GPU for reward models and judges, "
+        "and this run has none",
+    }
     for override, expected in cases.items():
         with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
             load_config(REPO / "configs/ppo.yaml", GPUS + [override])
@@ -41,16 +48,29 @@ def test_gpu_settings_are_checked_with_the_key_named(tmp_path):
 
 def test_rollout_gpus_of_its_own_are_checked_with_the_key_named():
     vllm = ["rollout.engine=vllm"]
-    cases = [(["workers.rollout_gpus=-1"], "workers.rollout_gpus: must be >= 0 (0: colocated), got -1"),
-             (["workers.gpus_per_rank=0", "workers.rollout_gpus=1"], "workers.rollout_gpus: GPUs of the rollout's own need workers.gpus_per_rank=1"),
-             (["workers.rollout_gpus=2"], "workers.rollout_gpus: the hf engine generates on one GPU, got 2"),
-             (vllm + ["workers.rollout_gpus=2"], "rollout.tensor_parallel_size: must equal the rollout worker's GPUs, 2 (workers.rollout_gpus=2"),
-             (vllm + ["rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size: must equal the rollout worker's GPUs, 1 (workers.rollout_gpus=0")]
+    cases = [
+        (["workers.rollout_gpus=-1"], "workers.rollout_gpus: must be >= 0 (0: colocated), got -1"),
+        (
+            ["workers.gpus_per_rank=0", "workers.rollout_gpus=1"],
+            "workers.rollout_gpus: GPUs of the rollout's own need workers.gpus_per_rank=1",
+        ),
+        (["workers.rollout_gpus=2"], "workers.rollout_gpus: the hf engine generates on one GPU, got 2"),
+        (
+            vllm + ["workers.rollout_gpus=2"],
+            "rollout.tensor_parallel_size: must equal the rollout worker's GPUs, 2 (workers.rollout_gpus=2",
+        ),
+        (
+            vllm + ["rollout.tensor_parallel_size=2"],
+            "rollout.tensor_parallel_size: must equal the rollout worker's GPUs, 1 (workers.rollout_gpus=0",
+        ),
+    ]
     for overrides, expected in cases:
         with pytest.raises(ConfigError) as error:
             load_config(REPO / "configs/ppo.yaml", GPUS + overrides)
         assert str(error.value).startswith(expected), (overrides, str(error.value))
-    disaggregated = load_config(REPO / "configs/ppo.yaml", GPUS + vllm + ["workers.rollout_gpus=2", "rollout.tensor_parallel_size=2"])
+    disaggregated = load_config(
+        REPO / "configs/ppo.yaml", GPUS + vllm + ["workers.rollout_gpus=2", "rollout.tensor_parallel_size=2"]
+    )
     colocated = load_config(REPO / "configs/ppo.yaml", GPUS + vllm)
     # the engine sleeps between generations only when it shares a GPU
     assert (colocated.rollout.release_memory, disaggregated.rollout.release_memory) == (True, False)
@@ -64,31 +84,46 @@ def test_the_capacity_checks_count_what_the_placement_reserves(tmp_path):
     assert (on_gpus.cpus, on_gpus.gpus, on_gpus.cpus_from) == (1.0, 2, "workers.actor_cpus 0.5 × workers.actor_dp 2")
     on_cpu = reservation(load_config(REPO / "configs/ppo.yaml", ["workers.actor_dp=2", "workers.rollout_cpus=0.25"]))
     assert (on_cpu.cpus, on_cpu.gpus) == (2.25, 0)
-    assert reservation(load_config(REPO / "configs/ppo.yaml", ["workers.actor_dp=2"]), with_rollout=False).cpus == 2  # SFT
-    assert reservation(load_config(REPO / "configs/ppo.yaml", ["rollout.in_actor=true"])).cpus == 1  # no rollout process
+    assert (
+        reservation(load_config(REPO / "configs/ppo.yaml", ["workers.actor_dp=2"]), with_rollout=False).cpus == 2
+    )  # SFT
+    assert (
+        reservation(load_config(REPO / "configs/ppo.yaml", ["rollout.in_actor=true"])).cpus == 1
+    )  # no rollout process
     apart = reservation(load_config(REPO / "configs/ppo.yaml", GPUS + ["workers.rollout_gpus=1"]))
     assert (apart.gpus, apart.gpus_from) == (3, "workers.gpus_per_rank × workers.actor_dp + workers.rollout_gpus")
     scorer = f"reward.models={{{save_reward_model(tmp_path / 'rm')}: 1.0}}"
     own_reward_gpu = reservation(load_config(REPO / "configs/ppo.yaml", GPUS + [scorer, "workers.reward_gpus=1"]))
-    assert (own_reward_gpu.gpus, own_reward_gpu.gpus_from) == (3, "workers.gpus_per_rank × workers.actor_dp + workers.reward_gpus")
+    assert (own_reward_gpu.gpus, own_reward_gpu.gpus_from) == (
+        3,
+        "workers.gpus_per_rank × workers.actor_dp + workers.reward_gpus",
+    )
     assert reservation(load_config(REPO / "configs/ppo.yaml", GPUS + [scorer])).gpus == 2  # colocated: a share
 
 
 def test_too_few_gpus_stops_roll_train_in_one_line_before_any_worker(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    code = main(["--config", str(REPO / "configs/ppo.yaml"), *small(tmp_path), *GPUS, f"output_dir={tmp_path}",
-                 "run_name=gpu"])
+    code = main(
+        ["--config", str(REPO / "configs/ppo.yaml"), *small(tmp_path), *GPUS, f"output_dir={tmp_path}", "run_name=gpu"]
+    )
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "roll-train: config error: workers.gpus_per_rank: the workers need 2 GPUs (workers.gpus_per_rank × "
-        "workers.actor_dp) but the cluster has 0; lower workers.actor_dp, or set workers.gpus_per_rank=0 to run on CPU"]
+        "workers.actor_dp) but the cluster has 0; lower workers.actor_dp, or set workers.gpus_per_rank=0 to run on CPU"
+    ]
     assert not (tmp_path / "gpu").exists()
 
 
 @pytest.fixture
 def four_logical_gpus():
-    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, object_store_memory=256 * 1024**2,
-             logging_level="WARNING")
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=4,
+        include_dashboard=False,
+        object_store_memory=256 * 1024**2,
+        logging_level="WARNING",
+    )
     yield
     ray.shutdown()
 
@@ -115,8 +150,9 @@ def test_each_actor_rank_gets_its_own_gpu_and_the_other_roles_share_it(tmp_path,
     assert metrics["actor/grad_norm"] > 0 and metrics["critic/grad_norm"] > 0
     assert metrics["reward/model:rm/failed"] == 0 and "reward/model:rm" in metrics
     # workers.reward_gpus=1: a GPU of its own, apart from the actor's (one actor rank, so the 4 GPUs suffice)
-    apart = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + ["workers.actor_dp=1", "workers.reward_gpus=1",
-                                                                          scorer])
+    apart = load_config(
+        REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + ["workers.actor_dp=1", "workers.reward_gpus=1", scorer]
+    )
     own = RewardClient(apart, Placement(apart, roles_on_a_gpu=1)).where()["gpu_ids"]
     assert len(own) == 1 and own not in gpu, (own, gpu)
 
@@ -129,16 +165,31 @@ def two_nodes_with_two_logical_gpus_each(monkeypatch):
     ray_cli, port = str(Path(sys.executable).parent / "ray"), free_port()
     address = f"127.0.0.1:{port}"
     common = ["--block", "--num-cpus=1", "--num-gpus=2", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
-    nodes = [subprocess.Popen([ray_cli, "start", "--head", f"--port={port}", "--include-dashboard=false", *common],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
+    nodes = [
+        subprocess.Popen(
+            [ray_cli, "start", "--head", f"--port={port}", "--include-dashboard=false", *common],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    ]
     try:
         deadline = time.monotonic() + 120
         while subprocess.run([ray_cli, "status", f"--address={address}"], capture_output=True).returncode != 0:
             assert time.monotonic() < deadline and nodes[0].poll() is None, "the head did not start"
             time.sleep(1)
-        nodes.append(subprocess.Popen([ray_cli, "start", f"--address={address}", *common], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True))
-        status = lambda: subprocess.run([ray_cli, "status", f"--address={address}"], capture_output=True, text=True).stdout  # noqa: E731
+        nodes.append(
+            subprocess.Popen(
+                [ray_cli, "start", f"--address={address}", *common],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
+
+        def status() -> str:
+            return subprocess.run([ray_cli, "status", f"--address={address}"], capture_output=True, text=True).stdout
+
         while status().count("node_") < 2:  # "Active:" lists one line per node
             assert time.monotonic() < deadline and nodes[1].poll() is None, "the second node did not join"
             time.sleep(1)
@@ -176,8 +227,10 @@ print(json.dumps(found))
 def test_a_rollout_with_gpus_of_its_own_gets_them_apart_from_the_actors(tmp_path, four_logical_gpus):
     from roll_lite.workers.placement import Placement
 
-    config = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + [
-        "rollout.engine=vllm", "workers.rollout_gpus=2", "rollout.tensor_parallel_size=2"])
+    config = load_config(
+        REPO / "configs/ppo.yaml",
+        small(tmp_path) + GPUS + ["rollout.engine=vllm", "workers.rollout_gpus=2", "rollout.tensor_parallel_size=2"],
+    )
 
     @ray.remote
     def assigned_gpus():
@@ -194,9 +247,21 @@ def test_a_rollout_with_gpus_of_its_own_gets_them_apart_from_the_actors(tmp_path
 
 
 def test_spread_puts_the_actor_ranks_on_two_nodes_and_pack_on_one(tmp_path, two_nodes_with_two_logical_gpus_each):
-    result = subprocess.run([sys.executable, "-c", DRIVER, two_nodes_with_two_logical_gpus_each,
-                             str(REPO / "configs/ppo.yaml"), *small(tmp_path), *GPUS],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DRIVER,
+            two_nodes_with_two_logical_gpus_each,
+            str(REPO / "configs/ppo.yaml"),
+            *small(tmp_path),
+            *GPUS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
     spread, pack = found["spread"], found["pack"]
@@ -209,6 +274,9 @@ def test_one_process_per_rank_where_the_dps_allow_and_another_dp_is_refused():
     assert load_config(ppo, []).workers.one_process_per_rank is True  # one rank of each role on CPU
     assert load_config(ppo, GPUS).workers.one_process_per_rank is True  # the dps follow actor_dp on GPUs
     assert load_config(ppo, ["workers.actor_dp=2"]).workers.one_process_per_rank is False  # 1 reference rank on CPU
-    with pytest.raises(ConfigError, match=r"^workers.reference_dp: workers.one_process_per_rank=true puts rank i of "
-                                          r"each role in actor rank i's process: set it to workers.actor_dp=2"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^workers.reference_dp: workers.one_process_per_rank=true puts rank i of "
+        r"each role in actor rank i's process: set it to workers.actor_dp=2",
+    ):
         load_config(ppo, ["workers.actor_dp=2", "workers.one_process_per_rank=true"])

@@ -27,7 +27,7 @@ from roll_lite.loss.checker import random_rl_batch
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
-USER_LOSSES = '''
+USER_LOSSES = """
 from roll_lite.loss import agg_loss, mask_stats, masked_sum, zero_outside
 
 
@@ -44,7 +44,7 @@ def needs_a_key(batch, output):  # reads a key the checker's batch does not have
 def local_mean(batch, output):  # the classic bug: the micro-batch's own token count
     mask = batch["response_mask"]
     return -masked_sum(output["log_probs"] * batch["advantages"], mask) / mask.sum().clamp(min=1), {}
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +55,19 @@ def losses_module(tmp_path_factory):
 
 def one_row(log_probs, old_log_probs, advantages):
     mask = torch.ones(1, len(log_probs), dtype=torch.long)
-    meta = {"loss_mask_keys": ["response_mask"], "batch_num_tokens": {"response_mask": torch.tensor(float(mask.sum()))},
-            "global_valid_samples": {"response_mask": torch.tensor(1.0)}}
-    batch = DataProto({"response_mask": mask, "old_log_probs": torch.tensor([old_log_probs], dtype=torch.float64),
-                       "advantages": torch.tensor([advantages], dtype=torch.float64)}, meta_info=meta)
+    meta = {
+        "loss_mask_keys": ["response_mask"],
+        "batch_num_tokens": {"response_mask": torch.tensor(float(mask.sum()))},
+        "global_valid_samples": {"response_mask": torch.tensor(1.0)},
+    }
+    batch = DataProto(
+        {
+            "response_mask": mask,
+            "old_log_probs": torch.tensor([old_log_probs], dtype=torch.float64),
+            "advantages": torch.tensor([advantages], dtype=torch.float64),
+        },
+        meta_info=meta,
+    )
     log_probs = torch.tensor([log_probs], dtype=torch.float64, requires_grad=True)
     return batch, log_probs
 
@@ -84,7 +93,8 @@ def test_gspo_token_is_gspo_when_a_row_has_one_advantage_and_per_token_otherwise
         for token_level in (False, True):
             batch, log_probs = one_row([-0.9, -2.1, -0.45], old, advantages)
             loss, _ = sequence_policy_loss_func(clip_ratio_low=0.5, clip_ratio_high=0.5, token_level=token_level)(
-                batch, {"log_probs": log_probs})
+                batch, {"log_probs": log_probs}
+            )
             loss.backward()
             results.append((loss.item(), log_probs.grad.clone()))
         if advantages[0] == advantages[1]:
@@ -98,8 +108,9 @@ def test_gspo_token_is_gspo_when_a_row_has_one_advantage_and_per_token_otherwise
 
 def test_gspo_token_clips_per_sequence():
     batch, log_probs = one_row([0.0, 0.0], [-1.0, -1.0], [1.0, 1.0])  # s = e > 1 + 0.2
-    loss_mat, clipped = sequence_ratio_token_loss(log_probs, batch["old_log_probs"], batch["advantages"],
-                                                  batch["response_mask"], 0.2, 0.2)
+    loss_mat, clipped = sequence_ratio_token_loss(
+        log_probs, batch["old_log_probs"], batch["advantages"], batch["response_mask"], 0.2, 0.2
+    )
     assert loss_mat.tolist()[0] == pytest.approx([-1.2, -1.2]) and clipped.tolist() == [[1.0, 1.0]]
 
 
@@ -107,11 +118,15 @@ def test_gspo_token_clips_per_sequence():
 def test_each_name_selects_its_loss_with_its_own_clip_defaults(name):
     pipeline = PPOPipeline(load_config(None, [f"algorithm.policy_loss={name}", "algorithm.track_kl=false"]))
     data = random_rl_batch(seed=3)
-    data.meta_info.update(batch_num_tokens={"response_mask": data["response_mask"].sum().double()},
-                          global_valid_samples={"response_mask": (data["response_mask"].sum(-1) > 0).sum().double()})
-    output = {"log_probs": data["old_log_probs"] + 0.4 * torch.randn(data["old_log_probs"].shape,
-                                                                     generator=torch.Generator().manual_seed(1),
-                                                                     dtype=torch.float64)}
+    data.meta_info.update(
+        batch_num_tokens={"response_mask": data["response_mask"].sum().double()},
+        global_valid_samples={"response_mask": (data["response_mask"].sum(-1) > 0).sum().double()},
+    )
+    output = {
+        "log_probs": data["old_log_probs"]
+        + 0.4
+        * torch.randn(data["old_log_probs"].shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    }
     expected = POLICY_LOSSES[name]("token-mean", seq_len_norm=10)(data, output)[0]
     assert pipeline.loss_func(data, output)[0].item() == expected.item()
     if name != "ppo":  # another loss gives another number on the same batch
@@ -121,11 +136,14 @@ def test_each_name_selects_its_loss_with_its_own_clip_defaults(name):
 def test_a_reference_adds_the_kl_around_any_policy_loss():
     pipeline = PPOPipeline(load_config(None, ["algorithm.policy_loss=cispo", "algorithm.kl_coef=0.3"]))
     data = random_rl_batch(seed=4)
-    data.meta_info.update(batch_num_tokens={"response_mask": data["response_mask"].sum().double()},
-                          global_valid_samples={"response_mask": (data["response_mask"].sum(-1) > 0).sum().double()})
+    data.meta_info.update(
+        batch_num_tokens={"response_mask": data["response_mask"].sum().double()},
+        global_valid_samples={"response_mask": (data["response_mask"].sum(-1) > 0).sum().double()},
+    )
     output = {"log_probs": data["old_log_probs"] * 1.1}
-    expected = kl_regularized_loss_func("token-mean", kl_coef=0.3, kl_mask_key="response_mask",
-                                        policy_loss=cispo_policy_loss_func(seq_len_norm=10))(data, output)
+    expected = kl_regularized_loss_func(
+        "token-mean", kl_coef=0.3, kl_mask_key="response_mask", policy_loss=cispo_policy_loss_func(seq_len_norm=10)
+    )(data, output)
     got = pipeline.loss_func(data, output)
     assert got[0].item() == expected[0].item() and "kl@sum" in got[1]
 
@@ -133,28 +151,40 @@ def test_a_reference_adds_the_kl_around_any_policy_loss():
 def test_a_users_loss_by_import_path_is_used_and_checked_first(losses_module):
     good = PPOPipeline(load_config(None, [f"algorithm.policy_loss={losses_module}:good", "algorithm.track_kl=false"]))
     data = random_rl_batch(seed=5)
-    data.meta_info.update(batch_num_tokens={"response_mask": data["response_mask"].sum().double()},
-                          global_valid_samples={"response_mask": (data["response_mask"].sum(-1) > 0).sum().double()})
+    data.meta_info.update(
+        batch_num_tokens={"response_mask": data["response_mask"].sum().double()},
+        global_valid_samples={"response_mask": (data["response_mask"].sum(-1) > 0).sum().double()},
+    )
     output = {"log_probs": data["old_log_probs"]}
     assert good.loss_func(data, output)[0].item() == pytest.approx(
         (-(data["advantages"] * data["old_log_probs"]) * data["response_mask"]).sum().item()
-        / data["response_mask"].sum().item())
+        / data["response_mask"].sum().item()
+    )
     # it reports no engine-vs-actor gap: the fresh-weights check (rollout.max_logp_gap) would stop the run
     # after step 1, so the check before training stops it instead, naming the metric
-    with pytest.raises(LossCheckFailed, match=r"reports no 'rollout_logp_gap@sum' \(it reports nothing\).*rollout_correction"):
+    with pytest.raises(
+        LossCheckFailed, match=r"reports no 'rollout_logp_gap@sum' \(it reports nothing\).*rollout_correction"
+    ):
         check_own_losses(good)
-    unchecked_gap = PPOPipeline(load_config(None, [f"algorithm.policy_loss={losses_module}:good", "algorithm.track_kl=false",
-                                                   "rollout.max_logp_gap=null"]))
+    unchecked_gap = PPOPipeline(
+        load_config(
+            None,
+            [f"algorithm.policy_loss={losses_module}:good", "algorithm.track_kl=false", "rollout.max_logp_gap=null"],
+        )
+    )
     assert check_own_losses(unchecked_gap).startswith("loss check: loss_func passed")
     assert check_own_losses(PPOPipeline(load_config(None, []))) is None  # built-ins are tested, not re-checked
     bad = PPOPipeline(load_config(None, [f"algorithm.policy_loss={losses_module}:local_mean"]))
     with pytest.raises(LossCheckFailed, match="normalises by the micro-batch's own loss_mask.sum"):
         check_own_losses(bad)
     raising = PPOPipeline(load_config(None, [f"algorithm.policy_loss={losses_module}:needs_a_key"]))
-    with pytest.raises(LossCheckFailed, match="raised on the checker's synthetic batch: KeyError: .*no tensor 'my_weights'"):
+    with pytest.raises(
+        LossCheckFailed, match="raised on the checker's synthetic batch: KeyError: .*no tensor 'my_weights'"
+    ):
         check_own_losses(raising)
-    skipped = PPOPipeline(load_config(None, [f"algorithm.policy_loss={losses_module}:local_mean",
-                                             "algorithm.check_loss=false"]))
+    skipped = PPOPipeline(
+        load_config(None, [f"algorithm.policy_loss={losses_module}:local_mean", "algorithm.check_loss=false"])
+    )
     assert check_own_losses(skipped) == "loss check: skipped (algorithm.check_loss=false) for loss_func"
 
 
@@ -166,10 +196,13 @@ def docs_loss(tmp_path_factory):
         yield f"{name}:my_loss"
 
 
-@pytest.mark.parametrize("correction, metrics", [
-    (["algorithm.rollout_is=token"], "'rollout_is_weight@sum'"),
-    (["algorithm.rollout_mask=token", "algorithm.rollout_veto_threshold=4.0"], "'rollout_dropped@sum'"),
-])
+@pytest.mark.parametrize(
+    "correction, metrics",
+    [
+        (["algorithm.rollout_is=token"], "'rollout_is_weight@sum'"),
+        (["algorithm.rollout_mask=token", "algorithm.rollout_veto_threshold=4.0"], "'rollout_dropped@sum'"),
+    ],
+)
 def test_a_correction_the_loss_does_not_apply_fails_the_check_naming_the_metric(docs_loss, correction, metrics):
     """docs/custom-losses.md's my_loss (the README's example) reports the engine-vs-actor gap but applies
     no correction: with one configured, the loss check stops the run before training
@@ -180,9 +213,11 @@ def test_a_correction_the_loss_does_not_apply_fails_the_check_naming_the_metric(
     with pytest.raises(LossCheckFailed) as failed:
         check_own_losses(corrected)
     settings = ", ".join(correction)
-    assert str(failed.value).startswith(f"PPOPipeline.loss_func reports no {metrics} (it reports [") \
-        and f"so the rollout correction of {settings} would not be applied" in str(failed.value) \
+    assert (
+        str(failed.value).startswith(f"PPOPipeline.loss_func reports no {metrics} (it reports [")
+        and f"so the rollout correction of {settings} would not be applied" in str(failed.value)
         and "\n" not in str(failed.value)
+    )
     # a loss that applies the correction passes as before: examples/custom_loss's subclass passes rollout_is
     from examples.custom_loss.pipeline import CappedAdvantagePipeline
 
@@ -192,22 +227,36 @@ def test_a_correction_the_loss_does_not_apply_fails_the_check_naming_the_metric(
 
 def test_roll_train_stops_on_a_users_loss_that_fails_the_check_before_anything_starts(losses_module, tmp_path):
     folder = sys.modules[losses_module].__file__.rsplit("/", 1)[0]
-    result = subprocess.run([sys.executable, "-m", "roll_lite.cli", f"algorithm.policy_loss={losses_module}:local_mean",
-                             f"output_dir={tmp_path}"], capture_output=True, text=True, timeout=300, cwd=REPO,
-                            env={**__import__("os").environ, "PYTHONPATH": folder})
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "roll_lite.cli",
+            f"algorithm.policy_loss={losses_module}:local_mean",
+            f"output_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**__import__("os").environ, "PYTHONPATH": folder},
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "roll-train: loss check: PPOPipeline.loss_func" in result.stderr
     assert "likely cause" in result.stderr and "algorithm.check_loss=false" in result.stderr
     assert not any(tmp_path.iterdir())  # nothing written, no Ray started
 
 
-@pytest.mark.parametrize("overrides, error", [
-    (["algorithm.policy_loss=grpo"], "algorithm.policy_loss: 'grpo' is not one of cispo, gspo, gspo_token, ppo"),
-    (["algorithm.policy_loss=gspo", "algorithm.dual_clip_c=3"], "algorithm.dual_clip_c: dual clip is ppo's"),
-    (["algorithm.policy_loss=gspo", "algorithm.entropy_coef=0.01"], "algorithm.entropy_coef: the entropy bonus"),
-    (["algorithm.clip_ratio_high=-0.1"], "algorithm.clip_ratio_high: must be >= 0 or null"),
-    (["algorithm.policy_loss=no_such_module:loss"], "algorithm.policy_loss: cannot import 'no_such_module:loss'"),
-])
+@pytest.mark.parametrize(
+    "overrides, error",
+    [
+        (["algorithm.policy_loss=grpo"], "algorithm.policy_loss: 'grpo' is not one of cispo, gspo, gspo_token, ppo"),
+        (["algorithm.policy_loss=gspo", "algorithm.dual_clip_c=3"], "algorithm.dual_clip_c: dual clip is ppo's"),
+        (["algorithm.policy_loss=gspo", "algorithm.entropy_coef=0.01"], "algorithm.entropy_coef: the entropy bonus"),
+        (["algorithm.clip_ratio_high=-0.1"], "algorithm.clip_ratio_high: must be >= 0 or null"),
+        (["algorithm.policy_loss=no_such_module:loss"], "algorithm.policy_loss: cannot import 'no_such_module:loss'"),
+    ],
+)
 def test_policy_loss_config_errors_name_the_key(overrides, error):
     with pytest.raises(ConfigError, match=error):
         load_config(None, overrides)

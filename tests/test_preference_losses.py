@@ -24,11 +24,20 @@ def pair_batch():
     # 2 pairs; responses of 2, 3, 1, 2 tokens after a 1-token prompt
     chosen = torch.tensor([[0, 1, 1, 0], [0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0]])
     rejected = torch.tensor([[0, 0, 0, 0], [0, 1, 1, 1], [0, 0, 0, 0], [0, 1, 1, 0]])
-    log_probs = torch.tensor([[0.0, -1.0, -2.0, 0.0], [0.0, -0.5, -1.5, -1.0], [0.0, -3.0, 0.0, 0.0], [0.0, -0.2, -0.1, 0.0]],
-                             dtype=torch.float64, requires_grad=True)
+    log_probs = torch.tensor(
+        [[0.0, -1.0, -2.0, 0.0], [0.0, -0.5, -1.5, -1.0], [0.0, -3.0, 0.0, 0.0], [0.0, -0.2, -0.1, 0.0]],
+        dtype=torch.float64,
+        requires_grad=True,
+    )
     meta = {name: {"chosen_mask": value} for name, value in local_mask_stats(chosen).items()}
-    batch = DataProto({"chosen_mask": chosen, "rejected_mask": rejected,
-                       "reference_logps": torch.tensor([-2.5, -3.5, -2.0, -0.5], dtype=torch.float64)}, meta_info=meta)
+    batch = DataProto(
+        {
+            "chosen_mask": chosen,
+            "rejected_mask": rejected,
+            "reference_logps": torch.tensor([-2.5, -3.5, -2.0, -0.5], dtype=torch.float64),
+        },
+        meta_info=meta,
+    )
     return batch, log_probs
 
 
@@ -37,11 +46,15 @@ LENGTHS = [(2, 3), (1, 2)]
 REFERENCE = [(-2.5, -3.5), (-2.0, -0.5)]
 
 
-@pytest.mark.parametrize("loss_type, beta, smoothing, gamma", [
-    ("dpo", 0.5, 0.0, 0.0), ("dpo", 0.5, 0.2, 0.0), ("ipo", 0.5, 0.0, 0.0), ("simpo", 2.0, 0.1, 0.4)])
+@pytest.mark.parametrize(
+    "loss_type, beta, smoothing, gamma",
+    [("dpo", 0.5, 0.0, 0.0), ("dpo", 0.5, 0.2, 0.0), ("ipo", 0.5, 0.0, 0.0), ("simpo", 2.0, 0.1, 0.4)],
+)
 def test_dpo_family_equals_the_formulas(loss_type, beta, smoothing, gamma):
     batch, log_probs = pair_batch()
-    loss, metrics = dpo_loss_func(loss_type, beta, smoothing, nll_coef=0.0, simpo_gamma=gamma)(batch, {"log_probs": log_probs})
+    loss, metrics = dpo_loss_func(loss_type, beta, smoothing, nll_coef=0.0, simpo_gamma=gamma)(
+        batch, {"log_probs": log_probs}
+    )
     expected, accuracies = [], []
     for (pc, pr), (lc, lr), (rc, rr) in zip(SUMS, LENGTHS, REFERENCE):
         if loss_type in ("ipo", "simpo"):
@@ -67,7 +80,9 @@ def test_nll_term_is_the_chosen_token_mean():
     plain, _ = dpo_loss_func("dpo", 0.5)(batch, {"log_probs": log_probs})
     with_nll, metrics = dpo_loss_func("dpo", 0.5, nll_coef=0.3)(batch, {"log_probs": log_probs})
     nll = (1.0 + 2.0 + 3.0) / 3  # the chosen tokens' −log-probs over the 3 chosen tokens
-    assert metrics["nll_loss@sum"].item() == pytest.approx(nll) and (with_nll - plain).item() == pytest.approx(0.3 * nll)
+    assert metrics["nll_loss@sum"].item() == pytest.approx(nll) and (with_nll - plain).item() == pytest.approx(
+        0.3 * nll
+    )
 
 
 def test_bradley_terry_equals_the_formula_with_margin_and_centering():
@@ -76,8 +91,15 @@ def test_bradley_terry_equals_the_formula_with_margin_and_centering():
     rejected = torch.tensor([[0, 0, 0], [0, 1, 0], [0, 0, 0], [0, 1, 1]])
     scores = torch.tensor([[9.0, 9.0, 1.5], [9.0, 0.5, 9.0], [9.0, 9.0, -1.0], [9.0, 9.0, 0.25]], dtype=torch.float64)
     meta = {name: {"chosen_mask": value} for name, value in local_mask_stats(chosen).items()}
-    batch = DataProto({"chosen_mask": chosen, "rejected_mask": rejected, "score_mask": score_mask,
-                       "margin": torch.tensor([0.3, 0.3, 0.0, 0.0], dtype=torch.float64)}, meta_info=meta)
+    batch = DataProto(
+        {
+            "chosen_mask": chosen,
+            "rejected_mask": rejected,
+            "score_mask": score_mask,
+            "margin": torch.tensor([0.3, 0.3, 0.0, 0.0], dtype=torch.float64),
+        },
+        meta_info=meta,
+    )
     loss, metrics = bradley_terry_loss_func(center_coef=0.1)(batch, {"scores": scores})
     pairs = [(1.5, 0.5, 0.3), (-1.0, 0.25, 0.0)]
     expected = sum(-logsigmoid(c - r - m) + 0.1 * (c + r) ** 2 for c, r, m in pairs) / 2

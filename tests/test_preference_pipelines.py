@@ -15,8 +15,14 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
-        "model.num_key_value_heads=1", "workers.torch_threads=1"]
+TINY = [
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+    "workers.torch_threads=1",
+]
 SHORT = ["preference.steps=4", "preference.eval_every=2", "preference.batch_size=8"]
 
 
@@ -29,8 +35,9 @@ def docs_command(contains: str) -> list[str]:
 
 
 def roll_train(argv, cwd):
-    result = subprocess.run([sys.executable, "-m", "roll_lite.cli", *argv[1:]], capture_output=True, text=True,
-                            timeout=600, cwd=cwd)
+    result = subprocess.run(
+        [sys.executable, "-m", "roll_lite.cli", *argv[1:]], capture_output=True, text=True, timeout=600, cwd=cwd
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -51,7 +58,9 @@ def test_reward_model_final_scores_as_trained_and_grpo_trains_against_it(workdir
     run_dir = workdir / "outputs/rm_reverse_digits"
     records = history(run_dir)
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4] and "rm step 4/4" in result.stderr
-    assert all(0 <= records[step]["eval/rm/accuracy"] <= 1 for step in (0, 2, 4)) and "eval/rm/accuracy" not in records[1]
+    assert (
+        all(0 <= records[step]["eval/rm/accuracy"] <= 1 for step in (0, 2, 4)) and "eval/rm/accuracy" not in records[1]
+    )
     assert all(records[step]["rm/pairs"] == 8 and records[step]["rm/grad_norm"] > 0 for step in (1, 2, 3, 4))
     assert records[4]["eval/rm/loss"] != records[0]["eval/rm/loss"]
 
@@ -69,23 +78,41 @@ def test_reward_model_final_scores_as_trained_and_grpo_trains_against_it(workdir
     pairs, _ = load_pair_files([str(REPO / "data/reverse_digits_pairs/eval.jsonl")], "f", PreferenceConfig(), tokenizer)
     model = RewardModel(str(final), tokenizer)
     assert model.same_tokenizer
-    scores = [s.value for s in model.score([""] * 2 * len(pairs), [""] * 2 * len(pairs),
-                                           [ids for pair in zip(pairs.chosen, pairs.rejected) for ids, _ in pair])]
+    scores = [
+        s.value
+        for s in model.score(
+            [""] * 2 * len(pairs),
+            [""] * 2 * len(pairs),
+            [ids for pair in zip(pairs.chosen, pairs.rejected) for ids, _ in pair],
+        )
+    ]
     gaps = torch.tensor(scores[0::2], dtype=torch.float64) - torch.tensor(scores[1::2], dtype=torch.float64)
     assert gaps.mean().item() == pytest.approx(records[4]["eval/rm/score_gap"], rel=1e-4, abs=1e-5)
     assert (gaps > 0).double().mean().item() == pytest.approx(records[4]["eval/rm/accuracy"], abs=1.5 / len(pairs))
 
     # The docs' GRPO command against it: the reward worker scores every response with the model.
-    roll_train(docs_command("outputs/rm_reverse_digits/final: 1.0") + TINY
-               + ["steps=1", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.num_samples=2", "eval_every=100"], workdir)
+    roll_train(
+        docs_command("outputs/rm_reverse_digits/final: 1.0")
+        + TINY
+        + ["steps=1", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.num_samples=2", "eval_every=100"],
+        workdir,
+    )
     (step,) = [r for r in history(workdir / "outputs/grpo_from_rm") if r["step"] == 1]
-    assert step["reward/model:rm_reverse_digits"] == pytest.approx(step["reward/mean"]) and step["reward/model:rm_reverse_digits/failed"] == 0
+    assert (
+        step["reward/model:rm_reverse_digits"] == pytest.approx(step["reward/mean"])
+        and step["reward/model:rm_reverse_digits/failed"] == 0
+    )
 
 
 def dpo(workdir, run_name, *overrides):
     # The SFT model of the docs' first command is replaced by a fresh tiny one (model.pretrained_path=null).
-    roll_train(docs_command("configs/dpo.yaml") + TINY + SHORT + ["model.pretrained_path=null", f"run_name={run_name}",
-                                                                   *overrides], workdir)
+    roll_train(
+        docs_command("configs/dpo.yaml")
+        + TINY
+        + SHORT
+        + ["model.pretrained_path=null", f"run_name={run_name}", *overrides],
+        workdir,
+    )
     return history(workdir / "outputs" / run_name)
 
 
@@ -117,8 +144,9 @@ def learning(record: dict) -> dict:
 
 
 def test_lora_dpo_uses_the_actor_without_adapters_as_reference(workdir):
-    records = dpo(workdir, "lora", "actor.lora.rank=4", "preference.loss=ipo", "preference.nll_coef=0.1",
-                  "preference.steps=2")
+    records = dpo(
+        workdir, "lora", "actor.lora.rank=4", "preference.loss=ipo", "preference.nll_coef=0.1", "preference.steps=2"
+    )
     assert records[0]["eval/dpo/rewards/margins"] == 0  # lora_B starts at zero: adapters off = on
     assert records[2]["eval/dpo/rewards/margins"] != 0 and records[2]["dpo/nll_loss"] > 0
     assert (workdir / "outputs/lora/final/adapter_model.safetensors").is_file()
@@ -148,7 +176,17 @@ def test_the_chain_example_stages_are_valid_configs_and_its_scorer_reads_a_polic
     shown = [shlex.split(code) for code in re.findall(r"`(roll-train --config [^`]+)`", section)]
     assert shown == [["roll-train", *arguments, f"seed={chain.SEED}"] for arguments in chain.stages(False).values()]
     tokenizer = build_char_tokenizer()
-    build_causal_lm(dict(model_type="qwen2", vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1), seed=0).save_pretrained(tmp_path)
+    build_causal_lm(
+        dict(
+            model_type="qwen2",
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        ),
+        seed=0,
+    ).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     assert chain.held_out_accuracy(tmp_path) == 0.0  # a random model answers none of the 64

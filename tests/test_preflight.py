@@ -52,19 +52,32 @@ def _setup(tmp_path: Path, case: str) -> list[str]:
         (tmp_path / "bad.yaml").write_text("steps: 3\nrollout:\n  max_new_tokens: [8\nactor:\n  lr: 1e-4\n")
         return ["--config", "bad.yaml"]
     if case == "pipeline syntax":
-        (tmp_path / "my_pipeline.py").write_text("from roll_lite.pipelines.ppo import PPOPipeline\n\nclass Mine(PPOPipeline)\n    pass\n")
+        (tmp_path / "my_pipeline.py").write_text(
+            "from roll_lite.pipelines.ppo import PPOPipeline\n\nclass Mine(PPOPipeline)\n    pass\n"
+        )
         return ["pipeline=my_pipeline:Mine"]
     return []
 
 
 # Run as the `roll-train` command: files on disk, stderr exactly one line.
 COMMAND_CASES = [
-    ("missing folder", ["model.pretrained_path=models/nowhere"],
-     "model.pretrained_path: no such folder 'models/nowhere' (and not a hub id of the form org/name)"),
+    (
+        "missing folder",
+        ["model.pretrained_path=models/nowhere"],
+        "model.pretrained_path: no such folder 'models/nowhere' (and not a hub id of the form org/name)",
+    ),
     ("empty folder", [], "model.pretrained_path: 'm' is a folder but not a model: it has no config.json"),
     ("no weights", [], "model.pretrained_path: 'm' has a config.json but no weights (model.safetensors"),
-    ("small vocab", [], "model.tokenizer_path: the tokenizer has 91 tokens but the model (model.pretrained_path) has vocab_size 64"),
-    ("remote code", [], "model.pretrained_path: cannot read the model config of the folder 'm': The repository m contains custom code"),
+    (
+        "small vocab",
+        [],
+        "model.tokenizer_path: the tokenizer has 91 tokens but the model (model.pretrained_path) has vocab_size 64",
+    ),
+    (
+        "remote code",
+        [],
+        "model.pretrained_path: cannot read the model config of the folder 'm': The repository m contains custom code",
+    ),
     ("missing tokenizer", ["model.tokenizer_path=./tok"], "model.tokenizer_path: no such folder './tok'"),
     ("yaml", [], "--config: bad.yaml:4:6: YAML syntax error: did not find expected ',' or ']'"),
     ("pipeline syntax", [], "pipeline: cannot import 'my_pipeline:Mine': expected ':' in "),
@@ -78,37 +91,62 @@ VALUE_CASES = [
     ("model.model_type=gpt5", "model.model_type: 'gpt5' is not a model type of transformers (e.g. qwen2, llama)"),
     ("sft.batch_size=0", "sft.batch_size: must be >= 1, got 0"),
     ("actor.lora.rank=-2", "actor.lora.rank: must be >= 0 (0: no LoRA), got -2"),
-    ("actor.lora.rank=8 actor.lora.target_modules=[q_proj,qkv] sft.steps=0",
-     "actor.lora.target_modules: ['qkv'] match no Linear module of Qwen2ForCausalLM; its Linear modules (the LM head "
-     "cannot take an adapter) are ['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']"),
-    ("critic.lora.rank=8 critic.lora.target_modules=lm_head", "critic.lora.target_modules: ['lm_head'] match no Linear"),
+    (
+        "actor.lora.rank=8 actor.lora.target_modules=[q_proj,qkv] sft.steps=0",
+        "actor.lora.target_modules: ['qkv'] match no Linear module of Qwen2ForCausalLM; its Linear modules (the LM head "
+        "cannot take an adapter) are ['down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj']",
+    ),
+    (
+        "critic.lora.rank=8 critic.lora.target_modules=lm_head",
+        "critic.lora.target_modules: ['lm_head'] match no Linear",
+    ),
     ("sft.lr=0", "sft.lr: must be > 0, got 0.0"),
     ("rollout.engine=vllm rollout.release_memory=true", "rollout.release_memory: vLLM has no sleep mode on CPU"),
     ("rollout.engine=vllm rollout.tensor_parallel_size=2", "rollout.tensor_parallel_size: vllm on CPU runs one worker"),
     ("rollout.engine=vllm rollout.cpu_kv_cache_gib=0", "rollout.cpu_kv_cache_gib: must be >= 1 (whole GiB), got 0"),
     ("rollout.max_logp_gap=0", "rollout.max_logp_gap: must be > 0 or null"),
     ("rollout.engine=vllm workers.gpus_per_rank=1", "rollout.engine=vllm"),
-    ("rollout.engine=vllm workers.gpus_per_rank=1 rollout.tensor_parallel_size=2",
-     "rollout.tensor_parallel_size: must equal the rollout worker's GPUs, 1 (workers.rollout_gpus=0"),
-    ("rollout.engine=vllm workers.gpus_per_rank=1 rollout.gpu_memory_utilization=1.5",
-     "rollout.gpu_memory_utilization: must be in (0, 1), got 1.5"),
-    ("rollout.engine=vllm workers.gpus_per_rank=1 rollout.top_k=20 rollout.temperature=0.7",
-     "rollout.engine=vllm cannot return log softmax(logits / temperature) when top-k / top-p truncate"),
+    (
+        "rollout.engine=vllm workers.gpus_per_rank=1 rollout.tensor_parallel_size=2",
+        "rollout.tensor_parallel_size: must equal the rollout worker's GPUs, 1 (workers.rollout_gpus=0",
+    ),
+    (
+        "rollout.engine=vllm workers.gpus_per_rank=1 rollout.gpu_memory_utilization=1.5",
+        "rollout.gpu_memory_utilization: must be in (0, 1), got 1.5",
+    ),
+    (
+        "rollout.engine=vllm workers.gpus_per_rank=1 rollout.top_k=20 rollout.temperature=0.7",
+        "rollout.engine=vllm cannot return log softmax(logits / temperature) when top-k / top-p truncate",
+    ),
     # one CPU actor rank generates in its own process (rollout.in_actor=null): no rollout CPUs
-    ("workers.actor_cpus=512", "workers.actor_cpus: the workers reserve 512 CPUs (workers.actor_cpus 512 × workers.actor_dp 1)"
-                               " but this machine has"),
-    ("workers.actor_cpus=512 rollout.in_actor=false", "workers.actor_cpus: the workers reserve 513 CPUs (workers.actor_cpus "
-                                                      "512 × workers.actor_dp 1 + workers.rollout_cpus 1) but this machine has"),
+    (
+        "workers.actor_cpus=512",
+        "workers.actor_cpus: the workers reserve 512 CPUs (workers.actor_cpus 512 × workers.actor_dp 1)"
+        " but this machine has",
+    ),
+    (
+        "workers.actor_cpus=512 rollout.in_actor=false",
+        "workers.actor_cpus: the workers reserve 513 CPUs (workers.actor_cpus "
+        "512 × workers.actor_dp 1 + workers.rollout_cpus 1) but this machine has",
+    ),
     ("workers.rollout_cpus=-1", "workers.rollout_cpus: must be >= 0, got -1.0"),
     # Before the data is read a prompt has at least 1 token (the words agree with the count).
-    ("rollout.max_new_tokens=64", "rollout.max_new_tokens: a prompt of at least 1 token + rollout.max_new_tokens=64 = 65 "
-                                  "exceeds model.max_position_embeddings=64"),
+    (
+        "rollout.max_new_tokens=64",
+        "rollout.max_new_tokens: a prompt of at least 1 token + rollout.max_new_tokens=64 = 65 "
+        "exceeds model.max_position_embeddings=64",
+    ),
     # After the data is read (still before Ray): the demo's longest prompt is '<bos>' + 7 digits + '='.
-    ("rollout.max_new_tokens=60", "rollout.max_new_tokens: the longest prompt (9 tokens, data.train_files / "
-                                  "data.eval_files) + rollout.max_new_tokens=60 = 69 exceeds model.max_position_embeddings=64"),
-    ("model.max_position_embeddings=16 rollout.max_new_tokens=7",
-     "sft.train_files: the SFT sequences (up to 17 tokens: prompt, response, <eos>) exceed model.max_position_embeddings=16; "
-     "sft.max_length=16 leaves the longer ones out"),
+    (
+        "rollout.max_new_tokens=60",
+        "rollout.max_new_tokens: the longest prompt (9 tokens, data.train_files / "
+        "data.eval_files) + rollout.max_new_tokens=60 = 69 exceeds model.max_position_embeddings=64",
+    ),
+    (
+        "model.max_position_embeddings=16 rollout.max_new_tokens=7",
+        "sft.train_files: the SFT sequences (up to 17 tokens: prompt, response, <eos>) exceed model.max_position_embeddings=16; "
+        "sft.max_length=16 leaves the longer ones out",
+    ),
 ]
 # Exits before anything starts: Ray is never imported.
 NO_RAY = "import sys; from roll_lite.cli import main; code = main(sys.argv[1:]); sys.exit(99 if 'ray' in sys.modules else code)"
@@ -122,8 +160,9 @@ def test_roll_train_rejects_bad_input_in_one_line_before_anything_starts(tmp_pat
         args = ["--config", str(REPO / "configs/ppo.yaml")] + args
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     start = time.perf_counter()
-    result = subprocess.run([ROLL_TRAIN, *args, "output_dir=out"], capture_output=True, text=True, timeout=120,
-                            cwd=tmp_path, env=env)
+    result = subprocess.run(
+        [ROLL_TRAIN, *args, "output_dir=out"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env
+    )
     elapsed = time.perf_counter() - start
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr[-2000:]
@@ -135,8 +174,14 @@ def test_roll_train_rejects_bad_input_in_one_line_before_anything_starts(tmp_pat
     # more and the workers 12-60 s; the bound is loose for a box shared with other jobs.
     assert elapsed < 30, f"{elapsed:.1f} s"
     if case == "small vocab":  # the last check of a model folder: still no Ray
-        again = subprocess.run([sys.executable, "-c", NO_RAY, *args, "output_dir=out"], capture_output=True, text=True,
-                               timeout=120, cwd=tmp_path, env=env)
+        again = subprocess.run(
+            [sys.executable, "-c", NO_RAY, *args, "output_dir=out"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env=env,
+        )
         assert again.returncode == 2, again.stderr[-2000:]
 
 
@@ -157,8 +202,11 @@ def test_bad_values_exit_2_with_one_line(tmp_path, monkeypatch, capsys, override
 
 def test_a_one_token_longest_prompt_is_one_token_in_the_message():
     config = load_config(REPO / "configs/ppo.yaml", ["rollout.max_new_tokens=64"])
-    with pytest.raises(ConfigError, match=r"the longest prompt \(1 token, data.train_files / data.eval_files\) "
-                                          r"\+ rollout.max_new_tokens=64 = 65 exceeds"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the longest prompt \(1 token, data.train_files / data.eval_files\) "
+        r"\+ rollout.max_new_tokens=64 = 65 exceeds",
+    ):
         check_sequence_lengths(config, SimpleNamespace(max_position_embeddings=64), 1, 0)
 
 

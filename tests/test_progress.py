@@ -75,8 +75,19 @@ def test_roll_train_into_a_file_writes_no_ansi_codes_and_counts_all_its_time(tmp
     from test_pipeline_ray import REPO, small
 
     log = tmp_path / "roll_train.log"
-    command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/ppo.yaml"), *small(tmp_path),
-               "steps=2", "eval_every=2", "save_model=true", f"output_dir={tmp_path}", "run_name=run"]
+    command = [
+        sys.executable,
+        "-m",
+        "roll_lite.cli",
+        "--config",
+        str(REPO / "configs/ppo.yaml"),
+        *small(tmp_path),
+        "steps=2",
+        "eval_every=2",
+        "save_model=true",
+        f"output_dir={tmp_path}",
+        "run_name=run",
+    ]
     with log.open("w") as output:
         start = time.monotonic()
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=tmp_path)

@@ -30,10 +30,14 @@ from roll_lite.runtime.reproducibility import SETTINGS, check_kernels, kernel_en
 REPO = Path(__file__).resolve().parents[1]
 PORTABLE = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "COMPATIBLE"}
 RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
-FINGERPRINT = ("import torch; torch.set_num_threads(1); "
-               "from roll_lite.runtime.reproducibility import kernel_fingerprint; print(kernel_fingerprint())")
-VM_SQRT = ("import hashlib, torch; x = torch.arange(1, 100001, dtype=torch.float32) / 7; "
-           "print(hashlib.sha256(x.sqrt().numpy().tobytes()).hexdigest()[:16])")  # MKL's vector math sqrt
+FINGERPRINT = (
+    "import torch; torch.set_num_threads(1); "
+    "from roll_lite.runtime.reproducibility import kernel_fingerprint; print(kernel_fingerprint())"
+)
+VM_SQRT = (
+    "import hashlib, torch; x = torch.arange(1, 100001, dtype=torch.float32) / 7; "
+    "print(hashlib.sha256(x.sqrt().numpy().tobytes()).hexdigest()[:16])"
+)  # MKL's vector math sqrt
 QEMU = shutil.which("qemu-x86_64-static")
 
 
@@ -44,7 +48,9 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def python(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=clean_env(**env))
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=clean_env(**env)
+    )
 
 
 def fingerprint(**env: str) -> str:
@@ -92,15 +98,21 @@ def test_the_module_prints_the_export_lines_for_processes_started_by_hand(capsys
 
 def test_a_variable_the_environment_sets_otherwise_is_an_error_naming_the_key(monkeypatch):
     monkeypatch.setattr(os, "environ", {**clean_env(), "MKL_CBWR": "AVX2"})
-    with pytest.raises(ConfigError, match="reproducible: portable sets MKL_CBWR=COMPATIBLE, but the environment has "
-                                          "MKL_CBWR=AVX2; unset it, or set reproducible=machine to keep it"):
+    with pytest.raises(
+        ConfigError,
+        match="reproducible: portable sets MKL_CBWR=COMPATIBLE, but the environment has "
+        "MKL_CBWR=AVX2; unset it, or set reproducible=machine to keep it",
+    ):
         pin_kernels("portable")
 
 
 def test_a_worker_without_the_variables_refuses_to_compute(monkeypatch):
     monkeypatch.setattr(os, "environ", clean_env(MKL_CBWR="COMPATIBLE"))
-    with pytest.raises(RuntimeError, match=r"reproducible=portable: process \d+ runs without "
-                                           "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2 in its environment"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"reproducible=portable: process \d+ runs without "
+        "ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2 in its environment",
+    ):
         check_kernels("portable")
     check_kernels("machine")  # nothing to check
 
@@ -109,20 +121,26 @@ def test_pinning_in_the_running_driver_gives_the_kernels_of_a_process_started_wi
     # roll-train sets the variables in its own process before torch computes: the same numbers as a
     # process whose environment had them from the start (ATen reads its variable at its first op, MKL
     # at its first call), the same set again by hand (any case) is fine.
-    code = ("import os; os.environ['mkl_cbwr'.upper()] = 'compatible'; "
-            "from roll_lite.runtime.reproducibility import pin_kernels; print(pin_kernels('portable')); " + FINGERPRINT)
+    code = (
+        "import os; os.environ['mkl_cbwr'.upper()] = 'compatible'; "
+        "from roll_lite.runtime.reproducibility import pin_kernels; print(pin_kernels('portable')); " + FINGERPRINT
+    )
     result = python(code)
     assert result.returncode == 0, result.stderr[-2000:]
     line, printed = result.stdout.strip().splitlines()
-    assert line.startswith("reproducible=portable: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=COMPATIBLE")
+    assert line.startswith(
+        "reproducible=portable: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=COMPATIBLE"
+    )
     assert printed == fingerprints["portable"]
 
 
 def test_pinning_after_torch_computed_is_refused():
     if machine_kernels() == "AVX2":
         pytest.skip("this CPU's own kernels are the pinned ones: nothing to tell apart")
-    result = python("import torch; torch.ones(2).sum(); from roll_lite.runtime.reproducibility import pin_kernels; "
-                    "pin_kernels('portable')")
+    result = python(
+        "import torch; torch.ones(2).sum(); from roll_lite.runtime.reproducibility import pin_kernels; "
+        "pin_kernels('portable')"
+    )
     assert result.returncode != 0
     assert "torch computes with its" in result.stderr and "not AVX2" in result.stderr, result.stderr[-2000:]
 
@@ -211,11 +229,23 @@ def reward(response, ground_truth, extra):
 
 def test_a_portable_run_pins_the_kernels_of_the_driver_every_worker_and_the_reward_process(tmp_path, fingerprints):
     (tmp_path / "usermod.py").write_text(textwrap.dedent(REPORTING))
-    command = [str(Path(sys.executable).parent / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"),
-               "pipeline=usermod:Pipeline", *small(tmp_path), "reward.functions={'usermod:reward': 1.0}",
-               "rollout.in_actor=false", "workers.one_process_per_rank=false",  # every role a process of its own
-               "steps=1", "eval_every=1", "save_model=false", "wandb_mode=disabled",
-               f"output_dir={tmp_path / 'out'}", "run_name=portable", "reproducible=portable"]
+    command = [
+        str(Path(sys.executable).parent / "roll-train"),
+        "--config",
+        str(REPO / "configs/grpo.yaml"),
+        "pipeline=usermod:Pipeline",
+        *small(tmp_path),
+        "reward.functions={'usermod:reward': 1.0}",
+        "rollout.in_actor=false",
+        "workers.one_process_per_rank=false",  # every role a process of its own
+        "steps=1",
+        "eval_every=1",
+        "save_model=false",
+        "wandb_mode=disabled",
+        f"output_dir={tmp_path / 'out'}",
+        "run_name=portable",
+        "reproducible=portable",
+    ]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=clean_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "reproducible=portable: ATEN_CPU_CAPABILITY=avx2" in result.stderr + result.stdout
@@ -252,9 +282,23 @@ def test_a_joined_clusters_workers_get_the_variables_from_the_jobs_runtime_env(m
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     ray_cli, port = str(Path(sys.executable).parent / "ray"), free_port()
-    head = subprocess.Popen([ray_cli, "start", "--head", "--block", f"--port={port}", "--include-dashboard=false",
-                             "--num-cpus=1", "--disable-usage-stats", "--node-ip-address=127.0.0.1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env(), start_new_session=True)
+    head = subprocess.Popen(
+        [
+            ray_cli,
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--include-dashboard=false",
+            "--num-cpus=1",
+            "--disable-usage-stats",
+            "--node-ip-address=127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=clean_env(),
+        start_new_session=True,
+    )
 
     def kernels_here():
         import torch
@@ -262,8 +306,11 @@ def test_a_joined_clusters_workers_get_the_variables_from_the_jobs_runtime_env(m
         from roll_lite.runtime.reproducibility import KERNEL_VARIABLES, kernel_fingerprint
 
         torch.set_num_threads(1)
-        return {"aten": torch.backends.cpu.get_cpu_capability(), "fingerprint": kernel_fingerprint(),
-                "env": {name: os.environ.get(name) for name in KERNEL_VARIABLES if name in os.environ}}
+        return {
+            "aten": torch.backends.cpu.get_cpu_capability(),
+            "fingerprint": kernel_fingerprint(),
+            "env": {name: os.environ.get(name) for name in KERNEL_VARIABLES if name in os.environ},
+        }
 
     try:
         deadline = time.monotonic() + 120
@@ -287,8 +334,13 @@ def test_a_joined_clusters_workers_get_the_variables_from_the_jobs_runtime_env(m
 @pytest.mark.skipif(QEMU is None, reason="qemu-x86_64-static is not installed: no other CPU to emulate")
 def test_portable_gives_the_same_numbers_on_an_emulated_avx2_only_intel_cpu(fingerprints):
     """qemu-user runs this Python on an emulated Intel Haswell (AVX2, no AVX-512): ~15 s."""
-    emulated = subprocess.run([QEMU, "-cpu", "Haswell-v1", sys.executable, "-c", f"{FINGERPRINT}\n{VM_SQRT}"],
-                              capture_output=True, text=True, timeout=120, env=clean_env(**PORTABLE))
+    emulated = subprocess.run(
+        [QEMU, "-cpu", "Haswell-v1", sys.executable, "-c", f"{FINGERPRINT}\n{VM_SQRT}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(**PORTABLE),
+    )
     assert emulated.returncode == 0, emulated.stderr[-2000:]
     fingerprint_there, vm_sqrt_there = emulated.stdout.split()
     assert fingerprint_there == fingerprints["portable"]

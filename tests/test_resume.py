@@ -23,10 +23,21 @@ from roll_lite.runtime.tracking import step_span
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
 TINY = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
-    "model.num_key_value_heads=1", "sft.steps=0", "workers.torch_threads=1", "reward.functions={token_accuracy: 1.0}",
-    "rollout.prompts_per_step=2", "rollout.num_samples=4", f"steps={STEPS}", "eval_every=2", "checkpoint.every=2",
-    "checkpoint.keep_last=null", "save_model=false",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+    "sft.steps=0",
+    "workers.torch_threads=1",
+    "reward.functions={token_accuracy: 1.0}",
+    "rollout.prompts_per_step=2",
+    "rollout.num_samples=4",
+    f"steps={STEPS}",
+    "eval_every=2",
+    "checkpoint.every=2",
+    "checkpoint.keep_last=null",
+    "save_model=false",
 ]
 ASYNC = ["rollout.async_steps=1", "algorithm.rollout_is=token"]
 
@@ -41,8 +52,18 @@ def data(tmp_path_factory):
 
 
 def command(data, output: Path, run_name: str, *extra) -> list[str]:
-    return [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/ppo.yaml"), *TINY, *data,
-            f"output_dir={output}", f"run_name={run_name}", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "roll_lite.cli",
+        "--config",
+        str(REPO / "configs/ppo.yaml"),
+        *TINY,
+        *data,
+        f"output_dir={output}",
+        f"run_name={run_name}",
+        *extra,
+    ]
 
 
 def run(args, env=None) -> subprocess.CompletedProcess:
@@ -54,8 +75,9 @@ def run(args, env=None) -> subprocess.CompletedProcess:
 def run_until(args, line_part: str, env=None) -> str:
     """Start roll-train in a process group of its own, SIGKILL the group (the driver and the Ray head
     it started) as soon as a log line contains `line_part`; returns the log up to there."""
-    process = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
-                               env=env, start_new_session=True)
+    process = subprocess.Popen(
+        args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO, env=env, start_new_session=True
+    )
     log = []
     try:
         for line in process.stderr:
@@ -89,7 +111,9 @@ def without_timings(records: list[dict]) -> list[dict]:
 def assert_same_trajectory(records, reference):
     assert [r["step"] for r in records] == [r["step"] for r in reference]
     for got, expected in zip(without_timings(records), without_timings(reference)):
-        differing = {k: (got.get(k), expected.get(k)) for k in set(got) | set(expected) if got.get(k) != expected.get(k)}
+        differing = {
+            k: (got.get(k), expected.get(k)) for k in set(got) | set(expected) if got.get(k) != expected.get(k)
+        }
         assert not differing, f"step {got['step']}: {differing}"
 
 
@@ -119,9 +143,17 @@ def test_killed_at_a_random_step_and_resumed_the_metrics_equal_an_uninterrupted_
     logged_after = [step for step in logged_after if step > max(saved)]
     resumed = run(command(data, tmp_path, "killed"))  # resume=auto, the default
     assert f"resumed from {run_dir / 'checkpoints' / f'step_{max(saved)}'}" in resumed.stderr
-    dropped = [line.split(" ", 1)[1] for line in resumed.stderr.splitlines() if "resume: dropped the records of" in line]
-    assert dropped == ([f"resume: dropped the records of {step_span(logged_after)} that the previous run logged after "
-                        f"checkpoint step_{max(saved)}"] if logged_after else []), (logged_after, dropped)
+    dropped = [
+        line.split(" ", 1)[1] for line in resumed.stderr.splitlines() if "resume: dropped the records of" in line
+    ]
+    assert dropped == (
+        [
+            f"resume: dropped the records of {step_span(logged_after)} that the previous run logged after "
+            f"checkpoint step_{max(saved)}"
+        ]
+        if logged_after
+        else []
+    ), (logged_after, dropped)
     assert_same_trajectory(metrics(run_dir), metrics(reference))  # continued: no record lost or repeated
     assert layout.committed_steps(run_dir) == [2, 4, 6]
 
@@ -133,13 +165,19 @@ NO_RAY = "import sys, ray; ray.init = lambda *a, **k: sys.exit(99); from roll_li
 def assert_rerun_changes_nothing(args: list[str], run_dir: Path, expected_line: str) -> None:
     """roll-train `args` (a finished run's command) again: one line, exit 0 within seconds, Ray not
     started, every file of the run directory as it was (bytes and mtimes), none added."""
+
     def files():
-        return {str(p.relative_to(run_dir)): (p.stat().st_mtime_ns, p.read_bytes())
-                for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".lock"}
+        return {
+            str(p.relative_to(run_dir)): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name != ".lock"
+        }
 
     before = files()
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", NO_RAY, *args[3:]], capture_output=True, text=True, timeout=120, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-c", NO_RAY, *args[3:]], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     seconds = time.monotonic() - start
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.splitlines() == [expected_line] and result.stdout == ""
@@ -148,12 +186,17 @@ def assert_rerun_changes_nothing(args: list[str], run_dir: Path, expected_line: 
 
 
 def test_a_finished_run_run_again_says_so_and_starts_nothing(data, reference):
-    assert_rerun_changes_nothing(command(data, reference.parent, "ref"), reference,
-                                 f"roll-train: {reference} is finished at step {STEPS} (steps={STEPS}); nothing was "
-                                 f"started or changed. To train it further, raise steps= above {STEPS}")
+    assert_rerun_changes_nothing(
+        command(data, reference.parent, "ref"),
+        reference,
+        f"roll-train: {reference} is finished at step {STEPS} (steps={STEPS}); nothing was "
+        f"started or changed. To train it further, raise steps= above {STEPS}",
+    )
 
 
-def test_rollout_and_reward_workers_of_their_own_give_the_same_run_as_the_actor_and_the_driver(data, reference, tmp_path):
+def test_rollout_and_reward_workers_of_their_own_give_the_same_run_as_the_actor_and_the_driver(
+    data, reference, tmp_path
+):
     """The reference, on one CPU actor rank, generates in the actor's process with the actor's own
     parameters (rollout.in_actor=null chose it: no weight copies, no rollout process), computes the
     reference's log-probs and the critic's values in that process too (workers.one_process_per_rank=null
@@ -166,8 +209,14 @@ def test_rollout_and_reward_workers_of_their_own_give_the_same_run_as_the_actor_
     assert "rewards: scored in the driver (reward.in_driver" in reference_log
     for role in ("reference", "critic"):
         assert f"{role}: in the actor's processes, a model of its own (workers.one_process_per_rank" in reference_log
-    args = command(data, tmp_path, "worker", "rollout.in_actor=false", "reward.in_driver=false",
-                   "workers.one_process_per_rank=false")
+    args = command(
+        data,
+        tmp_path,
+        "worker",
+        "rollout.in_actor=false",
+        "reward.in_driver=false",
+        "workers.one_process_per_rank=false",
+    )
     log = run_until(args, f"step 3/{STEPS} |")
     assert "rollout engine: hf (rollout.engine=hf)" in log and "rewards: scored by a reward worker of its own" in log
     for role in ("reference", "critic"):
@@ -217,8 +266,17 @@ def test_resume_from_an_epoch_boundary_on_another_actor_d(data, reference, tmp_p
     instead of 1: DCP reshards, training goes on into epoch 1."""
     checkpoint = layout.step_dir(reference, 4)
     assert json.loads((checkpoint / layout.MARKER).read_text())["sampler"]["epoch"] == 1
-    run(command(data, tmp_path, "wider", f"resume={checkpoint}", "workers.actor_dp=2", "workers.actor_cpus=0.5",
-                "workers.rollout_cpus=0.5"))
+    run(
+        command(
+            data,
+            tmp_path,
+            "wider",
+            f"resume={checkpoint}",
+            "workers.actor_dp=2",
+            "workers.actor_cpus=0.5",
+            "workers.rollout_cpus=0.5",
+        )
+    )
     records, expected = metrics(tmp_path / "wider"), metrics(reference)
     assert_same_trajectory(records[:5], expected[:5])  # steps 0-4 come from the checkpoint
     assert [r["step"] for r in records] == list(range(STEPS + 1))

@@ -25,18 +25,35 @@ def setup(tmp_path_factory):
     rows = [{**row, "domain": "digits"} for row in digits] + [{**row, "domain": "code"} for row in code]
     (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     judge, model = save_judge(folder / "judge"), save_reward_model(folder / "rm")
-    return [f"data.train_files={folder / 'train.jsonl'}", "data.eval_files=[]", "data.extra_keys=null",
-            "data.max_prompt_length=40", "data.domain_weights={digits: 1.0, code: 2.0}",
-            f"reward.domains={{digits: {{functions: {{token_accuracy: 1.0}}, models: {{{model}: 0.5}}, "
-            f"judges: {{{judge}: 0.5}}}}, code: {{code: 1.0}}}}",
-            "reward.judge_max_new_tokens=4", "reward.code_extract=whole", "reward.sandbox.wall_s=2"]
+    return [
+        f"data.train_files={folder / 'train.jsonl'}",
+        "data.eval_files=[]",
+        "data.extra_keys=null",
+        "data.max_prompt_length=40",
+        "data.domain_weights={digits: 1.0, code: 2.0}",
+        f"reward.domains={{digits: {{functions: {{token_accuracy: 1.0}}, models: {{{model}: 0.5}}, "
+        f"judges: {{{judge}: 0.5}}}}, code: {{code: 1.0}}}}",
+        "reward.judge_max_new_tokens=4",
+        "reward.code_extract=whole",
+        "reward.sandbox.wall_s=2",
+    ]
 
 
 def command(setup, output, run_name: str) -> list[str]:
     import sys
 
-    return [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/grpo.yaml"), *TINY, *setup,
-            f"steps={STEPS}", f"output_dir={output}", f"run_name={run_name}"]
+    return [
+        sys.executable,
+        "-m",
+        "roll_lite.cli",
+        "--config",
+        str(REPO / "configs/grpo.yaml"),
+        *TINY,
+        *setup,
+        f"steps={STEPS}",
+        f"output_dir={output}",
+        f"run_name={run_name}",
+    ]
 
 
 def test_a_judged_and_sandboxed_run_killed_and_resumed_equals_the_uninterrupted_one(setup, tmp_path):

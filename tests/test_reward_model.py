@@ -18,10 +18,18 @@ TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor 
 def save_reward_model(folder, num_labels=1, chat_template=None, positions=64, causal=False):
     tokenizer = build_char_tokenizer()
     tokenizer.chat_template = chat_template
-    config = AutoConfig.for_model("qwen2", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                  max_position_embeddings=positions, num_labels=num_labels,
-                                  pad_token_id=tokenizer.pad_token_id)
+    config = AutoConfig.for_model(
+        "qwen2",
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=positions,
+        num_labels=num_labels,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     if causal:
         from transformers import AutoModelForCausalLM
@@ -77,8 +85,10 @@ def test_another_chat_template_re_renders_the_conversation(tmp_path):
     prompts = ["2+2=", [{"role": "system", "content": "add"}, {"role": "user", "content": "1+1="}]]
     outcomes = model.score(prompts, ["4", "2"], sequences=[[9, 9, 9], [9, 9]])  # the policy's ids are not used
     # the template renders every token (as HF's apply_chat_template: no special tokens added)
-    rendered = [model.tokenizer("<user>2+2=<assistant>4", add_special_tokens=False)["input_ids"],
-                model.tokenizer("<system>add<user>1+1=<assistant>2", add_special_tokens=False)["input_ids"]]
+    rendered = [
+        model.tokenizer("<user>2+2=<assistant>4", add_special_tokens=False)["input_ids"],
+        model.tokenizer("<system>add<user>1+1=<assistant>2", add_special_tokens=False)["input_ids"],
+    ]
     assert [o.value for o in outcomes] == pytest.approx([alone(model, ids) for ids in rendered], abs=1e-5)
 
 
@@ -132,8 +142,10 @@ def test_the_worker_adds_a_reward_model_to_the_functions(tmp_path):
     policy = build_char_tokenizer()
     folder = save_reward_model(tmp_path / "judge_rm")
     worker = RewardWorker(RewardConfig(functions={"exact_answer": 1.0}, models={folder: 0.5}))
-    assert worker.describe() == [f"reward model {folder}: the policy's token ids go straight in (same tokenizer and chat template)",
-                                 "reward models and judges on cpu"]
+    assert worker.describe() == [
+        f"reward model {folder}: the policy's token ids go straight in (same tokenizer and chat template)",
+        "reward models and judges on cpu",
+    ]
     sequences = [policy("1=" + r)["input_ids"] for r in ("1", "2")]
     scores, scored, metrics = worker.score(["1", "2"], ["1", "1"], None, ["1=", "1="], sequences)
     rm = [alone(worker.models[folder], ids) for ids in sequences]

@@ -38,7 +38,10 @@ def test_a_domain_the_config_does_not_map_stops_the_run_naming_file_and_row(tmp_
     rows = [{"prompt": "1=", "answer": "1", "domain": "math"}, {"prompt": "2=", "answer": "2", "domain": "poetry"}]
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     data = load_config(None, [f"data.train_files={path}"]).data
-    with pytest.raises(DataError, match=r"mixed.jsonl.*row 1.*key 'domain': domain 'poetry' is not a configured domain \(math: reward.domains"):
+    with pytest.raises(
+        DataError,
+        match=r"mixed.jsonl.*row 1.*key 'domain': domain 'poetry' is not a configured domain \(math: reward.domains",
+    ):
         prepare_datasets(data, build_char_tokenizer(), domains=["math"])
     prepared = prepare_datasets(data, build_char_tokenizer(), domains=["math", "poetry"])
     assert [extra["domain"] for extra in prepared.train.extras] == ["math", "poetry"]
@@ -47,11 +50,17 @@ def test_a_domain_the_config_does_not_map_stops_the_run_naming_file_and_row(tmp_
         prepare_datasets(data, build_char_tokenizer(), domains=["math"])
 
 
-@pytest.mark.parametrize("override, message", [
-    ("reward.domains={math: {functions: {nope: 1.0}}}", "reward.domains.math.functions.nope: 'nope' is not one of"),
-    ("reward.domains={math: {}}", "reward.domains.math.functions: name at least one reward function"),
-    ("reward.domains={math: {models: {/nonexistent/rm: 1.0}}}", "reward.domains.math.models./nonexistent/rm: no such folder"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("reward.domains={math: {functions: {nope: 1.0}}}", "reward.domains.math.functions.nope: 'nope' is not one of"),
+        ("reward.domains={math: {}}", "reward.domains.math.functions: name at least one reward function"),
+        (
+            "reward.domains={math: {models: {/nonexistent/rm: 1.0}}}",
+            "reward.domains.math.models./nonexistent/rm: no such folder",
+        ),
+    ],
+)
 def test_every_domains_sources_are_checked_before_the_run(override, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
         load_config(None, [override])
@@ -62,8 +71,12 @@ def test_sources_outside_the_domains_are_refused_once_domains_are_set(tmp_path):
 
     folder = save_reward_model(tmp_path / "rm")
     with pytest.raises(ConfigError, match=r"reward.models: with reward.domains every source belongs to a domain"):
-        load_config(None, [f"reward.models={{{folder}: 1.0}}", "reward.domains={math: {functions: {exact_answer: 1.0}}}"])
-    config = load_config(None, [f"reward.domains={{math: {{functions: {{exact_answer: 1.0}}}}, chat: {{models: {{{folder}: 1.0}}}}}}"])
+        load_config(
+            None, [f"reward.models={{{folder}: 1.0}}", "reward.domains={math: {functions: {exact_answer: 1.0}}}"]
+        )
+    config = load_config(
+        None, [f"reward.domains={{math: {{functions: {{exact_answer: 1.0}}}}, chat: {{models: {{{folder}: 1.0}}}}}}"]
+    )
     assert config.reward.in_driver is False  # a reward model in some domain: a reward worker
 
 
@@ -77,9 +90,12 @@ def test_the_sources_score_concurrently_one_thread_per_scorer(tmp_path, monkeypa
     from roll_lite.rewards.outcomes import scored as ok
 
     model, judge = save_reward_model(tmp_path / "rm"), save_judge(tmp_path / "judge")
-    config = RewardConfig(domains={"a": DomainRewardConfig(functions={"exact_answer": 1.0}, models={model: 0.5},
-                                                           judges={judge: 2.0}),
-                                   "b": DomainRewardConfig(functions={"digits_only": 1.0}, judges={judge: 1.0})})
+    config = RewardConfig(
+        domains={
+            "a": DomainRewardConfig(functions={"exact_answer": 1.0}, models={model: 0.5}, judges={judge: 2.0}),
+            "b": DomainRewardConfig(functions={"digits_only": 1.0}, judges={judge: 1.0}),
+        }
+    )
     worker = RewardWorker(config)
     threads = {}
 
@@ -88,6 +104,7 @@ def test_the_sources_score_concurrently_one_thread_per_scorer(tmp_path, monkeypa
             threads.setdefault(kind, set()).add(threading.current_thread().name)
             time.sleep(0.4)
             return [ok(value + i) for i in range(len(columns[1]))]  # value + the row's place in its domain
+
         return score
 
     monkeypatch.setattr(worker.models[model], "score", slow("model", 10.0))

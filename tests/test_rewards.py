@@ -72,15 +72,20 @@ def test_math_reward_raises_on_a_ground_truth_math_verify_cannot_read():
 def test_as_score_takes_finite_numbers_only():
     assert as_score(True) == 1.0 and as_score(3) == 3.0 and as_score(np.float32(0.5)) == 0.5
     assert as_score(np.int64(2)) == 2.0
-    for value, reason in [("1", "returned a str, not a number"), (None, "returned a NoneType"),
-                          (math.nan, "returned nan"), (-math.inf, "returned -inf"), ([1.0], "returned a list")]:
+    for value, reason in [
+        ("1", "returned a str, not a number"),
+        (None, "returned a NoneType"),
+        (math.nan, "returned nan"),
+        (-math.inf, "returned -inf"),
+        ([1.0], "returned a list"),
+    ]:
         with pytest.raises((TypeError, ValueError), match=reason):
             as_score(value)
     assert call(lambda r, g, e: 1 / 0, "a", "b", {}) == (0.0, "ZeroDivisionError: division by zero")
     assert call(lambda r, g, e: sys.exit(4), "a", "b", {}) == (0.0, "SystemExit: 4")
 
 
-USER_REWARDS = '''
+USER_REWARDS = """
 import math, os, sys, time
 
 def by_extra(response, ground_truth, extra):
@@ -100,7 +105,7 @@ def flaky(response, ground_truth, extra):
     if response == "crash":
         os._exit(3)
     return len(response)
-'''
+"""
 
 
 @pytest.fixture
@@ -119,7 +124,17 @@ def test_runner_gives_a_typed_outcome_to_calls_that_raise_hang_crash_or_return_n
         outcomes = runner.score(f"{user_rewards}:flaky", responses, ["x"] * 9, [{}] * 9)
         elapsed = time.monotonic() - start
         assert [o.value for o in outcomes] == [2.0, 0.0, 3.0, 0.0, 1.0, 0.0, 0.0, 0.0, 4.0]
-        assert [o.kind for o in outcomes] == ["ok", "failed", "ok", "timed_out", "ok", "failed", "failed", "failed", "ok"]
+        assert [o.kind for o in outcomes] == [
+            "ok",
+            "failed",
+            "ok",
+            "timed_out",
+            "ok",
+            "failed",
+            "failed",
+            "failed",
+            "ok",
+        ]
         assert outcomes[1].reason == "ValueError: cannot score raise"
         assert all(o.reason for o in outcomes if not o.ok)
         # The hang is bounded by the timeout (plus two restarts of the process: hang and crash).
@@ -138,19 +153,28 @@ def test_a_score_is_ok_with_a_finite_value_or_names_why_it_is_not():
     from roll_lite.rewards.outcomes import Score, failed, scored, unparseable
 
     assert scored(0.5).ok and not failed("boom").ok and unparseable("no verdict").kind == "unparseable"
-    for bad in (dict(kind="ok", value=float("nan")), dict(kind="failed", reason=None), dict(kind="failed", value=1.0, reason="x"),
-                dict(kind="zero")):
+    for bad in (
+        dict(kind="ok", value=float("nan")),
+        dict(kind="failed", reason=None),
+        dict(kind="failed", value=1.0, reason="x"),
+        dict(kind="zero"),
+    ):
         with pytest.raises(ValueError):
             Score(**bad)
 
 
 def test_reward_worker_weights_functions_passes_extras_and_counts_failures(user_rewards, caplog):
-    worker = RewardWorker(RewardConfig(functions={"exact_answer": 1.0, f"{user_rewards}:by_extra": 0.5,
-                                                  f"{user_rewards}:flaky": 0.25}, timeout_s=2.0))
+    worker = RewardWorker(
+        RewardConfig(
+            functions={"exact_answer": 1.0, f"{user_rewards}:by_extra": 0.5, f"{user_rewards}:flaky": 0.25},
+            timeout_s=2.0,
+        )
+    )
     try:
         with caplog.at_level(logging.WARNING, logger="roll_lite.rewards"):
-            scores, scored, metrics = worker.score(["12", "raise", "7"], ["12", "3", "7"],
-                                                   [{"weight": 2.0}, {"weight": 4.0}, {"weight": 1.0}])
+            scores, scored, metrics = worker.score(
+                ["12", "raise", "7"], ["12", "3", "7"], [{"weight": 2.0}, {"weight": 4.0}, {"weight": 1.0}]
+            )
         # exact: [1, 0, 1]; by_extra: weight * exact = [2, 0, 1]; flaky: len = [2, failed, 1]
         assert scores.tolist() == pytest.approx([1 + 0.5 * 2 + 0.25 * 2, 0.0, 1 + 0.5 * 1 + 0.25 * 1])
         assert scored.tolist() == [True, False, True]
@@ -162,8 +186,10 @@ def test_reward_worker_weights_functions_passes_extras_and_counts_failures(user_
         assert metrics[f"reward/{user_rewards}:flaky/unparseable"] == 0.0
         assert metrics["reward/exact_answer/failed"] == 0.0 and metrics["reward/unscored"] == 1.0
         warnings = [r.getMessage() for r in caplog.records]
-        assert warnings == [f"rewards: 1 of 3 responses unscored ({user_rewards}:flaky: 1 failed), scored 0 by those "
-                            f"sources (reward.on_failure=zero); first: {user_rewards}:flaky: ValueError: cannot score raise"]
+        assert warnings == [
+            f"rewards: 1 of 3 responses unscored ({user_rewards}:flaky: 1 failed), scored 0 by those "
+            f"sources (reward.on_failure=zero); first: {user_rewards}:flaky: ValueError: cannot score raise"
+        ]
         # No extras (the pipeline has none): by_extra finds no 'weight' and fails on every row.
         scores, scored, metrics = worker.score(["1"], ["1"], None)
         assert scores.tolist() == [1.0 + 0.25 * 1] and metrics[f"reward/{user_rewards}:by_extra/failed"] == 1.0

@@ -64,11 +64,15 @@ def rl_batch(with_engine_log_probs=True):
 def test_the_ppo_loss_weights_each_token_and_reports_the_gap():
     batch = rl_batch()
     log_probs = ACTOR + 0.1 * torch.tensor([[1.0, 2.0, -1.0, 0.5, 3.0], [0.0, 1.0, 1.0, -2.0, 0.5]])
-    loss, metrics = ppo_policy_loss_func("token-mean", rollout_is="token", rollout_is_cap=1.5)(batch, {"log_probs": log_probs})
+    loss, metrics = ppo_policy_loss_func("token-mean", rollout_is="token", rollout_is_cap=1.5)(
+        batch, {"log_probs": log_probs}
+    )
     masked = lambda t: torch.where(MASK.bool(), t, torch.zeros(()))  # noqa: E731
     loss_mat, _ = ppo_clipped_loss(masked(log_probs), masked(ACTOR), batch["advantages"])
     weights, _ = rollout_importance_weights(ACTOR, ENGINE, MASK, "token", cap=1.5)
-    assert torch.allclose(loss, agg_loss(loss_mat * weights, MASK, "token-mean", batch_num_tokens=6, global_valid_samples=2))
+    assert torch.allclose(
+        loss, agg_loss(loss_mat * weights, MASK, "token-mean", batch_num_tokens=6, global_valid_samples=2)
+    )
     gap = (masked(ACTOR) - masked(ENGINE)).abs()
     assert metrics["rollout_logp_gap@sum"].item() == pytest.approx(gap.sum().item() / 6)
     assert metrics["rollout_logp_gap_max@max"].item() == pytest.approx(1.0)  # never the 18 outside the mask
@@ -85,9 +89,14 @@ def test_tis_without_the_engines_log_probs_is_an_error():
         ppo_policy_loss_func(rollout_is="token")(rl_batch(with_engine_log_probs=False), {"log_probs": ACTOR})
 
 
-@pytest.mark.parametrize("asked, metric", [("algorithm.rollout_is=token", "rollout_is_weight"),
-                                            ("algorithm.rollout_mask=token", "rollout_dropped"),
-                                            ("algorithm.rollout_veto_threshold=4", "rollout_dropped")])
+@pytest.mark.parametrize(
+    "asked, metric",
+    [
+        ("algorithm.rollout_is=token", "rollout_is_weight"),
+        ("algorithm.rollout_mask=token", "rollout_dropped"),
+        ("algorithm.rollout_veto_threshold=4", "rollout_dropped"),
+    ],
+)
 def test_a_loss_func_of_ones_own_that_ignores_an_asked_for_correction_stops_the_run(asked, metric):
     from roll_lite.pipelines.losses import check_correction_applied
 
@@ -152,20 +161,29 @@ def test_the_veto_drops_a_row_with_any_token_ratio_beyond_tau_either_way():
 
 def test_tis_and_token_masking_combine_into_icepops_weight():
     # IcePop: the ratio itself inside [low, high], 0 outside (a cap >= high leaves it uncut)
-    weights, metrics = correction_of(rollout_is="token", rollout_is_cap=5.0, rollout_mask="token",
-                                     rollout_mask_low=0.4, rollout_mask_high=5.0)
+    weights, metrics = correction_of(
+        rollout_is="token", rollout_is_cap=5.0, rollout_mask="token", rollout_mask_low=0.4, rollout_mask_high=5.0
+    )
     ratio = [[math.exp(x) for x in row] for row in LOG_RATIO]
     expected = [[0, ratio[0][0], 0, ratio[0][2], 0], [0, 0, ratio[1][0], ratio[1][1], ratio[1][2]]]  # e^-1 < 0.4
     assert torch.allclose(weights, torch.tensor(expected))
     assert metrics["rollout_token_masked@sum"].item() == pytest.approx(1 / 6)
     assert metrics["rollout_is_weight@sum"].item() == pytest.approx(sum(map(sum, ratio)) / 6)  # before the mask
     # a cap inside the band truncates what the band keeps: e^0.5 -> 1.5
-    weights, metrics = correction_of(rollout_is="token", rollout_is_cap=1.5, rollout_mask="token", rollout_mask_low=0.4,
-                                     rollout_mask_high=5.0)
-    assert weights[0, 1].item() == pytest.approx(1.5) and metrics["rollout_is_capped@sum"].item() == pytest.approx(1 / 6)
+    weights, metrics = correction_of(
+        rollout_is="token", rollout_is_cap=1.5, rollout_mask="token", rollout_mask_low=0.4, rollout_mask_high=5.0
+    )
+    assert weights[0, 1].item() == pytest.approx(1.5) and metrics["rollout_is_capped@sum"].item() == pytest.approx(
+        1 / 6
+    )
     # and everything at once: TIS per sequence, the sequence mask, the veto
-    weights, _ = correction_of(rollout_is="sequence", rollout_mask="sequence", rollout_mask_low=0.8,
-                               rollout_mask_high=1.25, rollout_veto_threshold=3.0)
+    weights, _ = correction_of(
+        rollout_is="sequence",
+        rollout_mask="sequence",
+        rollout_mask_low=0.8,
+        rollout_mask_high=1.25,
+        rollout_veto_threshold=3.0,
+    )
     assert torch.allclose(weights[0], torch.tensor([0, 1, 1, 1, 0]) * math.exp(-0.5)) and weights[1].sum() == 0
 
 
@@ -174,21 +192,32 @@ def test_the_k3_metric_estimates_kl_from_the_rollout_to_the_actor():
     assert correction_of()[1]["rollout_kl_k3@sum"].item() == pytest.approx(k3)
     # its direction: tokens drawn from π_rollout in proportion (0.1, 0.2, 0.3, 0.4) of a 4-token vocabulary;
     # the token mean of k3 is then exactly Σ_x q(x) k3(x) = KL(π_rollout ‖ π_actor) (0.106), not the reverse (0.122)
-    rollout, actor = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64), torch.full((4,), 0.25, dtype=torch.float64)
+    rollout, actor = (
+        torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64),
+        torch.full((4,), 0.25, dtype=torch.float64),
+    )
     tokens = torch.tensor([0] + [1] * 2 + [2] * 3 + [3] * 4)
     mask = torch.ones(1, 10, dtype=torch.long)
     batch = DataProto({"rollout_log_probs": rollout.log()[tokens][None]}, meta_info={})
     _, metrics = rollout_correction(batch, actor.log()[tokens][None], mask, local_mask_stats(mask))
     assert metrics["rollout_kl_k3@sum"].item() == pytest.approx((rollout * (rollout / actor).log()).sum().item())
-    assert metrics["rollout_kl_k3@sum"].item() != pytest.approx((actor * (actor / rollout).log()).sum().item(), rel=0.05)
+    assert metrics["rollout_kl_k3@sum"].item() != pytest.approx(
+        (actor * (actor / rollout).log()).sum().item(), rel=0.05
+    )
 
 
 def test_bypass_takes_the_engines_log_probs_as_the_old_policy():
     """The loss with rollout_bypass equals the loss with old_log_probs replaced by rollout_log_probs."""
     log_probs = ACTOR + 0.1 * torch.tensor([[1.0, 2.0, -1.0, 0.5, 3.0], [0.0, 1.0, 1.0, -2.0, 0.5]])
-    for factory in (ppo_policy_loss_func, sequence_policy_loss_func, cispo_policy_loss_func, gspo_token_policy_loss_func):
+    for factory in (
+        ppo_policy_loss_func,
+        sequence_policy_loss_func,
+        cispo_policy_loss_func,
+        gspo_token_policy_loss_func,
+    ):
         bypassed, metrics = factory("token-mean", correction=RolloutCorrection(rollout_bypass=True))(
-            rl_batch(), {"log_probs": log_probs.clone().requires_grad_()})
+            rl_batch(), {"log_probs": log_probs.clone().requires_grad_()}
+        )
         replaced = rl_batch()
         replaced.batch["old_log_probs"] = ENGINE
         plain, _ = factory("token-mean")(replaced, {"log_probs": log_probs})
@@ -196,7 +225,9 @@ def test_bypass_takes_the_engines_log_probs_as_the_old_policy():
         # the gap and k3 are still between the actor's own old log-probs and the engine's
         assert metrics["rollout_logp_gap@sum"].item() == pytest.approx(2.6 / 6)
     # with a mask on top, the mask reads π_actor / π_rollout (the actor's old log-probs), the ratio π_θ / π_rollout
-    correction = RolloutCorrection(rollout_bypass=True, rollout_mask="token", rollout_mask_low=0.5, rollout_mask_high=1.5)
+    correction = RolloutCorrection(
+        rollout_bypass=True, rollout_mask="token", rollout_mask_low=0.5, rollout_mask_high=1.5
+    )
     masked, _ = ppo_policy_loss_func("token-mean", correction=correction)(rl_batch(), {"log_probs": log_probs})
     loss_mat, _ = ppo_clipped_loss(log_probs, torch.where(MASK.bool(), ENGINE, 0.0), rl_batch()["advantages"])
     keep = torch.tensor([[0, 0, 0, 1, 0], [0, 0, 1, 0, 1]])
@@ -209,7 +240,9 @@ def test_bypass_without_old_log_probs_reads_the_training_forward():
     batch = rl_batch()
     del batch.batch["old_log_probs"]
     log_probs = ACTOR + 0.1
-    _, metrics = ppo_policy_loss_func(correction=RolloutCorrection(rollout_bypass=True))(batch, {"log_probs": log_probs})
+    _, metrics = ppo_policy_loss_func(correction=RolloutCorrection(rollout_bypass=True))(
+        batch, {"log_probs": log_probs}
+    )
     gap = torch.where(MASK.bool(), (log_probs - ENGINE).abs(), 0.0).sum() / 6
     assert metrics["rollout_logp_gap@sum"].item() == pytest.approx(gap.item())
     with pytest.raises(KeyError, match="the batch has no 'old_log_probs'"):
@@ -247,12 +280,21 @@ def test_the_config_keys_reach_the_built_in_losses():
     batch = rl_batch()
     batch.meta_info["loss_mask_keys"] = ["response_mask"]
     for name in ("ppo", "gspo", "cispo"):
-        config = load_config(None, [f"algorithm.policy_loss={name}", "algorithm.rollout_mask=token",
-                                    "algorithm.rollout_mask_high=1.5", "algorithm.rollout_veto_threshold=10"])
+        config = load_config(
+            None,
+            [
+                f"algorithm.policy_loss={name}",
+                "algorithm.rollout_mask=token",
+                "algorithm.rollout_mask_high=1.5",
+                "algorithm.rollout_veto_threshold=10",
+            ],
+        )
         for use_reference in (False, True):
             if use_reference:
                 batch.batch["ref_log_probs"] = ACTOR
-            _, metrics = policy_loss_func(config.algorithm, "response_mask", 8.0, use_reference)(batch, {"log_probs": ACTOR})
+            _, metrics = policy_loss_func(config.algorithm, "response_mask", 8.0, use_reference)(
+                batch, {"log_probs": ACTOR}
+            )
             assert metrics["rollout_token_masked@sum"].item() == pytest.approx(3 / 6), name
             assert metrics["rollout_vetoed@sum"] == 0
 
@@ -263,7 +305,9 @@ def test_the_exactness_matrix_corrections_drop_some_tokens_but_not_all():
 
     data = global_batch(torch.float64)
     key = "response_mask"
-    data.meta_info.update(batch_num_tokens={key: data[key].sum()}, global_valid_samples={key: (data[key].sum(-1) > 0).sum()})
+    data.meta_info.update(
+        batch_num_tokens={key: data[key].sum()}, global_valid_samples={key: (data[key].sum(-1) > 0).sum()}
+    )
     output = {"log_probs": data["old_log_probs"] + 0.05, "entropy": torch.ones_like(data["old_log_probs"])}
     seen = {}
     for name in ("ppo_mis", "gspo_seqmask", "ppo_bypass"):
@@ -281,8 +325,17 @@ def test_bypass_trains_generating_ahead_without_recomputing_the_old_log_probs(tm
         lines = (REPO / f"data/reverse_digits/{name}.jsonl").read_text().splitlines(keepends=True)[:8]
         (tmp_path / f"{name}.jsonl").write_text("".join(lines))
     rows = [f"data.train_files={tmp_path / 'train.jsonl'}", f"data.eval_files={tmp_path / 'eval.jsonl'}"]
-    args = command(rows, tmp_path, "bypass", "steps=2", "eval_every=2", "rollout.async_steps=1",
-                   "algorithm.rollout_bypass=true", "algorithm.rollout_mask=token", "algorithm.rollout_veto_threshold=100")
+    args = command(
+        rows,
+        tmp_path,
+        "bypass",
+        "steps=2",
+        "eval_every=2",
+        "rollout.async_steps=1",
+        "algorithm.rollout_bypass=true",
+        "algorithm.rollout_mask=token",
+        "algorithm.rollout_veto_threshold=100",
+    )
     log = run(args).stderr
     assert "the engine's log-probs serve as the old ones" in log
     steps = [r for r in metrics(tmp_path / "bypass") if r["step"] > 0]

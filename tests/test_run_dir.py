@@ -20,13 +20,24 @@ REPO = Path(__file__).resolve().parents[1]
 def args(tmp_path):
     train = tmp_path / "train.jsonl"
     train.write_text("".join((REPO / "data/reverse_digits/train.jsonl").read_text().splitlines(keepends=True)[:16]))
-    return ["--config", str(REPO / "configs/ppo.yaml"), f"data.train_files={train}", "data.eval_files=[]",
-            f"output_dir={tmp_path / 'out'}", "run_name=demo", "sft.steps=0"]
+    return [
+        "--config",
+        str(REPO / "configs/ppo.yaml"),
+        f"data.train_files={train}",
+        "data.eval_files=[]",
+        f"output_dir={tmp_path / 'out'}",
+        "run_name=demo",
+        "sft.steps=0",
+    ]
 
 
 def snapshot(folder: Path) -> dict:
     """Every file but the lock file (left in place: removing a lock file races with its next user)."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 def earlier_run(run_dir: Path, with_checkpoint_of: str | None = None) -> None:
@@ -70,9 +81,15 @@ def test_a_second_run_with_the_same_name_is_refused_and_nothing_changes(args, tm
 def test_a_run_dir_in_use_by_a_live_process_is_refused_until_that_process_dies(args, tmp_path, capsys):
     run_dir = tmp_path / "out" / "demo"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from roll_lite.checkpoint import claim_run_dir; "
-         f"claim = claim_run_dir({str(run_dir)!r}, 'auto'); print('held', flush=True); time.sleep(120)"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from roll_lite.checkpoint import claim_run_dir; "
+            f"claim = claim_run_dir({str(run_dir)!r}, 'auto'); print('held', flush=True); time.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         assert main(args) == 2
@@ -88,12 +105,15 @@ def test_a_run_dir_in_use_by_a_live_process_is_refused_until_that_process_dies(a
     claim.release()
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("missing", "resume: no such checkpoint folder"),
-    ("not_a_checkpoint", "is not a checkpoint (no checkpoint.json)"),
-    ("other_model", "was written with model.hidden_size=64, this run has model.hidden_size=128"),
-    ("other_data_seed", "was written with data seed 7"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing", "resume: no such checkpoint folder"),
+        ("not_a_checkpoint", "is not a checkpoint (no checkpoint.json)"),
+        ("other_model", "was written with model.hidden_size=64, this run has model.hidden_size=128"),
+        ("other_data_seed", "was written with data seed 7"),
+    ],
+)
 def test_bad_resume_paths_exit_2_with_one_line_and_leave_nothing(args, tmp_path, capsys, case, expected):
     target = tmp_path / "elsewhere" / "step_2"
     if case == "not_a_checkpoint":

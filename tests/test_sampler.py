@@ -21,7 +21,7 @@ def test_same_seed_same_order_and_every_row_exactly_once_per_epoch():
     draws_a = [a.draw(8) for _ in range(20)]  # 160 rows: 4 epochs and a bit
     assert draws_a == [b.draw(8) for _ in range(20)]
     flat = [i for draw in draws_a for i in draw]
-    epochs = [flat[e * n:(e + 1) * n] for e in range(4)]
+    epochs = [flat[e * n : (e + 1) * n] for e in range(4)]
     for order in epochs:
         assert sorted(order) == list(range(n))
     assert len({tuple(order) for order in epochs}) == 4  # a new order every epoch

@@ -38,14 +38,17 @@ def test_ci_has_the_sandbox():
     assert shutil.which("bwrap"), "bubblewrap is missing on CI: scripts/setup.sh should have installed it"
 
 
-@pytest.mark.parametrize("tests, message", [
-    ("{not json", "not valid JSON"),
-    ({"cases": []}, "non-empty list 'cases'"),
-    ({"function": "add", "cases": [{"args": [1]}]}, "case 0 must have the keys args and expected"),
-    ({"function": "add", "cases": [{"args": 1, "expected": 1}]}, "case 0: 'args' must be a list"),
-    ({"function": "not a name", "cases": [{"args": [], "expected": 1}]}, "must be a Python identifier"),
-    ({"cases": [{"stdin": "1", "stdout": 1}]}, "'stdin' and 'stdout' must be strings"),
-])
+@pytest.mark.parametrize(
+    "tests, message",
+    [
+        ("{not json", "not valid JSON"),
+        ({"cases": []}, "non-empty list 'cases'"),
+        ({"function": "add", "cases": [{"args": [1]}]}, "case 0 must have the keys args and expected"),
+        ({"function": "add", "cases": [{"args": 1, "expected": 1}]}, "case 0: 'args' must be a list"),
+        ({"function": "not a name", "cases": [{"args": [], "expected": 1}]}, "must be a Python identifier"),
+        ({"cases": [{"stdin": "1", "stdout": 1}]}, "'stdin' and 'stdout' must be strings"),
+    ],
+)
 def test_bad_tests_are_refused_naming_the_problem(tests, message):
     with pytest.raises(ValueError, match=message):
         parse_tests(tests)
@@ -61,15 +64,18 @@ def test_values_are_compared_as_json_values_with_a_float_tolerance():
     assert not same_value([1, 2], [1, 2, 3]) and not same_value({"a": 1}, {"a": 1, "b": 2}) and not same_value(None, 0)
 
 
-@pytest.mark.parametrize("response, mode, code", [
-    ("Here:\n```python\ndef f(x):\n    return x\n```\ndone", "fenced", "def f(x):\n    return x\n"),
-    ("```\nfirst\n```\nthen\n```py\nsecond\n```", "fenced", "second\n"),
-    ("```python\nunclosed = 1\n", "fenced", "unclosed = 1\n"),
-    ("```text\nnot code\n```", "fenced", None),
-    ("no code at all", "fenced", None),
-    ("def f(x): return x", "whole", "def f(x): return x"),
-    ("   ", "whole", None),
-])
+@pytest.mark.parametrize(
+    "response, mode, code",
+    [
+        ("Here:\n```python\ndef f(x):\n    return x\n```\ndone", "fenced", "def f(x):\n    return x\n"),
+        ("```\nfirst\n```\nthen\n```py\nsecond\n```", "fenced", "second\n"),
+        ("```python\nunclosed = 1\n", "fenced", "unclosed = 1\n"),
+        ("```text\nnot code\n```", "fenced", None),
+        ("no code at all", "fenced", None),
+        ("def f(x): return x", "whole", "def f(x): return x"),
+        ("   ", "whole", None),
+    ],
+)
 def test_code_is_extracted_from_the_response(response, mode, code):
     assert extract_code(response, mode) == code
 
@@ -83,7 +89,9 @@ def test_limits_are_checked():
 
 def test_a_missing_bwrap_is_a_start_up_error_that_names_the_weaker_choice(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(SandboxUnavailable, match=r"needs bash, prlimit, bwrap.*apt-get install bubblewrap.*isolation=rlimits"):
+    with pytest.raises(
+        SandboxUnavailable, match=r"needs bash, prlimit, bwrap.*apt-get install bubblewrap.*isolation=rlimits"
+    ):
         Isolation("bwrap").require()
     with pytest.raises(ValueError, match="must be one of bwrap, rlimits"):
         Isolation("docker")
@@ -95,8 +103,12 @@ def test_a_sandbox_that_does_not_start_is_refused_at_start_up(monkeypatch):
 
     def broken(self, argv, code_dir, work_dir, user, limits, ready_fd):
         command = real(self, argv, code_dir, work_dir, user, limits, ready_fd)
-        return type(command)([*command.argv[:1], "--ro-bind", "/no/such/dir", "/x", *command.argv[1:]], command.env,
-                             command.cwd, command.user)
+        return type(command)(
+            [*command.argv[:1], "--ro-bind", "/no/such/dir", "/x", *command.argv[1:]],
+            command.env,
+            command.cwd,
+            command.user,
+        )
 
     monkeypatch.setattr(Isolation, "command", broken)
     with pytest.raises(SandboxUnavailable, match="does not start: bwrap did not start the program.*no/such/dir"):
@@ -136,8 +148,10 @@ def test_the_rlimits_mode_enforces_its_limits_but_does_not_isolate():
 
 
 @needs_bwrap
-@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3") or shutil.which("setpriv") is None,
-                    reason="needs root (to become nobody), /usr/bin/python3 and setpriv")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/usr/bin/python3") or shutil.which("setpriv") is None,
+    reason="needs root (to become nobody), /usr/bin/python3 and setpriv",
+)
 def test_the_rootless_mode_isolates_too():
     """As an ordinary user (nobody, here) bwrap runs in a user namespace and RLIMIT_NPROC is counted
     inside it: the pool starts, passes its network check, scores, and stops a fork bomb."""
@@ -147,16 +161,23 @@ def test_the_rootless_mode_isolates_too():
     (package / "__init__.py").write_text("")
     subprocess.run(["chmod", "-R", "a+rX", str(tmp_path)], check=True)
     os.chmod(tmp_path, 0o755)
-    script = (f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
-              "from roll_lite.sandbox import *\n"
-              "pool = SandboxPool(Isolation('bwrap', python='/usr/bin/python3'), Limits(wall_s=3, cpu_s=2, processes=8), 2)\n"
-              f"tests = parse_tests({CALLS!r})\n"
-              "print(judge(pool, 'def add(a, b):\\n    return a + b\\n', tests).verdict)\n"
-              "print(judge(pool, 'import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass\\n', tests).verdict)\n"
-              "print(pool.run({'m.py': 'import os; print(os.getuid())'}, pool.python('m.py')).stdout.decode().strip())\n")
+    script = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from roll_lite.sandbox import *\n"
+        "pool = SandboxPool(Isolation('bwrap', python='/usr/bin/python3'), Limits(wall_s=3, cpu_s=2, processes=8), 2)\n"
+        f"tests = parse_tests({CALLS!r})\n"
+        "print(judge(pool, 'def add(a, b):\\n    return a + b\\n', tests).verdict)\n"
+        "print(judge(pool, 'import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass\\n', tests).verdict)\n"
+        "print(pool.run({'m.py': 'import os; print(os.getuid())'}, pool.python('m.py')).stdout.decode().strip())\n"
+    )
     try:
-        out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c",
-                              script], capture_output=True, text=True, timeout=60, cwd="/")
+        out = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd="/",
+        )
     finally:
         shutil.rmtree(tmp_path)
     assert out.returncode == 0, out.stderr
@@ -173,8 +194,12 @@ def code_reward(**overrides) -> RewardConfig:
 def test_the_reward_worker_scores_programs_with_their_verdicts_in_the_metrics():
     worker = RewardWorker(code_reward())
     try:
-        responses = ["def add(a, b):\n    return a + b\n", "def add(a, b):\n    return a * b if a == 5 else a + b\n",
-                     "while True:\n    pass\n", "   "]
+        responses = [
+            "def add(a, b):\n    return a + b\n",
+            "def add(a, b):\n    return a * b if a == 5 else a + b\n",
+            "while True:\n    pass\n",
+            "   ",
+        ]
         scores, scored, metrics = worker.score(responses, [""] * 4, [{"tests": CALLS}] * 4)
         assert scores.tolist() == [1.0, 0.5, 0.0, 0.0] and scored.all()  # a program's failure is its score
         assert metrics["reward/code/programs/passed"] == 1 and metrics["reward/code/programs/wrong_answer"] == 1
@@ -189,6 +214,7 @@ def test_the_reward_worker_scores_programs_with_their_verdicts_in_the_metrics():
 def test_the_sandbox_failing_leaves_the_response_unscored_not_zero(monkeypatch):
     worker = RewardWorker(code_reward(code_score="all"))
     try:
+
         def broken(pool, code, tests):
             raise SandboxError("bwrap did not start the program: out of memory")
 
@@ -207,7 +233,9 @@ def test_rows_with_bad_tests_stop_the_run_naming_file_row_and_key(tmp_path):
     reward = RewardConfig(functions={}, code=1.0)
     with pytest.raises(DataError, match=r"code.jsonl.*row 1.*key 'tests': the tests must be an object"):
         prepare_datasets(data, build_char_tokenizer(), row_check=code_row_check(reward, "domain"))
-    routed = RewardConfig(domains={"code": DomainRewardConfig(code=1.0), "chat": DomainRewardConfig(functions={"format": 1})})
+    routed = RewardConfig(
+        domains={"code": DomainRewardConfig(code=1.0), "chat": DomainRewardConfig(functions={"format": 1})}
+    )
     check = code_row_check(routed, "domain")
     check({"domain": "chat"})  # rows of other domains need no tests
     with pytest.raises(ValueError, match="key 'tests': missing"):
@@ -215,13 +243,16 @@ def test_rows_with_bad_tests_stop_the_run_naming_file_row_and_key(tmp_path):
     assert code_row_check(RewardConfig(), "domain") is None
 
 
-@pytest.mark.parametrize("override, message", [
-    (["reward.code=1.0", "reward.code_extract=markdown"], "reward.code_extract"),
-    (["reward.code=1.0", "reward.code_score=half"], "reward.code_score"),
-    (["reward.code=1.0", "reward.sandbox.memory_mb=0"], "reward.sandbox: sandbox limit memory_mb"),
-    (["reward.code=1.0", "reward.sandbox.isolation=docker"], "reward.sandbox.isolation"),
-    (["reward.code=1.0", "reward.in_driver=true"], "the code sandbox run in the reward worker"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (["reward.code=1.0", "reward.code_extract=markdown"], "reward.code_extract"),
+        (["reward.code=1.0", "reward.code_score=half"], "reward.code_score"),
+        (["reward.code=1.0", "reward.sandbox.memory_mb=0"], "reward.sandbox: sandbox limit memory_mb"),
+        (["reward.code=1.0", "reward.sandbox.isolation=docker"], "reward.sandbox.isolation"),
+        (["reward.code=1.0", "reward.in_driver=true"], "the code sandbox run in the reward worker"),
+    ],
+)
 def test_code_settings_are_checked_before_the_run(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, ["reward.functions={}", *override])

@@ -22,7 +22,9 @@ import pytest
 from roll_lite.sandbox import Isolation, Limits, SandboxPool, judge, parse_tests
 from roll_lite.sandbox.users import SANDBOX_UIDS
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (scripts/setup.sh installs it as root)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap is not installed (scripts/setup.sh installs it as root)"
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "roll-secret-4f1c9e"
@@ -38,34 +40,79 @@ def secret_tests() -> dict:
 HOSTILE = {
     # name: (program, tests, the verdicts it may get)
     "infinite_loop": ("while True:\n    pass\n", CALLS, {"timed_out"}),
-    "fork_bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", CALLS, {"timed_out"}),
+    "fork_bomb": (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+        CALLS,
+        {"timed_out"},
+    ),
     "allocate_20_gb": ("block = bytearray(20 * 1024 ** 3)\ndef f(x):\n    return 0\n", CALLS, {"memory_limit"}),
-    "write_10_gb_file": ("with open('big', 'wb') as out:\n    for _ in range(10 * 1024):\n        out.write(b'x' * 2 ** 20)\n",
-                         CALLS, {"error"}),
-    "fill_the_disk": ("for i in range(10000):\n    open(f'/tmp/f{i}', 'wb').write(b'x' * 4 * 2 ** 20)\n", CALLS, {"error"}),
-    "write_outside": ("import os\nfor path in $paths:\n    try:\n        os.makedirs(os.path.dirname(path), exist_ok=True)\n"
-                      "        open(path, 'w').write('pwned')\n    except OSError:\n        pass\ndef f():\n    return 'wrote'\n",
-                      secret_tests(), {"wrong_answer"}),
-    "read_parent_env_and_files": ("import os\ndef f():\n    seen = str(dict(os.environ))\n    for path in $paths:\n"
-                                  "        try:\n            seen += open(path).read()\n        except OSError:\n            pass\n"
-                                  "    return '$secret' if '$secret' in seen else seen[:50]\n", secret_tests(), {"wrong_answer"}),
-    "open_socket": ("import socket\ndef f():\n    try:\n        with socket.create_connection(('127.0.0.1', $port), timeout=1) as s:\n"
-                    "            return s.recv(100).decode()\n    except OSError as e:\n        return str(e)\n", secret_tests(), {"wrong_answer"}),
-    "kill_parent": ("import os, signal\nfor pid in (os.getppid(), $parent, -1):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
-                    "    except OSError:\n        pass\ndef f(x):\n    return 0\n", CALLS, {"wrong_answer"}),
+    "write_10_gb_file": (
+        "with open('big', 'wb') as out:\n    for _ in range(10 * 1024):\n        out.write(b'x' * 2 ** 20)\n",
+        CALLS,
+        {"error"},
+    ),
+    "fill_the_disk": (
+        "for i in range(10000):\n    open(f'/tmp/f{i}', 'wb').write(b'x' * 4 * 2 ** 20)\n",
+        CALLS,
+        {"error"},
+    ),
+    "write_outside": (
+        "import os\nfor path in $paths:\n    try:\n        os.makedirs(os.path.dirname(path), exist_ok=True)\n"
+        "        open(path, 'w').write('pwned')\n    except OSError:\n        pass\ndef f():\n    return 'wrote'\n",
+        secret_tests(),
+        {"wrong_answer"},
+    ),
+    "read_parent_env_and_files": (
+        "import os\ndef f():\n    seen = str(dict(os.environ))\n    for path in $paths:\n"
+        "        try:\n            seen += open(path).read()\n        except OSError:\n            pass\n"
+        "    return '$secret' if '$secret' in seen else seen[:50]\n",
+        secret_tests(),
+        {"wrong_answer"},
+    ),
+    "open_socket": (
+        "import socket\ndef f():\n    try:\n        with socket.create_connection(('127.0.0.1', $port), timeout=1) as s:\n"
+        "            return s.recv(100).decode()\n    except OSError as e:\n        return str(e)\n",
+        secret_tests(),
+        {"wrong_answer"},
+    ),
+    "kill_parent": (
+        "import os, signal\nfor pid in (os.getppid(), $parent, -1):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
+        "    except OSError:\n        pass\ndef f(x):\n    return 0\n",
+        CALLS,
+        {"wrong_answer"},
+    ),
     "flood_stdout": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n", STDIO, {"output_limit"}),
     "flood_stderr": ("import os\nwhile True:\n    os.write(2, b'y' * 65536)\n", STDIO, {"output_limit"}),
-    "close_stdout": ("import os\nos.close(1)\nos.close(2)\nprint(2 * int(input()))\n", STDIO, {"error", "wrong_answer"}),
+    "close_stdout": (
+        "import os\nos.close(1)\nos.close(2)\nprint(2 * int(input()))\n",
+        STDIO,
+        {"error", "wrong_answer"},
+    ),
     "sys_exit_first": ("import sys\nsys.exit(0)\ndef f(x):\n    return x * 7919 % 10007\n", CALLS, {"error"}),
     "os_exit_first": ("import os\nos._exit(0)\ndef f(x):\n    return x * 7919 % 10007\n", CALLS, {"error"}),
-    "patch_equality": ("class Any:\n    def __eq__(self, other):\n        return True\ndef f(x):\n    return Any()\n", CALLS, {"error"}),
-    "patch_builtins_and_json": ("import builtins, json\nbuiltins.print = lambda *a, **k: None\n"
-                                "json.dumps = lambda *a, **k: '{\"case\": 0, \"value\": 1}'\nfor i in range(3):\n"
-                                "    __import__('sys').__stdout__.write('{\"case\": %d, \"value\": 12345}\\n' % i)\ndef f(x):\n    return 1\n",
-                                CALLS, {"error", "wrong_answer"}),
+    "patch_equality": (
+        "class Any:\n    def __eq__(self, other):\n        return True\ndef f(x):\n    return Any()\n",
+        CALLS,
+        {"error"},
+    ),
+    "patch_builtins_and_json": (
+        "import builtins, json\nbuiltins.print = lambda *a, **k: None\n"
+        'json.dumps = lambda *a, **k: \'{"case": 0, "value": 1}\'\nfor i in range(3):\n'
+        "    __import__('sys').__stdout__.write('{\"case\": %d, \"value\": 12345}\\n' % i)\ndef f(x):\n    return 1\n",
+        CALLS,
+        {"error", "wrong_answer"},
+    ),
     "print_all_tests_passed": ("print('all tests passed')\nprint('OK 3/3')\n", STDIO, {"wrong_answer"}),
-    "sleep_holding_child": ("import os, time\nif os.fork() == 0:\n    time.sleep(1000)\ntime.sleep(1000)\n", CALLS, {"timed_out"}),
-    "slow_but_correct": ("import time\ndef f(x):\n    time.sleep(10)\n    return x * 7919 % 10007\n", CALLS, {"timed_out"}),
+    "sleep_holding_child": (
+        "import os, time\nif os.fork() == 0:\n    time.sleep(1000)\ntime.sleep(1000)\n",
+        CALLS,
+        {"timed_out"},
+    ),
+    "slow_but_correct": (
+        "import time\ndef f(x):\n    time.sleep(10)\n    return x * 7919 % 10007\n",
+        CALLS,
+        {"timed_out"},
+    ),
 }
 
 
@@ -93,8 +140,11 @@ def verdicts(tmp_path_factory):
     home = tmp_path_factory.mktemp("hostile")
     secret_file = home / "secret.txt"
     secret_file.write_text(SECRET)
-    outside = [str(REPO / "pwned_by_sandbox.txt"), str(Path(tempfile.gettempdir()) / "pwned_by_sandbox.txt"),
-               str(home / "pwned.txt")]
+    outside = [
+        str(REPO / "pwned_by_sandbox.txt"),
+        str(Path(tempfile.gettempdir()) / "pwned_by_sandbox.txt"),
+        str(home / "pwned.txt"),
+    ]
     os.environ["ROLL_TEST_SECRET_TOKEN"] = SECRET
     server = socket.create_server(("127.0.0.1", 0))
     connections = []
@@ -113,12 +163,16 @@ def verdicts(tmp_path_factory):
     programs = {}
     for name, (source, tests, _) in HOSTILE.items():
         if name == "read_parent_env_and_files":
-            fields = dict(fill, paths=[str(secret_file), f"/proc/{os.getpid()}/environ", "/proc/1/environ", "/etc/shadow"])
+            fields = dict(
+                fill, paths=[str(secret_file), f"/proc/{os.getpid()}/environ", "/proc/1/environ", "/etc/shadow"]
+            )
         else:
             fields = fill
         fields = {key: repr(value) if key == "paths" else value for key, value in fields.items()}
         programs[name] = (string.Template(source).substitute(fields), parse_tests(tests))
-    before = dict(processes=sandbox_processes(), scratch=scratch_dirs(), free=shutil.disk_usage(tempfile.gettempdir()).free)
+    before = dict(
+        processes=sandbox_processes(), scratch=scratch_dirs(), free=shutil.disk_usage(tempfile.gettempdir()).free
+    )
     pool = SandboxPool(Isolation("bwrap"), LIMITS, workers=2)
     try:
         results = dict(zip(programs, pool.map(lambda item: judge(pool, *item), list(programs.values()))))
@@ -144,7 +198,7 @@ def test_nothing_escaped_and_the_machine_is_as_it_was(verdicts):
     assert sandbox_processes() == [], "a sandboxed process outlived its run"
     assert scratch_dirs() == before["scratch"], "a run left its scratch directory behind"
     grown = before["free"] - shutil.disk_usage(tempfile.gettempdir()).free
-    assert grown < 64 * 2 ** 20, f"the disk lost {grown / 2 ** 20:.0f} MB during the hostile batch"
+    assert grown < 64 * 2**20, f"the disk lost {grown / 2**20:.0f} MB during the hostile batch"
 
 
 def test_a_good_program_still_passes_after_the_hostile_batch(verdicts):

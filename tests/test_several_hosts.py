@@ -30,13 +30,23 @@ ONE_CPU_EACH = ["workers.actor_cpus=1", "workers.rollout_cpus=1"]
 # The same run on this machine's two CPUs. What a worker reserves of Ray's CPUs changes where it runs,
 # not what it computes: each one computes with workers.torch_threads=1 either way.
 HALF_A_CPU_EACH = ["workers.actor_cpus=0.5", "workers.rollout_cpus=0.5"]
-GRPO = [*SMALL, "rollout.prompts_per_step=2", "rollout.num_samples=4", "steps=2", "eval_every=2", "save_model=false",
-        "checkpoint.every=1",  # a checkpoint after each step: the runs that lose a host resume from step 1's
-        "algorithm.track_kl=false",  # no reference model: cheaper, same proof
-        "workers.actor_dp=2", "workers.placement=spread"]
+GRPO = [
+    *SMALL,
+    "rollout.prompts_per_step=2",
+    "rollout.num_samples=4",
+    "steps=2",
+    "eval_every=2",
+    "save_model=false",
+    "checkpoint.every=1",  # a checkpoint after each step: the runs that lose a host resume from step 1's
+    "algorithm.track_kl=false",  # no reference model: cheaper, same proof
+    "workers.actor_dp=2",
+    "workers.placement=spread",
+]
 # Timings and memory figures: they follow the machine's load, and no two runs share them.
 TIMING = re.compile(r"^perf/|_per_s$|_s$|memory")
-PLACEMENT = re.compile(r"placement on 3 nodes: driver on (\S+); actor rank 0 on (\S+), rank 1 on (\S+); rollout on (\S+);")
+PLACEMENT = re.compile(
+    r"placement on 3 nodes: driver on (\S+); actor rank 0 on (\S+), rank 1 on (\S+); rollout on (\S+);"
+)
 
 PIPELINES = '''
 import json
@@ -84,8 +94,16 @@ class LosesAHostInACheckpoint(PPOPipeline):
 
 
 def roll_train(data: list[str], output: Path, run_name: str, *extra: str) -> list[str]:
-    return [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), *GRPO, *data, f"output_dir={output}",
-            f"run_name={run_name}", *extra]
+    return [
+        str(BIN / "roll-train"),
+        "--config",
+        str(REPO / "configs/grpo.yaml"),
+        *GRPO,
+        *data,
+        f"output_dir={output}",
+        f"run_name={run_name}",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +135,9 @@ def reference(cluster, data, tmp_path_factory):
     cluster, in this namespace, meanwhile): their run directories and the three-host job's output."""
     output = tmp_path_factory.mktemp("reference")
     with (output / "one_host.log").open("w") as log:
-        one_host = subprocess.Popen(roll_train(data, output, "one_host", *HALF_A_CPU_EACH), stdout=subprocess.DEVNULL,
-                                    stderr=log, cwd=output)
+        one_host = subprocess.Popen(
+            roll_train(data, output, "one_host", *HALF_A_CPU_EACH), stdout=subprocess.DEVNULL, stderr=log, cwd=output
+        )
     try:
         submitted = cluster.submit(roll_train(data, output, "three_hosts", *ONE_CPU_EACH), output / "three_hosts.log")
     except BaseException:
@@ -127,7 +146,9 @@ def reference(cluster, data, tmp_path_factory):
     finally:
         one_host.wait(timeout=300)
     assert one_host.returncode == 0, (output / "one_host.log").read_text()[-3000:]
-    assert submitted.returncode == 0 and "succeeded" in submitted.stdout, submitted.stdout[-4000:] + submitted.stderr[-2000:]
+    assert submitted.returncode == 0 and "succeeded" in submitted.stdout, (
+        submitted.stdout[-4000:] + submitted.stderr[-2000:]
+    )
     return output / "one_host", output / "three_hosts", submitted.stdout
 
 
@@ -144,16 +165,22 @@ def test_grpo_with_its_ranks_on_two_hosts_and_the_rollout_on_a_third_equals_the_
 
 
 def test_a_host_lost_mid_step_stops_the_run_naming_it_and_the_same_command_resumes_once_it_is_back(
-        cluster, data, reference, tmp_path):
+    cluster, data, reference, tmp_path
+):
     cluster.restart_lost()  # a test before this one that failed may have left a host down
     (tmp_path / "host_loss.py").write_text(PIPELINES)
-    command = ["env", f"--chdir={tmp_path}",  # where the driver imports host_loss from
-               *roll_train(data, tmp_path, "run", *ONE_CPU_EACH, "pipeline=host_loss:LosesAHostMidStep")]
+    command = [
+        "env",
+        f"--chdir={tmp_path}",  # where the driver imports host_loss from
+        *roll_train(data, tmp_path, "run", *ONE_CPU_EACH, "pipeline=host_loss:LosesAHostMidStep"),
+    ]
     with cluster.job(command, tmp_path / "killed.log") as job:
         marks = wait_for(lambda: sorted(tmp_path.glob("rank*.json")), job, tmp_path / "killed.log")
         rank, node = int(marks[-1].stem.removeprefix("rank")), json.loads(marks[-1].read_text())["node"]
         killed, log = lose_the_host(cluster, node, job, tmp_path / "killed.log")
-    assert f"roll-train: worker failure: actor rank {rank} died during train_step at step 2 on node {node}\n" in log, log[-4000:]
+    assert f"roll-train: worker failure: actor rank {rank} died during train_step at step 2 on node {node}\n" in log, (
+        log[-4000:]
+    )
     run_dir = tmp_path / "run"
     assert layout.committed_steps(run_dir) == [1] and layout.latest(run_dir) == layout.step_dir(run_dir, 1)
     assert not list(layout.checkpoints_dir(run_dir).glob(".*.partial"))  # no write was under way
@@ -162,8 +189,10 @@ def test_a_host_lost_mid_step_stops_the_run_naming_it_and_the_same_command_resum
     print(f"the head counted the node dead {cluster.wait_until_dead(node) - killed:.1f} s after the kill")
     remaining = cluster.submit(command, tmp_path / "remaining.log")
     assert remaining.returncode != 0
-    assert ("roll-train: config error: workers.actor_cpus: the workers reserve 3 CPUs (workers.actor_cpus 1 × workers.actor_dp 2 + "
-            "workers.rollout_cpus 1) but the cluster has 2; lower them") in remaining.stdout, remaining.stdout[-3000:]
+    assert (
+        "roll-train: config error: workers.actor_cpus: the workers reserve 3 CPUs (workers.actor_cpus 1 × workers.actor_dp 2 + "
+        "workers.rollout_cpus 1) but the cluster has 2; lower them"
+    ) in remaining.stdout, remaining.stdout[-3000:]
     assert layout.committed_steps(run_dir) == [1]  # it changed nothing
 
     cluster.restart(node)
@@ -174,20 +203,28 @@ def test_a_host_lost_mid_step_stops_the_run_naming_it_and_the_same_command_resum
 
 
 def test_a_host_lost_while_a_checkpoint_is_written_leaves_it_uncommitted_and_the_previous_one_loads(
-        cluster, data, reference, tmp_path):
+    cluster, data, reference, tmp_path
+):
     cluster.restart_lost()
     (tmp_path / "host_loss.py").write_text(PIPELINES)
-    command = ["env", f"--chdir={tmp_path}",
-               *roll_train(data, tmp_path, "run", *ONE_CPU_EACH, "pipeline=host_loss:LosesAHostInACheckpoint")]
+    command = [
+        "env",
+        f"--chdir={tmp_path}",
+        *roll_train(data, tmp_path, "run", *ONE_CPU_EACH, "pipeline=host_loss:LosesAHostInACheckpoint"),
+    ]
     with cluster.job(command, tmp_path / "killed.log") as job:
         wait_for(lambda: (tmp_path / "paused").exists(), job, tmp_path / "killed.log")
         # The job's log comes a moment after its lines were written
-        placement = wait_for(lambda: PLACEMENT.search((tmp_path / "killed.log").read_text()), job, tmp_path / "killed.log")
+        placement = wait_for(
+            lambda: PLACEMENT.search((tmp_path / "killed.log").read_text()), job, tmp_path / "killed.log"
+        )
         driver, *actor_ranks, _ = placement.groups()
         rank = max(rank for rank, node in enumerate(actor_ranks) if node != driver)  # a rank on a worker host
         _, log = lose_the_host(cluster, actor_ranks[rank], job, tmp_path / "killed.log", then=tmp_path / "go")
-    assert (f"roll-train: worker failure: actor rank {rank} died during save_checkpoint at the checkpoint of step 2 "
-            f"on node {actor_ranks[rank]}\n") in log, log[-4000:]
+    assert (
+        f"roll-train: worker failure: actor rank {rank} died during save_checkpoint at the checkpoint of step 2 "
+        f"on node {actor_ranks[rank]}\n"
+    ) in log, log[-4000:]
     run_dir = tmp_path / "run"
     torn = layout.partial_dir(run_dir, 2)
     assert torn.is_dir() and not layout.is_checkpoint(torn)  # begun, never committed
@@ -197,7 +234,9 @@ def test_a_host_lost_while_a_checkpoint_is_written_leaves_it_uncommitted_and_the
     resumed = cluster.submit(command, tmp_path / "resumed.log")
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     assert f"resumed from {layout.step_dir(run_dir, 1)} (step 1)" in resumed.stdout
-    assert "resume: dropped the records of step 2 that the previous run logged after checkpoint step_1" in resumed.stdout
+    assert (
+        "resume: dropped the records of step 2 that the previous run logged after checkpoint step_1" in resumed.stdout
+    )
     assert metrics(run_dir) == metrics(reference[1])
     assert layout.committed_steps(run_dir) == [1, 2] and not torn.exists()  # the next write of step 2 replaced it
 

@@ -11,8 +11,14 @@ from pathlib import Path
 import doc_commands
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
-        "model.num_key_value_heads=1", "workers.torch_threads=1"]
+TINY = [
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+    "workers.torch_threads=1",
+]
 
 
 def readme_commands(contains: str) -> list[list[str]]:
@@ -21,8 +27,9 @@ def readme_commands(contains: str) -> list[list[str]]:
 
 
 def roll_train(argv, cwd):
-    result = subprocess.run([sys.executable, "-m", "roll_lite.cli", *argv[1:]], capture_output=True, text=True,
-                            timeout=600, cwd=cwd)
+    result = subprocess.run(
+        [sys.executable, "-m", "roll_lite.cli", *argv[1:]], capture_output=True, text=True, timeout=600, cwd=cwd
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -35,7 +42,9 @@ def test_readme_sft_then_rl_commands_and_plain_transformers_reproduce_the_answer
     # The docs' two commands (docs/byo.md, SFT) verbatim, in a directory that has the repo's configs/ and data/ (so
     # outputs/ lands there), with overrides appended that keep them small.
     # the SFT config's own command (docs/rewards.md also runs configs/sft.yaml, on a judge's data)
-    (sft_command,) = [c for c in readme_commands("configs/sft.yaml") if c == ["roll-train", "--config", "configs/sft.yaml"]]
+    (sft_command,) = [
+        c for c in readme_commands("configs/sft.yaml") if c == ["roll-train", "--config", "configs/sft.yaml"]
+    ]
     (rl_command,) = readme_commands("outputs/sft_reverse_digits/final")
     for name in ("configs", "data"):
         (tmp_path / name).symlink_to(REPO / name)
@@ -51,8 +60,10 @@ def test_readme_sft_then_rl_commands_and_plain_transformers_reproduce_the_answer
     assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
 
     # GRPO starts from the SFT folder (model and tokenizer), no warm start.
-    roll_train(rl_command + ["workers.torch_threads=1", "steps=1", "rollout.prompts_per_step=2", "rollout.num_samples=2"],
-               tmp_path)
+    roll_train(
+        rl_command + ["workers.torch_threads=1", "steps=1", "rollout.prompts_per_step=2", "rollout.num_samples=2"],
+        tmp_path,
+    )
     run_dir = tmp_path / "outputs/grpo_from_sft"  # the run_name the command gives
     assert "pretrained_path: outputs/sft_reverse_digits/final" in (run_dir / "config.yaml").read_text()
     samples = [json.loads(line) for line in (run_dir / "eval_samples" / "step_1.jsonl").read_text().splitlines()]
@@ -70,7 +81,11 @@ def test_readme_sft_then_rl_commands_and_plain_transformers_reproduce_the_answer
         "    out = model.generate(**ids, max_new_tokens=10, do_sample=False)[0, ids['input_ids'].shape[1]:]\n"
         "    print(json.dumps(tok.decode(out, skip_special_tokens=True)))\n"
     )
-    plain = subprocess.run([sys.executable, "-c", script, str(run_dir / "final"),
-                            json.dumps([s["prompt"] for s in samples])], capture_output=True, text=True, timeout=300)
+    plain = subprocess.run(
+        [sys.executable, "-c", script, str(run_dir / "final"), json.dumps([s["prompt"] for s in samples])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert plain.returncode == 0, plain.stderr[-2000:]
     assert [json.loads(line) for line in plain.stdout.strip().splitlines()] == [s["response"] for s in samples]

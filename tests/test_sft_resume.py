@@ -18,9 +18,17 @@ from roll_lite.checkpoint import layout
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
 TINY = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
-    "model.num_key_value_heads=1", "workers.torch_threads=1", "sft.batch_size=4", "sft.eval_every=1",
-    "checkpoint.every=2", "checkpoint.keep_last=null", "save_model=true",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+    "workers.torch_threads=1",
+    "sft.batch_size=4",
+    "sft.eval_every=1",
+    "checkpoint.every=2",
+    "checkpoint.keep_last=null",
+    "save_model=true",
 ]
 
 
@@ -34,8 +42,19 @@ def data(tmp_path_factory):
 
 
 def command(data, output: Path, run_name: str, *extra, steps: int = STEPS) -> list[str]:
-    return [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/sft.yaml"), *TINY, *data,
-            f"sft.steps={steps}", f"output_dir={output}", f"run_name={run_name}", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "roll_lite.cli",
+        "--config",
+        str(REPO / "configs/sft.yaml"),
+        *TINY,
+        *data,
+        f"sft.steps={steps}",
+        f"output_dir={output}",
+        f"run_name={run_name}",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +85,12 @@ def test_an_sft_run_killed_at_a_random_step_and_resumed_equals_an_uninterrupted_
 
 def test_a_finished_sft_run_run_again_says_so_and_leaves_final_as_it_is(data, reference):
     assert (reference / "final" / "config.json").exists()
-    assert_rerun_changes_nothing(command(data, reference.parent, "ref"), reference,
-                                 f"roll-train: {reference} is finished at step {STEPS} (sft.steps={STEPS}); nothing "
-                                 f"was started or changed. To train it further, raise sft.steps= above {STEPS}")
+    assert_rerun_changes_nothing(
+        command(data, reference.parent, "ref"),
+        reference,
+        f"roll-train: {reference} is finished at step {STEPS} (sft.steps={STEPS}); nothing "
+        f"was started or changed. To train it further, raise sft.steps= above {STEPS}",
+    )
 
 
 def test_a_finished_sft_run_given_more_steps_trains_on_from_its_last_checkpoint(data, reference, tmp_path):
@@ -84,11 +106,27 @@ def test_a_finished_sft_run_given_more_steps_trains_on_from_its_last_checkpoint(
 def test_an_rl_run_refuses_an_sft_checkpoint_and_names_final_instead(data, reference, tmp_path):
     checkpoint = layout.step_dir(reference, 2)
     result = subprocess.run(
-        [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "configs/ppo.yaml"), *TINY[:5], "sft.steps=0",
-         f"output_dir={tmp_path}", "run_name=rl", f"resume={checkpoint}"],
-        capture_output=True, text=True, timeout=300, cwd=REPO)
+        [
+            sys.executable,
+            "-m",
+            "roll_lite.cli",
+            "--config",
+            str(REPO / "configs/ppo.yaml"),
+            *TINY[:5],
+            "sft.steps=0",
+            f"output_dir={tmp_path}",
+            "run_name=rl",
+            f"resume={checkpoint}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
-    assert (f"resume: {checkpoint} is a checkpoint of an SFT run; this run's pipeline "
-            "(roll_lite.pipelines.ppo:PPOPipeline) resumes RL checkpoints") in result.stderr
+    assert (
+        f"resume: {checkpoint} is a checkpoint of an SFT run; this run's pipeline "
+        "(roll_lite.pipelines.ppo:PPOPipeline) resumes RL checkpoints"
+    ) in result.stderr
     assert "model.pretrained_path=" in result.stderr
     assert not (tmp_path / "rl").exists()  # nothing was written

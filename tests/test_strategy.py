@@ -26,33 +26,47 @@ def test_clipped_adamw_step_on_two_ranks_matches_a_hand_step():
     scale = min(1.0, OPTIMIZER_SETTINGS["max_grad_norm"] / (norm + 1e-6))
     for name, p in lm.named_parameters():
         p.grad = ref_grads[name] * scale
-    torch.optim.AdamW(lm.parameters(), lr=OPTIMIZER_SETTINGS["lr"], weight_decay=OPTIMIZER_SETTINGS["weight_decay"]).step()
+    torch.optim.AdamW(
+        lm.parameters(), lr=OPTIMIZER_SETTINGS["lr"], weight_decay=OPTIMIZER_SETTINGS["weight_decay"]
+    ).step()
     for name, p in lm.named_parameters():
         torch.testing.assert_close(state[name], p.detach(), rtol=1e-9, atol=1e-12)
     assert scale < 1.0  # the clip was active
 
 
-@pytest.mark.parametrize("dtype, packing, fused", [(torch.float32, False, False), (torch.float64, True, False),
-                                                  (torch.float32, False, True)])
+@pytest.mark.parametrize(
+    "dtype, packing, fused", [(torch.float32, False, False), (torch.float64, True, False), (torch.float32, False, True)]
+)
 def test_one_rank_unwrapped_trains_bit_for_bit_as_fsdp2_on_one_rank(dtype, packing, fused):
     """One rank with nothing to cast trains the bare model; FSDP2 with a single shard is the same math,
     with foreach AdamW or fused (reproducible=portable's)."""
-    config = StrategyConfig(use_packing=packing, grad_accum_steps=2, param_dtype=str(dtype).removeprefix("torch."),
-                            lr=1e-2, weight_decay=0.1, adamw_fused=fused)
-    bare, wrapped = (FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0), config, shard_single_rank=shard)
-                     for shard in (False, True))
+    config = StrategyConfig(
+        use_packing=packing,
+        grad_accum_steps=2,
+        param_dtype=str(dtype).removeprefix("torch."),
+        lr=1e-2,
+        weight_decay=0.1,
+        adamw_fused=fused,
+    )
+    bare, wrapped = (
+        FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=dtype, seed=0), config, shard_single_rank=shard)
+        for shard in (False, True)
+    )
     assert not bare.sharded and wrapped.sharded
     for step in range(3):
         data = random_rl_batch(num_rows=8, seq_len=12, seed=step, dtype=dtype)
         data.meta_info["loss_mask_keys"] = ["response_mask"]
-        bare_metrics, wrapped_metrics = (s.train_step(data, make_loss("ppo", "seq-mean-token-mean")) for s in (bare, wrapped))
+        bare_metrics, wrapped_metrics = (
+            s.train_step(data, make_loss("ppo", "seq-mean-token-mean")) for s in (bare, wrapped)
+        )
         assert bare_metrics == wrapped_metrics and bare_metrics["grad_norm"] > 0
     bare_state, wrapped_state = bare.full_state_dict(), wrapped.full_state_dict()
     assert set(bare_state) == set(wrapped_state)
     for name, value in bare_state.items():
         assert torch.equal(value, wrapped_state[name]), name
-    torch.testing.assert_close(bare.compute_log_probs(data)["log_probs"], wrapped.compute_log_probs(data)["log_probs"],
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        bare.compute_log_probs(data)["log_probs"], wrapped.compute_log_probs(data)["log_probs"], rtol=0, atol=0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +123,9 @@ def test_train_step_errors_name_the_problem(strategy):
 
 
 def test_config_errors_name_the_key():
-    with pytest.raises(ValueError, match="strategy.max_tokens_per_micro_batch: token-budget micro-batches need use_packing"):
+    with pytest.raises(
+        ValueError, match="strategy.max_tokens_per_micro_batch: token-budget micro-batches need use_packing"
+    ):
         StrategyConfig(max_tokens_per_micro_batch=10).validate("strategy.")
     with pytest.raises(ValueError, match="lr_schedule: 'linear' is not one of constant, cosine"):
         StrategyConfig(lr_schedule="linear").validate()
@@ -122,12 +138,15 @@ def test_a_weighted_mask_is_rejected_naming_its_key(strategy):
         strategy.train_step(data, lambda b, o: (o["log_probs"].sum(), {}))
 
 
-@pytest.mark.parametrize("returned, message", [
-    (lambda o: o["log_probs"].sum(), r"must return \(loss, metrics\).*returned a Tensor"),
-    (lambda o: (o["log_probs"].sum(), {}, 1), r"must return \(loss, metrics\).*returned a tuple of length 3"),
-    (lambda o: (o["log_probs"], {}), r"returned a loss of \(4, 8\), not a scalar tensor"),
-    (lambda o: (o["log_probs"].sum(), [1.0]), "returned metrics of type list"),
-])
+@pytest.mark.parametrize(
+    "returned, message",
+    [
+        (lambda o: o["log_probs"].sum(), r"must return \(loss, metrics\).*returned a Tensor"),
+        (lambda o: (o["log_probs"].sum(), {}, 1), r"must return \(loss, metrics\).*returned a tuple of length 3"),
+        (lambda o: (o["log_probs"], {}), r"returned a loss of \(4, 8\), not a scalar tensor"),
+        (lambda o: (o["log_probs"].sum(), [1.0]), "returned metrics of type list"),
+    ],
+)
 def test_a_loss_func_breaking_the_contract_is_named(strategy, returned, message):
     data = random_rl_batch(num_rows=4, seq_len=8)
 

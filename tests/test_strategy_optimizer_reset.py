@@ -12,8 +12,9 @@ from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 
 
 def trained_state(forward_first: bool) -> dict[str, torch.Tensor]:
-    strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=0),
-                             StrategyConfig(param_dtype="float64", lr=1e-3))
+    strategy = FSDP2Strategy(
+        build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=0), StrategyConfig(param_dtype="float64", lr=1e-3)
+    )
     data = random_rl_batch(num_rows=6, seq_len=10, seed=1)
     data.meta_info["loss_mask_keys"] = ["response_mask"]
     if forward_first:

@@ -16,8 +16,14 @@ REPO = Path(__file__).resolve().parents[1]
 def collected(*args: str) -> list[str]:
     # without the options of the pytest that runs this test (PYTEST_ADDOPTS: --record-durations PATH, say)
     env = {key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
-                            cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [line for line in result.stdout.splitlines() if "::" in line]
 
@@ -49,4 +55,4 @@ def test_the_slowest_file_runs_first_and_the_measurements_name_only_files_that_e
     measured_order = [path for path in order if path in files]
     assert measured_order == sorted(measured_order, key=lambda path: -files[path])
     unmeasured = [path for path in order if path not in files]
-    assert order[:len(unmeasured)] == unmeasured  # a new file is not known to be fast: it goes first
+    assert order[: len(unmeasured)] == unmeasured  # a new file is not known to be fast: it goes first

@@ -31,7 +31,9 @@ def test_a_resumed_run_continues_metrics_jsonl_and_its_wandb_run(tmp_path):
     assert records == [{"step": s, "x": float(s)} for s in range(3)] + [{"step": s, "x": 10.0 + s} for s in range(3, 7)]
     segments = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     # wandb names a segment offline-run-<time>-<id>, with "-1" added when both start in the same second
-    assert len(segments) == 2 and all(re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", n) for n in segments)
+    assert len(segments) == 2 and all(
+        re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", n) for n in segments
+    )
 
 
 def test_a_fresh_run_in_another_directory_gets_its_own_wandb_run(tmp_path):
@@ -52,9 +54,13 @@ def test_resuming_cuts_metrics_jsonl_back_to_the_checkpoint_and_says_which_steps
         f.write('{"step": 58, "x"')  # a record cut short by the kill
     caplog.set_level("INFO", logger="roll_lite")
     resumed = RunLogger(run_dir, "seed: 1\n", "disabled", "roll_lite_test", "run", history=first.history[:51])
-    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == list(range(51))
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == list(
+        range(51)
+    )
     assert resumed.history == first.history[:51]
-    assert caplog.messages == ["resume: dropped the records of steps 51-57 that the previous run logged after checkpoint step_50"]
+    assert caplog.messages == [
+        "resume: dropped the records of steps 51-57 that the previous run logged after checkpoint step_50"
+    ]
 
     caplog.clear()  # killed right after the checkpoint of step 60: nothing logged after it, nothing said
     for step in range(51, 61):

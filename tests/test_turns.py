@@ -10,8 +10,10 @@ from roll_lite.model.tokenizer import build_char_tokenizer
 
 # Qwen's shape with the character tokenizer's specials: <bos> opens a turn, <eos> (the EOS) ends it,
 # and a newline follows the end of every turn
-TEMPLATE = ("{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>\n{% endfor %}"
-            "{% if add_generation_prompt %}<bos>assistant\n{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>\n{% endfor %}"
+    "{% if add_generation_prompt %}<bos>assistant\n{% endif %}"
+)
 
 
 @pytest.fixture
@@ -27,8 +29,15 @@ def text_ids(tokenizer, text):
 
 def test_an_observation_adds_the_turn_separator_its_message_and_the_generation_prompt(tokenizer):
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    expected = text_ids(tokenizer, "\n") + [bos] + text_ids(tokenizer, "user\nhigher") + [eos] + text_ids(tokenizer, "\n") \
-        + [bos] + text_ids(tokenizer, "assistant\n")
+    expected = (
+        text_ids(tokenizer, "\n")
+        + [bos]
+        + text_ids(tokenizer, "user\nhigher")
+        + [eos]
+        + text_ids(tokenizer, "\n")
+        + [bos]
+        + text_ids(tokenizer, "assistant\n")
+    )
     assert observation_ids(tokenizer, "higher") == expected  # the "\n" after the model's <eos> is not dropped
     tool = observation_ids(tokenizer, [{"role": "tool", "content": "42"}])
     assert tokenizer.decode(tool) == "\n<bos>tool\n42<eos>\n<bos>assistant\n"
@@ -36,8 +45,9 @@ def test_an_observation_adds_the_turn_separator_its_message_and_the_generation_p
 
 def test_a_trajectory_is_the_template_of_the_whole_conversation_when_the_samples_are_canonical(tokenizer):
     eos = tokenizer.eos_token_id
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "guess"}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "guess"}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     trajectory = Trajectory(list(prompt))
     for guess, feedback in (("12", "higher"), ("15", None)):
         sampled = text_ids(tokenizer, guess) + [eos]
@@ -45,10 +55,17 @@ def test_a_trajectory_is_the_template_of_the_whole_conversation_when_the_samples
         if feedback:
             trajectory.add_observation(observation_ids(tokenizer, feedback))
     whole = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "guess"}, {"role": "assistant", "content": "12"}, {"role": "user", "content": "higher"},
-         {"role": "assistant", "content": "15"}], tokenize=True, return_dict=False)
+        [
+            {"role": "user", "content": "guess"},
+            {"role": "assistant", "content": "12"},
+            {"role": "user", "content": "higher"},
+            {"role": "assistant", "content": "15"},
+        ],
+        tokenize=True,
+        return_dict=False,
+    )
     ids = trajectory.prompt_ids + trajectory.response_ids
-    assert ids == list(whole)[:len(ids)] and len(whole) == len(ids) + 1  # the template's closing "\n" is not sampled
+    assert ids == list(whole)[: len(ids)] and len(whole) == len(ids) + 1  # the template's closing "\n" is not sampled
     assert trajectory.num_model_turns == 2
 
 
@@ -76,8 +93,10 @@ def test_templates_that_cannot_be_continued_token_by_token_are_named(tokenizer):
     with pytest.raises(TemplateError, match="does not end an assistant turn with the end-of-turn token"):
         observation_ids(tokenizer, "higher")
     # a template that rewrites earlier assistant turns once another message follows (as those that strip <think>)
-    tokenizer.chat_template = ("{% for m in messages %}<bos>{{ m['role'] }}\n{% if m['role'] == 'assistant' and not loop.last %}"
-                               "[old]{% endif %}{{ m['content'] }}<eos>\n{% endfor %}"
-                               "{% if add_generation_prompt %}<bos>assistant\n{% endif %}")
+    tokenizer.chat_template = (
+        "{% for m in messages %}<bos>{{ m['role'] }}\n{% if m['role'] == 'assistant' and not loop.last %}"
+        "[old]{% endif %}{{ m['content'] }}<eos>\n{% endfor %}"
+        "{% if add_generation_prompt %}<bos>assistant\n{% endif %}"
+    )
     with pytest.raises(TemplateError, match="renders earlier turns differently"):
         observation_ids(tokenizer, "higher")

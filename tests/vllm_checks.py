@@ -36,9 +36,19 @@ PROMPT_LENGTH = 300  # longer than vLLM's KV block, so the prefix cache has full
 
 
 def model_settings(tied: bool) -> dict:
-    return dict(model_type="qwen2", vocab_size=96, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                tie_word_embeddings=tied, eos_token_id=EOS, pad_token_id=PAD)
+    return dict(
+        model_type="qwen2",
+        vocab_size=96,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=tied,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
 
 
 def actor_log_probs(model, prompts, completions, temperature: float) -> list[list[float]]:
@@ -47,7 +57,7 @@ def actor_log_probs(model, prompts, completions, temperature: float) -> list[lis
     with torch.no_grad():
         for index, tokens in enumerate(completions.token_ids):
             prompt = prompts[index // (len(completions.token_ids) // len(prompts))]
-            logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+            logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
             log_probs = torch.log_softmax(logits / temperature, dim=-1)
             out.append(log_probs.gather(1, torch.tensor(tokens)[:, None])[:, 0].tolist())
     return out
@@ -75,10 +85,24 @@ def main(tied: bool) -> dict:
     model = build_causal_lm(settings, seed=0)
     hf_config = model.config
     llm, sampling_params_class = vllm_start.start_llm(
-        hf_config, dtype="float32", seed=0, logprobs_mode="processed_logprobs", tensor_parallel_size=1,
-        gpu_memory_utilization=0.5, sleep_mode=False, cpu_kv_cache_gib=1, enforce_eager=True)
-    engine = vllm_engine.VLLMEngine(llm, sampling_params_class, EOS, tie_word_embeddings=tied, seed=0,
-                                    checkpoint_names=vllm_weights.checkpoint_names(hf_config))
+        hf_config,
+        dtype="float32",
+        seed=0,
+        logprobs_mode="processed_logprobs",
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.5,
+        sleep_mode=False,
+        cpu_kv_cache_gib=1,
+        enforce_eager=True,
+    )
+    engine = vllm_engine.VLLMEngine(
+        llm,
+        sampling_params_class,
+        EOS,
+        tie_word_embeddings=tied,
+        seed=0,
+        checkpoint_names=vllm_weights.checkpoint_names(hf_config),
+    )
     hf_engine = HFEngine(model, PAD, EOS)
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 96, (length,), generator=generator).tolist() for length in (5, 9, 12)]
@@ -92,16 +116,22 @@ def main(tied: bool) -> dict:
         if sync:
             train_a_step(model, optimizer, prompts[:1] * 2)
         engine.update_weights(model.state_dict())
-        found["syncs"].append({
-            "sampled_t0.7": gap(model, engine, prompts, sampled),
-            "sampled_t1": gap(model, engine, prompts, SamplingParams(max_new_tokens=12, num_samples=4)),
-            "greedy_equal": engine.generate(prompts, greedy).token_ids == hf_engine.generate(prompts, greedy).token_ids,
-        })
+        found["syncs"].append(
+            {
+                "sampled_t0.7": gap(model, engine, prompts, sampled),
+                "sampled_t1": gap(model, engine, prompts, SamplingParams(max_new_tokens=12, num_samples=4)),
+                "greedy_equal": engine.generate(prompts, greedy).token_ids
+                == hf_engine.generate(prompts, greedy).token_ids,
+            }
+        )
 
     # The prefix cache: a second generation of the same long prompts reuses their KV ...
     engine.generate(long_prompts, sampled)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in long_prompts],
-                           sampling_params_class(max_tokens=1, detokenize=False), use_tqdm=False)
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in long_prompts],
+        sampling_params_class(max_tokens=1, detokenize=False),
+        use_tqdm=False,
+    )
     found["cached_tokens_before_sync"] = min(o.num_cached_tokens or 0 for o in outputs)
     # ... and after a sync none of it is served: the log-probs follow the new weights
     train_a_step(model, optimizer, prompts[:1] * 2)
@@ -153,5 +183,7 @@ def main(tied: bool) -> dict:
 
 
 if __name__ == "__main__":
-    print("\nFOUND " + json.dumps(main(sys.argv[1] == "tied")), flush=True)  # on a line of its own, whatever printed before
+    print(
+        "\nFOUND " + json.dumps(main(sys.argv[1] == "tied")), flush=True
+    )  # on a line of its own, whatever printed before
     os._exit(0)  # vLLM's engine shutdown is not needed for a process that ends here

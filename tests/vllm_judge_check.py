@@ -18,8 +18,12 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 from roll_lite.model.tokenizer import build_char_tokenizer  # noqa: E402
 from roll_lite.rewards.judge import Judge  # noqa: E402
 
-ROWS = (["12=", "345=", "6=", "78=", "9=", "1234="], ["21", "543", "7", "87", "9", "4321"],
-        ["21", "543", "6", "87", "9", "4321"], [{}] * 6)
+ROWS = (
+    ["12=", "345=", "6=", "78=", "9=", "1234="],
+    ["21", "543", "7", "87", "9", "4321"],
+    ["21", "543", "6", "87", "9", "4321"],
+    [{}] * 6,
+)
 
 
 def save_judge(folder: str) -> str:
@@ -27,9 +31,17 @@ def save_judge(folder: str) -> str:
     import torch
 
     tokenizer = build_char_tokenizer()
-    config = AutoConfig.for_model("qwen2", vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                                  max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id)
+    config = AutoConfig.for_model(
+        "qwen2",
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -44,8 +56,14 @@ def main(folder: str) -> dict:
     hf_replies, vllm_replies = hf._generate(inputs), vllm._generate(inputs)
     again = vllm._generate(inputs)
     outcomes = [(s.kind, s.value, s.reason) for s in vllm.score(*ROWS)]
-    return {"hf": hf_replies, "vllm": vllm_replies, "vllm_again": again, "outcomes": outcomes,
-            "hf_outcomes": [(s.kind, s.value, s.reason) for s in hf.score(*ROWS)], "describe": vllm.describe()}
+    return {
+        "hf": hf_replies,
+        "vllm": vllm_replies,
+        "vllm_again": again,
+        "outcomes": outcomes,
+        "hf_outcomes": [(s.kind, s.value, s.reason) for s in hf.score(*ROWS)],
+        "describe": vllm.describe(),
+    }
 
 
 if __name__ == "__main__":

@@ -50,15 +50,27 @@ class WorkerCalls:
         while pending:
             now = time.monotonic()
             if now - start > timeout_s:
-                raise self._on_node(WorkerError(
-                    self.role, ranks[pending[0]], method, "timed out",
-                    f"no answer from {self._names(ranks, pending)} within {timeout_s:g} s ({limit}): alive but "
-                    f"stuck{self._others(ranks, answered, start)}. If its calls are this slow by design, raise "
-                    "workers.call_timeout_s"))
+                raise self._on_node(
+                    WorkerError(
+                        self.role,
+                        ranks[pending[0]],
+                        method,
+                        "timed out",
+                        f"no answer from {self._names(ranks, pending)} within {timeout_s:g} s ({limit}): alive but "
+                        f"stuck{self._others(ranks, answered, start)}. If its calls are this slow by design, raise "
+                        "workers.call_timeout_s",
+                    )
+                )
             if now >= warn_at:
-                logger.warning("still waiting for %s to answer %s after %.0f s%s; the run stops after %g s (%s)",
-                               self._names(ranks, pending), method, now - start, self._others(ranks, answered, start),
-                               timeout_s, limit)
+                logger.warning(
+                    "still waiting for %s to answer %s after %.0f s%s; the run stops after %g s (%s)",
+                    self._names(ranks, pending),
+                    method,
+                    now - start,
+                    self._others(ranks, answered, start),
+                    timeout_s,
+                    limit,
+                )
                 warn_at += self.warn_every_s
             ready, pending = ray.wait(pending, num_returns=1, timeout=WAIT_S)
             for ref in ready:
@@ -66,7 +78,9 @@ class WorkerCalls:
                 try:
                     values[ref] = ray.get(ref)
                 except ray.exceptions.RayError as error:
-                    failure = self._root_cause(worker_error(error, self.role, ranks[ref], method), ranks, pending, method)
+                    failure = self._root_cause(
+                        worker_error(error, self.role, ranks[ref], method), ranks, pending, method
+                    )
                     raise self._on_node(failure) from None
         return values[refs] if single else [values[ref] for ref in refs]
 
@@ -74,7 +88,9 @@ class WorkerCalls:
         """The failed worker's node, and the workers of every role that ran there too (a node that is
         gone took them all), where the run knows them (a cluster of several nodes)."""
         failure.node = self.nodes.get(failure.worker)
-        failure.node_also = [worker for worker, node in self.nodes.items() if node == failure.node and worker != failure.worker]
+        failure.node_also = [
+            worker for worker, node in self.nodes.items() if node == failure.node and worker != failure.worker
+        ]
         return failure
 
     def _root_cause(self, failure: WorkerError, ranks: dict, pending: list, method: str) -> WorkerError:
@@ -114,9 +130,12 @@ def worker_error(error: Exception, role: str, rank: int | None, method: str) -> 
     cause, text = getattr(error, "cause", None), str(error)
     if isinstance(cause, NonFiniteStepsError):  # a stop on purpose: its reason, no traceback
         return WorkerError(role, rank, method, "stopped", cause.describe(f"{role}."))
-    if (isinstance(error, ray.exceptions.OutOfMemoryError) or isinstance(cause, (torch.OutOfMemoryError, MemoryError))
-            or "memory usage threshold" in text  # Ray's memory monitor killed it (its message on an actor's death)
-            or CPU_ALLOCATION_FAILED in text):
+    if (
+        isinstance(error, ray.exceptions.OutOfMemoryError)
+        or isinstance(cause, (torch.OutOfMemoryError, MemoryError))
+        or "memory usage threshold" in text  # Ray's memory monitor killed it (its message on an actor's death)
+        or CPU_ALLOCATION_FAILED in text
+    ):
         kind = "out of memory"
     elif getattr(error, "actor_init_failed", False):  # raised in its constructor; Ray reports the actor dead
         kind, method = "raised", "__init__"

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def start_ray(address: str | None, needed: Reservation, object_store_mb: int = 512,
-              env_vars: dict[str, str] | None = None) -> str:
+def start_ray(
+    address: str | None, needed: Reservation, object_store_mb: int = 512, env_vars: dict[str, str] | None = None
+) -> str:
     """Join `address` (or $RAY_ADDRESS), else start a local cluster; returns a description. `env_vars`
     (roll_lite/runtime/reproducibility.py) reach the workers of a joined cluster through the job's runtime_env;
     a local cluster's workers inherit this process's environment, which already holds them."""
@@ -38,8 +39,11 @@ def start_ray(address: str | None, needed: Reservation, object_store_mb: int = 5
         where = f"joined the Ray cluster at {address}"
     else:
         ray.init(
-            address="local", num_cpus=max(os.cpu_count() or 1, 1), include_dashboard=False,
-            object_store_memory=object_store_mb * 1024**2, logging_level=logging.WARNING,
+            address="local",
+            num_cpus=max(os.cpu_count() or 1, 1),
+            include_dashboard=False,
+            object_store_memory=object_store_mb * 1024**2,
+            logging_level=logging.WARNING,
             **(hook if shadowing_directories() else {}),
         )
         watch_local_cluster()  # its raylet's agents go with this process, also when it is killed (leftovers.py)

@@ -28,13 +28,15 @@ from .rollout_worker import RolloutWorker
 
 logger = logging.getLogger("roll_lite")
 
+
 class ModelGroup:
     """D ranks of one role (actor, reference, critic) forming one torch.distributed group. With `host`
     (workers.one_process_per_rank) the role's rank i lives in the host group's rank-i process, with a
     model of its own on that process's group: no processes of its own."""
 
-    def __init__(self, role: str, world_size: int, placement: Placement, config: RunConfig,
-                 host: "ModelGroup | None" = None):
+    def __init__(
+        self, role: str, world_size: int, placement: Placement, config: RunConfig, host: "ModelGroup | None" = None
+    ):
         self.role, self.world_size, self.hosted = role, world_size, host is not None
         self.workers: list[Any]  # Ray actor handles of ModelWorker, rank order
         self.calls = WorkerCalls(role, config.workers)  # its failures name their node (where_the_roles_run)
@@ -46,9 +48,12 @@ class ModelGroup:
             return
         remote = ray.remote(ModelWorker)
         pipeline_root, driver_roll_lite = import_root(config.pipeline), roll_lite_dir()
-        self.workers = [remote.options(**placement.model_rank(role, rank)).remote(role, rank, world_size, config,
-                                                                                  pipeline_root, driver_roll_lite)
-                        for rank in range(world_size)]
+        self.workers = [
+            remote.options(**placement.model_rank(role, rank)).remote(
+                role, rank, world_size, config, pipeline_root, driver_roll_lite
+            )
+            for rank in range(world_size)
+        ]
         self._address = self.workers[0].address.remote()  # worker processes start in the background
 
     def wait_ready(self) -> "ModelGroup":
@@ -56,14 +61,21 @@ class ModelGroup:
         model in its host's processes, after the host's setup (a process runs its calls in order)."""
         if self.hosted:
             self._get([worker.host_role.remote(self.role) for worker in self.workers], "setup")
-            logger.info("%s: in the actor's processes, a model of its own (workers.one_process_per_rank; false gives "
-                        "it processes of its own)", self.role)
+            logger.info(
+                "%s: in the actor's processes, a model of its own (workers.one_process_per_rank; false gives "
+                "it processes of its own)",
+                self.role,
+            )
             return self
         master_addr, master_port = self._get([self._address], "address")[0]
         self._get([worker.setup.remote(master_addr, master_port) for worker in self.workers], "setup")
         if self.role in ("reference", "critic"):
-            logger.info("%s: %d process%s of its own (workers.one_process_per_rank=false)", self.role, self.world_size,
-                        "es" if self.world_size > 1 else "")
+            logger.info(
+                "%s: %d process%s of its own (workers.one_process_per_rank=false)",
+                self.role,
+                self.world_size,
+                "es" if self.world_size > 1 else "",
+            )
         return self
 
     def _call(self, worker, method: str, *args, **kwargs) -> ray.ObjectRef:
@@ -77,8 +89,9 @@ class ModelGroup:
 
     def _forward(self, method: str, data: DataProto, **kwargs) -> DataProto:
         groups = self._scatter(data)
-        parts = self._get([self._call(w, method, data.index_select(g), **kwargs) for w, g in zip(self.workers, groups)],
-                          method)
+        parts = self._get(
+            [self._call(w, method, data.index_select(g), **kwargs) for w, g in zip(self.workers, groups)], method
+        )
         order = [i for group in groups for i in group]
         return undo_permutation(DataProto.concat([p for p in parts if len(p)]), order)
 
@@ -103,7 +116,10 @@ class ModelGroup:
     def train_step(self, data: DataProto, loss: str) -> dict[str, float]:
         """One optimizer step over `data` (the global batch of this step); metrics from rank 0."""
         groups = self._scatter(data)
-        return self._get([self._call(w, "train_step", data.index_select(g), loss) for w, g in zip(self.workers, groups)], "train_step")[0]
+        return self._get(
+            [self._call(w, "train_step", data.index_select(g), loss) for w, g in zip(self.workers, groups)],
+            "train_step",
+        )[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return unflatten_state_dict(ray.get(self.state_dict_ref()))
@@ -236,9 +252,18 @@ class RewardClient:
         roots = sorted(cast("set[str]", {import_root(spec) for spec in specs if is_import_path(spec)} - {None}))
         self.local = None
         options = placement.reward(reward_has_models(config)) if placement is not None else {"num_cpus": 0}
-        self.worker = ray.remote(RewardWorker).options(**options).remote(
-            reward, config.data.domain_key, (config.model.tokenizer_path, config.model.chat_template), roots,
-            roll_lite_dir(), on_gpu="num_gpus" in options)
+        self.worker = (
+            ray.remote(RewardWorker)
+            .options(**options)
+            .remote(
+                reward,
+                config.data.domain_key,
+                (config.model.tokenizer_path, config.model.chat_template),
+                roots,
+                roll_lite_dir(),
+                on_gpu="num_gpus" in options,
+            )
+        )
 
     def where(self) -> dict:
         """The reward worker's node and assigned GPU ids (workers/placement.py)."""
@@ -247,13 +272,24 @@ class RewardClient:
 
     def describe(self) -> str:
         if self.local is not None:
-            return "; ".join(["rewards: scored in the driver (reward.in_driver: cheap built-in rules, no reward worker; "
-                              "reward.in_driver=false gives them one)", *self.local.describe()])
+            return "; ".join(
+                [
+                    "rewards: scored in the driver (reward.in_driver: cheap built-in rules, no reward worker; "
+                    "reward.in_driver=false gives them one)",
+                    *self.local.describe(),
+                ]
+            )
         sources = self._get(self.worker.describe.remote(), "describe")
         return "; ".join(["rewards: scored by a reward worker of its own", *sources])
 
-    def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None,
-              prompts: list | None = None, sequences: list[list[int]] | None = None):
+    def score(
+        self,
+        responses: list[str],
+        answers: list[str],
+        extras: list[dict] | None = None,
+        prompts: list | None = None,
+        sequences: list[list[int]] | None = None,
+    ):
         """(scores, scored rows, metrics) (RewardWorker.score); `extras`: each row's extra dataset
         fields, None when there are none; `prompts` and `sequences` for the reward models."""
         if self.local is not None:

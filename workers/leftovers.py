@@ -31,8 +31,11 @@ def watch_local_cluster() -> None:
         return
     raylet = next((pid for pid in _children(os.getpid()) if _read(f"/proc/{pid}/comm").strip() == "raylet"), None)
     if raylet is not None:
-        _watcher = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), str(raylet)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        _watcher = subprocess.Popen(
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), str(raylet)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+        )
 
 
 def stop_watching() -> None:

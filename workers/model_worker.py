@@ -44,8 +44,12 @@ if TYPE_CHECKING:
     from roll_lite.strategy.fsdp2 import FSDP2Strategy
 
 # role -> (head, trainable); a teacher (pipelines/teachers.py) is a reference built from its own folder
-ROLES = {"actor": ("log_probs", True), "reference": ("log_probs", False), "critic": ("value", True),
-         "teacher": ("log_probs", False)}
+ROLES = {
+    "actor": ("log_probs", True),
+    "reference": ("log_probs", False),
+    "critic": ("value", True),
+    "teacher": ("log_probs", False),
+}
 
 
 def strategy_config(config: RunConfig, role: str) -> StrategyConfig:
@@ -75,8 +79,9 @@ def bind_gloo_to_the_node_address() -> None:
 
 
 class ModelWorker:
-    def __init__(self, role: str, rank: int, world_size: int, config: RunConfig, pipeline_root: str | None,
-                 driver_roll_lite: str):
+    def __init__(
+        self, role: str, rank: int, world_size: int, config: RunConfig, pipeline_root: str | None, driver_roll_lite: str
+    ):
         if role not in ROLES:
             raise ValueError(f"unknown worker role '{role}'")
         self.role, self.rank, self.world_size, self.config = role, rank, world_size, config
@@ -103,8 +108,13 @@ class ModelWorker:
         return where_am_i()
 
     def setup(self, master_addr: str, master_port: int) -> None:
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
-                          WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_gpu_index(self.config.workers.gpus_per_rank)))
+        os.environ.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK=str(local_gpu_index(self.config.workers.gpus_per_rank)),
+        )
         torch.set_num_threads(self.config.workers.torch_threads)
         check_kernels(self.config.reproducible)  # the kernels' variables reached this process
         bind_gloo_to_the_node_address()
@@ -133,8 +143,9 @@ class ModelWorker:
             enable_gradient_checkpointing(lm)
         if self.config.model.compile_layers:
             compile_decoder_layers(lm)
-        self.strategy = FSDP2Strategy(lm, strategy_config(self.config, self.role), head=head, trainable=trainable,
-                                      head_seed=self.config.seed)
+        self.strategy = FSDP2Strategy(
+            lm, strategy_config(self.config, self.role), head=head, trainable=trainable, head_seed=self.config.seed
+        )
         if self.config.workers.offload:
             self.strategy.offload()
 
@@ -198,7 +209,9 @@ class ModelWorker:
         import ray
 
         with self.on_device():
-            state = self.strategy.full_state_dict(trainable_only=part == "adapters")  # a collective: every rank calls it
+            state = self.strategy.full_state_dict(
+                trainable_only=part == "adapters"
+            )  # a collective: every rank calls it
         if self.rank != 0:
             return None
         if part == "merged" and has_adapters(self.strategy.model):
@@ -256,10 +269,15 @@ class ModelWorker:
         if self.head == "score":
             lm, state = sequence_classifier_state(trained, state)
         else:
-            lm = AutoModelForCausalLM.from_config(trained.config, dtype=next(iter(state.values())).dtype,
-                                                  trust_remote_code=self.config.model.trust_remote_code)
+            lm = AutoModelForCausalLM.from_config(
+                trained.config,
+                dtype=next(iter(state.values())).dtype,
+                trust_remote_code=self.config.model.trust_remote_code,
+            )
         lm.load_state_dict(state)
-        special_ids = {f"{name}_token_id": getattr(self.tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad")}
+        special_ids = {
+            f"{name}_token_id": getattr(self.tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad")
+        }
         lm.config.update(special_ids)  # config.json too: not only generate() reads them (pipelines, vLLM, exporters)
         if self.head != "score":
             lm.generation_config = copy.deepcopy(trained.generation_config)
@@ -298,8 +316,10 @@ class ModelWorker:
         model = self.strategy.model
         total = sum(p.numel() for p in model.parameters())  # a DTensor counts its whole tensor
         trained = sum(p.numel() for p in self.strategy.trainable_parameters())
-        return (f"{self.role}: LoRA r={self.lora.rank}, alpha={self.lora.alpha:g} on {adapted_modules(model)}: "
-                f"{trained:,} of {total:,} parameters train ({100 * trained / total:.2f} %)")
+        return (
+            f"{self.role}: LoRA r={self.lora.rank}, alpha={self.lora.alpha:g} on {adapted_modules(model)}: "
+            f"{trained:,} of {total:,} parameters train ({100 * trained / total:.2f} %)"
+        )
 
     def merge_adapters(self) -> None:
         """LoRA after a warm start: the trained adapters go into the base (which becomes the reference,
@@ -309,7 +329,10 @@ class ModelWorker:
         with self.on_device():
             state = self.strategy.full_state_dict()
             merged = to_adapted_names(merged_state(state, scaling(self.lora)), self.strategy.model.lm)
-            adapters = {name: torch.zeros_like(t) if ".lora_B." in name else t.clone() for name, t in adapter_state(state).items()}
+            adapters = {
+                name: torch.zeros_like(t) if ".lora_B." in name else t.clone()
+                for name, t in adapter_state(state).items()
+            }
             self.strategy.load_full_state_dict({**merged, **adapters})
         # the base is no longer model.pretrained_path's: checkpoints and final/ hold it from now on
         self.base_is_source = False

@@ -65,11 +65,15 @@ class Placement:
         self.gpus = w.gpus_per_rank > 0
         self.gpu_share = 1.0 / roles_on_a_gpu
         self.actor_cpus, self.rollout_cpus = w.actor_cpus, w.rollout_cpus
-        bundle = {name: amount for name, amount in (("GPU", 1.0 if self.gpus else 0), ("CPU", w.actor_cpus)) if amount > 0}
+        bundle = {
+            name: amount for name, amount in (("GPU", 1.0 if self.gpus else 0), ("CPU", w.actor_cpus)) if amount > 0
+        }
         self.group = placement_group([bundle] * w.actor_dp, strategy=w.placement.upper()) if bundle else None
         # disaggregated: the rollout worker's GPUs, all on one node (tensor parallelism)
         self.rollout_gpus = w.rollout_gpus if self.gpus else 0
-        self.rollout_group = placement_group([{"GPU": self.rollout_gpus}], strategy="STRICT_PACK") if self.rollout_gpus else None
+        self.rollout_group = (
+            placement_group([{"GPU": self.rollout_gpus}], strategy="STRICT_PACK") if self.rollout_gpus else None
+        )
         own_reward_gpu = self.gpus and w.reward_gpus > 0 and reward_has_models(config)
         self.reward_group = placement_group([{"GPU": 1}]) if own_reward_gpu else None
 
@@ -86,8 +90,13 @@ class Placement:
         if not self.gpus:
             return {"num_cpus": self.rollout_cpus}
         if self.rollout_group is not None:
-            return {"num_cpus": 0, "num_gpus": self.rollout_gpus,
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(self.rollout_group, placement_group_bundle_index=0)}
+            return {
+                "num_cpus": 0,
+                "num_gpus": self.rollout_gpus,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    self.rollout_group, placement_group_bundle_index=0
+                ),
+            }
         return {"num_cpus": 0, "num_gpus": self.gpu_share, "scheduling_strategy": self._bundle(0)}
 
     def reward(self, has_models: bool) -> dict:
@@ -96,8 +105,13 @@ class Placement:
         if not (self.gpus and has_models):
             return {"num_cpus": 0}
         if self.reward_group is not None:
-            return {"num_cpus": 0, "num_gpus": 1,
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(self.reward_group, placement_group_bundle_index=0)}
+            return {
+                "num_cpus": 0,
+                "num_gpus": 1,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    self.reward_group, placement_group_bundle_index=0
+                ),
+            }
         return {"num_cpus": 0, "num_gpus": self.gpu_share, "scheduling_strategy": self._bundle(0)}
 
     def _bundle(self, index: int) -> PlacementGroupSchedulingStrategy:

@@ -59,8 +59,15 @@ class RewardWorker:
     models: dict[str, RewardModel]  # reward-model folder -> its scorer
     judges: dict[str, Judge]  # judge folder -> its scorer
 
-    def __init__(self, reward, domain_key: str = "domain", policy_tokenizer: tuple[str | None, str | None] = (None, None),
-                 import_roots: Sequence[str | None] = (), driver_roll_lite: str | None = None, on_gpu: bool = False):
+    def __init__(
+        self,
+        reward,
+        domain_key: str = "domain",
+        policy_tokenizer: tuple[str | None, str | None] = (None, None),
+        import_roots: Sequence[str | None] = (),
+        driver_roll_lite: str | None = None,
+        on_gpu: bool = False,
+    ):
         """`reward`: the run's RewardConfig; `policy_tokenizer`: (model.tokenizer_path, model.chat_template),
         which the reward models compare their own with; `import_roots`: the directories the driver
         imported the user's reward modules from, searched after the installed packages; `on_gpu`: Ray
@@ -78,16 +85,36 @@ class RewardWorker:
             from roll_lite.rewards.reward_model import RewardModel
 
             tokenizer = load_tokenizer(*policy_tokenizer)
-            self.models = {path: RewardModel(path, tokenizer, reward.model_max_tokens, reward.model_normalize,
-                                             reward.model_clip, self.device, reward.model_timeout_s) for path in models}
+            self.models = {
+                path: RewardModel(
+                    path,
+                    tokenizer,
+                    reward.model_max_tokens,
+                    reward.model_normalize,
+                    reward.model_clip,
+                    self.device,
+                    reward.model_timeout_s,
+                )
+                for path in models
+            }
         if judges := all_sources(reward, "judges"):
             from roll_lite.rewards.judge import Judge
             from roll_lite.runtime.importing import load_object
 
             parser = load_object(reward.judge_parser) if reward.judge_parser else None
-            self.judges = {path: Judge(path, reward.judge_template, parser, reward.judge_max_new_tokens,
-                                       timeout_s=reward.judge_timeout_s, device=self.device, engine=reward.judge_engine,
-                                       gpu_memory_utilization=reward.judge_gpu_memory_utilization) for path in judges}
+            self.judges = {
+                path: Judge(
+                    path,
+                    reward.judge_template,
+                    parser,
+                    reward.judge_max_new_tokens,
+                    timeout_s=reward.judge_timeout_s,
+                    device=self.device,
+                    engine=reward.judge_engine,
+                    gpu_memory_utilization=reward.judge_gpu_memory_utilization,
+                )
+                for path in judges
+            }
         self.code: CodeReward | None = None
         if uses_code(reward):
             from roll_lite.rewards.code import CodeReward
@@ -101,19 +128,33 @@ class RewardWorker:
 
     def describe(self) -> list[str]:
         """A line per reward model (how it sees the text) and per judge, where they run, and the routing."""
-        sources = cast("list[RewardModel | Judge | CodeReward]",  # cast: mypy joins the three kinds to object
-                       [*self.models.values(), *self.judges.values()] + ([self.code] if self.code else []))
+        sources = cast(
+            "list[RewardModel | Judge | CodeReward]",  # cast: mypy joins the three kinds to object
+            [*self.models.values(), *self.judges.values()] + ([self.code] if self.code else []),
+        )
         lines = [source.describe() for source in sources]
         if self.models or self.judges:
             lines.append(f"reward models and judges on {self.device}")
         if None not in self.routes:
-            lines.append("rewards routed by data." + self.domain_key + ": " + "; ".join(
-                f"{domain}: {', '.join(name for name, _, _, _ in self._sources(sources))}" for domain, sources in self.routes.items()))
+            lines.append(
+                "rewards routed by data."
+                + self.domain_key
+                + ": "
+                + "; ".join(
+                    f"{domain}: {', '.join(name for name, _, _, _ in self._sources(sources))}"
+                    for domain, sources in self.routes.items()
+                )
+            )
         return lines
 
-    def score(self, responses: list[str], answers: list[str], extras: list[dict] | None = None,
-              prompts: list | None = None,
-              sequences: list[list[int]] | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    def score(
+        self,
+        responses: list[str],
+        answers: list[str],
+        extras: list[dict] | None = None,
+        prompts: list | None = None,
+        sequences: list[list[int]] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """(scores [rows], scored [rows] bool: every source gave that row a score, metrics).
         reward/<name> is the source's mean over the rows it scored; reward/<name>/<kind> counts the
         rows it did not score, by kind; reward/unscored counts the rows some source did not score.
@@ -124,15 +165,20 @@ class RewardWorker:
             raise ValueError(f"reward: {len(responses)} responses, {len(answers)} answers, {len(extras)} extras")
         if (self.models or self.judges) and (prompts is None or sequences is None):
             raise ValueError("reward: the reward models and judges need each row's prompt and token ids")
-        columns: dict[str, list[Any] | None] = dict(responses=responses, answers=answers, extras=extras,
-                                                    prompts=prompts, sequences=sequences)
+        columns: dict[str, list[Any] | None] = dict(
+            responses=responses, answers=answers, extras=extras, prompts=prompts, sequences=sequences
+        )
         # keys: None without routing, else the domains (cast: then every route is a domain)
         parts: dict[Any, list[int]] = (
-            {None: list(range(len(responses)))} if None in self.routes  # no routing: every row, no prefix
-            else rows_by_domain(extras, self.domain_key, cast("dict[str, Sources]", self.routes)))
+            {None: list(range(len(responses)))}
+            if None in self.routes  # no routing: every row, no prefix
+            else rows_by_domain(extras, self.domain_key, cast("dict[str, Sources]", self.routes))
+        )
         parts = {domain: rows for domain, rows in parts.items() if domain is None or rows}
-        subsets = {domain: {key: None if value is None else [value[i] for i in rows] for key, value in columns.items()}
-                   for domain, rows in parts.items()}
+        subsets = {
+            domain: {key: None if value is None else [value[i] for i in rows] for key, value in columns.items()}
+            for domain, rows in parts.items()
+        }
         results = self._run_concurrently(subsets)
         total, scored = torch.zeros(len(responses)), torch.ones(len(responses), dtype=torch.bool)
         metrics, tallies = {}, {}
@@ -140,7 +186,9 @@ class RewardWorker:
             prefix = "" if domain is None else f"{domain}/"
             part, part_scored, part_metrics, part_tallies = self._combine(results[domain], len(rows))
             total[rows], scored[rows] = part, part_scored
-            metrics.update({f"reward/{prefix}{key.removeprefix('reward/')}": value for key, value in part_metrics.items()})
+            metrics.update(
+                {f"reward/{prefix}{key.removeprefix('reward/')}": value for key, value in part_metrics.items()}
+            )
             if domain is not None:
                 metrics[f"reward/{domain}/mean"] = part.mean().item()
             tallies.update({f"{prefix}{name}": tally for name, tally in part_tallies.items()})
@@ -156,25 +204,54 @@ class RewardWorker:
         from roll_lite.rewards.reward_model import model_metric_name
 
         named: list[tuple[str, float, str, SourceCall]] = [
-            (name, weight, "functions",
-             lambda c, name=name: (self.runner.score(name, c["responses"], c["answers"], c["extras"]), {}))
-            for name, weight in sources.functions.items()]
-        named += [(model_metric_name(path), weight, f"model {path}",
-                   lambda c, model=self.models[path]: (model.score(c["prompts"], c["responses"], c["sequences"]), {}))
-                  for path, weight in sources.models.items()]
-        named += [(judge_metric_name(path), weight, f"judge {path}",
-                   lambda c, judge=self.judges[path]: (judge.score(c["prompts"], c["responses"], c["answers"], c["extras"]), {}))
-                  for path, weight in sources.judges.items()]
+            (
+                name,
+                weight,
+                "functions",
+                lambda c, name=name: (self.runner.score(name, c["responses"], c["answers"], c["extras"]), {}),
+            )
+            for name, weight in sources.functions.items()
+        ]
+        named += [
+            (
+                model_metric_name(path),
+                weight,
+                f"model {path}",
+                lambda c, model=self.models[path]: (model.score(c["prompts"], c["responses"], c["sequences"]), {}),
+            )
+            for path, weight in sources.models.items()
+        ]
+        named += [
+            (
+                judge_metric_name(path),
+                weight,
+                f"judge {path}",
+                lambda c, judge=self.judges[path]: (
+                    judge.score(c["prompts"], c["responses"], c["answers"], c["extras"]),
+                    {},
+                ),
+            )
+            for path, weight in sources.judges.items()
+        ]
         if sources.code:
-            named.append(("code", sources.code, "code",  # cast: uses_code(reward) made self.code
-                          lambda c: cast("CodeReward", self.code).score(c["responses"], c["extras"])))
+            named.append(
+                (
+                    "code",
+                    sources.code,
+                    "code",  # cast: uses_code(reward) made self.code
+                    lambda c: cast("CodeReward", self.code).score(c["responses"], c["extras"]),
+                )
+            )
         return named
 
     def _run_concurrently(self, subsets: dict) -> dict:
         """{domain: [(metric name, weight, (outcomes, counts)) per source, in the route's order]}: every
         (domain, source) call, one thread per scorer, each scorer's calls in domain order."""
-        calls = [(domain, index, name, weight, scorer, run) for domain in subsets
-                 for index, (name, weight, scorer, run) in enumerate(self._sources(self.routes[domain]))]
+        calls = [
+            (domain, index, name, weight, scorer, run)
+            for domain in subsets
+            for index, (name, weight, scorer, run) in enumerate(self._sources(self.routes[domain]))
+        ]
         by_scorer: dict[str, list] = {}
         for call in calls:
             by_scorer.setdefault(call[4], []).append(call)
@@ -188,12 +265,19 @@ class RewardWorker:
             with ThreadPoolExecutor(max_workers=len(by_scorer), thread_name_prefix="reward") as pool:
                 futures = {scorer: pool.submit(run_all, scorer_calls) for scorer, scorer_calls in by_scorer.items()}
                 outputs = {scorer: future.result() for scorer, future in futures.items()}
-        done = {(call[0], call[1]): output for scorer, scorer_calls in by_scorer.items()
-                for call, output in zip(scorer_calls, outputs[scorer])}
-        return {domain: [(name, weight, done[(domain, index)]) for d, index, name, weight, _, _ in calls if d == domain]
-                for domain in subsets}
+        done = {
+            (call[0], call[1]): output
+            for scorer, scorer_calls in by_scorer.items()
+            for call, output in zip(scorer_calls, outputs[scorer])
+        }
+        return {
+            domain: [(name, weight, done[(domain, index)]) for d, index, name, weight, _, _ in calls if d == domain]
+            for domain in subsets
+        }
 
-    def _combine(self, results: list, rows: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], dict[str, Tally]]:
+    def _combine(
+        self, results: list, rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float], dict[str, Tally]]:
         """One domain's sources' outcomes, in the route's order: (weighted total, scored, metrics, tallies)."""
         total, scored = torch.zeros(rows, dtype=torch.float32), torch.ones(rows, dtype=torch.bool)
         metrics, tallies = {}, {}
@@ -213,12 +297,18 @@ class RewardWorker:
     def _warn(self, tallies: dict[str, Tally], rows: int, unscored: int) -> None:
         if not unscored:
             return
-        counts = "; ".join(f"{name}: " + ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in tally.counts.items()
-                                                   if kind != "ok" and n)
-                           for name, tally in tallies.items() if tally.not_ok)
+        counts = "; ".join(
+            f"{name}: "
+            + ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in tally.counts.items() if kind != "ok" and n)
+            for name, tally in tallies.items()
+            if tally.not_ok
+        )
         first = next(f"{name}: {tally.first_reason}" for name, tally in tallies.items() if tally.first_reason)
-        then = ("scored 0 by those sources (reward.on_failure=zero)" if self.on_failure == "zero" else
-                "taken out of the loss and their groups' baselines (reward.on_failure=drop)")
+        then = (
+            "scored 0 by those sources (reward.on_failure=zero)"
+            if self.on_failure == "zero"
+            else "taken out of the loss and their groups' baselines (reward.on_failure=drop)"
+        )
         logger.warning("rewards: %d of %d responses unscored (%s), %s; first: %s", unscored, rows, counts, then, first)
 
     def close(self) -> None:

@@ -51,11 +51,15 @@ class RolloutWorker:
             if not self.shares_actor_tensors:
                 device = next(iter(actor_weights().values())).device
                 model = model.to(device=device, dtype=getattr(torch, rollout_dtype(config)))
-            self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed,
-                                   static_cache=static_cache)
+            self.engine = HFEngine(
+                model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed, static_cache=static_cache
+            )
             self._follow_actor()
-            how = ("on the actor's own parameters, no weight copies" if self.shares_actor_tensors else
-                   f"a {rollout_dtype(config)} copy of the actor's parameters on {device}, refreshed in place each sync")
+            how = (
+                "on the actor's own parameters, no weight copies"
+                if self.shares_actor_tensors
+                else f"a {rollout_dtype(config)} copy of the actor's parameters on {device}, refreshed in place each sync"
+            )
             why = f"rollout.in_actor: in the actor's process, {how}; rollout.in_actor=false gives the engine a process of its own"
         elif engine == "vllm":
             self.engine, started = _start_vllm(config, tokenizer)
@@ -65,10 +69,13 @@ class RolloutWorker:
 
             model = load_causal_lm(config.model, len(tokenizer), seed=config.seed)
             model = self._with_adapters(model).to(getattr(torch, rollout_dtype(config)))
-            if config.workers.gpus_per_rank and torch.cuda.is_available():  # the GPU Ray assigned (workers/placement.py)
+            if (
+                config.workers.gpus_per_rank and torch.cuda.is_available()
+            ):  # the GPU Ray assigned (workers/placement.py)
                 model.to(torch.device("cuda", local_gpu_index(config.workers.gpus_per_rank)))
-            self.engine = HFEngine(model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed,
-                                   static_cache=static_cache)
+            self.engine = HFEngine(
+                model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed, static_cache=static_cache
+            )
         if engine == "hf" and static_cache:
             why += "; static KV cache" + (", compiled decoding" if self.engine.device.type == "cuda" else "")
         self.engine_description = f"rollout engine: {engine} ({why})"
@@ -147,8 +154,11 @@ def _architecture(config: RunConfig, vocab_size: int) -> torch.nn.Module:
     """A HF model of the run's architecture (its parameters get replaced: HFEngine.share_weights)."""
     from roll_lite.model.modeling import causal_lm_config
 
-    return AutoModelForCausalLM.from_config(causal_lm_config(config.model, vocab_size), dtype=getattr(torch, config.model.dtype),
-                                            trust_remote_code=config.model.trust_remote_code)
+    return AutoModelForCausalLM.from_config(
+        causal_lm_config(config.model, vocab_size),
+        dtype=getattr(torch, config.model.dtype),
+        trust_remote_code=config.model.trust_remote_code,
+    )
 
 
 def _start_vllm(config: RunConfig, tokenizer):
@@ -159,8 +169,10 @@ def _start_vllm(config: RunConfig, tokenizer):
     from .placement import local_gpu_index
 
     if config.workers.gpus_per_rank and (index := local_gpu_index(config.workers.gpus_per_rank)) != 0:
-        raise RuntimeError(f"vllm runs on the first visible GPU, but the GPU Ray assigned is number {index} of "
-                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} (something widened it)")
+        raise RuntimeError(
+            f"vllm runs on the first visible GPU, but the GPU Ray assigned is number {index} of "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} (something widened it)"
+        )
     r = config.rollout
     on_cpu = config.workers.gpus_per_rank == 0  # choose_engine checked that the installed build is vLLM's CPU one
     hf_config = causal_lm_config(config.model, len(tokenizer))
@@ -168,14 +180,27 @@ def _start_vllm(config: RunConfig, tokenizer):
     lora_rank = config.actor.lora.rank or None  # the engine serves the actor's adapters (update_adapter)
     # casts: load_config sets rollout.release_memory (null in the config: decided by the placement)
     llm, sampling_params_class = vllm_start.start_llm(
-        hf_config, dtype=rollout_dtype(config), seed=config.seed, logprobs_mode=logprobs_mode,
-        tensor_parallel_size=r.tensor_parallel_size, gpu_memory_utilization=r.gpu_memory_utilization,
-        sleep_mode=cast(bool, r.release_memory), cpu_kv_cache_gib=r.cpu_kv_cache_gib,
-        enforce_eager=on_cpu if r.enforce_eager is None else r.enforce_eager, lora_rank=lora_rank)
-    engine = vllm_engine.VLLMEngine(llm, sampling_params_class, tokenizer.eos_token_id,
-                                    tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-                                    seed=config.seed, release_memory=cast(bool, r.release_memory),
-                                    checkpoint_names=vllm_weights.checkpoint_names(hf_config), lora_rank=lora_rank)
+        hf_config,
+        dtype=rollout_dtype(config),
+        seed=config.seed,
+        logprobs_mode=logprobs_mode,
+        tensor_parallel_size=r.tensor_parallel_size,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        sleep_mode=cast(bool, r.release_memory),
+        cpu_kv_cache_gib=r.cpu_kv_cache_gib,
+        enforce_eager=on_cpu if r.enforce_eager is None else r.enforce_eager,
+        lora_rank=lora_rank,
+    )
+    engine = vllm_engine.VLLMEngine(
+        llm,
+        sampling_params_class,
+        tokenizer.eos_token_id,
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        seed=config.seed,
+        release_memory=cast(bool, r.release_memory),
+        checkpoint_names=vllm_weights.checkpoint_names(hf_config),
+        lora_rank=lora_rank,
+    )
     described = vllm_start.describe(r.tensor_parallel_size, logprobs_mode, cast(bool, r.release_memory), on_cpu)
     if lora_rank:
         described += f"; serves the actor's LoRA adapter (rank {lora_rank}), a new LoRA request per sync"

@@ -43,18 +43,20 @@ def draw(rng: random.Random, max_operand: int = MAX_OPERAND) -> dict[str, str]:
     return make_row(template, operation, rng.choice(NAMES), rng.choice(OBJECTS), a, b)
 
 
-def word_problems(num_train: int, num_eval: int, seed: int = 0,
-                  max_operand: int = MAX_OPERAND) -> tuple[list[dict], list[dict]]:
+def word_problems(
+    num_train: int, num_eval: int, seed: int = 0, max_operand: int = MAX_OPERAND
+) -> tuple[list[dict], list[dict]]:
     """(train rows, eval rows), seeded: eval prompts are distinct and none appears in train.
     Train rows are drawn with replacement (there are 4 · 8 · 8 · 81 = 20,736 distinct prompts)."""
     if num_train < 1 or num_eval < 1:
         raise ValueError(f"word_problems: need at least one train and one eval row, got {num_train}, {num_eval}")
     if max_operand < 1:
         raise ValueError(f"word_problems: max_operand must be >= 1, got {max_operand}")
-    distinct = len(TEMPLATES) * len(NAMES) * len(OBJECTS) * max_operand ** 2
+    distinct = len(TEMPLATES) * len(NAMES) * len(OBJECTS) * max_operand**2
     if num_eval > distinct // 2:
-        raise ValueError(f"word_problems: {num_eval} eval rows would leave too few of the {distinct} distinct "
-                         "prompts for training")
+        raise ValueError(
+            f"word_problems: {num_eval} eval rows would leave too few of the {distinct} distinct prompts for training"
+        )
     rng = random.Random(seed)
     eval_rows, held_out = [], set()
     while len(eval_rows) < num_eval:

@@ -23,7 +23,9 @@ def capped_loss(batch, output, loss_agg_mode="seq-mean-token-mean", rollout_is=N
     loss_mat, clipped = ppo_clipped_loss(output["log_probs"], behaviour_log_probs, advantages)
     # algorithm.rollout_is: truncated importance weights for the rollout engine's sampling (and the
     # engine-vs-actor log-prob gap in the metrics either way)
-    is_weights, correction_metrics = rollout_correction(batch, behaviour_log_probs, mask, stats, rollout_is, rollout_is_cap)
+    is_weights, correction_metrics = rollout_correction(
+        batch, behaviour_log_probs, mask, stats, rollout_is, rollout_is_cap
+    )
     if is_weights is not None:
         loss_mat = loss_mat * is_weights
     # Bonus only where the entropy fell below the floor.

@@ -38,8 +38,15 @@ def stages(teacher: str | None) -> dict[str, list[str]]:
     if teacher is None:
         teacher = "outputs/distill_teacher/final"
         runs["teacher"] = ["--config", "configs/grpo.yaml", "run_name=distill_teacher"]
-    runs["student_sft"] = ["--config", "configs/sft.yaml", "run_name=distill_student_sft", "sft.response_key=demonstration",
-                           "sft.eval_files=[]", "sft.steps=1200", *STUDENT]
+    runs["student_sft"] = [
+        "--config",
+        "configs/sft.yaml",
+        "run_name=distill_student_sft",
+        "sft.response_key=demonstration",
+        "sft.eval_files=[]",
+        "sft.steps=1200",
+        *STUDENT,
+    ]
     distill = ["--config", "configs/distill.yaml", START, "sft.steps=0", f"distill.teacher={teacher}"]
     runs["opd"] = [*distill, "run_name=distill_opd"]
     runs["rkl"] = [*distill, "distill.signal=reverse_kl", "distill.kl_estimator=k2", "run_name=distill_rkl"]
@@ -74,20 +81,29 @@ def main(argv=None) -> None:
         command = [sys.executable, "-m", "roll_lite.cli", *arguments, f"seed={SEED}", *overrides]
         print(f"== {name}: roll-train {' '.join(command[3:])}", flush=True)
         subprocess.run(command, check=True)
-    labels = {"opd": "OPD advantage", "rkl": "OPD reverse KL (k2)", "topk": "OPD top-8 forward KL", "grpo": "GRPO alone",
-              "mixed": "OPD + reward"}
+    labels = {
+        "opd": "OPD advantage",
+        "rkl": "OPD reverse KL (k2)",
+        "topk": "OPD top-8 forward KL",
+        "grpo": "GRPO alone",
+        "mixed": "OPD + reward",
+    }
     curves = {name: curve(f"distill_{name}") for name in labels}
     print("\n| step | " + " | ".join(labels.values()) + " |\n|---|" + "---|" * len(labels))
     for points in zip(*curves.values()):
         cells = [f"{reward:.3f} ({seconds:.0f} s)" for _, seconds, reward in points]
         print(f"| {points[0][0]} | " + " | ".join(cells) + " |")
-    print("\n| run | step s | teacher s | teacher share | teacher tokens/s | teacher peak GiB |\n|---|---:|---:|---:|---:|---:|")
+    print(
+        "\n| run | step s | teacher s | teacher share | teacher tokens/s | teacher peak GiB |\n|---|---:|---:|---:|---:|---:|"
+    )
     for name, label in labels.items():
         steps = [r for r in records(f"distill_{name}") if "perf/step_s" in r]
         mean = lambda key: sum(r.get(key, 0.0) for r in steps) / len(steps)  # noqa: E731
         peak = max(r.get("teacher/peak_memory_gib", 0.0) for r in steps)
-        print(f"| {label} | {mean('perf/step_s'):.3f} | {mean('perf/teacher_s'):.3f} | "
-              f"{mean('perf/teacher_s') / mean('perf/step_s'):.0%} | {mean('teacher/tokens_per_s'):,.0f} | {peak:.2f} |")
+        print(
+            f"| {label} | {mean('perf/step_s'):.3f} | {mean('perf/teacher_s'):.3f} | "
+            f"{mean('perf/teacher_s') / mean('perf/step_s'):.0%} | {mean('teacher/tokens_per_s'):,.0f} | {peak:.2f} |"
+        )
     if "teacher" in runs:
         print(f"\nteacher (GRPO demo): held-out {curve('distill_teacher')[-1][2]:.3f}")
 

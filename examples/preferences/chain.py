@@ -27,25 +27,45 @@ import time
 from pathlib import Path
 
 SEED = 0
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2", "model.num_attention_heads=2",
-        "model.num_key_value_heads=1"]
+TINY = [
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+]
 GRPO_STEPS, SFT_STEPS = 200, 1200  # as configs/grpo.yaml (its warm start); the reward model and DPO: their configs
 
 
 def stages(smoke: bool) -> dict[str, list[str]]:
     """roll-train arguments of each stage, in order."""
     if smoke:
-        sft, preference, grpo = ["sft.steps=2"], ["preference.steps=2", "preference.eval_every=1"], ["steps=1", "eval_every=1"]
+        sft, preference, grpo = (
+            ["sft.steps=2"],
+            ["preference.steps=2", "preference.eval_every=1"],
+            ["steps=1", "eval_every=1"],
+        )
     else:
         sft, preference, grpo = [f"sft.steps={SFT_STEPS}"], [], [f"steps={GRPO_STEPS}"]
     start = "model.pretrained_path=outputs/chain_sft/final"
     grpo_common = ["--config", "configs/grpo.yaml", start, "sft.steps=0", *grpo]
     return {
-        "sft": ["--config", "configs/sft.yaml", "run_name=chain_sft", "sft.response_key=demonstration", "sft.eval_files=[]", *sft],
+        "sft": [
+            "--config",
+            "configs/sft.yaml",
+            "run_name=chain_sft",
+            "sft.response_key=demonstration",
+            "sft.eval_files=[]",
+            *sft,
+        ],
         "grpo_rule": [*grpo_common, "run_name=chain_grpo_rule"],
         "reward_model": ["--config", "configs/reward_model.yaml", "run_name=chain_rm", start, *preference],
-        "grpo_rm": [*grpo_common, "run_name=chain_grpo_rm", "reward.models={outputs/chain_rm/final: 1.0}",
-                    "reward.functions={}"],
+        "grpo_rm": [
+            *grpo_common,
+            "run_name=chain_grpo_rm",
+            "reward.models={outputs/chain_rm/final: 1.0}",
+            "reward.functions={}",
+        ],
         "dpo": ["--config", "configs/dpo.yaml", "run_name=chain_dpo", start, *preference],
     }
 
@@ -61,7 +81,7 @@ def held_out_accuracy(folder: Path) -> float:
     with torch.no_grad():
         for row in rows:
             ids = tokenizer(row["prompt"], return_tensors="pt")
-            out = model.generate(**ids, max_new_tokens=10, do_sample=False)[0, ids["input_ids"].shape[1]:]
+            out = model.generate(**ids, max_new_tokens=10, do_sample=False)[0, ids["input_ids"].shape[1] :]
             right += tokenizer.decode(out, skip_special_tokens=True).strip() == row["answer"]
     return right / len(rows)
 
@@ -86,11 +106,15 @@ def main(argv=None) -> None:
         subprocess.run(command, check=True)
         seconds[name] = time.monotonic() - start
     rm = last_metrics("chain_rm")
-    rows = [("SFT on the demonstrator (the start)", "chain_sft", seconds["sft"]),
-            ("GRPO on the rule", "chain_grpo_rule", seconds["grpo_rule"]),
-            ("reward model, then GRPO against it", "chain_grpo_rm", seconds["reward_model"] + seconds["grpo_rm"]),
-            ("DPO on the pairs", "chain_dpo", seconds["dpo"])]
-    print(f"\nreward model: held-out pair accuracy {rm['eval/rm/accuracy']:.3f}, score gap {rm['eval/rm/score_gap']:.3f}")
+    rows = [
+        ("SFT on the demonstrator (the start)", "chain_sft", seconds["sft"]),
+        ("GRPO on the rule", "chain_grpo_rule", seconds["grpo_rule"]),
+        ("reward model, then GRPO against it", "chain_grpo_rm", seconds["reward_model"] + seconds["grpo_rm"]),
+        ("DPO on the pairs", "chain_dpo", seconds["dpo"]),
+    ]
+    print(
+        f"\nreward model: held-out pair accuracy {rm['eval/rm/accuracy']:.3f}, score gap {rm['eval/rm/score_gap']:.3f}"
+    )
     print("\n| route | held-out reward (rule, greedy) | wall time after SFT |\n|---|---|---|")
     for label, run, wall in rows:
         accuracy = held_out_accuracy(Path("outputs") / run / "final")

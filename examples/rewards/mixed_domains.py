@@ -67,8 +67,10 @@ def per_domain(samples_file: Path) -> dict[str, tuple[float, float]]:
         sample = json.loads(line)
         domain = DOMAINS[sample["prompt"].strip()[-1]]
         found.setdefault(domain, []).append((sample["score"], sample["response"].strip() == sample["answer"]))
-    return {domain: (sum(s for s, _ in values) / len(values), sum(r for _, r in values) / len(values))
-            for domain, values in found.items()}
+    return {
+        domain: (sum(s for s, _ in values) / len(values), sum(r for _, r in values) / len(values))
+        for domain, values in found.items()
+    }
 
 
 def main(argv=None) -> None:
@@ -84,11 +86,17 @@ def main(argv=None) -> None:
         subprocess.run(command, check=True)
         seconds[name] = time.monotonic() - start
     rm = json.loads((Path("outputs/rm_increment/metrics.jsonl").read_text().splitlines())[-1])
-    print(f"\nreward model (increment): held-out pair accuracy {rm['eval/rm/accuracy']:.3f} ({seconds['reward_model']:.0f} s)")
-    print(f"judge (decrement): held-out verdict accuracy {judge_accuracy('outputs/judge_decrement/final'):.3f} "
-          f"({seconds['judge']:.0f} s)")
+    print(
+        f"\nreward model (increment): held-out pair accuracy {rm['eval/rm/accuracy']:.3f} ({seconds['reward_model']:.0f} s)"
+    )
+    print(
+        f"judge (decrement): held-out verdict accuracy {judge_accuracy('outputs/judge_decrement/final'):.3f} "
+        f"({seconds['judge']:.0f} s)"
+    )
     print(f"GRPO with its warm start: {seconds['grpo']:.0f} s\n")
-    print("| step | " + " | ".join(f"{d}: reward / exact" for d in DOMAINS.values()) + " |\n|---|" + "---|" * len(DOMAINS))
+    print(
+        "| step | " + " | ".join(f"{d}: reward / exact" for d in DOMAINS.values()) + " |\n|---|" + "---|" * len(DOMAINS)
+    )
     folder = Path("outputs/grpo_mixed_domains/eval_samples")
     for samples in sorted(folder.glob("step_*.jsonl"), key=lambda p: int(p.stem.removeprefix("step_"))):
         means = per_domain(samples)

@@ -49,6 +49,10 @@ class Checkpointer:
         pruned = layout.prune(self.run_dir, self.config.keep_last)
         self.last_saved = step
         self.seconds.append(time.perf_counter() - start)
-        logger.info("checkpoint %s written in %.3f s%s", target, self.seconds[-1],
-                    f" (removed step {', '.join(map(str, pruned))})" if pruned else "")
+        logger.info(
+            "checkpoint %s written in %.3f s%s",
+            target,
+            self.seconds[-1],
+            f" (removed step {', '.join(map(str, pruned))})" if pruned else "",
+        )
         return target

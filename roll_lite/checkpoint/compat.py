@@ -16,8 +16,14 @@ from roll_lite.config import RunConfig
 # The keys every pipeline's checkpoint must match; a pipeline adds its own (checkpoint_compat_keys:
 # those that decide which rows its sampler's position refers to).
 MODEL_KEYS = (
-    "model.model_type", "model.hidden_size", "model.intermediate_size", "model.num_hidden_layers",
-    "model.num_attention_heads", "model.num_key_value_heads", "model.tie_word_embeddings", "model.dtype",
+    "model.model_type",
+    "model.hidden_size",
+    "model.intermediate_size",
+    "model.num_hidden_layers",
+    "model.num_attention_heads",
+    "model.num_key_value_heads",
+    "model.tie_word_embeddings",
+    "model.dtype",
     "model.tokenizer_path",
 )
 
@@ -26,9 +32,11 @@ def check_compatible(checkpoint: Path, config: RunConfig, pipeline_kind: str, pi
     """`pipeline_kind`: what the run's pipeline writes ("rl", "sft"); `pipeline_keys`: its keys besides MODEL_KEYS."""
     kind = checkpoint_kind(read_manifest(checkpoint))
     if kind != pipeline_kind:
-        raise CheckpointError(f"resume: {checkpoint} is a checkpoint of an {kind.upper()} run; this run's pipeline "
-                              f"({config.pipeline}) resumes {pipeline_kind.upper()} checkpoints. To start from that "
-                              "run's model, give its final/ as model.pretrained_path= with a new run_name=")
+        raise CheckpointError(
+            f"resume: {checkpoint} is a checkpoint of an {kind.upper()} run; this run's pipeline "
+            f"({config.pipeline}) resumes {pipeline_kind.upper()} checkpoints. To start from that "
+            "run's model, give its final/ as model.pretrained_path= with a new run_name="
+        )
     saved_file = checkpoint / "config.yaml"
     try:
         saved = OmegaConf.load(saved_file)
@@ -38,12 +46,16 @@ def check_compatible(checkpoint: Path, config: RunConfig, pipeline_kind: str, pi
     for key in MODEL_KEYS + tuple(pipeline_keys):
         before, now = OmegaConf.select(saved, key), OmegaConf.select(current, key)
         if before != now:
-            raise CheckpointError(f"resume: {checkpoint} was written with {key}={_show(before)}, this run has "
-                                  f"{key}={_show(now)}; resume with the same {key} or start a new run_name=")
+            raise CheckpointError(
+                f"resume: {checkpoint} was written with {key}={_show(before)}, this run has "
+                f"{key}={_show(now)}; resume with the same {key} or start a new run_name="
+            )
     data_seed = lambda c: c.seed if c.data.seed is None else c.data.seed  # noqa: E731
     if data_seed(saved) != data_seed(current):
-        raise CheckpointError(f"resume: {checkpoint} was written with data seed {data_seed(saved)} (data.seed, else "
-                              f"seed), this run has {data_seed(current)}")
+        raise CheckpointError(
+            f"resume: {checkpoint} was written with data seed {data_seed(saved)} (data.seed, else "
+            f"seed), this run has {data_seed(current)}"
+        )
 
 
 def _show(value) -> str:

@@ -1,11 +1,11 @@
 """What a pipeline's checkpoint holds, part by part, and how it is put back.
 
-    <group>/             for each of the pipeline's checkpoint_groups() (PPO: actor, critic, reference;
-                         SFT: actor): model + optimizer shards (DCP), LR schedule, each rank's generators
-    ...                  whatever the pipeline's save_driver_state(folder) writes (PPO: the rollout
-                         engine's sampling position and generators, the driver's generators)
-    checkpoint.json      the pipeline's checkpoint_kind ("rl", "sft"), the step, the sampler's position,
-                         the groups (written last)
+<group>/             for each of the pipeline's checkpoint_groups() (PPO: actor, critic, reference;
+                     SFT: actor): model + optimizer shards (DCP), LR schedule, each rank's generators
+...                  whatever the pipeline's save_driver_state(folder) writes (PPO: the rollout
+                     engine's sampling position and generators, the driver's generators)
+checkpoint.json      the pipeline's checkpoint_kind ("rl", "sft"), the step, the sampler's position,
+                     the groups (written last)
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ def save_pipeline_state(pipeline, folder: Path, step: int) -> dict:
     for name, group in groups.items():
         group.save_checkpoint(str(folder / name))
     pipeline.save_driver_state(folder)
-    return {"format": FORMAT, "kind": pipeline.checkpoint_kind, "step": step, "sampler": pipeline.sampler.state_dict(), "parts": sorted(groups)}
+    return {
+        "format": FORMAT,
+        "kind": pipeline.checkpoint_kind,
+        "step": step,
+        "sampler": pipeline.sampler.state_dict(),
+        "parts": sorted(groups),
+    }
 
 
 def read_manifest(folder: Path) -> dict:
@@ -44,15 +50,19 @@ def load_pipeline_state(pipeline, folder: Path) -> int:
     manifest = read_manifest(folder)
     groups = pipeline.checkpoint_groups()
     if sorted(groups) != manifest["parts"]:
-        raise CheckpointError(f"resume: {folder} holds {', '.join(manifest['parts'])}; this run has "
-                              f"{', '.join(sorted(groups))} (another pipeline, or algorithm.advantage, algorithm.kl_coef / track_kl differ)")
+        raise CheckpointError(
+            f"resume: {folder} holds {', '.join(manifest['parts'])}; this run has "
+            f"{', '.join(sorted(groups))} (another pipeline, or algorithm.advantage, algorithm.kl_coef / track_kl differ)"
+        )
     for name, group in groups.items():
         try:
             group.load_checkpoint(str(folder / name))
         except Exception as error:  # noqa: BLE001 - e.g. another model shape: one line naming the part
             cause = getattr(error, "cause", None) or error
             first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[-1][:300]
-            raise CheckpointError(f"resume: {folder / name} does not load into this run's {name}: {first_line}") from None
+            raise CheckpointError(
+                f"resume: {folder / name} does not load into this run's {name}: {first_line}"
+            ) from None
     step = manifest["step"]
     pipeline.load_driver_state(folder, step)
     pipeline.sampler.load_state_dict(manifest["sampler"])

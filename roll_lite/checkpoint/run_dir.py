@@ -50,8 +50,10 @@ def claim_run_dir(run_dir: Path, resume: str) -> RunDirClaim:
         lock_file.seek(0)
         holder = lock_file.read().strip() or "?"
         lock_file.close()
-        raise CheckpointError(f"run_name: {run_dir} is in use by another run (pid {holder}); wait for it to end "
-                              "or choose another run_name=") from None
+        raise CheckpointError(
+            f"run_name: {run_dir} is in use by another run (pid {holder}); wait for it to end "
+            "or choose another run_name="
+        ) from None
     lock_file.truncate(0)
     lock_file.write(str(os.getpid()))
     lock_file.flush()
@@ -73,20 +75,25 @@ def _checkpoint_to_resume(run_dir: Path, resume: str) -> Path | None:
     held = f"{run_dir} already holds a run ({', '.join(contents)})"
     if resume == "none":
         if contents:
-            raise CheckpointError(f"resume=none: {held}; resume=auto continues it from its latest checkpoint, or "
-                                  "choose another run_name= (nothing was changed)")
+            raise CheckpointError(
+                f"resume=none: {held}; resume=auto continues it from its latest checkpoint, or "
+                "choose another run_name= (nothing was changed)"
+            )
         return None
     if resume == "auto":
         checkpoint = layout.latest(run_dir)
         if checkpoint is None and contents:
-            raise CheckpointError(f"resume=auto: {held} but no checkpoint to resume from; choose another run_name=, "
-                                  "or resume=PATH of a checkpoint (nothing was changed)")
+            raise CheckpointError(
+                f"resume=auto: {held} but no checkpoint to resume from; choose another run_name=, "
+                "or resume=PATH of a checkpoint (nothing was changed)"
+            )
         return checkpoint
     checkpoint = resolve_checkpoint(Path(resume))
     inside = checkpoint.resolve().is_relative_to(layout.checkpoints_dir(run_dir).resolve())
     if contents and not inside:
-        raise CheckpointError(f"resume={resume}: {held}; resume another run's checkpoint into a new run_name= "
-                              "(nothing was changed)")
+        raise CheckpointError(
+            f"resume={resume}: {held}; resume another run's checkpoint into a new run_name= (nothing was changed)"
+        )
     return checkpoint
 
 
@@ -120,8 +127,10 @@ def resolve_checkpoint(path: Path) -> Path:
     latest = layout.latest(path)
     if latest is not None:
         return latest
-    raise CheckpointError(f"resume: '{path}' is not a checkpoint (no {layout.MARKER}) nor a run directory with one; "
-                          "give a checkpoints/step_N folder")
+    raise CheckpointError(
+        f"resume: '{path}' is not a checkpoint (no {layout.MARKER}) nor a run directory with one; "
+        "give a checkpoints/step_N folder"
+    )
 
 
 def read_history(checkpoint: Path) -> list[dict]:

@@ -33,7 +33,22 @@ from roll_lite.errors import ConfigError
 from roll_lite.strategy.config import StrategyConfig
 
 __all__ = [
-    "AlgorithmConfig", "CheckpointConfig", "ConfigError", "DataConfig", "ModelConfig", "PreferenceConfig", "RewardConfig",
-    "RolloutConfig", "RunConfig", "SFTConfig", "StrategyConfig", "WorkersConfig", "in_actor_blockers",
-    "load_config", "rewards_needing_a_worker", "rollout_dtype", "to_yaml", "validate",
+    "AlgorithmConfig",
+    "CheckpointConfig",
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "PreferenceConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "SFTConfig",
+    "StrategyConfig",
+    "WorkersConfig",
+    "in_actor_blockers",
+    "load_config",
+    "rewards_needing_a_worker",
+    "rollout_dtype",
+    "to_yaml",
+    "validate",
 ]

@@ -20,6 +20,9 @@ def file_list(value: Any, key: str) -> list[str]:
     if value is None:
         return []
     files = [value] if isinstance(value, str) else value
-    check(isinstance(files, list) and all(isinstance(f, str) and f for f in files), key,
-          f"must be a path or a list of paths, got {value!r}")
+    check(
+        isinstance(files, list) and all(isinstance(f, str) and f for f in files),
+        key,
+        f"must be a path or a list of paths, got {value!r}",
+    )
     return list(files)

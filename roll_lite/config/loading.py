@@ -41,11 +41,16 @@ def _check_reward_weights(layer: Any, path: Path | None = None) -> None:
         return f"{name}: {1.0 if weight is None else weight}"
 
     fixed = "{" + ", ".join(written_right(name, weight) for name, weight in entries.items()) + "}"
-    example = (f"functions: {fixed}" if path else
-               f"reward.functions={fixed} (quote the override in the shell: 'reward.functions={fixed}')")
-    raise ConfigError(f"reward.functions: {', '.join(map(repr, unweighted))} {'has' if len(unweighted) == 1 else 'have'} "
-                      f"no weight{f' in {path}' if path else ''}: YAML flow mappings need a space after the colon, "
-                      f"e.g. {example}")
+    example = (
+        f"functions: {fixed}"
+        if path
+        else f"reward.functions={fixed} (quote the override in the shell: 'reward.functions={fixed}')"
+    )
+    raise ConfigError(
+        f"reward.functions: {', '.join(map(repr, unweighted))} {'has' if len(unweighted) == 1 else 'have'} "
+        f"no weight{f' in {path}' if path else ''}: YAML flow mappings need a space after the colon, "
+        f"e.g. {example}"
+    )
 
 
 def _replace_reward_functions(merged: Any, layer: Any) -> None:
@@ -97,8 +102,9 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         from roll_lite.rewards.routing import all_sources, reads_text, uses_code
 
         functions = all_sources(config.reward, "functions")
-        config.reward.in_driver = not (rewards_needing_a_worker(functions) or reads_text(config.reward)
-                                       or uses_code(config.reward))
+        config.reward.in_driver = not (
+            rewards_needing_a_worker(functions) or reads_text(config.reward) or uses_code(config.reward)
+        )
     validate(config)
     if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
         config.model.tokenizer_path = config.model.pretrained_path
@@ -108,14 +114,22 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 def _expand_home(config: RunConfig) -> None:
     """A leading `~` in every path key means the home folder, as in a shell (configs/grpo_gsm8k.yaml
     names ~/data/gsm8k); a hub id never starts with one."""
+
     def expand(value: Any) -> Any:
         if isinstance(value, str):
             return os.path.expanduser(value) if value.startswith("~") else value
         return [expand(item) for item in value] if isinstance(value, list) else value
 
-    for section, key in (("data", "train_files"), ("data", "eval_files"), ("sft", "train_files"),
-                         ("sft", "eval_files"), ("preference", "train_files"), ("preference", "eval_files"),
-                         ("model", "pretrained_path"), ("model", "tokenizer_path")):
+    for section, key in (
+        ("data", "train_files"),
+        ("data", "eval_files"),
+        ("sft", "train_files"),
+        ("sft", "eval_files"),
+        ("preference", "train_files"),
+        ("preference", "eval_files"),
+        ("model", "pretrained_path"),
+        ("model", "tokenizer_path"),
+    ):
         setattr(getattr(config, section), key, expand(getattr(getattr(config, section), key)))
     config.distill.teacher = expand(config.distill.teacher)
     config.distill.teachers = {domain: expand(folder) for domain, folder in config.distill.teachers.items()}

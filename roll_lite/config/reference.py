@@ -193,7 +193,9 @@ def render(root: Any = None) -> str:
             out += [_text(section.doc), ""]
         out += ["| key | type | default | description |", "|---|---|---|---|"]
         for key in section.keys:
-            out.append(f"| `{key.name}` | {_cell(key.type)} | `{_code_cell(yaml_value(key.default))}` | {_cell(key.comment)} |")
+            out.append(
+                f"| `{key.name}` | {_cell(key.type)} | `{_code_cell(yaml_value(key.default))}` | {_cell(key.comment)} |"
+            )
         out.append("")
     return "\n".join(out)
 

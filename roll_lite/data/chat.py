@@ -26,8 +26,9 @@ def chat_template_source(setting: str) -> str:
     if setting in CHAT_TEMPLATES:
         return CHAT_TEMPLATES[setting]
     if "{" not in setting:
-        raise ValueError(f"model.chat_template: '{setting}' is neither one of {', '.join(CHAT_TEMPLATES)} "
-                         "nor a Jinja template")
+        raise ValueError(
+            f"model.chat_template: '{setting}' is neither one of {', '.join(CHAT_TEMPLATES)} nor a Jinja template"
+        )
     return setting
 
 
@@ -47,8 +48,11 @@ def message_problem(prompt: Any) -> str | None:
     if not prompt:
         return "is an empty list of messages"
     for i, message in enumerate(prompt):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str):
+        if (
+            not isinstance(message, dict)
+            or not isinstance(message.get("role"), str)
+            or not isinstance(message.get("content"), str)
+        ):
             return f"message {i} is not a {{'role': str, 'content': str}} dict: {str(message)[:80]}"
     return None
 
@@ -56,6 +60,7 @@ def message_problem(prompt: Any) -> str | None:
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
     """Token ids of the messages under the tokenizer's chat template, ending with the generation
     prompt unless told not to (the template adds its own special tokens, so no BOS is prepended)."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
-                                        return_dict=False)
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+    )
     return list(ids)

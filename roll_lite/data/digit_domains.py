@@ -36,8 +36,10 @@ TASKS = {
 # ("012" against "013": "00,11,23,?"; a missing digit "_", extra digits after the pairs): a ~1 M-parameter
 # judge learns to compare neighbours, where it stayed at chance on "013:012?" (lining up positions
 # across two strings of 3-7 digits) and reached 0.87 without the commas (finding which digits pair up).
-JUDGE_TEMPLATE = ("{% for i in range(answer|length) %}{{ answer[i] }}{{ response[i] if i < response|length else '_' }},"
-                  "{% endfor %}{{ response[answer|length:] }}?")
+JUDGE_TEMPLATE = (
+    "{% for i in range(answer|length) %}{{ answer[i] }}{{ response[i] if i < response|length else '_' }},"
+    "{% endfor %}{{ response[answer|length:] }}?"
+)
 # The judge's reply: one word and its EOS, so that judging a response costs 2 generated tokens, not the
 # 18 of "Verdict: incorrect" (the judge was as accurate with either: 0.87 on its held-out rows)
 VERDICTS = {True: "yes", False: "no"}
@@ -47,6 +49,8 @@ def parse_verdict(reply: str) -> float | None:
     """reward.judge_parser for this judge: 1 for "yes", 0 for "no", None (unparseable) for anything else."""
     word = reply.strip().lower()
     return {"yes": 1.0, "no": 0.0}.get(word)
+
+
 NUM_TRAIN, NUM_EVAL, NUM_PAIRS, NUM_JUDGE, MIN_DIGITS, MAX_DIGITS, SEED = 4000, 32, 4000, 12000, 3, 7, 0
 
 
@@ -60,7 +64,9 @@ def _draw(rng: random.Random, domain: str) -> dict[str, str]:
     return make_row("".join(rng.choice("0123456789") for _ in range(length)), domain)
 
 
-def domain_rows(num_train: int = NUM_TRAIN, num_eval: int = NUM_EVAL, seed: int = SEED) -> tuple[list[dict], list[dict]]:
+def domain_rows(
+    num_train: int = NUM_TRAIN, num_eval: int = NUM_EVAL, seed: int = SEED
+) -> tuple[list[dict], list[dict]]:
     """(train rows, eval rows), each domain in turn; eval prompts are distinct and never in train."""
     train: list[dict] = []
     evaluation: list[dict] = []
@@ -74,7 +80,9 @@ def domain_rows(num_train: int = NUM_TRAIN, num_eval: int = NUM_EVAL, seed: int 
         while len(rows) < num_train:
             row = _draw(train_rng, domain)
             if row["prompt"] not in held_out:
-                row["demonstration"] = noisy_demonstration(row["prompt"][:-1], row["answer"], CORRECT_FRACTION, demonstrator)
+                row["demonstration"] = noisy_demonstration(
+                    row["prompt"][:-1], row["answer"], CORRECT_FRACTION, demonstrator
+                )
                 rows.append(row)
         train += rows
         evaluation += held_out.values()
@@ -103,8 +111,14 @@ def judge_rows(rows: list[dict], rng: random.Random) -> list[dict]:
     for row in rows:
         right = rng.random() < 0.5
         response = row["answer"] if right else wrong_answer(row, rng)
-        judged.append({"prompt": template.render(response=response, answer=row["answer"], prompt=row["prompt"], extra={}),
-                       "response": VERDICTS[right], "judged": response, "answer": row["answer"]})
+        judged.append(
+            {
+                "prompt": template.render(response=response, answer=row["answer"], prompt=row["prompt"], extra={}),
+                "response": VERDICTS[right],
+                "judged": response,
+                "answer": row["answer"],
+            }
+        )
     return judged
 
 
@@ -116,7 +130,8 @@ def write_digit_domains(out_dir: str | Path, seed: int = SEED) -> list[Path]:
     held_out = {domain: [r for r in evaluation if r["domain"] == domain] for domain in TASKS}
     rng = random.Random(f"sources-{seed}")
     files = {
-        "train.jsonl": train, "eval.jsonl": evaluation,
+        "train.jsonl": train,
+        "eval.jsonl": evaluation,
         # the reward model learns from training prompts; its held-out pairs come from held-out prompts
         "increment_pairs_train.jsonl": increment_pairs(by_domain["increment"][:NUM_PAIRS], rng),
         "increment_pairs_eval.jsonl": increment_pairs(held_out["increment"] * 4, rng),

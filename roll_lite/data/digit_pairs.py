@@ -30,12 +30,12 @@ def near_miss(answer: str, digits: str, mistake: str, rng: random.Random) -> str
     if mistake == "copied":
         return digits
     if mistake == "changed":
-        return answer[:i] + rng.choice([d for d in "0123456789" if d != answer[i]]) + answer[i + 1:]
+        return answer[:i] + rng.choice([d for d in "0123456789" if d != answer[i]]) + answer[i + 1 :]
     if mistake == "swapped":
         i = min(i, len(answer) - 2)
-        return answer[:i] + answer[i + 1] + answer[i] + answer[i + 2:]
+        return answer[:i] + answer[i + 1] + answer[i] + answer[i + 2 :]
     if mistake == "dropped":
-        return answer[:i] + answer[i + 1:]
+        return answer[:i] + answer[i + 1 :]
     return answer[:i] + rng.choice("0123456789") + answer[i:]
 
 
@@ -48,7 +48,9 @@ def pair_rows(rows: list[dict], rng: random.Random, every_mistake: bool = False)
                 mistake = kind or rng.choice(MISTAKES)
                 rejected = near_miss(row["answer"], row["prompt"].rstrip("="), mistake, rng)
                 if rejected != row["answer"]:
-                    pairs.append({"prompt": row["prompt"], "chosen": row["answer"], "rejected": rejected, "mistake": mistake})
+                    pairs.append(
+                        {"prompt": row["prompt"], "chosen": row["answer"], "rejected": rejected, "mistake": mistake}
+                    )
                     break
             # else: a palindrome has no 'copied' mistake, and it is left out
     return pairs
@@ -63,7 +65,9 @@ def digit_pair_rows(num_train: int = NUM_TRAIN, seed: int = SEED) -> tuple[list[
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description="Write the digit-reversal preference pairs train.jsonl and eval.jsonl.")
+    parser = argparse.ArgumentParser(
+        description="Write the digit-reversal preference pairs train.jsonl and eval.jsonl."
+    )
     parser.add_argument("out_dir")
     parser.add_argument("--num-train", type=int, default=NUM_TRAIN)
     parser.add_argument("--seed", type=int, default=SEED)

@@ -32,8 +32,13 @@ def _draw(rng: random.Random, min_digits: int, max_digits: int) -> dict[str, str
     return make_row("".join(rng.choice("0123456789") for _ in range(length)))
 
 
-def reverse_digits_rows(num_train: int = NUM_TRAIN, num_eval: int = NUM_EVAL, min_digits: int = MIN_DIGITS,
-                        max_digits: int = MAX_DIGITS, seed: int = SEED) -> tuple[list[dict], list[dict]]:
+def reverse_digits_rows(
+    num_train: int = NUM_TRAIN,
+    num_eval: int = NUM_EVAL,
+    min_digits: int = MIN_DIGITS,
+    max_digits: int = MAX_DIGITS,
+    seed: int = SEED,
+) -> tuple[list[dict], list[dict]]:
     """(train rows, eval rows): eval prompts are distinct and never appear in train; train rows
     carry the noisy demonstrator's response ('demonstration')."""
     if not 1 <= min_digits <= max_digits:
@@ -89,8 +94,14 @@ def main(argv=None) -> None:
     parser.add_argument("--max-digits", type=int, default=MAX_DIGITS)
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args(argv)
-    paths = write_reverse_digits(args.out_dir, num_train=args.num_train, num_eval=args.num_eval,
-                                 min_digits=args.min_digits, max_digits=args.max_digits, seed=args.seed)
+    paths = write_reverse_digits(
+        args.out_dir,
+        num_train=args.num_train,
+        num_eval=args.num_eval,
+        min_digits=args.min_digits,
+        max_digits=args.max_digits,
+        seed=args.seed,
+    )
     print("wrote", *paths)
 
 

@@ -24,8 +24,10 @@ class DomainSampler:
         rows named, weights >= 0, some > 0)."""
         present = sorted(set(row_domains))
         if unweighted := [d for d in present if d not in weights]:
-            raise DataError(f"data.domain_weights: the data has domain(s) {', '.join(map(repr, unweighted))} with no "
-                             f"weight; give each a weight (0 leaves it out)")
+            raise DataError(
+                f"data.domain_weights: the data has domain(s) {', '.join(map(repr, unweighted))} with no "
+                f"weight; give each a weight (0 leaves it out)"
+            )
         if absent := [d for d in weights if d not in present]:
             raise DataError(f"data.domain_weights: no training row has domain(s) {', '.join(map(repr, absent))}")
         if any(w < 0 for w in weights.values()) or not any(w > 0 for w in weights.values()):
@@ -51,20 +53,29 @@ class DomainSampler:
         return rows
 
     def state_dict(self) -> dict:
-        return {"draws": self.draws, "seed": self.seed, "num_rows": self.num_rows,
-                "probabilities": self.probabilities.tolist(), "domains": {d: s.state_dict() for d, s in self.samplers.items()}}
+        return {
+            "draws": self.draws,
+            "seed": self.seed,
+            "num_rows": self.num_rows,
+            "probabilities": self.probabilities.tolist(),
+            "domains": {d: s.state_dict() for d, s in self.samplers.items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if "domains" not in state:
             raise ValueError("DomainSampler.load_state_dict: the checkpoint's sampler drew without data.domain_weights")
         for key in ("seed", "num_rows"):
             if state[key] != getattr(self, key):
-                raise ValueError(f"DomainSampler.load_state_dict: the saved sampler has {key}={state[key]!r}, this one "
-                                 f"{getattr(self, key)!r} (same data and data.seed needed)")
+                raise ValueError(
+                    f"DomainSampler.load_state_dict: the saved sampler has {key}={state[key]!r}, this one "
+                    f"{getattr(self, key)!r} (same data and data.seed needed)"
+                )
         if list(state["domains"]) != self.domains or not np.allclose(state["probabilities"], self.probabilities):
-            raise ValueError(f"DomainSampler.load_state_dict: the saved sampler drew domains {list(state['domains'])} "
-                             f"with probabilities {state['probabilities']}, this one {self.domains} with "
-                             f"{self.probabilities.tolist()} (same data.domain_weights needed)")
+            raise ValueError(
+                f"DomainSampler.load_state_dict: the saved sampler drew domains {list(state['domains'])} "
+                f"with probabilities {state['probabilities']}, this one {self.domains} with "
+                f"{self.probabilities.tolist()} (same data.domain_weights needed)"
+            )
         self.draws = int(state["draws"])
         for domain, sampler_state in state["domains"].items():
             self.samplers[domain].load_state_dict(sampler_state)
@@ -75,4 +86,6 @@ def training_sampler(data, prompts, seed: int) -> PromptSampler | DomainSampler:
     row's domain is its data.domain_key field), else every row once per epoch."""
     if not data.domain_weights:
         return PromptSampler(len(prompts), seed, data.shuffle, data.epochs)
-    return DomainSampler([extra[data.domain_key] for extra in prompts.extras], dict(data.domain_weights), seed, data.shuffle)
+    return DomainSampler(
+        [extra[data.domain_key] for extra in prompts.extras], dict(data.domain_weights), seed, data.shuffle
+    )

@@ -44,8 +44,10 @@ def file_format(path: Path, config_key: str) -> str:
     if path.is_dir():
         if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
             return "saved"
-        raise DataError(f"{config_key}: '{path}' is a folder but not one written by Dataset.save_to_disk "
-                        f"(no state.json or dataset_dict.json); formats: {FORMAT_HELP}")
+        raise DataError(
+            f"{config_key}: '{path}' is a folder but not one written by Dataset.save_to_disk "
+            f"(no state.json or dataset_dict.json); formats: {FORMAT_HELP}"
+        )
     kind = FORMATS.get(path.suffix.lower())
     if kind is None:
         raise DataError(f"{config_key}: '{path}': unknown format '{path.suffix or path.name}' (use {FORMAT_HELP})")
@@ -77,7 +79,9 @@ def read_table(path: str | Path, config_key: str) -> Table:
         if kind == "json":
             _diagnose_json(path, config_key)
         first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        cause = f" ({str(error.__cause__).splitlines()[0]})" if error.__cause__ is not None and str(error.__cause__) else ""
+        cause = (
+            f" ({str(error.__cause__).splitlines()[0]})" if error.__cause__ is not None and str(error.__cause__) else ""
+        )
         raise DataError(f"{config_key}: '{path}' cannot be read as {kind}: {first}{cause}") from None
     finally:
         datasets.logging.set_verbosity(level)
@@ -93,8 +97,10 @@ def _load_saved(path: Path, config_key: str):
 
     loaded = datasets.load_from_disk(str(path), keep_in_memory=True)
     if isinstance(loaded, datasets.DatasetDict):
-        raise DataError(f"{config_key}: '{path}' holds several splits ({', '.join(loaded)}); "
-                        f"name one split's folder, e.g. '{path / next(iter(loaded))}'")
+        raise DataError(
+            f"{config_key}: '{path}' holds several splits ({', '.join(loaded)}); "
+            f"name one split's folder, e.g. '{path / next(iter(loaded))}'"
+        )
     return loaded
 
 
@@ -107,8 +113,10 @@ def _check_json_lines(path: Path, config_key: str) -> list[int]:
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise DataError(f"{config_key}: {path}: line {number} (row {len(lines)}): byte 0x{raw[error.start]:02x} "
-                                f"at column {error.start + 1} is not UTF-8 (save the file as UTF-8)") from None
+                raise DataError(
+                    f"{config_key}: {path}: line {number} (row {len(lines)}): byte 0x{raw[error.start]:02x} "
+                    f"at column {error.start + 1} is not UTF-8 (save the file as UTF-8)"
+                ) from None
             if text.strip():
                 lines.append(number)
     if not lines:
@@ -131,17 +139,22 @@ def _diagnose_json(path: Path, config_key: str) -> None:
         except json.JSONDecodeError as error:
             # Some of json's messages end in "at" and expect the position: "Unterminated string starting at".
             at = "" if error.msg.endswith(" at") else " at"
-            raise DataError(f"{config_key}: {path}: line {number} (row {row}): not valid JSON: {error.msg}"
-                            f"{at} column {error.colno}") from None
+            raise DataError(
+                f"{config_key}: {path}: line {number} (row {row}): not valid JSON: {error.msg}{at} column {error.colno}"
+            ) from None
         if not isinstance(value, dict):
-            raise DataError(f"{config_key}: {path}: line {number} (row {row}): a JSON {type(value).__name__}, "
-                            f"not an object with the prompt and answer keys") from None
+            raise DataError(
+                f"{config_key}: {path}: line {number} (row {row}): a JSON {type(value).__name__}, "
+                f"not an object with the prompt and answer keys"
+            ) from None
         for key, item in value.items():
             kind = _json_type(item)
             seen = first_seen.setdefault(key, (kind, row)) if kind != "null" else (kind, row)
             if seen[0] not in (kind, "null"):
-                raise DataError(f"{config_key}: {path}: line {number} (row {row}): key '{key}' is a {kind} where "
-                                f"row {seen[1]} has a {seen[0]}; a column needs one type in every row")
+                raise DataError(
+                    f"{config_key}: {path}: line {number} (row {row}): key '{key}' is a {kind} where "
+                    f"row {seen[1]} has a {seen[0]}; a column needs one type in every row"
+                )
         row += 1
 
 

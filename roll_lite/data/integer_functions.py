@@ -53,7 +53,9 @@ def make_row(slope: int | str, b: int) -> dict:
     return {"prompt": prompt, "answer": program(slope, b), "tests": tests}
 
 
-def integer_function_rows(num_train: int = NUM_TRAIN, num_eval: int = NUM_EVAL, seed: int = SEED) -> tuple[list[dict], list[dict]]:
+def integer_function_rows(
+    num_train: int = NUM_TRAIN, num_eval: int = NUM_EVAL, seed: int = SEED
+) -> tuple[list[dict], list[dict]]:
     """(train rows, eval rows): eval functions are distinct and no training row shows one."""
     every = functions()
     if not 0 < num_eval < len(every):
@@ -75,7 +77,9 @@ def write_integer_functions(out_dir: str | Path, **options) -> tuple[Path, Path]
     out_dir.mkdir(parents=True, exist_ok=True)
     train_rows, eval_rows = integer_function_rows(**options)
     for rows, name in ((train_rows, "train.jsonl"), (eval_rows, "eval.jsonl")):
-        (out_dir / name).write_text("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows), encoding="utf-8")
+        (out_dir / name).write_text(
+            "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows), encoding="utf-8"
+        )
     return out_dir / "train.jsonl", out_dir / "eval.jsonl"
 
 
@@ -86,7 +90,10 @@ def main(argv=None) -> None:
     parser.add_argument("--num-eval", type=int, default=NUM_EVAL)
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args(argv)
-    print("wrote", *write_integer_functions(args.out_dir, num_train=args.num_train, num_eval=args.num_eval, seed=args.seed))
+    print(
+        "wrote",
+        *write_integer_functions(args.out_dir, num_train=args.num_train, num_eval=args.num_eval, seed=args.seed),
+    )
 
 
 if __name__ == "__main__":

@@ -17,13 +17,21 @@ if TYPE_CHECKING:
         def __len__(self) -> int: ...
         def select(self: Selected, indices: list[int]) -> Selected: ...
 
+
 Rows = TypeVar("Rows", bound="SelectableRows")  # PromptData or SFTData: len(), select(indices), concat(parts)
 
 
-def load_within_limit(files: Sequence[str], config_key: str, to_rows: Callable[[Table], Rows],
-                      lengths: Callable[[Rows], list[int]], limit: int | None, limit_key: str,
-                      noun: tuple[str, str], concat: Callable[[list[Rows]], Rows],
-                      error_prefix: str = "") -> tuple[Rows, list[str]]:
+def load_within_limit(
+    files: Sequence[str],
+    config_key: str,
+    to_rows: Callable[[Table], Rows],
+    lengths: Callable[[Rows], list[int]],
+    limit: int | None,
+    limit_key: str,
+    noun: tuple[str, str],
+    concat: Callable[[list[Rows]], Rows],
+    error_prefix: str = "",
+) -> tuple[Rows, list[str]]:
     """The rows of `files` (read_table, then `to_rows`), concatenated in order, minus those with more
     than `limit` tokens; and the notes to log. `noun`: a row, singular and plural ('prompt', 'prompts')."""
     one, what = noun
@@ -36,8 +44,10 @@ def load_within_limit(files: Sequence[str], config_key: str, to_rows: Callable[[
         if len(kept) < len(sizes):
             assert limit is not None  # rows were left out, so there is a limit
             first = next(i for i, size in enumerate(sizes) if size > limit)
-            notes.append(f"{config_key}: {path}: {len(sizes) - len(kept)} of {len(sizes)} {what} are longer than "
-                         f"{limit_key}={limit} tokens and are left out (the first: row {first}, {sizes[first]} tokens)")
+            notes.append(
+                f"{config_key}: {path}: {len(sizes) - len(kept)} of {len(sizes)} {what} are longer than "
+                f"{limit_key}={limit} tokens and are left out (the first: row {first}, {sizes[first]} tokens)"
+            )
             row = min(range(len(sizes)), key=sizes.__getitem__)
             if shortest is None or sizes[row] < shortest[0]:
                 shortest = (sizes[row], table.where(row))
@@ -46,6 +56,8 @@ def load_within_limit(files: Sequence[str], config_key: str, to_rows: Callable[[
     result = concat(parts)
     if not len(result):
         assert shortest is not None  # every file has rows (read_table), so every row was over the limit
-        raise DataError(f"{shortest[1]}: {error_prefix}every {one} is longer than {limit_key}={limit} tokens; "
-                        f"the shortest, this one, has {shortest[0]}")
+        raise DataError(
+            f"{shortest[1]}: {error_prefix}every {one} is longer than {limit_key}={limit} tokens; "
+            f"the shortest, this one, has {shortest[0]}"
+        )
     return result, notes

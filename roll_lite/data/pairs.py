@@ -41,7 +41,11 @@ class PairData:
 
     @staticmethod
     def concat(parts: Sequence["PairData"]) -> "PairData":
-        margins = None if any(p.margins is None for p in parts) else [m for p in parts for m in cast("list[float]", p.margins)]
+        margins = (
+            None
+            if any(p.margins is None for p in parts)
+            else [m for p in parts for m in cast("list[float]", p.margins)]
+        )
         return PairData([x for p in parts for x in p.chosen], [x for p in parts for x in p.rejected], margins)
 
     def lengths(self) -> list[int]:
@@ -59,8 +63,10 @@ class PreparedPairs:
 def prepare_pair_datasets(preference, tokenizer) -> PreparedPairs:
     """Train and eval pairs of a `PreferenceConfig`; raises DataError (one line) on any bad input."""
     if not preference.train_files:
-        raise DataError("preference.train_files: no training file given (a .jsonl, .json, .parquet file or a saved "
-                        "dataset folder of prompt / chosen / rejected rows)")
+        raise DataError(
+            "preference.train_files: no training file given (a .jsonl, .json, .parquet file or a saved "
+            "dataset folder of prompt / chosen / rejected rows)"
+        )
     train, notes = load_pair_files(preference.train_files, "preference.train_files", preference, tokenizer)
     evaluation = None
     if preference.eval_files:
@@ -71,8 +77,15 @@ def prepare_pair_datasets(preference, tokenizer) -> PreparedPairs:
 
 def load_pair_files(files: Sequence[str], config_key: str, preference, tokenizer) -> tuple[PairData, list[str]]:
     return load_within_limit(
-        files, config_key, to_rows=lambda table: rows_to_pairs(table, preference, tokenizer), lengths=PairData.lengths,
-        limit=preference.max_length, limit_key="preference.max_length", noun=("pair", "pairs"), concat=PairData.concat)
+        files,
+        config_key,
+        to_rows=lambda table: rows_to_pairs(table, preference, tokenizer),
+        lengths=PairData.lengths,
+        limit=preference.max_length,
+        limit_key="preference.max_length",
+        noun=("pair", "pairs"),
+        concat=PairData.concat,
+    )
 
 
 def rows_to_pairs(table: Table, preference, tokenizer) -> PairData:
@@ -86,8 +99,10 @@ def rows_to_pairs(table: Table, preference, tokenizer) -> PairData:
             raise DataError(f"{table.where(i)}: key '{preference.prompt_key}': the prompt {problem}")
         sides = [_side(table, i, row, getattr(preference, f"{side}_key"), side) for side in SIDES]
         if sides[0] == sides[1]:
-            raise DataError(f"{table.where(i)}: keys '{preference.chosen_key}' and '{preference.rejected_key}': the chosen "
-                            "and the rejected response are the same, so the pair prefers nothing")
+            raise DataError(
+                f"{table.where(i)}: keys '{preference.chosen_key}' and '{preference.rejected_key}': the chosen "
+                "and the rejected response are the same, so the pair prefers nothing"
+            )
         chosen_ids, rejected_ids = (_tokenize(table, i, prompt, side, preference, tokenizer) for side in sides)
         chosen.append(chosen_ids)
         rejected.append(rejected_ids)
@@ -99,8 +114,10 @@ def rows_to_pairs(table: Table, preference, tokenizer) -> PairData:
 def _value(table: Table, i: int, row: dict, column: str, key: str):
     value = row.get(column)
     if value is None:
-        raise DataError(f"{table.where(i)}: key '{column}' (preference.{key}) is missing or null; the file's columns: "
-                        f"{', '.join(table.columns)}")
+        raise DataError(
+            f"{table.where(i)}: key '{column}' (preference.{key}) is missing or null; the file's columns: "
+            f"{', '.join(table.columns)}"
+        )
     return value
 
 
@@ -112,9 +129,13 @@ def _side(table: Table, i: int, row: dict, column: str, side: str):
         return value
     problem = message_problem(value)
     if problem is not None:
-        raise DataError(f"{table.where(i)}: key '{column}': the {side} response is not a string, and its messages: {problem}")
+        raise DataError(
+            f"{table.where(i)}: key '{column}': the {side} response is not a string, and its messages: {problem}"
+        )
     if value[-1]["role"] != "assistant" or not any(m["content"].strip() for m in value if m["role"] == "assistant"):
-        raise DataError(f"{table.where(i)}: key '{column}': the {side} messages must end with a non-empty assistant message")
+        raise DataError(
+            f"{table.where(i)}: key '{column}': the {side} messages must end with a non-empty assistant message"
+        )
     return value
 
 
@@ -122,8 +143,10 @@ def _tokenize(table: Table, i: int, prompt, side, preference, tokenizer) -> tupl
     if isinstance(prompt, str) and isinstance(side, str) and not preference.apply_chat_template:
         return plain_sequences(tokenizer, [prompt], [side])[0]
     if not has_chat_template(tokenizer):
-        raise DataError(f"{table.where(i)}: chat messages (or preference.apply_chat_template=true) need the tokenizer's "
-                        "chat template and the tokenizer has none (model.tokenizer_path)")
+        raise DataError(
+            f"{table.where(i)}: chat messages (or preference.apply_chat_template=true) need the tokenizer's "
+            "chat template and the tokenizer has none (model.tokenizer_path)"
+        )
     before = as_messages(prompt)
     try:
         ids, mask = conversation_sequence(tokenizer, before + as_messages(side, role="assistant"))
@@ -137,7 +160,9 @@ def _tokenize(table: Table, i: int, prompt, side, preference, tokenizer) -> tupl
 def _margin(table: Table, i: int, row: dict, column: str) -> float:
     value = _value(table, i, row, column, "margin_key")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise DataError(f"{table.where(i)}: key '{column}' (preference.margin_key): the margin must be a number, got {value!r}")
+        raise DataError(
+            f"{table.where(i)}: key '{column}' (preference.margin_key): the margin must be a number, got {value!r}"
+        )
     return float(value)
 
 

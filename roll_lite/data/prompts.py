@@ -31,13 +31,21 @@ class PromptData:
         return len(self.prompt_ids)
 
     def select(self, indices: Sequence[int]) -> "PromptData":
-        return PromptData([self.prompt_ids[i] for i in indices], [self.prompts[i] for i in indices],
-                          [self.answers[i] for i in indices], [self.extras[i] for i in indices])
+        return PromptData(
+            [self.prompt_ids[i] for i in indices],
+            [self.prompts[i] for i in indices],
+            [self.answers[i] for i in indices],
+            [self.extras[i] for i in indices],
+        )
 
     @staticmethod
     def concat(parts: Sequence["PromptData"]) -> "PromptData":
-        return PromptData([x for p in parts for x in p.prompt_ids], [x for p in parts for x in p.prompts],
-                          [x for p in parts for x in p.answers], [x for p in parts for x in p.extras])
+        return PromptData(
+            [x for p in parts for x in p.prompt_ids],
+            [x for p in parts for x in p.prompts],
+            [x for p in parts for x in p.answers],
+            [x for p in parts for x in p.extras],
+        )
 
 
 @dataclass
@@ -47,13 +55,16 @@ class PreparedData:
     notes: list[str]  # what to log once everything is known to be good (rows read, prompts left out)
 
 
-def prepare_datasets(data, tokenizer, domains: Sequence[str] | None = None,
-                     row_check: Callable[[dict], None] | None = None) -> PreparedData:
+def prepare_datasets(
+    data, tokenizer, domains: Sequence[str] | None = None, row_check: Callable[[dict], None] | None = None
+) -> PreparedData:
     """Train and eval prompts of a `DataConfig`; raises DataError (one line) on any bad input. With
     `domains` (reward.domains' names) every row's data.domain_key field must name one of them;
     `row_check(extra)` raises ValueError on a row a reward source cannot score (the code source's tests)."""
     if not data.train_files:
-        raise DataError("data.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)")
+        raise DataError(
+            "data.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)"
+        )
     train, notes = load_prompts(data.train_files, "data.train_files", data, tokenizer, domains, row_check)
     evaluation = None
     if data.eval_files:
@@ -62,19 +73,31 @@ def prepare_datasets(data, tokenizer, domains: Sequence[str] | None = None,
     return PreparedData(train, evaluation, notes)
 
 
-def load_prompts(files: Sequence[str], config_key: str, data, tokenizer, domains: Sequence[str] | None = None,
-                 row_check: Callable[[dict], None] | None = None) -> tuple[PromptData, list[str]]:
+def load_prompts(
+    files: Sequence[str],
+    config_key: str,
+    data,
+    tokenizer,
+    domains: Sequence[str] | None = None,
+    row_check: Callable[[dict], None] | None = None,
+) -> tuple[PromptData, list[str]]:
     """The rows of `files`, concatenated in order, minus the prompts over max_prompt_length."""
     return load_within_limit(
-        files, config_key,
+        files,
+        config_key,
         to_rows=lambda table: rows_to_prompts(table, data, tokenizer, domains, row_check),
         lengths=lambda prompts: [len(ids) for ids in prompts.prompt_ids],
-        limit=data.max_prompt_length, limit_key="data.max_prompt_length", noun=("prompt", "prompts"),
-        concat=PromptData.concat, error_prefix=f"key '{data.prompt_key}': ")
+        limit=data.max_prompt_length,
+        limit_key="data.max_prompt_length",
+        noun=("prompt", "prompts"),
+        concat=PromptData.concat,
+        error_prefix=f"key '{data.prompt_key}': ",
+    )
 
 
-def rows_to_prompts(table: Table, data, tokenizer, domains: Sequence[str] | None = None,
-                    row_check: Callable[[dict], None] | None = None) -> PromptData:
+def rows_to_prompts(
+    table: Table, data, tokenizer, domains: Sequence[str] | None = None, row_check: Callable[[dict], None] | None = None
+) -> PromptData:
     """Validated, tokenized rows of one file (nothing filtered yet)."""
     prompts, answers, extras = [], [], []
     chat_rows = []
@@ -86,8 +109,10 @@ def rows_to_prompts(table: Table, data, tokenizer, domains: Sequence[str] | None
                 need, fix = "data.apply_chat_template=true needs", "set data.apply_chat_template=false"
             else:
                 need, fix = "chat messages need", "give prompts as strings"
-            raise DataError(f"{table.where(i)}: key '{data.prompt_key}': {need} the tokenizer's chat template and the "
-                            f"tokenizer has none (model.tokenizer_path: use one with a chat_template, or {fix})")
+            raise DataError(
+                f"{table.where(i)}: key '{data.prompt_key}': {need} the tokenizer's chat template and the "
+                f"tokenizer has none (model.tokenizer_path: use one with a chat_template, or {fix})"
+            )
         chat_rows.append(use_chat)
         prompts.append(prompt)
         answers.append(_answer(table, i, row, data.answer_key))
@@ -111,14 +136,18 @@ def rows_to_prompts(table: Table, data, tokenizer, domains: Sequence[str] | None
             try:
                 ids[i] = render_chat(tokenizer, as_messages(prompts[i]))
             except Exception as error:  # a template may raise on messages it does not accept (e.g. roles)
-                raise DataError(f"{table.where(i)}: key '{data.prompt_key}': the tokenizer's chat template "
-                                f"failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+                raise DataError(
+                    f"{table.where(i)}: key '{data.prompt_key}': the tokenizer's chat template "
+                    f"failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+                ) from None
     return PromptData(ids, prompts, answers, extras)
 
 
 def _missing(table: Table, row: int, key: str, what: str) -> DataError:
     if key not in table.columns and key.split(".")[0] not in table.columns:
-        return DataError(f"{table.where(row)}: key '{key}' ({what}) is missing; the file's columns: {', '.join(table.columns)}")
+        return DataError(
+            f"{table.where(row)}: key '{key}' ({what}) is missing; the file's columns: {', '.join(table.columns)}"
+        )
     return DataError(f"{table.where(row)}: key '{key}' ({what}) is missing or null")
 
 
@@ -154,9 +183,11 @@ def _answer(table: Table, i: int, row: dict, key: str) -> str:
     if answer is None:
         raise _missing(table, i, key, "data.answer_key")
     if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-        raise DataError(f"{table.where(i)}: key '{key}': the answer must be a string or a number, got "
-                        f"{type(answer).__name__} (structured ground truth can go in another column: "
-                        f"the reward gets it as an extra field)")
+        raise DataError(
+            f"{table.where(i)}: key '{key}': the answer must be a string or a number, got "
+            f"{type(answer).__name__} (structured ground truth can go in another column: "
+            f"the reward gets it as an extra field)"
+        )
     if isinstance(answer, float) and answer.is_integer():
         return str(int(answer))  # arrow reads a column of 2 and 0.5 as floats: 2 stays "2", not "2.0"
     return answer if isinstance(answer, str) else str(answer)
@@ -177,6 +208,8 @@ def _domain(table: Table, i: int, row: dict, key: str, domains: Sequence[str]) -
     if domain is None:
         raise _missing(table, i, key, "data.domain_key: reward.domains routes each row by it")
     if domain not in domains:
-        raise DataError(f"{table.where(i)}: key '{key}': domain {domain!r} is not a configured domain "
-                        f"({', '.join(domains)}: reward.domains, else data.domain_weights); add it there or leave its rows out")
+        raise DataError(
+            f"{table.where(i)}: key '{key}': domain {domain!r} is not a configured domain "
+            f"({', '.join(domains)}: reward.domains, else data.domain_weights); add it there or leave its rows out"
+        )
     return domain

@@ -18,8 +18,17 @@ import numpy as np
 import torch
 
 # dtypes numpy holds as they are; others (bfloat16, ...) are pickled by torch
-NUMPY_DTYPES = {torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
-                torch.uint8, torch.bool}
+NUMPY_DTYPES = {
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+}
 
 
 def _to_wire(tensor: torch.Tensor):

@@ -40,7 +40,7 @@ class PromptSampler:
         rows: list[int] = []
         while len(rows) < count and not self.exhausted:
             take = min(count - len(rows), self.num_rows - self.position)
-            rows.extend(int(i) for i in self._order[self.position:self.position + take])
+            rows.extend(int(i) for i in self._order[self.position : self.position + take])
             self.position += take
             if self.position == self.num_rows:
                 self.epoch, self.position = self.epoch + 1, 0
@@ -48,15 +48,24 @@ class PromptSampler:
         return rows
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_rows": self.num_rows,
-                "shuffle": self.shuffle}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_rows": self.num_rows,
+            "shuffle": self.shuffle,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("seed", "num_rows", "shuffle"):
             if state[key] != getattr(self, key):
-                raise ValueError(f"PromptSampler.load_state_dict: the saved sampler has {key}={state[key]!r}, "
-                                 f"this one {getattr(self, key)!r} (same data and data.seed / data.shuffle needed)")
+                raise ValueError(
+                    f"PromptSampler.load_state_dict: the saved sampler has {key}={state[key]!r}, "
+                    f"this one {getattr(self, key)!r} (same data and data.seed / data.shuffle needed)"
+                )
         if not 0 <= state["position"] < self.num_rows:
-            raise ValueError(f"PromptSampler.load_state_dict: position {state['position']} is outside 0..{self.num_rows - 1}")
+            raise ValueError(
+                f"PromptSampler.load_state_dict: position {state['position']} is outside 0..{self.num_rows - 1}"
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self.epoch_order(self.epoch)

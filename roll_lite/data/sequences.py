@@ -13,8 +13,12 @@ if TYPE_CHECKING:
     from roll_lite.rollout import Completions
 
 
-def build_sequence_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_token_id: int,
-                         response_log_probs: Sequence[Sequence[float]] | None = None) -> DataProto:
+def build_sequence_batch(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    pad_token_id: int,
+    response_log_probs: Sequence[Sequence[float]] | None = None,
+) -> DataProto:
     """Rows = prompt + response, right-padded: input_ids, attention_mask, and response_mask
     (1 on the response tokens, the ones the policy generated and is trained on). With the rollout
     engine's log-probs of the response tokens, also `rollout_log_probs` (token-aligned, 0 elsewhere)."""
@@ -31,19 +35,25 @@ def build_sequence_batch(prompts: Sequence[Sequence[int]], responses: Sequence[S
         total = len(prompt) + len(response)
         input_ids[i, :total] = torch.tensor(list(prompt) + list(response), dtype=torch.long)
         attention_mask[i, :total] = 1
-        response_mask[i, len(prompt):total] = 1
+        response_mask[i, len(prompt) : total] = 1
     batch = DataProto({"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask})
     if response_log_probs is not None:
         rollout_log_probs = torch.zeros(rows, width, dtype=torch.float32)
         for i, (prompt, response, log_probs) in enumerate(zip(prompts, responses, response_log_probs, strict=True)):
             if len(log_probs) != len(response):
-                raise ValueError(f"build_sequence_batch: row {i} has {len(response)} response tokens but {len(log_probs)} log-probs")
-            rollout_log_probs[i, len(prompt):len(prompt) + len(response)] = torch.tensor(list(log_probs), dtype=torch.float32)
+                raise ValueError(
+                    f"build_sequence_batch: row {i} has {len(response)} response tokens but {len(log_probs)} log-probs"
+                )
+            rollout_log_probs[i, len(prompt) : len(prompt) + len(response)] = torch.tensor(
+                list(log_probs), dtype=torch.float32
+            )
         batch.batch["rollout_log_probs"] = rollout_log_probs
     return batch
 
 
-def build_target_batch(sequences: Sequence[Sequence[int]], target_masks: Sequence[Sequence[int]], pad_token_id: int) -> DataProto:
+def build_target_batch(
+    sequences: Sequence[Sequence[int]], target_masks: Sequence[Sequence[int]], pad_token_id: int
+) -> DataProto:
     """SFT rows, right-padded: input_ids, attention_mask, and response_mask (1 on the target tokens:
     the response, or every assistant turn). The first token of a row is never a target."""
     width = max(len(ids) for ids in sequences)
@@ -52,11 +62,13 @@ def build_target_batch(sequences: Sequence[Sequence[int]], target_masks: Sequenc
     response_mask = torch.zeros(len(sequences), width, dtype=torch.long)
     for i, (ids, mask) in enumerate(zip(sequences, target_masks)):
         if len(ids) != len(mask) or not ids or mask[0]:
-            raise ValueError(f"build_target_batch: row {i} has {len(ids)} tokens, {len(mask)} mask entries and "
-                             f"{'a target' if mask and mask[0] else 'no target'} at position 0")
-        input_ids[i, :len(ids)] = torch.tensor(list(ids), dtype=torch.long)
-        attention_mask[i, :len(ids)] = 1
-        response_mask[i, :len(ids)] = torch.tensor(list(mask), dtype=torch.long)
+            raise ValueError(
+                f"build_target_batch: row {i} has {len(ids)} tokens, {len(mask)} mask entries and "
+                f"{'a target' if mask and mask[0] else 'no target'} at position 0"
+            )
+        input_ids[i, : len(ids)] = torch.tensor(list(ids), dtype=torch.long)
+        attention_mask[i, : len(ids)] = 1
+        response_mask[i, : len(ids)] = torch.tensor(list(mask), dtype=torch.long)
     return DataProto({"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask})
 
 
@@ -66,8 +78,9 @@ def completion_batch(prompts: "PromptData", generated: "Completions", tokenizer)
     When sampling, also the engine's log-prob of each response token ('rollout_log_probs')."""
     completions = generated.token_ids
     n = len(completions) // len(prompts)
-    batch = build_sequence_batch([p for p in prompts.prompt_ids for _ in range(n)], completions,
-                                 tokenizer.pad_token_id, generated.log_probs)
+    batch = build_sequence_batch(
+        [p for p in prompts.prompt_ids for _ in range(n)], completions, tokenizer.pad_token_id, generated.log_probs
+    )
     batch.batch["group_ids"] = torch.arange(len(prompts)).repeat_interleave(n)
     batch.non_tensor_batch["response_text"] = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
     batch.non_tensor_batch["answer"] = [a for a in prompts.answers for _ in range(n)]

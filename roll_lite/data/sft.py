@@ -55,7 +55,9 @@ class PreparedSFT:
 def prepare_sft_datasets(sft, tokenizer) -> PreparedSFT:
     """Train and eval sequences of an `SFTConfig`; raises DataError (one line) on any bad input."""
     if not sft.train_files:
-        raise DataError("sft.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)")
+        raise DataError(
+            "sft.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)"
+        )
     train, notes = load_sft_files(sft.train_files, "sft.train_files", sft, tokenizer)
     evaluation = None
     if sft.eval_files:
@@ -67,10 +69,15 @@ def prepare_sft_datasets(sft, tokenizer) -> PreparedSFT:
 def load_sft_files(files: Sequence[str], config_key: str, sft, tokenizer) -> tuple[SFTData, list[str]]:
     """The rows of `files`, concatenated in order, minus the sequences over sft.max_length."""
     return load_within_limit(
-        files, config_key,
+        files,
+        config_key,
         to_rows=lambda table: rows_to_sequences(table, sft, tokenizer),
         lengths=lambda sequences: [len(ids) for ids in sequences.input_ids],
-        limit=sft.max_length, limit_key="sft.max_length", noun=("sequence", "sequences"), concat=SFTData.concat)
+        limit=sft.max_length,
+        limit_key="sft.max_length",
+        noun=("sequence", "sequences"),
+        concat=SFTData.concat,
+    )
 
 
 def rows_to_sequences(table: Table, sft, tokenizer) -> SFTData:
@@ -80,27 +87,34 @@ def rows_to_sequences(table: Table, sft, tokenizer) -> SFTData:
         prompt = _field(table, i, row, sft.prompt_key, "sft.prompt_key")
         if sft.response_key is None:
             if isinstance(prompt, str):
-                raise DataError(f"{table.where(i)}: key '{sft.prompt_key}': sft.response_key is null, so the column must "
-                                f"hold whole conversations (chat messages), got a string")
+                raise DataError(
+                    f"{table.where(i)}: key '{sft.prompt_key}': sft.response_key is null, so the column must "
+                    f"hold whole conversations (chat messages), got a string"
+                )
             chats.append((i, _conversation(table, i, prompt, sft.prompt_key)))
             continue
         response = _field(table, i, row, sft.response_key, "sft.response_key")
         if not isinstance(response, str):
-            raise DataError(f"{table.where(i)}: key '{sft.response_key}': the response must be a string, got "
-                            f"{type(response).__name__}")
+            raise DataError(
+                f"{table.where(i)}: key '{sft.response_key}': the response must be a string, got "
+                f"{type(response).__name__}"
+            )
         if isinstance(prompt, str) and not sft.apply_chat_template:
             pairs.append((i, prompt, response))
         else:
             chats.append((i, as_messages(prompt) + [{"role": "assistant", "content": response}]))
     if chats and not has_chat_template(tokenizer):
         i = chats[0][0]
-        raise DataError(f"{table.where(i)}: key '{sft.prompt_key}': chat messages (or sft.apply_chat_template=true) need the "
-                        f"tokenizer's chat template and the tokenizer has none (model.tokenizer_path)")
+        raise DataError(
+            f"{table.where(i)}: key '{sft.prompt_key}': chat messages (or sft.apply_chat_template=true) need the "
+            f"tokenizer's chat template and the tokenizer has none (model.tokenizer_path)"
+        )
     input_ids: list[list[int]] = [[] for _ in table.rows]
     masks: list[list[int]] = [[] for _ in table.rows]
     if pairs:
-        for (i, _, _), (ids, mask) in zip(pairs, plain_sequences(tokenizer, [p for _, p, _ in pairs],
-                                                                   [r for _, _, r in pairs])):
+        for (i, _, _), (ids, mask) in zip(
+            pairs, plain_sequences(tokenizer, [p for _, p, _ in pairs], [r for _, _, r in pairs])
+        ):
             input_ids[i], masks[i] = ids, mask
     for i, messages in chats:
         try:
@@ -133,14 +147,18 @@ def conversation_sequence(tokenizer, messages: list[dict]) -> tuple[list[int], l
         if message["role"] != "assistant":
             continue
         before = _render(tokenizer, messages[:turn], generation_prompt=True) if turn else []
-        through = _render(tokenizer, messages[:turn + 1], generation_prompt=False)
-        if full[:len(before)] != before or full[:len(through)] != through or len(through) <= len(before):
-            raise ValueError(f"the chat template does not render message {turn} (assistant) as a continuation of the "
-                             f"messages before it, so its tokens cannot be told apart")
+        through = _render(tokenizer, messages[: turn + 1], generation_prompt=False)
+        if full[: len(before)] != before or full[: len(through)] != through or len(through) <= len(before):
+            raise ValueError(
+                f"the chat template does not render message {turn} (assistant) as a continuation of the "
+                f"messages before it, so its tokens cannot be told apart"
+            )
         if not before:
-            raise ValueError("the conversation starts with an assistant message: the first target token needs "
-                             "at least one token before it")
-        mask[len(before):len(through)] = [1] * (len(through) - len(before))
+            raise ValueError(
+                "the conversation starts with an assistant message: the first target token needs "
+                "at least one token before it"
+            )
+        mask[len(before) : len(through)] = [1] * (len(through) - len(before))
     return full, mask
 
 
@@ -148,15 +166,19 @@ def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> list[in
     try:
         return render_chat(tokenizer, messages, generation_prompt)
     except Exception as error:  # a template may raise on messages it does not accept (e.g. roles)
-        raise ValueError(f"the tokenizer's chat template failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+        raise ValueError(
+            f"the tokenizer's chat template failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+        ) from None
 
 
 def _field(table: Table, i: int, row: dict, key: str, config_key: str):
     value = row.get(key)
     if value is None:
         if key not in table.columns:
-            raise DataError(f"{table.where(i)}: key '{key}' ({config_key}) is missing; the file's columns: "
-                            f"{', '.join(table.columns)}")
+            raise DataError(
+                f"{table.where(i)}: key '{key}' ({config_key}) is missing; the file's columns: "
+                f"{', '.join(table.columns)}"
+            )
         raise DataError(f"{table.where(i)}: key '{key}' ({config_key}) is missing or null")
     if isinstance(value, str) and not value.strip() and config_key == "sft.prompt_key":
         raise DataError(f"{table.where(i)}: key '{key}': the prompt is empty")
@@ -172,6 +194,8 @@ def _conversation(table: Table, i: int, messages: list[dict], key: str) -> list[
     if "assistant" not in roles:
         raise DataError(f"{table.where(i)}: key '{key}': the conversation has no assistant message to train on")
     if roles[-1] != "assistant":
-        raise DataError(f"{table.where(i)}: key '{key}': the conversation ends with a '{roles[-1]}' message; the loss is "
-                        f"on assistant turns, so end it with the assistant's (or drop the trailing turns)")
+        raise DataError(
+            f"{table.where(i)}: key '{key}': the conversation ends with a '{roles[-1]}' message; the loss is "
+            f"on assistant turns, so end it with the assistant's (or drop the trailing turns)"
+        )
     return messages

@@ -14,6 +14,19 @@ from roll_lite.environments.results import FAULTS, Result
 from roll_lite.environments.runner import EnvironmentRunner
 from roll_lite.environments.tools import ToolEnvironment
 
-__all__ = ["ENVIRONMENTS", "FAULTS", "BadReturn", "EnvironmentConfig", "EnvironmentRunner", "Observation", "Result",
-           "ToolEnvironment", "Transition", "check_environment_config", "checked_reset", "checked_step",
-           "register_environment", "resolve_environment"]
+__all__ = [
+    "ENVIRONMENTS",
+    "FAULTS",
+    "BadReturn",
+    "EnvironmentConfig",
+    "EnvironmentRunner",
+    "Observation",
+    "Result",
+    "ToolEnvironment",
+    "Transition",
+    "check_environment_config",
+    "checked_reset",
+    "checked_step",
+    "register_environment",
+    "resolve_environment",
+]

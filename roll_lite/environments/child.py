@@ -59,8 +59,13 @@ class Host:
             self.idle.append(environment)
         else:
             self.running[env_id] = environment
-        return "ok", (transition.observation, transition.reward, transition.terminated, transition.truncated,
-                      transition.info)
+        return "ok", (
+            transition.observation,
+            transition.reward,
+            transition.terminated,
+            transition.truncated,
+            transition.info,
+        )
 
     def replay(self, env_id, seed, fields, actions, expected) -> tuple:
         """Rebuild an environment lost with a restarted process: reset and step it as before, and check
@@ -77,8 +82,10 @@ class Host:
                 return "lost", f"replaying step {turn}: {status}: {payload}"
             if tuple(payload[:4]) != tuple(recorded):
                 self.release(env_id)
-                return "lost", (f"replaying step {turn} gave another result than the first time (not deterministic "
-                                "given its seed and actions?)")
+                return "lost", (
+                    f"replaying step {turn} gave another result than the first time (not deterministic "
+                    "given its seed and actions?)"
+                )
         return "ok", None
 
     def release(self, env_id) -> None:

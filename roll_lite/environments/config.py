@@ -61,11 +61,14 @@ def check_environment_config(config: EnvironmentConfig, section: str = "environm
     if config.name is None:
         return
     if not isinstance(config.name, str) or not config.name.strip():
-        raise ConfigError(f"{section}.name: name a registered environment or a package.module:Class, "
-                          f"got {config.name!r}")
+        raise ConfigError(
+            f"{section}.name: name a registered environment or a package.module:Class, got {config.name!r}"
+        )
     if ":" not in config.name and config.name not in ENVIRONMENTS:  # roll_lite.environments registered them
-        raise ConfigError(f"{section}.name: '{config.name}' is not one of {', '.join(sorted(ENVIRONMENTS))}, "
-                          "nor a package.module:Class import path")
+        raise ConfigError(
+            f"{section}.name: '{config.name}' is not one of {', '.join(sorted(ENVIRONMENTS))}, "
+            "nor a package.module:Class import path"
+        )
     if not isinstance(config.kwargs, Mapping) or not all(isinstance(key, str) for key in config.kwargs):
         raise ConfigError(f"{section}.kwargs: must be a mapping of argument names to values, got {config.kwargs!r}")
     for key in ("max_turns", "max_new_tokens_per_turn", "max_concurrent"):
@@ -73,8 +76,10 @@ def check_environment_config(config: EnvironmentConfig, section: str = "environm
     if config.max_trajectory_tokens is not None:
         _check_positive_int(section, "max_trajectory_tokens", config.max_trajectory_tokens)
         if config.max_trajectory_tokens < config.max_new_tokens_per_turn:
-            raise ConfigError(f"{section}.max_trajectory_tokens: {config.max_trajectory_tokens} is less than one "
-                              f"turn's max_new_tokens_per_turn={config.max_new_tokens_per_turn}")
+            raise ConfigError(
+                f"{section}.max_trajectory_tokens: {config.max_trajectory_tokens} is less than one "
+                f"turn's max_new_tokens_per_turn={config.max_new_tokens_per_turn}"
+            )
     timeout = config.step_timeout_s
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
         raise ConfigError(f"{section}.step_timeout_s: must be a number > 0, got {timeout!r}")

@@ -56,29 +56,35 @@ def checked_reset(value) -> tuple[Observation, dict]:
 
 def checked_step(value) -> Transition:
     if isinstance(value, tuple) and len(value) == 4:
-        raise BadReturn("step returned 4 values (the old gym API: observation, reward, done, info); the contract is "
-                        "(observation, reward, terminated, truncated, info)")
+        raise BadReturn(
+            "step returned 4 values (the old gym API: observation, reward, done, info); the contract is "
+            "(observation, reward, terminated, truncated, info)"
+        )
     _check_tuple(value, 5, "step", "(observation, reward, terminated, truncated, info)")
     observation, reward, terminated, truncated, info = value
-    return Transition(checked_observation(observation, "step"), _checked_reward(reward),
-                      _checked_flag(terminated, "terminated"), _checked_flag(truncated, "truncated"),
-                      _checked_info(info, "step"))
+    return Transition(
+        checked_observation(observation, "step"),
+        _checked_reward(reward),
+        _checked_flag(terminated, "terminated"),
+        _checked_flag(truncated, "truncated"),
+        _checked_info(info, "step"),
+    )
 
 
 def checked_observation(observation, where: str) -> Observation:
     if isinstance(observation, str):
         return observation
     if not isinstance(observation, list) or not observation:
-        raise BadReturn(f"{where}'s observation is {_describe(observation)}, not a str or a non-empty list of chat "
-                        "messages")
+        raise BadReturn(
+            f"{where}'s observation is {_describe(observation)}, not a str or a non-empty list of chat messages"
+        )
     messages = []
     for index, message in enumerate(observation):
         if not isinstance(message, dict):
             raise BadReturn(f"{where}'s observation[{index}] is {_describe(message)}, not a dict (role, content)")
         for key in ("role", "content"):
             if not isinstance(message.get(key), str):
-                raise BadReturn(f"{where}'s observation[{index}]['{key}'] is {_describe(message.get(key))}, "
-                                "not a str")
+                raise BadReturn(f"{where}'s observation[{index}]['{key}'] is {_describe(message.get(key))}, not a str")
         if not message["role"]:
             raise BadReturn(f"{where}'s observation[{index}] has an empty role")
         messages.append(dict(message))
@@ -90,8 +96,11 @@ def reset_parameters(environment_class) -> frozenset[str] | None:
     parameters = inspect.signature(environment_class.reset).parameters.values()
     if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
         return None
-    names = {parameter.name for parameter in parameters
-             if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)}
+    names = {
+        parameter.name
+        for parameter in parameters
+        if parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
     return frozenset(names - {"self", "seed"})
 
 
@@ -101,14 +110,18 @@ def check_environment_class(environment_class, spec: str) -> None:
         raise TypeError(f"'{spec}' is a {type(environment_class).__name__}, not a class")
     for method in ("reset", "step"):
         if not callable(getattr(environment_class, method, None)):
-            raise TypeError(f"'{spec}' has no {method}() method; an environment needs reset(seed=None, **row_fields) "
-                            "and step(action)")
+            raise TypeError(
+                f"'{spec}' has no {method}() method; an environment needs reset(seed=None, **row_fields) "
+                "and step(action)"
+            )
     # cast: typeshed's inspect.isclass narrows to type[object], which has no reset
     parameters = inspect.signature(cast(Any, environment_class).reset).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     if "seed" not in parameters and not takes_any:
-        raise TypeError(f"'{spec}'.reset{inspect.signature(cast(Any, environment_class).reset)} takes no seed; the contract is "
-                        "reset(seed=None, **row_fields)")
+        raise TypeError(
+            f"'{spec}'.reset{inspect.signature(cast(Any, environment_class).reset)} takes no seed; the contract is "
+            "reset(seed=None, **row_fields)"
+        )
 
 
 def _check_tuple(value, arity: int, where: str, shape: str) -> None:
@@ -131,8 +144,10 @@ def _checked_reward(reward) -> float:
 
 def _checked_flag(flag, name: str) -> bool:
     if not isinstance(flag, (bool, np.bool_)):
-        raise BadReturn(f"step's {name} is {_describe(flag)}, not a bool (the order is observation, reward, "
-                        "terminated, truncated, info)")
+        raise BadReturn(
+            f"step's {name} is {_describe(flag)}, not a bool (the order is observation, reward, "
+            "terminated, truncated, info)"
+        )
     return bool(flag)
 
 

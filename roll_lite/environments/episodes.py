@@ -99,8 +99,15 @@ class Episode:
         return 0 if self.trajectory is None else len(self.trajectory.response_ids)
 
 
-def run_episodes(engine: TurnEngine, runner, tokenizer, starts: list[EpisodeStart], params: SamplingParams,
-                 limits: EpisodeLimits, overlap: bool = True) -> list[Episode]:
+def run_episodes(
+    engine: TurnEngine,
+    runner,
+    tokenizer,
+    starts: list[EpisodeStart],
+    params: SamplingParams,
+    limits: EpisodeLimits,
+    overlap: bool = True,
+) -> list[Episode]:
     """Run one episode per start to its end; the episodes in the order of `starts`. `params` gives
     the sampling (its max_new_tokens and num_samples are the loop's: one sample per turn)."""
     return _Loop(engine, runner, tokenizer, params, limits, overlap).run(starts)
@@ -148,9 +155,11 @@ class _Loop:
             prompt = render_chat(self.tokenizer, as_messages(result.observation))
             episode.trajectory = Trajectory(prompt)
             if self._room(episode) < 1:
-                raise ConfigError(f"model.max_position_embeddings: the first observation of {episode.key!r} takes "
-                                  f"{len(prompt)} tokens, leaving no room for a model turn within "
-                                  f"{self.limits.max_sequence_tokens} positions")
+                raise ConfigError(
+                    f"model.max_position_embeddings: the first observation of {episode.key!r} takes "
+                    f"{len(prompt)} tokens, leaving no room for a model turn within "
+                    f"{self.limits.max_sequence_tokens} positions"
+                )
             self.waiting.append(episode.key)
             return
         episode.turn_rewards[-1] = result.reward
@@ -189,13 +198,15 @@ class _Loop:
         allowed = [min(self.limits.max_new_tokens_per_turn, self._room(self.episodes[key])) for key in keys]
         p = self.params
         params = SamplingParams(max(allowed), 1, p.temperature, p.top_p, p.top_k, p.greedy)
-        completions = self.engine.result(self.engine.start_generate(
-            [t.prompt_ids + t.response_ids for t in trajectories], params))
+        completions = self.engine.result(
+            self.engine.start_generate([t.prompt_ids + t.response_ids for t in trajectories], params)
+        )
         for row, key in enumerate(keys):
             episode = self.episodes[key]
-            ids = completions.token_ids[row][:allowed[row]]
-            log_probs = (completions.log_probs[row][:allowed[row]] if completions.log_probs is not None
-                         else [0.0] * len(ids))  # greedy (evaluation): nothing is trained
+            ids = completions.token_ids[row][: allowed[row]]
+            log_probs = (
+                completions.log_probs[row][: allowed[row]] if completions.log_probs is not None else [0.0] * len(ids)
+            )  # greedy (evaluation): nothing is trained
             if not ids:
                 raise RuntimeError(f"the engine returned an empty turn for trajectory {key!r}")
             assert episode.trajectory is not None  # a waiting episode's, made by its reset

@@ -23,8 +23,11 @@ class GemEnvironment:
         try:
             import gem
         except ModuleNotFoundError as error:
-            raise ModuleNotFoundError(f"the 'gem' environment needs GEM: pip install gem-llm==0.1.0 (in a clone: "
-                                      f"bash scripts/setup.sh dev,envs) ({error})", name=error.name) from None
+            raise ModuleNotFoundError(
+                f"the 'gem' environment needs GEM: pip install gem-llm==0.1.0 (in a clone: "
+                f"bash scripts/setup.sh dev,envs) ({error})",
+                name=error.name,
+            ) from None
         self.env = gem.make(env_id, **kwargs)
 
     def reset(self, seed: int | None = None):

@@ -39,8 +39,10 @@ import re
 
 from roll_lite.environments.registry import register_environment
 
-INTRO = ("Guess my number: a whole number from {lo} to {hi}. You have {max_turns} guesses; after each one I say "
-         "higher or lower. Reply with just the number.")
+INTRO = (
+    "Guess my number: a whole number from {lo} to {hi}. You have {max_turns} guesses; after each one I say "
+    "higher or lower. Reply with just the number."
+)
 _AFTER_THINKING = re.compile(r"</think>", re.IGNORECASE)
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 # A number not glued to a word or to another number: -3, 42, 1,000, 42.0, 4.5.
@@ -58,7 +60,7 @@ def read_guess(reply: str) -> str | None:
 
 
 def as_whole_number(written: str) -> int | None:
-    """"1,000" -> 1000, "42.0" -> 42, "4.5" -> None."""
+    """ "1,000" -> 1000, "42.0" -> 42, "4.5" -> None."""
     whole, _, fraction = written.replace(",", "").partition(".")
     return int(whole) if not fraction.strip("0") else None
 
@@ -75,8 +77,9 @@ class GuessTheNumber:
         self.max_turns = int(max_turns)
         self.secret: int | None = None
 
-    def reset(self, seed: int | None = None, secret: int | None = None, lo: int | None = None,
-              hi: int | None = None) -> tuple[str, dict]:
+    def reset(
+        self, seed: int | None = None, secret: int | None = None, lo: int | None = None, hi: int | None = None
+    ) -> tuple[str, dict]:
         default_lo, default_hi = self.default_range
         self.lo, self.hi = _checked_range(default_lo if lo is None else lo, default_hi if hi is None else hi)
         if secret is None:

@@ -37,7 +37,9 @@ NUM_TRAIN, NUM_SFT, SEED = 4096, 2048, 0
 TOOLS, NUM_SFT_TOOLS = ["roll_lite.environments.example_tools:calculator"], 512  # configs/multiturn_tools.yaml
 
 
-def demonstration(secret: int, rng: random.Random, lo: int = LO, hi: int = HI, max_turns: int = MAX_TURNS) -> list[dict]:
+def demonstration(
+    secret: int, rng: random.Random, lo: int = LO, hi: int = HI, max_turns: int = MAX_TURNS
+) -> list[dict]:
     """One conversation: the environment's observations as user turns, the demonstrator's guesses as
     assistant turns, up to the environment's last observation (not included: the model never answers it)."""
     env = GuessTheNumber(lo=lo, hi=hi, max_turns=max_turns, intro=INTRO)
@@ -54,12 +56,14 @@ def demonstration(secret: int, rng: random.Random, lo: int = LO, hi: int = HI, m
         low, high = (guess + 1, high) if guess < secret else (low, guess - 1)
 
 
-def tool_demonstration(secret: int, rng: random.Random, lo: int = LO, hi: int = HI,
-                       max_turns: int = MAX_TURNS) -> list[dict]:
+def tool_demonstration(
+    secret: int, rng: random.Random, lo: int = LO, hi: int = HI, max_turns: int = MAX_TURNS
+) -> list[dict]:
     """One conversation of the game with the calculator (sft_tools.jsonl), up to the environment's last
     observation: the tools' system message and the game's intro, then the demonstrator's turns."""
-    env = ToolEnvironment(env="guess_the_number", tools=TOOLS,
-                          env_kwargs={"lo": lo, "hi": hi, "max_turns": max_turns, "intro": INTRO})
+    env = ToolEnvironment(
+        env="guess_the_number", tools=TOOLS, env_kwargs={"lo": lo, "hi": hi, "max_turns": max_turns, "intro": INTRO}
+    )
     messages, _ = env.reset(secret=secret)
     low, high = lo, hi
     while True:

@@ -39,12 +39,15 @@ class EnvironmentProcess:
             _, error, self.reset_fields = self.reader.read(time.monotonic() + STARTUP_TIMEOUT_S)
         except (TimeoutError, EOFError, OSError):
             self.close()
-            raise RuntimeError(f"the environment process for '{self.spec}' did not start within "
-                               f"{STARTUP_TIMEOUT_S:g} s; see the log above") from None
+            raise RuntimeError(
+                f"the environment process for '{self.spec}' did not start within "
+                f"{STARTUP_TIMEOUT_S:g} s; see the log above"
+            ) from None
         if error is not None:
             self.close()
-            raise RuntimeError(f"environment '{self.spec}' (kwargs {self.kwargs}): cannot build it in the environment "
-                               f"process: {error}")
+            raise RuntimeError(
+                f"environment '{self.spec}' (kwargs {self.kwargs}): cannot build it in the environment process: {error}"
+            )
 
     def call(self, message: tuple, timeout_s: float) -> tuple:
         """The child's reply; CallTimedOut or ProcessDied, after which the caller restarts it."""

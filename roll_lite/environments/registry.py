@@ -31,7 +31,9 @@ def resolve_environment(spec: str, search_cwd: bool = False) -> type:
     elif spec in ENVIRONMENTS:
         environment_class = ENVIRONMENTS[spec]
     else:
-        raise KeyError(f"unknown environment '{spec}'; registered: {', '.join(sorted(ENVIRONMENTS))}, "
-                       "or name a package.module:Class")
+        raise KeyError(
+            f"unknown environment '{spec}'; registered: {', '.join(sorted(ENVIRONMENTS))}, "
+            "or name a package.module:Class"
+        )
     check_environment_class(environment_class, spec)
     return environment_class

@@ -14,7 +14,7 @@ FAULTS = {
     "bad_return": "reset or step returned something the contract does not allow (the error says what)",
     "crashed": "the process died during the call (os._exit, a segfault, the OOM killer)",
     "lost": "its process was restarted for another environment's fault, and replaying this one's actions on "
-            "a new instance did not give the same results (a non-deterministic environment) or itself failed",
+    "a new instance did not give the same results (a non-deterministic environment) or itself failed",
 }
 
 

@@ -47,7 +47,9 @@ class _Record:
     busy: bool = True  # a call is queued or in flight
     generation: int = 0  # of its process, when its instance was built there
     actions: list = field(default_factory=list)
-    recorded: list = field(default_factory=list)  # reset's observation, then (observation, reward, terminated, truncated)
+    recorded: list = field(
+        default_factory=list
+    )  # reset's observation, then (observation, reward, terminated, truncated)
 
 
 @dataclass
@@ -81,16 +83,19 @@ class EnvironmentRunner:
         self._lock = threading.Lock()
         self._warned_fields: set[str] = set()
         self._queues: list[queue.SimpleQueue[_Call | None]] = [queue.SimpleQueue() for _ in self.processes]
-        self._threads = [threading.Thread(target=self._serve_forever, args=(index,), daemon=True,
-                                          name=f"environment-{index}") for index in range(max_concurrent)]
+        self._threads = [
+            threading.Thread(target=self._serve_forever, args=(index,), daemon=True, name=f"environment-{index}")
+            for index in range(max_concurrent)
+        ]
         for thread in self._threads:
             thread.start()
 
     @classmethod
     def from_config(cls, config) -> "EnvironmentRunner":
         """From an EnvironmentConfig (config.py)."""
-        return cls(config.name, dict(config.kwargs), max_concurrent=config.max_concurrent,
-                   step_timeout_s=config.step_timeout_s)
+        return cls(
+            config.name, dict(config.kwargs), max_concurrent=config.max_concurrent, step_timeout_s=config.step_timeout_s
+        )
 
     # -- the caller's side --------------------------------------------------------------------
 
@@ -168,8 +173,10 @@ class EnvironmentRunner:
         ignored = set(fields) - self.reset_fields
         if ignored - self._warned_fields:
             self._warned_fields |= ignored
-            logger.warning(f"environment '{self.name}': its reset takes no {', '.join(sorted(ignored))}; "
-                           "those row fields are not passed")
+            logger.warning(
+                f"environment '{self.name}': its reset takes no {', '.join(sorted(ignored))}; "
+                "those row fields are not passed"
+            )
         return {key: value for key, value in fields.items() if key in self.reset_fields}
 
     def _count(self, key: str) -> None:
@@ -238,8 +245,12 @@ class EnvironmentRunner:
             status, payload, seconds = process.call(message, self.step_timeout_s)
         except CallTimedOut:
             self._restart(process, f"environment {env_id!r} timed out")
-            return Result(env_id, fault="timed_out", error=f"no result within step_timeout_s={self.step_timeout_s:g} s",
-                          seconds=self.step_timeout_s)
+            return Result(
+                env_id,
+                fault="timed_out",
+                error=f"no result within step_timeout_s={self.step_timeout_s:g} s",
+                seconds=self.step_timeout_s,
+            )
         except ProcessDied as death:
             self._restart(process, f"environment {env_id!r} crashed it")
             return Result(env_id, fault="crashed", error=str(death))
@@ -263,8 +274,10 @@ class EnvironmentRunner:
             status, problem, _ = process.call(message, timeout_s)
         except (CallTimedOut, ProcessDied) as error:
             self._restart(process, f"replaying environment {env_id!r} failed")
-            return f"its process was restarted for another environment's fault; replaying it then failed: " \
-                   f"{'timed out' if isinstance(error, CallTimedOut) else error}"
+            return (
+                f"its process was restarted for another environment's fault; replaying it then failed: "
+                f"{'timed out' if isinstance(error, CallTimedOut) else error}"
+            )
         if status != "ok":
             return f"its process was restarted for another environment's fault; {problem}"
         record.generation = process.generation
@@ -272,6 +285,8 @@ class EnvironmentRunner:
 
     def _restart(self, process: EnvironmentProcess, why: str) -> None:
         self._count("restarts")
-        logger.warning(f"environment '{self.name}': {why}; restarting its process (its other environments are "
-                       "replayed before their next step)")
+        logger.warning(
+            f"environment '{self.name}': {why}; restarting its process (its other environments are "
+            "replayed before their next step)"
+        )
         process.restart()

@@ -31,9 +31,11 @@ _AFTER_THINKING = re.compile(r"</think>", re.IGNORECASE)
 _QWEN_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)\Z", re.DOTALL)
 
 # Qwen2.5's and Qwen3's chat templates say it so, after the <tools> list.
-QWEN_INSTRUCTIONS = ("For each function call, return a json object with function name and arguments within "
-                     "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-                     "<args-json-object>}\n</tool_call>")
+QWEN_INSTRUCTIONS = (
+    "For each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\n</tool_call>"
+)
 
 
 class ToolCallError(ValueError):
@@ -67,8 +69,10 @@ def resolve_parser(spec: str) -> tuple[Callable, str | None]:
     if spec in PARSERS:
         return PARSERS[spec]
     if ":" not in spec:
-        raise KeyError(f"unknown tool call parser '{spec}'; built in: {', '.join(sorted(PARSERS))}, "
-                       "or name a package.module:function")
+        raise KeyError(
+            f"unknown tool call parser '{spec}'; built in: {', '.join(sorted(PARSERS))}, "
+            "or name a package.module:function"
+        )
     from roll_lite.runtime.importing import load_object
 
     parser = load_object(spec)
@@ -92,12 +96,12 @@ def checked_call(call) -> ToolCall | ToolCallError:
     if isinstance(call, ValueError):
         return call if isinstance(call, ToolCallError) else ToolCallError(str(call))
     if not isinstance(call, dict):
-        return ToolCallError(f"a tool call is a JSON object with \"name\" and \"arguments\", not {_json_type(call)}")
+        return ToolCallError(f'a tool call is a JSON object with "name" and "arguments", not {_json_type(call)}')
     name, arguments = call.get("name"), call.get("arguments", {})
     if not isinstance(name, str) or not name:
-        return ToolCallError("the tool call has no \"name\" (a string)")
+        return ToolCallError('the tool call has no "name" (a string)')
     if not isinstance(arguments, dict):
-        return ToolCallError(f"the \"arguments\" of {name} are {_json_type(arguments)}, not a JSON object")
+        return ToolCallError(f'the "arguments" of {name} are {_json_type(arguments)}, not a JSON object')
     return ToolCall(name, arguments)
 
 

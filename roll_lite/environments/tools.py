@@ -62,16 +62,33 @@ from roll_lite.environments.registry import register_environment, resolve_enviro
 from roll_lite.environments.tool_calls import ToolCall, ToolCallError, read_calls, resolve_parser
 from roll_lite.rewards.calls import describe
 
-_JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "list": "array",
-               "tuple": "array", "dict": "object"}
-_TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
-                 "with function signatures within <tools></tools> XML tags:\n<tools>\n")
+_JSON_TYPES = {
+    "str": "string",
+    "int": "integer",
+    "float": "number",
+    "bool": "boolean",
+    "list": "array",
+    "tuple": "array",
+    "dict": "object",
+}
+_TOOLS_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+    "with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
 
 
 @register_environment("tools")
 class ToolEnvironment:
-    def __init__(self, env: str, tools: list, env_kwargs: dict | None = None, parser: str = "qwen",
-                 instructions: str | None = None, max_tool_calls: int = 8, max_result_chars: int | None = 2000):
+    def __init__(
+        self,
+        env: str,
+        tools: list,
+        env_kwargs: dict | None = None,
+        parser: str = "qwen",
+        instructions: str | None = None,
+        max_tool_calls: int = 8,
+        max_result_chars: int | None = 2000,
+    ):
         if not _is_whole(max_tool_calls) or max_tool_calls < 1:
             raise ValueError(f"max_tool_calls must be a whole number >= 1, got {max_tool_calls!r}")
         if max_result_chars is not None and (not _is_whole(max_result_chars) or max_result_chars < 1):
@@ -80,10 +97,13 @@ class ToolEnvironment:
         self.tools = _resolve_tools(tools)
         self.parser, parser_instructions = resolve_parser(parser)
         if instructions is None and parser_instructions is None:
-            raise ValueError(f"parser '{parser}' reads a format of its own: give `instructions`, the text that tells "
-                             "the model how to write a call in it")
-        schemas = "\n".join(json.dumps(tool_schema(name, function), ensure_ascii=False)
-                            for name, function in self.tools.items())
+            raise ValueError(
+                f"parser '{parser}' reads a format of its own: give `instructions`, the text that tells "
+                "the model how to write a call in it"
+            )
+        schemas = "\n".join(
+            json.dumps(tool_schema(name, function), ensure_ascii=False) for name, function in self.tools.items()
+        )
         self.tools_prompt = f"{_TOOLS_HEADER}{schemas}\n</tools>\n\n{instructions or parser_instructions}"
         task_class = resolve_environment(env)
         self.task_fields = reset_parameters(task_class)
@@ -106,10 +126,17 @@ class ToolEnvironment:
             info = {**step.info, "metrics": {**step.info.get("metrics", {}), "tool_calls": 0, "tool_errors": 0}}
             return step.observation, step.reward, step.terminated, step.truncated, info
         if self.calls_made + len(calls) > self.max_tool_calls:
-            observation = (f"Too many tool calls: {len(calls)} more would pass the limit of {self.max_tool_calls} per "
-                           f"episode ({self.calls_made} made). The episode ends.")
-            return observation, 0.0, False, True, {"metrics": {"tool_calls": 0, "tool_errors": 0},
-                                                   "tool_limit_reached": True}
+            observation = (
+                f"Too many tool calls: {len(calls)} more would pass the limit of {self.max_tool_calls} per "
+                f"episode ({self.calls_made} made). The episode ends."
+            )
+            return (
+                observation,
+                0.0,
+                False,
+                True,
+                {"metrics": {"tool_calls": 0, "tool_errors": 0}, "tool_limit_reached": True},
+            )
         self.calls_made += len(calls)
         answers = [self._answer(call) for call in calls]
         messages = [{"role": "tool", "content": self._cut(text)} for text, _ in answers]
@@ -148,7 +175,7 @@ class ToolEnvironment:
     def _cut(self, text: str) -> str:
         if self.max_result_chars is None or len(text) <= self.max_result_chars:
             return text
-        return f"{text[:self.max_result_chars]}... [cut: {len(text)} characters in all]"
+        return f"{text[: self.max_result_chars]}... [cut: {len(text)} characters in all]"
 
 
 def tool_schema(name: str, function) -> dict:
@@ -165,8 +192,10 @@ def tool_schema(name: str, function) -> dict:
         if parameter.default is inspect.Parameter.empty:
             required.append(parameter.name)
     parameters = {"type": "object", "properties": properties, "required": required}
-    return {"type": "function", "function": {"name": name, "description": inspect.getdoc(function) or "",
-                                             "parameters": parameters}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": inspect.getdoc(function) or "", "parameters": parameters},
+    }
 
 
 def _resolve_tools(specs) -> dict:
@@ -183,11 +212,16 @@ def _resolve_tools(specs) -> dict:
             raise TypeError(f"tool {spec!r} is a {type(function).__name__}, not a function")
         if name in tools:
             raise ValueError(f"two tools are named '{name}'; the model calls them by name")
-        positional = [p.name for p in inspect.signature(function).parameters.values()
-                      if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+        positional = [
+            p.name
+            for p in inspect.signature(function).parameters.values()
+            if p.kind is inspect.Parameter.POSITIONAL_ONLY
+        ]
         if positional:
-            raise TypeError(f"tool {spec!r} has positional-only parameters ({', '.join(positional)}); the model "
-                            "passes arguments by name")
+            raise TypeError(
+                f"tool {spec!r} has positional-only parameters ({', '.join(positional)}); the model "
+                "passes arguments by name"
+            )
         tools[name] = function
     return tools
 

@@ -30,7 +30,9 @@ class TemplateError(ValueError):
     """The chat template cannot continue a conversation token by token after a model turn."""
 
 
-def observation_ids(tokenizer, observation: str | list[dict], end_of_turn_id: int | None = None, role: str = "user") -> list[int]:
+def observation_ids(
+    tokenizer, observation: str | list[dict], end_of_turn_id: int | None = None, role: str = "user"
+) -> list[int]:
     """The token ids `observation` (text, sent as a `role` message, or chat messages) adds after a model
     turn that ended with `end_of_turn_id` (default: the tokenizer's EOS), up to and including the
     generation prompt of the model's next turn."""
@@ -38,12 +40,16 @@ def observation_ids(tokenizer, observation: str | list[dict], end_of_turn_id: in
     before = render_chat(tokenizer, _BEFORE, add_generation_prompt=False)
     after = render_chat(tokenizer, _BEFORE + as_messages(observation, role))
     if end not in before:
-        raise TemplateError(f"the chat template does not end an assistant turn with the end-of-turn token (id {end}); "
-                            "multi-turn needs one that does, so that a sampled turn ends where the template's does")
+        raise TemplateError(
+            f"the chat template does not end an assistant turn with the end-of-turn token (id {end}); "
+            "multi-turn needs one that does, so that a sampled turn ends where the template's does"
+        )
     cut = len(before) - before[::-1].index(end)  # just past the last assistant turn's end-of-turn token
     if after[:cut] != before[:cut]:
-        raise TemplateError("the chat template renders earlier turns differently once a message follows them "
-                            "(e.g. it strips <think> from history); a trajectory cannot be continued token by token")
+        raise TemplateError(
+            "the chat template renders earlier turns differently once a message follows them "
+            "(e.g. it strips <think> from history); a trajectory cannot be continued token by token"
+        )
     return after[cut:]
 
 
@@ -74,7 +80,9 @@ class Trajectory:
     @property
     def log_probs(self) -> list[float]:
         """The engine's log-prob of each response token; 0 for the environment's."""
-        return [lp for ids, log_probs in self.pieces for lp in (log_probs if log_probs is not None else [0.0] * len(ids))]
+        return [
+            lp for ids, log_probs in self.pieces for lp in (log_probs if log_probs is not None else [0.0] * len(ids))
+        ]
 
     @property
     def num_model_turns(self) -> int:
@@ -86,11 +94,17 @@ def trajectory_batch(trajectories: list[Trajectory], pad_token_id: int) -> DataP
     input_ids, attention_mask, response_mask on every token after the prompt, rollout_log_probs) and
     model_mask: the model's sampled tokens, the loss mask (the environment's tokens get 0 there and
     0 log-prob)."""
-    batch = build_sequence_batch([t.prompt_ids for t in trajectories], [t.response_ids for t in trajectories],
-                                 pad_token_id, [t.log_probs for t in trajectories])
+    batch = build_sequence_batch(
+        [t.prompt_ids for t in trajectories],
+        [t.response_ids for t in trajectories],
+        pad_token_id,
+        [t.log_probs for t in trajectories],
+    )
     model_mask = torch.zeros_like(batch["response_mask"])
     for row, trajectory in enumerate(trajectories):
         start = len(trajectory.prompt_ids)
-        model_mask[row, start:start + len(trajectory.response_ids)] = torch.tensor(trajectory.model_mask, dtype=torch.long)
+        model_mask[row, start : start + len(trajectory.response_ids)] = torch.tensor(
+            trajectory.model_mask, dtype=torch.long
+        )
     batch.batch["model_mask"] = model_mask
     return batch

@@ -31,8 +31,13 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 def linear_module_names(lm: nn.Module) -> list[str]:
     """The short names (q_proj, down_proj, ...) of the model's Linear modules, the LM head left out."""
     head = lm.get_output_embeddings()
-    return sorted({name.rsplit(".", 1)[-1] for name, module in lm.named_modules()
-                   if isinstance(module, nn.Linear) and module is not head})
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in lm.named_modules()
+            if isinstance(module, nn.Linear) and module is not head
+        }
+    )
 
 
 def target_modules(settings: LoraSettings, lm: nn.Module, key: str = "actor.lora") -> list[str]:
@@ -47,16 +52,24 @@ def target_modules(settings: LoraSettings, lm: nn.Module, key: str = "actor.lora
     unknown = [name for name in wanted if name not in linear]
     if not wanted or unknown:
         what = f"{unknown} match no Linear module" if unknown else "is empty"
-        raise ConfigError(f"{key}.target_modules: {what} of {type(lm).__name__}; its Linear modules (the LM head "
-                          f"cannot take an adapter) are {linear}, or say all-linear")
+        raise ConfigError(
+            f"{key}.target_modules: {what} of {type(lm).__name__}; its Linear modules (the LM head "
+            f"cannot take an adapter) are {linear}, or say all-linear"
+        )
     return sorted(set(wanted))
 
 
 def peft_config(settings: LoraSettings, targets: list[str], base_model: str | None = None):
     from peft import LoraConfig
 
-    return LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                      target_modules=targets, bias="none", base_model_name_or_path=base_model)
+    return LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=targets,
+        bias="none",
+        base_model_name_or_path=base_model,
+    )
 
 
 def add_adapters(lm: nn.Module, settings: LoraSettings, seed: int, key: str = "actor.lora") -> nn.Module:
@@ -75,7 +88,9 @@ def adapted_modules(model: nn.Module) -> list[str]:
     """The short names of the modules that hold an adapter (target_modules as resolved)."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)})
+    return sorted(
+        {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)}
+    )
 
 
 def adapted_modules_in(adapters: dict[str, torch.Tensor]) -> list[str]:
@@ -143,8 +158,13 @@ def peft_names(adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {"base_model.model." + name.replace(f".{ADAPTER}.", "."): tensor for name, tensor in adapters.items()}
 
 
-def write_peft_adapter(folder: Path, adapters: dict[str, torch.Tensor], settings: LoraSettings,
-                       targets: list[str], base_model: str | None = None) -> None:
+def write_peft_adapter(
+    folder: Path,
+    adapters: dict[str, torch.Tensor],
+    settings: LoraSettings,
+    targets: list[str],
+    base_model: str | None = None,
+) -> None:
     """An adapter folder in PEFT's format: adapter_config.json and adapter_model.safetensors."""
     from safetensors.torch import save_file
 

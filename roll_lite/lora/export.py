@@ -30,8 +30,14 @@ from roll_lite.lora.settings import LoraSettings
 SaveHF = Callable[[Path, dict[str, torch.Tensor]], None]  # a plain HF state dict -> a model folder
 
 
-def save_lora_final(target: Path, state: dict[str, torch.Tensor], settings: LoraSettings, lm: nn.Module,
-                    save_hf: SaveHF, pretrained_path: str | None) -> None:
+def save_lora_final(
+    target: Path,
+    state: dict[str, torch.Tensor],
+    settings: LoraSettings,
+    lm: nn.Module,
+    save_hf: SaveHF,
+    pretrained_path: str | None,
+) -> None:
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)

@@ -53,14 +53,22 @@ def _group_statistics(
     return inverse, counts, sums, means, stds
 
 
-def grpo_advantages(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor,
-                    normalize_std: bool = True, eps: float = 1e-6, valid: torch.Tensor | None = None) -> torch.Tensor:
+def grpo_advantages(
+    scores: torch.Tensor,
+    group_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
     """GRPO: (score - group mean) / (group std + eps) on every response token. With
     normalize_std=False it is Dr. GRPO's advantage (no std division). `valid` ([rows] bool, optional):
     only those rows make their group's statistics; the others, and every row of a group left with
     fewer than two valid rows, get 0 (reward.on_failure=drop)."""
     if valid is not None:
-        return _over_valid_rows(grpo_advantages, scores, group_ids, response_mask, valid, normalize_std=normalize_std, eps=eps)
+        return _over_valid_rows(
+            grpo_advantages, scores, group_ids, response_mask, valid, normalize_std=normalize_std, eps=eps
+        )
     inverse, _, _, means, stds = _group_statistics(scores, group_ids)
     advantages = scores - means[inverse]
     if normalize_std:
@@ -68,8 +76,9 @@ def grpo_advantages(scores: torch.Tensor, group_ids: torch.Tensor, response_mask
     return advantages[:, None] * response_mask.to(scores.dtype)
 
 
-def rloo_advantages(scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor,
-                    valid: torch.Tensor | None = None) -> torch.Tensor:
+def rloo_advantages(
+    scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """RLOO: score minus the mean score of the other samples of the same prompt. `valid`: as in
     grpo_advantages."""
     if valid is not None:
@@ -82,13 +91,20 @@ def rloo_advantages(scores: torch.Tensor, group_ids: torch.Tensor, response_mask
     return (scores - baseline)[:, None] * response_mask.to(scores.dtype)
 
 
-def _over_valid_rows(estimator: Callable[..., torch.Tensor], scores: torch.Tensor, group_ids: torch.Tensor,
-                     response_mask: torch.Tensor, valid: torch.Tensor, **options: Any) -> torch.Tensor:
+def _over_valid_rows(
+    estimator: Callable[..., torch.Tensor],
+    scores: torch.Tensor,
+    group_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    valid: torch.Tensor,
+    **options: Any,
+) -> torch.Tensor:
     """`estimator` on the valid rows of the groups that keep at least two of them; 0 elsewhere."""
     valid = valid.bool()
     _, inverse = torch.unique(group_ids, return_inverse=True)
     valid_per_group = torch.zeros(int(inverse.max()) + 1 if len(inverse) else 0, dtype=torch.long).index_add_(
-        0, inverse, valid.long())
+        0, inverse, valid.long()
+    )
     rows = (valid & (valid_per_group[inverse] >= 2)).nonzero().flatten()
     advantages = torch.zeros(response_mask.shape, dtype=scores.dtype, device=scores.device)
     if len(rows):
@@ -134,8 +150,14 @@ def _at_first_masked_token(values: torch.Tensor, mask: torch.Tensor) -> torch.Te
     return values.gather(1, first[:, None]).squeeze(1)
 
 
-def turn_level_advantages(rewards: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor, estimator: str,
-                          gamma: float = 1.0, eps: float = 1e-6) -> torch.Tensor:
+def turn_level_advantages(
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    estimator: str,
+    gamma: float = 1.0,
+    eps: float = 1e-6,
+) -> torch.Tensor:
     """Per-turn credit for the group estimators (grpo, dr_grpo, rloo): on turn k of trajectory i,
     A_ik = (G_ik - b_i) / s, where G_ik is its return-to-go (turn_returns), b_i the group baseline of
     the estimator computed from the group's whole-trajectory returns G_j1 (grpo / dr_grpo: their mean;
@@ -184,14 +206,21 @@ def whitens_advantages(estimator: str, whiten: bool | None = None) -> bool:
     return estimator in WHITENED_BY_DEFAULT if whiten is None else whiten
 
 
-def reinforce_pp_advantages(token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+def reinforce_pp_advantages(
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
+) -> torch.Tensor:
     """REINFORCE++: discounted return of the (KL-shaped) token rewards, whitened over the batch
     (unbiased variance, as verl; see masked_whiten)."""
     return masked_whiten(discounted_returns(token_rewards, response_mask, gamma), response_mask)
 
 
-def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0,
-                   lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+def gae_advantages(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over the response tokens. values[t] estimates the return from token t on.
 
     Returns (advantages, returns = advantages + values), zero outside the mask. Response tokens
@@ -212,9 +241,15 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_m
     return advantages, returns
 
 
-def kl_shaped_rewards(token_rewards: torch.Tensor, log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
-                      response_mask: torch.Tensor, kl_coef: float, estimator: str = "k1",
-                      clamp: float | None = None) -> torch.Tensor:
+def kl_shaped_rewards(
+    token_rewards: torch.Tensor,
+    log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+    estimator: str = "k1",
+    clamp: float | None = None,
+) -> torch.Tensor:
     """Token rewards minus kl_coef · KL estimate on response tokens (the 'KL in reward' variant);
     `clamp` as in kl_penalty."""
     kl = kl_penalty(log_probs, ref_log_probs, estimator, clamp)

@@ -56,8 +56,15 @@ from roll_lite.strategy.micro_batches import (
 )
 
 TINY_MODEL = dict(
-    model_type="qwen2", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
+    model_type="qwen2",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    tie_word_embeddings=False,
 )
 
 
@@ -77,8 +84,13 @@ class Partition:
 
 REFERENCE = Partition(1, 1, False)
 DEFAULT_PARTITIONS = (
-    Partition(1, 2, False), Partition(1, 3, True), Partition(2, 1, False), Partition(2, 2, True),
-    Partition(2, 3, False), Partition(4, 1, True), Partition(2, max_tokens_per_micro_batch=24, use_packing=True),
+    Partition(1, 2, False),
+    Partition(1, 3, True),
+    Partition(2, 1, False),
+    Partition(2, 2, True),
+    Partition(2, 3, False),
+    Partition(4, 1, True),
+    Partition(2, max_tokens_per_micro_batch=24, use_packing=True),
 )
 
 
@@ -87,8 +99,12 @@ class LossInvarianceError(AssertionError):
 
 
 def random_rl_batch(
-    num_rows: int = 12, seq_len: int = 24, vocab_size: int = 64, mask_keys: Sequence[str] = ("response_mask",),
-    seed: int = 0, dtype: torch.dtype = torch.float64,
+    num_rows: int = 12,
+    seq_len: int = 24,
+    vocab_size: int = 64,
+    mask_keys: Sequence[str] = ("response_mask",),
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
 ) -> DataProto:
     """Right-padded rows of uneven length with a prompt and a response, some rows with an all-zero
     response mask, and the tensors RL losses read: old/ref log-probs, advantages, values, returns.
@@ -128,12 +144,20 @@ def random_rl_batch(
     )
 
 
-def simulate_step(model: torch.nn.Module, data: DataProto, loss_func: LossFunc, partition: Partition,
-                  apply_loss_scale: bool = True, trim_padding: bool = True) -> StepResult:
+def simulate_step(
+    model: torch.nn.Module,
+    data: DataProto,
+    loss_func: LossFunc,
+    partition: Partition,
+    apply_loss_scale: bool = True,
+    trim_padding: bool = True,
+) -> StepResult:
     """(loss, {param name: grad}) of one strategy step under `partition`, in one process."""
     config = StrategyConfig(
-        grad_accum_steps=partition.grad_accum_steps, use_packing=partition.use_packing,
-        max_tokens_per_micro_batch=partition.max_tokens_per_micro_batch, apply_loss_scale=apply_loss_scale,
+        grad_accum_steps=partition.grad_accum_steps,
+        use_packing=partition.use_packing,
+        max_tokens_per_micro_batch=partition.max_tokens_per_micro_batch,
+        apply_loss_scale=apply_loss_scale,
         trim_padding=trim_padding,
     )
     world_size = partition.world_size
@@ -153,7 +177,9 @@ def simulate_step(model: torch.nn.Module, data: DataProto, loss_func: LossFunc, 
     return reduce_metrics(records)["loss"], grads
 
 
-def read_keys(model: torch.nn.Module, data: DataProto, loss_func: LossFunc) -> tuple[set[object], set[object], set[str]]:
+def read_keys(
+    model: torch.nn.Module, data: DataProto, loss_func: LossFunc
+) -> tuple[set[object], set[object], set[str]]:
     """(batch keys, meta_info keys) that one call of loss_func on the whole batch reads, and the names
     of the metrics it returns ('pg_loss@sum', ...)."""
     keys = loss_mask_keys(data)
@@ -215,7 +241,9 @@ class InvarianceReport:
             lines.append(f"{label:<28}{loss_dev:>16.2e}{grad_dev:>16.2e}{flag}")
         verdict = "PASS" if self.passed else "FAIL"
         checks = "partitions, declared masks, mask discipline, padded width"
-        lines.append(f"{verdict}: worst relative deviation {self.worst:.2e} (tolerance {self.tolerance:.0e}); checked: {checks}")
+        lines.append(
+            f"{verdict}: worst relative deviation {self.worst:.2e} (tolerance {self.tolerance:.0e}); checked: {checks}"
+        )
         lines += [f"FAIL {failure}" for failure in self.failures]
         lines += [f"likely cause: {cause}" for cause in self.causes]
         return "\n".join(lines)
@@ -265,20 +293,26 @@ def check_loss_invariance(
     rows = [(REFERENCE.label + " (reference)", 0.0, 0.0)]
     for partition in partitions:
         loss, grads = simulate_step(model, data, loss_func, partition, apply_loss_scale)
-        rows.append((partition.label, relative_deviation(loss, reference[0]), worst_grad_deviation(grads, reference[1])))
+        rows.append(
+            (partition.label, relative_deviation(loss, reference[0]), worst_grad_deviation(grads, reference[1]))
+        )
     batch_read, _, reported = read_keys(model, data, loss_func)
     report = InvarianceReport(rows, tolerance, [], metrics=reported)
     if report.worst > tolerance:
         label, loss_dev, grad_dev = max(rows, key=lambda row: max(row[1], row[2]))
-        report.failures.append(f"partitions: the step under {label} deviates from the global batch by "
-                               f"{max(loss_dev, grad_dev):.1e} (relative; tolerance {tolerance:.0e})")
+        report.failures.append(
+            f"partitions: the step under {label} deviates from the global batch by "
+            f"{max(loss_dev, grad_dev):.1e} (relative; tolerance {tolerance:.0e})"
+        )
         report.causes = diagnose(model, data, loss_func)
     stray = undeclared_mask_reads(data, list(loss_mask_keys), batch_read)
     if stray and not allow_undeclared_masks:
         report.failures.append(undeclared_mask_failure(stray, loss_mask_keys))
     keys = list(loss_mask_keys)
-    for failure in (mask_discipline_failure(global_step, data, loss_func, keys, reference, tolerance),
-                    padding_width_failure(global_step, data, loss_func, reference, tolerance)):
+    for failure in (
+        mask_discipline_failure(global_step, data, loss_func, keys, reference, tolerance),
+        padding_width_failure(global_step, data, loss_func, reference, tolerance),
+    ):
         if failure:
             report.failures.append(failure)
     if not report.passed and raise_on_failure:
@@ -288,17 +322,29 @@ def check_loss_invariance(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="roll-check-loss", description=__doc__.split("\n\n")[0])
-    parser.add_argument("loss_func", help="import path of the loss_func, package.module:function, or a built-in "
-                                          "policy loss by name (ppo, gspo, gspo_token, cispo: algorithm.policy_loss)")
+    parser.add_argument(
+        "loss_func",
+        help="import path of the loss_func, package.module:function, or a built-in "
+        "policy loss by name (ppo, gspo, gspo_token, cispo: algorithm.policy_loss)",
+    )
     parser.add_argument("--loss-agg-mode", default="token-mean", help="a built-in's aggregation (default: token-mean)")
-    parser.add_argument("--mask-keys", default="response_mask", help="comma-separated loss_mask_keys (default: response_mask)")
+    parser.add_argument(
+        "--mask-keys", default="response_mask", help="comma-separated loss_mask_keys (default: response_mask)"
+    )
     parser.add_argument("--model-config", type=Path, help="JSON file of a HF model config (default: a tiny Qwen2)")
     parser.add_argument("--tolerance", type=float, default=1e-9)
     parser.add_argument("--no-loss-scale", action="store_true", help="check with apply_loss_scale off")
-    parser.add_argument("--allow-undeclared-masks", action="store_true",
-                        help="do not fail when loss_func reads a mask outside --mask-keys (e.g. to select tokens for a metric)")
-    parser.add_argument("--head", choices=("log_probs", "value"), default="log_probs",
-                        help="what model_output holds: log_probs + entropy (policy losses) or values (critic)")
+    parser.add_argument(
+        "--allow-undeclared-masks",
+        action="store_true",
+        help="do not fail when loss_func reads a mask outside --mask-keys (e.g. to select tokens for a metric)",
+    )
+    parser.add_argument(
+        "--head",
+        choices=("log_probs", "value"),
+        default="log_probs",
+        help="what model_output holds: log_probs + entropy (policy losses) or values (critic)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.loss_func in POLICY_LOSSES:
@@ -312,8 +358,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"roll-check-loss: {error}", file=sys.stderr)
         return 2
     report = check_loss_invariance(
-        loss_func, args.mask_keys.split(","), model_config=model_config, apply_loss_scale=not args.no_loss_scale,
-        tolerance=args.tolerance, raise_on_failure=False, head=args.head,
+        loss_func,
+        args.mask_keys.split(","),
+        model_config=model_config,
+        apply_loss_scale=not args.no_loss_scale,
+        tolerance=args.tolerance,
+        raise_on_failure=False,
+        head=args.head,
         allow_undeclared_masks=args.allow_undeclared_masks,
     )
     print(report.table())

@@ -65,7 +65,9 @@ def worst_grad_deviation(grads: dict[str, torch.Tensor], reference: dict[str, to
     deviations = []
     for name in set(grads) | set(reference):
         like = grads.get(name, reference.get(name))
-        deviations.append(relative_deviation(grads.get(name, torch.zeros_like(like)), reference.get(name, torch.zeros_like(like))))
+        deviations.append(
+            relative_deviation(grads.get(name, torch.zeros_like(like)), reference.get(name, torch.zeros_like(like)))
+        )
     return max(deviations, default=0.0)
 
 
@@ -119,29 +121,42 @@ def _with_changed_outputs(loss_func: LossFunc, names: Sequence[str], mask_keys: 
 def _with_changed_batch(data: DataProto, names: Sequence[str], outside: torch.Tensor) -> DataProto:
     changed = DataProto(dict(data.batch), data.non_tensor_batch, dict(data.meta_info))
     for seed, name in enumerate(names, start=len(OUTPUT_NAMES)):
-        changed.batch[name] = torch.where(outside, _garbage(outside.shape, seed, data.batch[name].dtype), data.batch[name])
+        changed.batch[name] = torch.where(
+            outside, _garbage(outside.shape, seed, data.batch[name].dtype), data.batch[name]
+        )
     return changed
 
 
-def mask_discipline_failure(step: Step, data: DataProto, loss_func: LossFunc, mask_keys: Sequence[str],
-                            reference: StepResult, tolerance: float) -> str | None:
+def mask_discipline_failure(
+    step: Step, data: DataProto, loss_func: LossFunc, mask_keys: Sequence[str], reference: StepResult, tolerance: float
+) -> str | None:
     """Change every value outside the declared masks: the model's outputs (log-probs, entropy,
     values at prompt and padding positions) and every float tensor of the batch (advantages, old /
     ref log-probs, values, returns there). The loss and gradient must not move. All at once first;
     on a failure, one at a time to name the tensors the loss reads there."""
     outside = _outside(data.batch, mask_keys)
-    batch_names = [name for name, tensor in data.batch.items() if name not in mask_keys and tensor.is_floating_point()
-                   and tensor.shape == outside.shape and not is_mask(tensor)]
+    batch_names = [
+        name
+        for name, tensor in data.batch.items()
+        if name not in mask_keys
+        and tensor.is_floating_point()
+        and tensor.shape == outside.shape
+        and not is_mask(tensor)
+    ]
 
     def deviation(outputs: Sequence[str], tensors: Sequence[str]) -> float:
-        changed = step(_with_changed_batch(data, tensors, outside), _with_changed_outputs(loss_func, outputs, mask_keys))
+        changed = step(
+            _with_changed_batch(data, tensors, outside), _with_changed_outputs(loss_func, outputs, mask_keys)
+        )
         return _deviation(changed, reference)
 
     if deviation(OUTPUT_NAMES, batch_names) <= tolerance:
         return None
     moved = [(name, deviation([name], [])) for name in OUTPUT_NAMES]
     moved += [(name, deviation([], [name])) for name in batch_names]
-    listing = ", ".join(f"'{name}' ({dev:.1e})" for name, dev in moved if dev > tolerance) or "only all of them together"
+    listing = (
+        ", ".join(f"'{name}' ({dev:.1e})" for name, dev in moved if dev > tolerance) or "only all of them together"
+    )
     return (
         f"unmasked numerator: the loss or gradient changes when values outside the declared masks {list(mask_keys)} "
         f"change: {listing} (relative deviation): it sums or reads prompt / padding positions; mask every term "
@@ -151,16 +166,25 @@ def mask_discipline_failure(step: Step, data: DataProto, loss_func: LossFunc, ma
 
 def with_extra_padding(data: DataProto, columns: int) -> DataProto:
     """The same rows with `columns` more padding columns on the right (zeros; masks 0)."""
+
     def pad(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.dim() != 2:
             return tensor
         return torch.cat([tensor, torch.zeros(tensor.shape[0], columns, dtype=tensor.dtype)], dim=1)
 
-    return DataProto({name: pad(tensor) for name, tensor in data.batch.items()}, data.non_tensor_batch, dict(data.meta_info))
+    return DataProto(
+        {name: pad(tensor) for name, tensor in data.batch.items()}, data.non_tensor_batch, dict(data.meta_info)
+    )
 
 
-def padding_width_failure(step: Step, data: DataProto, loss_func: LossFunc, reference: StepResult, tolerance: float,
-                          columns: int = EXTRA_PADDING_COLUMNS) -> str | None:
+def padding_width_failure(
+    step: Step,
+    data: DataProto,
+    loss_func: LossFunc,
+    reference: StepResult,
+    tolerance: float,
+    columns: int = EXTRA_PADDING_COLUMNS,
+) -> str | None:
     """Re-run the step with extra padding columns: every micro-batch of one step has the global
     width, so partitions cannot see a width-dependent normaliser, but the width changes per step."""
     deviation = _deviation(step(with_extra_padding(data, columns), loss_func), reference)

@@ -61,16 +61,27 @@ class RolloutCorrection:
             problems.append(("rollout_is_cap", f"must be > 0, got {settings.rollout_is_cap}"))
         low, high = settings.rollout_mask_low, settings.rollout_mask_high
         if not 0 <= low < 1 < high:
-            problems.append(("rollout_mask_low",
-                             f"the band [low, high] must hold 1: 0 <= low < 1 < high, got [{low}, {high}]"))
+            problems.append(
+                ("rollout_mask_low", f"the band [low, high] must hold 1: 0 <= low < 1 < high, got [{low}, {high}]")
+            )
         veto = settings.rollout_veto_threshold
         if veto is not None and not veto > 1:
-            problems.append(("rollout_veto_threshold", f"must be > 1 or null (two-sided: a response goes when a token's "
-                             f"ratio is > τ or < 1/τ, so verl's 1e-4 is τ = 1e4), got {veto}"))
+            problems.append(
+                (
+                    "rollout_veto_threshold",
+                    f"must be > 1 or null (two-sided: a response goes when a token's "
+                    f"ratio is > τ or < 1/τ, so verl's 1e-4 is τ = 1e4), got {veto}",
+                )
+            )
         if settings.rollout_bypass and settings.rollout_is:
-            problems.append(("rollout_bypass", "the engine's log-probs are then π_old, so the loss's ratio π_θ / "
-                             "π_rollout already carries the importance weight, and rollout_is would apply it twice: "
-                             "set that to null"))
+            problems.append(
+                (
+                    "rollout_bypass",
+                    "the engine's log-probs are then π_old, so the loss's ratio π_θ / "
+                    "π_rollout already carries the importance weight, and rollout_is would apply it twice: "
+                    "set that to null",
+                )
+            )
         return problems
 
     @classmethod
@@ -79,8 +90,9 @@ class RolloutCorrection:
         return cls(**{f.name: getattr(algorithm, f.name) for f in fields(cls)})
 
     @classmethod
-    def resolve(cls, correction: RolloutCorrection | None, rollout_is: str | None,
-                rollout_is_cap: float) -> RolloutCorrection:
+    def resolve(
+        cls, correction: RolloutCorrection | None, rollout_is: str | None, rollout_is_cap: float
+    ) -> RolloutCorrection:
         """A loss factory's settings: `correction`, or TIS alone from the older rollout_is / rollout_is_cap."""
         if correction is None:
             return cls(rollout_is, rollout_is_cap)
@@ -151,15 +163,23 @@ def rollout_drops(
     return drops
 
 
-def _sequence_fraction(rows: torch.Tensor, global_valid_samples: torch.Tensor | float, dtype: torch.dtype) -> torch.Tensor:
+def _sequence_fraction(
+    rows: torch.Tensor, global_valid_samples: torch.Tensor | float, dtype: torch.dtype
+) -> torch.Tensor:
     """This micro-batch's share of the fraction of the step's sequences (rows with a token of the mask)."""
     denominator = torch.as_tensor(global_valid_samples, dtype=dtype, device=rows.device).clamp(min=1.0)
     return rows.to(dtype).sum() / denominator
 
 
-def rollout_correction(batch: DataProto, behaviour_log_probs: torch.Tensor, mask: torch.Tensor,
-                       stats: dict[str, torch.Tensor], rollout_is: str | None = None, rollout_is_cap: float = 2.0,
-                       correction: RolloutCorrection | None = None) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+def rollout_correction(
+    batch: DataProto,
+    behaviour_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    stats: dict[str, torch.Tensor],
+    rollout_is: str | None = None,
+    rollout_is_cap: float = 2.0,
+    correction: RolloutCorrection | None = None,
+) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
     """(weights or None, metrics) for the gap between the rollout engine and the actor.
 
     `behaviour_log_probs` is the actor's own (π_actor: its old log-probs), whatever the loss's ratio is
@@ -185,15 +205,19 @@ def rollout_correction(batch: DataProto, behaviour_log_probs: torch.Tensor, mask
     tokens = stats["batch_num_tokens"]
     log_ratio = actor - engine
     gap = log_ratio.abs()
-    metrics = {"rollout_logp_gap@sum": token_mean_metric(gap, mask, tokens),
-               "rollout_logp_gap_max@max": gap.max() if gap.numel() else gap.new_zeros(()),
-               # kl_penalty(π, π_ref): KL(π ‖ π_ref) from samples of π; here π = π_rollout, π_ref = π_actor
-               "rollout_kl_k3@sum": token_mean_metric(kl_penalty(engine, actor, "k3"), mask, tokens)}
+    metrics = {
+        "rollout_logp_gap@sum": token_mean_metric(gap, mask, tokens),
+        "rollout_logp_gap_max@max": gap.max() if gap.numel() else gap.new_zeros(()),
+        # kl_penalty(π, π_ref): KL(π ‖ π_ref) from samples of π; here π = π_rollout, π_ref = π_actor
+        "rollout_kl_k3@sum": token_mean_metric(kl_penalty(engine, actor, "k3"), mask, tokens),
+    }
     if not correction.weighted:
         return None, metrics
     weights = mask.to(actor.dtype)
     if correction.rollout_is:
-        weights, capped = rollout_importance_weights(actor, engine, mask, correction.rollout_is, correction.rollout_is_cap)
+        weights, capped = rollout_importance_weights(
+            actor, engine, mask, correction.rollout_is, correction.rollout_is_cap
+        )
         metrics["rollout_is_weight@sum"] = token_mean_metric(weights, mask, tokens)
         metrics["rollout_is_capped@sum"] = token_mean_metric(capped, mask, tokens)
     drops = rollout_drops(log_ratio, mask, correction)
@@ -211,8 +235,9 @@ def rollout_correction(batch: DataProto, behaviour_log_probs: torch.Tensor, mask
     return weights, metrics
 
 
-def bypass_old_log_probs(batch: DataProto, mask: torch.Tensor, actor_log_probs: torch.Tensor,
-                         correction: RolloutCorrection) -> torch.Tensor:
+def bypass_old_log_probs(
+    batch: DataProto, mask: torch.Tensor, actor_log_probs: torch.Tensor, correction: RolloutCorrection
+) -> torch.Tensor:
     """The log-probs a policy loss's ratio is taken against: the actor's old ones, or with
     rollout_bypass the engine's (π_old := π_rollout: the ratio is π_θ / π_rollout), 0 outside the mask."""
     if not correction.rollout_bypass:

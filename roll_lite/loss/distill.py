@@ -32,17 +32,28 @@ if TYPE_CHECKING:
 DISTILL_SIGNALS = ("advantage", "reverse_kl", "top_k_forward_kl")
 
 
-def distill_advantages(task_advantages: torch.Tensor, student_log_probs: torch.Tensor, teacher_log_probs: torch.Tensor,
-                       mask: torch.Tensor, coef: float = 1.0, reward_weight: float = 0.0) -> torch.Tensor:
+def distill_advantages(
+    task_advantages: torch.Tensor,
+    student_log_probs: torch.Tensor,
+    teacher_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    coef: float = 1.0,
+    reward_weight: float = 0.0,
+) -> torch.Tensor:
     """[rows, seq]: reward_weight·A_task + coef·(log π_T − log π_S) on the mask's tokens, 0 elsewhere.
     `student_log_probs` are the sampling policy's (the old ones): the advantage is fixed for the step."""
     task, student, teacher = zero_outside(mask, task_advantages, student_log_probs, teacher_log_probs)
     return reward_weight * task + coef * (teacher - student).to(task.dtype)
 
 
-def reverse_kl_loss_func(policy_loss: LossFunc, loss_agg_mode: str = "token-mean", coef: float = 1.0,
-                         estimator: str = "k1", mask_key: str = "response_mask",
-                         seq_len_norm: float | None = None) -> LossFunc:
+def reverse_kl_loss_func(
+    policy_loss: LossFunc,
+    loss_agg_mode: str = "token-mean",
+    coef: float = 1.0,
+    estimator: str = "k1",
+    mask_key: str = "response_mask",
+    seq_len_norm: float | None = None,
+) -> LossFunc:
     """`policy_loss` + coef × agg(KL_estimator(π_S‖π_T)) over `mask_key`, with the mask's global stats.
     Reports 'distill_kl' (the estimate's token mean) and 'distill_loss'."""
 
@@ -59,8 +70,13 @@ def reverse_kl_loss_func(policy_loss: LossFunc, loss_agg_mode: str = "token-mean
     return loss_func
 
 
-def top_k_forward_kl_loss_func(policy_loss: LossFunc, loss_agg_mode: str = "token-mean", coef: float = 1.0,
-                               mask_key: str = "response_mask", seq_len_norm: float | None = None) -> LossFunc:
+def top_k_forward_kl_loss_func(
+    policy_loss: LossFunc,
+    loss_agg_mode: str = "token-mean",
+    coef: float = 1.0,
+    mask_key: str = "response_mask",
+    seq_len_norm: float | None = None,
+) -> LossFunc:
     """`policy_loss` + coef × agg(Σ_k p_T(i_k)·(log p_T(i_k) − log p_S(i_k))) over `mask_key`, i_k the
     teacher's top-k ids (batch['teacher_top_k_ids'], which make the model output 'top_k_log_probs');
     reports 'distill_kl' (the token mean) and 'distill_loss'."""

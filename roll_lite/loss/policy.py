@@ -142,12 +142,21 @@ def ppo_policy_loss_func(
     on the engine's log-probs (RolloutCorrection: TIS, masks, veto, bypass); rollout_is /
     rollout_is_cap: TIS alone, the older form."""
 
-    def per_token(log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor,
-                  advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return ppo_clipped_loss(log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high, dual_clip_c)
+    def per_token(
+        log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return ppo_clipped_loss(
+            log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high, dual_clip_c
+        )
 
-    return _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key,
-                                   RolloutCorrection.resolve(correction, rollout_is, rollout_is_cap))
+    return _token_policy_loss_func(
+        per_token,
+        loss_agg_mode,
+        entropy_coef,
+        seq_len_norm,
+        mask_key,
+        RolloutCorrection.resolve(correction, rollout_is, rollout_is_cap),
+    )
 
 
 def cispo_policy_loss_func(
@@ -164,16 +173,24 @@ def cispo_policy_loss_func(
     """CISPO (cispo_loss): the clipped, detached importance weight times A·log π, token by token;
     MiniMax-M1 aggregates it by token-mean. Options as for the PPO loss."""
 
-    def per_token(log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor,
-                  advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def per_token(
+        log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return cispo_loss(log_probs, behaviour_log_probs, advantages, clip_ratio_low, clip_ratio_high)
 
-    return _token_policy_loss_func(per_token, loss_agg_mode, entropy_coef, seq_len_norm, mask_key,
-                                   RolloutCorrection.resolve(correction, rollout_is, rollout_is_cap))
+    return _token_policy_loss_func(
+        per_token,
+        loss_agg_mode,
+        entropy_coef,
+        seq_len_norm,
+        mask_key,
+        RolloutCorrection.resolve(correction, rollout_is, rollout_is_cap),
+    )
 
 
-def _policy_inputs(batch: DataProto, output: dict[str, torch.Tensor], mask: torch.Tensor,
-                   correction: RolloutCorrection) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _policy_inputs(
+    batch: DataProto, output: dict[str, torch.Tensor], mask: torch.Tensor, correction: RolloutCorrection
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log π, the actor's π_old: what the correction compares the engine with, the π_old the loss's
     ratio is taken against: the engine's with rollout_bypass, A), each zeroed outside the mask."""
     log_probs, actor_log_probs, advantages = zero_outside(
@@ -182,9 +199,14 @@ def _policy_inputs(batch: DataProto, output: dict[str, torch.Tensor], mask: torc
     return log_probs, actor_log_probs, bypass_old_log_probs(batch, mask, actor_log_probs, correction), advantages
 
 
-def _corrected(loss_mat: torch.Tensor, batch: DataProto, actor_log_probs: torch.Tensor, mask: torch.Tensor,
-               stats: dict[str, torch.Tensor],
-               correction: RolloutCorrection) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _corrected(
+    loss_mat: torch.Tensor,
+    batch: DataProto,
+    actor_log_probs: torch.Tensor,
+    mask: torch.Tensor,
+    stats: dict[str, torch.Tensor],
+    correction: RolloutCorrection,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(loss_mat times the rollout correction's weights, when it asks for any; its metrics)."""
     weights, metrics = rollout_correction(batch, actor_log_probs, mask, stats, correction=correction)
     return (loss_mat if weights is None else loss_mat * weights), metrics
@@ -192,7 +214,11 @@ def _corrected(loss_mat: torch.Tensor, batch: DataProto, actor_log_probs: torch.
 
 def _token_policy_loss_func(
     per_token: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-    loss_agg_mode: str, entropy_coef: float, seq_len_norm: float | None, mask_key: str, correction: RolloutCorrection,
+    loss_agg_mode: str,
+    entropy_coef: float,
+    seq_len_norm: float | None,
+    mask_key: str,
+    correction: RolloutCorrection,
 ) -> LossFunc:
     """A policy loss_func from a per-token loss (log π, log π_old, A) -> (loss_mat, clipped)."""
 
@@ -243,11 +269,13 @@ def sequence_policy_loss_func(
         mask, stats = batch[mask_key], mask_stats(batch.meta_info, mask_key)
         log_probs, actor_log_probs, behaviour_log_probs, advantages = _policy_inputs(batch, output, mask, correction)
         if token_level:
-            loss_mat, _ = sequence_ratio_token_loss(log_probs, behaviour_log_probs, advantages, mask, clip_ratio_low,
-                                                    clip_ratio_high)
+            loss_mat, _ = sequence_ratio_token_loss(
+                log_probs, behaviour_log_probs, advantages, mask, clip_ratio_low, clip_ratio_high
+            )
         else:
-            loss_mat = sequence_ratio_loss(log_probs, behaviour_log_probs, _row_mean(advantages, mask), mask,
-                                           clip_ratio_low, clip_ratio_high)
+            loss_mat = sequence_ratio_loss(
+                log_probs, behaviour_log_probs, _row_mean(advantages, mask), mask, clip_ratio_low, clip_ratio_high
+            )
         loss_mat, correction_metrics = _corrected(loss_mat, batch, actor_log_probs, mask, stats, correction)
         loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
         return loss, {"seq_pg_loss@sum": loss.detach(), **correction_metrics}
@@ -272,8 +300,9 @@ def kl_regularized_loss_func(
     policy_loss: a loss_func (any of POLICY_LOSSES', or a user's); default PPO on policy_mask_key
     with `policy_options`."""
     if policy_loss is None:
-        policy_loss = ppo_policy_loss_func(loss_agg_mode, seq_len_norm=seq_len_norm, mask_key=policy_mask_key,
-                                           **policy_options)
+        policy_loss = ppo_policy_loss_func(
+            loss_agg_mode, seq_len_norm=seq_len_norm, mask_key=policy_mask_key, **policy_options
+        )
 
     def loss_func(batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss, metrics = policy_loss(batch, output)

@@ -36,9 +36,11 @@ def pair_rows(batch: DataProto) -> tuple[torch.Tensor, torch.Tensor]:
     rows = len(chosen)
     expected = torch.arange(rows, device=chosen.device) % 2 == 0
     if rows % 2 or not torch.equal(chosen, expected) or not torch.equal(rejected, ~expected):
-        raise ValueError("a preference batch holds each pair as two consecutive rows, chosen then rejected, each with "
-                         "response tokens, and meta_info['rows_together'] = 2 keeps them together; this micro-batch's "
-                         f"rows have chosen tokens {chosen.tolist()} and rejected tokens {rejected.tolist()}")
+        raise ValueError(
+            "a preference batch holds each pair as two consecutive rows, chosen then rejected, each with "
+            "response tokens, and meta_info['rows_together'] = 2 keeps them together; this micro-batch's "
+            f"rows have chosen tokens {chosen.tolist()} and rejected tokens {rejected.tolist()}"
+        )
     indices = torch.arange(0, rows, 2, device=chosen.device)
     return indices, indices + 1
 
@@ -89,8 +91,13 @@ def bradley_terry_loss_func(center_coef: float = 0.0) -> LossFunc:
     return loss_func
 
 
-def dpo_loss_func(loss_type: str = "dpo", beta: float = 0.1, label_smoothing: float = 0.0, nll_coef: float = 0.0,
-                  simpo_gamma: float = 0.5) -> LossFunc:
+def dpo_loss_func(
+    loss_type: str = "dpo",
+    beta: float = 0.1,
+    label_smoothing: float = 0.0,
+    nll_coef: float = 0.0,
+    simpo_gamma: float = 0.5,
+) -> LossFunc:
     """The DPO family on a pair's response log-probs (π: the policy, ref: reference_logps), as TRL names them:
     - dpo:   −log σ(β·h), h = (log π_c − log ref_c) − (log π_r − log ref_r)
     - ipo:   (h − 1/(2β))², on per-token mean log-probs (the IPO paper's length normalisation)
@@ -115,12 +122,16 @@ def dpo_loss_func(loss_type: str = "dpo", beta: float = 0.1, label_smoothing: fl
         if loss_type == "ipo":
             per_pair = (h - 1.0 / (2.0 * beta)) ** 2
         else:
-            per_pair = _smoothed_sigmoid_loss(beta * h - (simpo_gamma if loss_type == "simpo" else 0.0), label_smoothing)
+            per_pair = _smoothed_sigmoid_loss(
+                beta * h - (simpo_gamma if loss_type == "simpo" else 0.0), label_smoothing
+            )
         loss = preference_loss = _pair_mean(per_pair, pairs)
         metrics = {"preference_loss@sum": preference_loss.detach()}
         if nll_coef:
             stats = mask_stats(batch.meta_info, PAIR_MASK)
-            nll = masked_sum(-log_probs, batch["chosen_mask"]) / stats["batch_num_tokens"].to(log_probs.dtype).clamp(min=1.0)
+            nll = masked_sum(-log_probs, batch["chosen_mask"]) / stats["batch_num_tokens"].to(log_probs.dtype).clamp(
+                min=1.0
+            )
             loss = loss + nll_coef * nll
             metrics["nll_loss@sum"] = nll.detach()
         chosen_rewards, rejected_rewards = rewards[chosen].detach(), rewards[rejected].detach()
@@ -135,4 +146,3 @@ def dpo_loss_func(loss_type: str = "dpo", beta: float = 0.1, label_smoothing: fl
         }
 
     return loss_func
-

@@ -21,8 +21,12 @@ def clipped_value_loss(
     return 0.5 * torch.maximum((values - returns).square(), (clipped_values - returns).square())
 
 
-def value_loss_func(loss_agg_mode: str = "token-mean", clip_range: float = 0.2, seq_len_norm: float | None = None,
-                    mask_key: str = "response_mask") -> LossFunc:
+def value_loss_func(
+    loss_agg_mode: str = "token-mean",
+    clip_range: float = 0.2,
+    seq_len_norm: float | None = None,
+    mask_key: str = "response_mask",
+) -> LossFunc:
     """PPO critic: clipped value loss against batch 'returns', old values in batch 'values'. It goes
     through agg_loss with the global stats like every other loss (no local masked mean)."""
 
@@ -32,6 +36,9 @@ def value_loss_func(loss_agg_mode: str = "token-mean", clip_range: float = 0.2, 
         loss_mat = clipped_value_loss(values, old_values, returns, clip_range)
         loss = agg_loss(loss_mat, mask, loss_agg_mode, **stats, seq_len_norm=seq_len_norm)
         clipped = ((values - old_values).abs() > clip_range).to(loss_mat.dtype)
-        return loss, {"vf_loss@sum": loss.detach(), "vf_clipfrac@sum": token_mean_metric(clipped, mask, stats["batch_num_tokens"])}
+        return loss, {
+            "vf_loss@sum": loss.detach(),
+            "vf_clipfrac@sum": token_mean_metric(clipped, mask, stats["batch_num_tokens"]),
+        }
 
     return loss_func

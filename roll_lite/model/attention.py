@@ -100,8 +100,9 @@ def _per_sequence_sdpa(query, key, value, cu_seqlens, scaling, dropout):
     # the backward of each slice would build a zero gradient of the whole packed row, one per sequence.
     lengths = cu_seqlens.diff().tolist()
     outputs = [
-        F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling,
-                                       enable_gqa=query.shape[1] != key.shape[1])
+        F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
+        )
         for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2))
     ]
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous()  # [1, tokens, heads, dim]
@@ -117,8 +118,16 @@ def _flash_attn_varlen(query, key, value, cu_seqlens, max_seqlen, scaling, dropo
     q, k, v = _tokens_first(query, key, value)  # flash-attn handles grouped kv heads itself
     cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)
     out = flash_attn_varlen_func(
-        q, k, v, cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen),
-        dropout_p=dropout, softmax_scale=scaling, causal=True,
+        q,
+        k,
+        v,
+        cu_seqlens,
+        cu_seqlens,
+        int(max_seqlen),
+        int(max_seqlen),
+        dropout_p=dropout,
+        softmax_scale=scaling,
+        causal=True,
     )
     return out.unsqueeze(0)
 
@@ -130,15 +139,18 @@ def _torch_varlen(query, key, value, cu_seqlens, max_seqlen, scaling):
     if k.shape[1] != q.shape[1]:  # grouped-query attention: give every query head its kv head
         k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))
     cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    out = varlen_attn(q, k, v, cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen), scale=scaling,
-                      window_size=(-1, 0))  # (-1, 0): causal
+    out = varlen_attn(
+        q, k, v, cu_seqlens, cu_seqlens, int(max_seqlen), int(max_seqlen), scale=scaling, window_size=(-1, 0)
+    )  # (-1, 0): causal
     return out.unsqueeze(0)
 
 
 def varlen_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     cu_seqlens = kwargs.get("cu_seq_lens_q")
     if cu_seqlens is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if query.shape[0] != 1:
         raise ValueError(f"packed attention expects one packed row, got batch {query.shape[0]}")
     if kwargs.get("sliding_window") is not None:

@@ -14,7 +14,12 @@ from pathlib import Path
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def is_hub_id(text: str) -> bool:
@@ -31,13 +36,17 @@ def locate(path: str, key: str, needs: str) -> str:
     if folder.is_dir():
         if needs == "model":
             if not (folder / "config.json").is_file():
-                raise ValueError(f"{key}: '{path}' is a folder but not a model: it has no config.json (write one with "
-                                 "save_pretrained)")
+                raise ValueError(
+                    f"{key}: '{path}' is a folder but not a model: it has no config.json (write one with "
+                    "save_pretrained)"
+                )
             if not any((folder / name).is_file() for name in WEIGHT_FILES):
                 raise ValueError(f"{key}: '{path}' has a config.json but no weights ({', '.join(WEIGHT_FILES)})")
         elif not (folder / "tokenizer.json").is_file():
-            raise ValueError(f"{key}: '{path}' has no tokenizer.json (a fast tokenizer saved with save_pretrained); "
-                             "set model.tokenizer_path to a folder or hub id that has one")
+            raise ValueError(
+                f"{key}: '{path}' has no tokenizer.json (a fast tokenizer saved with save_pretrained); "
+                "set model.tokenizer_path to a folder or hub id that has one"
+            )
         return "folder"
     if folder.exists():
         raise ValueError(f"{key}: '{path}' is a file; give the {needs} folder (or a hub id org/name)")
@@ -74,6 +83,7 @@ def local_model(path: str, key: str, what: str, auto_class: str, kind: str):
     architectures = getattr(config, "architectures", None) or []
     suffix = auto_class.removeprefix("AutoModel")
     if not any(name.endswith(suffix) for name in architectures):
-        raise ValueError(f"{key}: '{path}' is a {', '.join(architectures) or config.model_type} model, not {kind} "
-                         f"({auto_class})")
+        raise ValueError(
+            f"{key}: '{path}' is a {', '.join(architectures) or config.model_type} model, not {kind} ({auto_class})"
+        )
     return config, AutoTokenizer.from_pretrained(folder)

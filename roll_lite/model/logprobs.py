@@ -100,8 +100,13 @@ class _ChunkedLogProbs(torch.autograd.Function):
         for start in range(0, num_tokens, chunk_size):
             end = min(start + chunk_size, num_tokens)
             logits = _chunk_logits(hidden[start:end].to(weight_c.dtype), weight_c, temperature, compute_dtype)
-            _reduce_logits_(logits, targets[start:end], log_probs[start:end], log_normalizer[start:end],
-                            entropy[start:end] if with_entropy else None)
+            _reduce_logits_(
+                logits,
+                targets[start:end],
+                log_probs[start:end],
+                log_normalizer[start:end],
+                entropy[start:end] if with_entropy else None,
+            )
             del logits  # before the next chunk's buffer is allocated
         ctx.save_for_backward(hidden, weight, targets, log_normalizer, entropy)
         ctx.chunk_size, ctx.temperature, ctx.with_entropy = chunk_size, temperature, with_entropy
@@ -121,8 +126,11 @@ class _ChunkedLogProbs(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden, dtype=compute_dtype)
         grad_weight = torch.zeros_like(weight, dtype=compute_dtype)
         weight_c = weight if _tensor_core_inputs(hidden, weight) else weight.to(compute_dtype)
-        g_all = (torch.zeros(targets.shape, dtype=compute_dtype, device=hidden.device) if grad_log_probs is None
-                 else grad_log_probs.to(compute_dtype))
+        g_all = (
+            torch.zeros(targets.shape, dtype=compute_dtype, device=hidden.device)
+            if grad_log_probs is None
+            else grad_log_probs.to(compute_dtype)
+        )
         # d logp(y_j)/dz = onehot(y_j) - p for each of a token's ids: the -p part takes their summed gradient
         g_total = g_all if targets.dim() == 1 else g_all.sum(-1)
         if use_entropy:
@@ -175,8 +183,9 @@ def chunked_log_probs(
 
 
 @torch.no_grad()
-def chunked_top_k(hidden: torch.Tensor, weight: torch.Tensor, k: int, *, chunk_size: int = 1024,
-                  temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_top_k(
+    hidden: torch.Tensor, weight: torch.Tensor, k: int, *, chunk_size: int = 1024, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, log-probs), each [N, k]: the k most likely next tokens of softmax(hidden @ weight.T /
     temperature) per token, most likely first, chunk by chunk (a teacher's top-k distribution)."""
     compute_dtype = torch.promote_types(hidden.dtype, torch.float32)

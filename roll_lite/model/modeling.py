@@ -20,7 +20,9 @@ from roll_lite.model.attention import register_attention
 from roll_lite.model.logprobs import chunked_log_probs, chunked_top_k
 
 
-def build_causal_lm(model_config: Mapping[str, Any] | PretrainedConfig, dtype: torch.dtype = torch.float32, seed: int | None = None) -> nn.Module:
+def build_causal_lm(
+    model_config: Mapping[str, Any] | PretrainedConfig, dtype: torch.dtype = torch.float32, seed: int | None = None
+) -> nn.Module:
     """A randomly initialised HF causal LM from a config (dict with `model_type`, or a config object)."""
     if isinstance(model_config, Mapping):
         settings = dict(model_config)
@@ -61,7 +63,9 @@ class _HeadOnDecoder(nn.Module):
     def hidden_states(self, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen) -> torch.Tensor:
         packed = {}
         if cu_seqlens is not None:
-            packed = dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_seqlen, max_length_k=max_seqlen)
+            packed = dict(
+                cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_seqlen, max_length_k=max_seqlen
+            )
         return self.decoder(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **packed
         ).last_hidden_state
@@ -76,9 +80,18 @@ class CausalLMWithLogProbs(_HeadOnDecoder):
             raise NotImplementedError("LM heads with a bias are not supported by the chunked log-prob head")
         self.chunk_size = chunk_size
 
-    def forward(self, input_ids, position_ids, attention_mask=None, cu_seqlens=None, max_seqlen=None,
-                temperature: float = 1.0, with_entropy: bool = False, top_k: int = 0,
-                gather_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        input_ids,
+        position_ids,
+        attention_mask=None,
+        cu_seqlens=None,
+        max_seqlen=None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        top_k: int = 0,
+        gather_ids: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
         """top_k > 0 (a teacher, no grad) adds 'top_k_ids' and 'top_k_log_probs' [.., k], the k most
         likely next tokens; `gather_ids` [rows, seq, k] (next-token aligned ids, a student) adds
         'top_k_log_probs', the log-probs of those ids, from the same chunked pass as the sampled token's."""
@@ -88,8 +101,14 @@ class CausalLMWithLogProbs(_HeadOnDecoder):
         targets = torch.roll(input_ids, shifts=-1, dims=1).reshape(-1, 1)  # the last column is never used
         if gather_ids is not None:
             targets = torch.cat([targets, gather_ids.reshape(len(targets), -1)], dim=1)
-        log_probs, entropy = chunked_log_probs(hidden, weight, targets if gather_ids is not None else targets[:, 0],
-                                               chunk_size=self.chunk_size, temperature=temperature, with_entropy=with_entropy)
+        log_probs, entropy = chunked_log_probs(
+            hidden,
+            weight,
+            targets if gather_ids is not None else targets[:, 0],
+            chunk_size=self.chunk_size,
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )
         # Fresh tensors, not views: FSDP2 warns that in-place ops on a view output would skip its hooks.
         sampled = log_probs[:, 0] if gather_ids is not None else log_probs
         outputs = {"log_probs": sampled.reshape(input_ids.shape).clone()}
@@ -99,7 +118,9 @@ class CausalLMWithLogProbs(_HeadOnDecoder):
             outputs["entropy"] = entropy.reshape(input_ids.shape).clone()
         if top_k:
             ids, top = chunked_top_k(hidden, weight, top_k, chunk_size=self.chunk_size, temperature=temperature)
-            outputs.update(top_k_ids=ids.reshape(*input_ids.shape, top_k), top_k_log_probs=top.reshape(*input_ids.shape, top_k))
+            outputs.update(
+                top_k_ids=ids.reshape(*input_ids.shape, top_k), top_k_log_probs=top.reshape(*input_ids.shape, top_k)
+            )
         return outputs
 
 
@@ -113,8 +134,16 @@ class CausalLMWithValueHead(_HeadOnDecoder):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids, position_ids, attention_mask=None, cu_seqlens=None, max_seqlen=None,
-                temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        input_ids,
+        position_ids,
+        attention_mask=None,
+        cu_seqlens=None,
+        max_seqlen=None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> dict[str, torch.Tensor]:
         hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
         # squeeze(-1) alone returns a view, and FSDP2 warns on view outputs (see CausalLMWithLogProbs).
         return {"values": self.value_head(hidden).squeeze(-1).clone()}
@@ -132,10 +161,20 @@ class CausalLMWithScoreHead(_HeadOnDecoder):
         self.score = nn.Linear(lm.config.hidden_size, 1, bias=False, dtype=next(lm.parameters()).dtype)
         std = getattr(lm.config, "initializer_range", 0.02)
         with torch.no_grad():  # as transformers initialises the head, from the run's seed
-            self.score.weight.copy_(torch.randn(self.score.weight.shape, generator=torch.Generator().manual_seed(seed)) * std)
+            self.score.weight.copy_(
+                torch.randn(self.score.weight.shape, generator=torch.Generator().manual_seed(seed)) * std
+            )
 
-    def forward(self, input_ids, position_ids, attention_mask=None, cu_seqlens=None, max_seqlen=None,
-                temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        input_ids,
+        position_ids,
+        attention_mask=None,
+        cu_seqlens=None,
+        max_seqlen=None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> dict[str, torch.Tensor]:
         hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
         # One position ahead (the wrapped-around last column is never read): alignment moves it back.
         return {"scores": torch.roll(self.score(hidden).squeeze(-1), shifts=-1, dims=1)}
@@ -152,22 +191,34 @@ def sequence_classifier_state(lm: nn.Module, state: dict[str, torch.Tensor]) -> 
     classifier = AutoModelForSequenceClassification.from_config(config, dtype=state["score.weight"].dtype)
     prefix = classifier.base_model_prefix
     decoder_prefix = f"{lm.base_model_prefix}."
-    weights = {f"{prefix}.{name.removeprefix(decoder_prefix)}": value for name, value in state.items()
-               if name.startswith(decoder_prefix)}
+    weights = {
+        f"{prefix}.{name.removeprefix(decoder_prefix)}": value
+        for name, value in state.items()
+        if name.startswith(decoder_prefix)
+    }
     weights["score.weight"] = state["score.weight"]
     return classifier, weights
 
 
 # the architecture keys of the `model` config section (a model built from config)
-BUILT_MODEL_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "max_position_embeddings", "tie_word_embeddings")
+BUILT_MODEL_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+)
 
 
 def causal_lm_config(model_config, vocab_size: int) -> PretrainedConfig:
     """The HF config of the run's model: `pretrained_path`'s config.json, or the `model` keys with the
     tokenizer's vocabulary."""
     if model_config.pretrained_path:
-        return AutoConfig.from_pretrained(model_config.pretrained_path, trust_remote_code=model_config.trust_remote_code)
+        return AutoConfig.from_pretrained(
+            model_config.pretrained_path, trust_remote_code=model_config.trust_remote_code
+        )
     settings = {key: getattr(model_config, key) for key in BUILT_MODEL_KEYS}
     return AutoConfig.for_model(model_config.model_type, vocab_size=vocab_size, **settings)
 

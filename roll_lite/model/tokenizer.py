@@ -41,7 +41,11 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
         add_bos_token=True,
     )
 
@@ -65,9 +69,12 @@ def _load(tokenizer_path: str | None) -> PreTrainedTokenizerFast:
     try:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(tokenizer_path)
     except (OSError, ValueError, TypeError) as error:
-        raise ValueError(f"model.tokenizer_path: cannot load a tokenizer from the {where} '{tokenizer_path}': "
-                         f"{first_line(error)}") from None
+        raise ValueError(
+            f"model.tokenizer_path: cannot load a tokenizer from the {where} '{tokenizer_path}': {first_line(error)}"
+        ) from None
     for name in ("pad_token_id", "eos_token_id"):
         if getattr(tokenizer, name) is None:
-            raise ValueError(f"model.tokenizer_path: the tokenizer in '{tokenizer_path}' has no {name.removesuffix('_id')} token")
+            raise ValueError(
+                f"model.tokenizer_path: the tokenizer in '{tokenizer_path}' has no {name.removesuffix('_id')} token"
+            )
     return tokenizer

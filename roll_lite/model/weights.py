@@ -33,7 +33,9 @@ def flatten_state_dict(state: dict[str, torch.Tensor]) -> FlatWeights:
         offsets[dtype] = offset + tensor.numel()
         by_dtype.setdefault(dtype, []).append(tensor.detach().reshape(-1).cpu())
     # bytes, since numpy has no bfloat16
-    return FlatWeights({dtype: torch.cat(parts).view(torch.uint8).numpy() for dtype, parts in by_dtype.items()}, entries)
+    return FlatWeights(
+        {dtype: torch.cat(parts).view(torch.uint8).numpy() for dtype, parts in by_dtype.items()}, entries
+    )
 
 
 def unflatten_state_dict(flat: FlatWeights) -> dict[str, torch.Tensor]:

@@ -17,5 +17,13 @@ from roll_lite.rewards.registry import (
     resolve_reward,
 )
 
-__all__ = ["CHEAP_REWARDS", "REWARD_FUNCTIONS", "RewardFn", "get_reward", "is_cheap", "is_import_path",
-           "register_reward", "resolve_reward"]
+__all__ = [
+    "CHEAP_REWARDS",
+    "REWARD_FUNCTIONS",
+    "RewardFn",
+    "get_reward",
+    "is_cheap",
+    "is_import_path",
+    "register_reward",
+    "resolve_reward",
+]

@@ -20,15 +20,21 @@ def check_reward_config(reward) -> None:
         raise ValueError(f"reward.timeout_s: must be > 0, got {reward.timeout_s}")
     if reward.domains and (reward.models or reward.judges or reward.code):
         key = "reward.models" if reward.models else "reward.judges" if reward.judges else "reward.code"
-        raise ValueError(f"{key}: with reward.domains every source belongs to a domain; set "
-                         f"reward.domains.<domain>.{key.split('.')[1]} instead")
+        raise ValueError(
+            f"{key}: with reward.domains every source belongs to a domain; set "
+            f"reward.domains.<domain>.{key.split('.')[1]} instead"
+        )
     for domain, sources in routes(reward).items():
         prefix = "reward." if domain is None else f"reward.domains.{domain}."
         if not (sources.functions or sources.models or sources.judges or sources.code):
-            raise ValueError(f"{prefix}functions: name at least one reward function (or a reward model, judge or the "
-                             f"code sandbox: {prefix}models, {prefix}judges, {prefix}code)")
+            raise ValueError(
+                f"{prefix}functions: name at least one reward function (or a reward model, judge or the "
+                f"code sandbox: {prefix}models, {prefix}judges, {prefix}code)"
+            )
         if not isinstance(sources.code, (int, float)) or isinstance(sources.code, bool) or sources.code < 0:
-            raise ValueError(f"{prefix}code: the code source's weight, a number >= 0 (0: not used), got {sources.code!r}")
+            raise ValueError(
+                f"{prefix}code: the code source's weight, a number >= 0 (0: not used), got {sources.code!r}"
+            )
         check_functions(sources.functions, prefix + "functions")
         check_reward_models(sources.models, prefix + "models")
         if sources.judges:
@@ -40,14 +46,18 @@ def check_functions(functions: dict, section: str = "reward.functions") -> None:
         key = f"{section}.{name}"
         if isinstance(weight, dict):  # `reward.functions.pkg.module:fn=1` was split at its dots
             spec, weight = _dotted(name, weight)
-            raise ValueError(f"{key}: the weight must be a finite number, got a mapping; an import path as a key "
-                             f"needs the braces: {section}={{{spec}: {weight}}}")
+            raise ValueError(
+                f"{key}: the weight must be a finite number, got a mapping; an import path as a key "
+                f"needs the braces: {section}={{{spec}: {weight}}}"
+            )
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ValueError(f"{key}: the weight must be a finite number, got {weight!r}")
         if not is_import_path(name):
             if name not in REWARD_FUNCTIONS:
-                raise ValueError(f"{key}: '{name}' is not one of {', '.join(sorted(REWARD_FUNCTIONS))}, "
-                                 "nor a package.module:function import path")
+                raise ValueError(
+                    f"{key}: '{name}' is not one of {', '.join(sorted(REWARD_FUNCTIONS))}, "
+                    "nor a package.module:function import path"
+                )
             continue
         try:
             fn = resolve_reward(name, search_cwd=True)  # like `python -m`, after the installed packages
@@ -95,7 +105,9 @@ def check_judges(judges: dict, template: str, parser: str | None, section: str =
         try:
             resolve_reward(parser, search_cwd=True)
         except Exception as error:
-            raise ValueError(f"reward.judge_parser: cannot import '{parser}': {type(error).__name__}: {error}") from None
+            raise ValueError(
+                f"reward.judge_parser: cannot import '{parser}': {type(error).__name__}: {error}"
+            ) from None
 
 
 def _check_model_folders(sources: dict, section: str, check_folder, metric_name) -> None:
@@ -108,6 +120,8 @@ def _check_model_folders(sources: dict, section: str, check_folder, metric_name)
         check_folder(path, key)
         name = metric_name(path)
         if name in names:
-            raise ValueError(f"{section}: '{names[name]}' and '{path}' share the metric name {name!r} (from their folder names); "
-                             "rename one folder")
+            raise ValueError(
+                f"{section}: '{names[name]}' and '{path}' share the metric name {name!r} (from their folder names); "
+                "rename one folder"
+            )
         names[name] = path

@@ -28,14 +28,17 @@ def extract_code(response: str, mode: str) -> str | None:
     fence runs to the end); `whole`: the whole response. None when there is no code."""
     if mode == "whole":
         return response if response.strip() else None
-    blocks = [body for language, body in _FENCE.findall(response) if language.lower() in ("", "python", "py", "python3")]
+    blocks = [
+        body for language, body in _FENCE.findall(response) if language.lower() in ("", "python", "py", "python3")
+    ]
     return blocks[-1] if blocks and blocks[-1].strip() else None
 
 
 def sandbox_limits(box) -> Limits:
     """The Limits of a SandboxConfig (reward.sandbox); ValueError names a bad one."""
-    return Limits(box.wall_s, box.cpu_s, box.memory_mb, box.file_mb, box.disk_mb, box.open_files, box.processes,
-                  box.output_kb)
+    return Limits(
+        box.wall_s, box.cpu_s, box.memory_mb, box.file_mb, box.disk_mb, box.open_files, box.processes, box.output_kb
+    )
 
 
 class CodeReward:
@@ -46,19 +49,28 @@ class CodeReward:
 
         box = reward.sandbox
         self.pool = SandboxPool(Isolation(box.isolation, box.python or ""), sandbox_limits(box), box.workers)
-        self.tests_key, self.extract, self.all_or_nothing = reward.code_tests_key, reward.code_extract, reward.code_score == "all"
+        self.tests_key, self.extract, self.all_or_nothing = (
+            reward.code_tests_key,
+            reward.code_extract,
+            reward.code_score == "all",
+        )
 
     def describe(self) -> str:
         box = self.pool.limits
-        return (f"code reward: sandbox {self.pool.isolation.mode}, {self.pool.workers} at once, {box.wall_s:g} s wall / "
-                f"{box.cpu_s} s CPU, {box.memory_mb} MB, {box.processes} processes, tests from row field "
-                f"'{self.tests_key}', code {self.extract}")
+        return (
+            f"code reward: sandbox {self.pool.isolation.mode}, {self.pool.workers} at once, {box.wall_s:g} s wall / "
+            f"{box.cpu_s} s CPU, {box.memory_mb} MB, {box.processes} processes, tests from row field "
+            f"'{self.tests_key}', code {self.extract}"
+        )
 
     def score(self, responses: list[str], extras: list[dict]) -> tuple[list[Score], dict[str, float]]:
         """A Score per response, and the count of each program verdict (reward/code/programs/<verdict>).
         Identical programs against identical tests in one batch run once (a group of samples often
         repeats itself): a program that reads the clock or draws random numbers gets one draw per batch."""
-        items = [(extract_code(response, self.extract), extra.get(self.tests_key)) for response, extra in zip(responses, extras)]
+        items = [
+            (extract_code(response, self.extract), extra.get(self.tests_key))
+            for response, extra in zip(responses, extras)
+        ]
         keys = [json.dumps(item, sort_keys=True, default=str) for item in items]
         unique = dict(zip(keys, items))
         judged = dict(zip(unique, self.pool.map(self._one, list(unique.values()))))
@@ -99,8 +111,10 @@ def code_row_check(reward, domain_key: str):
         if None not in code_domains and extra.get(domain_key) not in code_domains:
             return
         if reward.code_tests_key not in extra:
-            raise ValueError(f"key '{reward.code_tests_key}': missing (reward.code scores each row against the tests "
-                             "in reward.code_tests_key; a data.extra_keys list must name it)")
+            raise ValueError(
+                f"key '{reward.code_tests_key}': missing (reward.code scores each row against the tests "
+                "in reward.code_tests_key; a data.extra_keys list must name it)"
+            )
         try:
             parse_tests(extra[reward.code_tests_key])
         except ValueError as error:

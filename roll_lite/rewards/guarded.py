@@ -36,7 +36,7 @@ def send(fd: int, message) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     view = memoryview(_HEADER.pack(len(data)) + data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 class Reader:
@@ -50,8 +50,8 @@ class Reader:
             if len(self.buffer) >= _HEADER.size:
                 (size,) = _HEADER.unpack_from(self.buffer)
                 if len(self.buffer) >= _HEADER.size + size:
-                    data = bytes(self.buffer[_HEADER.size:_HEADER.size + size])
-                    del self.buffer[:_HEADER.size + size]
+                    data = bytes(self.buffer[_HEADER.size : _HEADER.size + size])
+                    del self.buffer[: _HEADER.size + size]
                     return pickle.loads(data)
             if deadline is not None:
                 remaining = deadline - time.monotonic()
@@ -66,8 +66,13 @@ class Reader:
 def start_child(module: str) -> subprocess.Popen:
     """A child Python process that runs `module`'s main() with this process's sys.path; its stdin and
     stdout are the message pipes (see child_pipes)."""
-    return subprocess.Popen([sys.executable, "-I", "-c", _BOOT.format(module=module), json.dumps(sys.path)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, close_fds=True)
+    return subprocess.Popen(
+        [sys.executable, "-I", "-c", _BOOT.format(module=module), json.dumps(sys.path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        bufsize=0,
+        close_fds=True,
+    )
 
 
 def child_pipes() -> tuple[int, int]:
@@ -144,8 +149,10 @@ class GuardedProcess:
             _, errors = self.reader.read(time.monotonic() + STARTUP_TIMEOUT_S)
         except (TimeoutError, EOFError, OSError):
             self.close()
-            raise RuntimeError(f"the guarded reward process did not start within {STARTUP_TIMEOUT_S:g} s "
-                               f"(functions: {', '.join(self.specs)}); see the log above") from None
+            raise RuntimeError(
+                f"the guarded reward process did not start within {STARTUP_TIMEOUT_S:g} s "
+                f"(functions: {', '.join(self.specs)}); see the log above"
+            ) from None
         if errors:
             self.close()
             spec, error = next(iter(errors.items()))
@@ -174,7 +181,7 @@ class GuardedProcess:
             else:
                 return results
             self.restart()  # abandon the call in flight, go on with the next item
-            pending = pending[done + 1:]
+            pending = pending[done + 1 :]
         return results
 
     def restart(self) -> None:

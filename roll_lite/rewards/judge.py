@@ -27,11 +27,13 @@ TEMPLATES = {
     "pointwise": (
         "Rate the response to the prompt from 0 (useless or wrong) to 10 (correct, complete and clear).\n"
         "Prompt: {{ prompt }}\nResponse: {{ response }}\n"
-        "End your reply with one line 'Score: N', N an integer from 0 to 10."),
+        "End your reply with one line 'Score: N', N an integer from 0 to 10."
+    ),
     "correctness": (
         "Is the response's final answer the same as the reference answer?\n"
         "Prompt: {{ prompt }}\nReference answer: {{ answer }}\nResponse: {{ response }}\n"
-        "End your reply with one line 'Verdict: correct' or 'Verdict: incorrect'."),
+        "End your reply with one line 'Verdict: correct' or 'Verdict: incorrect'."
+    ),
 }
 FIELDS = {"prompt", "response", "answer", "extra"}
 SCORE = re.compile(r"Score:\s*(\d+)\s*$", re.MULTILINE)
@@ -60,12 +62,16 @@ def template_source(template: str) -> str:
 
     source = TEMPLATES.get(template, template)
     if template not in TEMPLATES and "{{" not in template:
-        raise ValueError(f"reward.judge_template: '{template}' is not one of {', '.join(TEMPLATES)}, nor Jinja with "
-                         f"the fields {', '.join(sorted(FIELDS))}")
+        raise ValueError(
+            f"reward.judge_template: '{template}' is not one of {', '.join(TEMPLATES)}, nor Jinja with "
+            f"the fields {', '.join(sorted(FIELDS))}"
+        )
     unknown = meta.find_undeclared_variables(jinja2.Environment().parse(source)) - FIELDS
     if unknown:
-        raise ValueError(f"reward.judge_template: names {', '.join(sorted(unknown))}, which a row does not have "
-                         f"(fields: {', '.join(sorted(FIELDS))})")
+        raise ValueError(
+            f"reward.judge_template: names {', '.join(sorted(unknown))}, which a row does not have "
+            f"(fields: {', '.join(sorted(FIELDS))})"
+        )
     return source
 
 
@@ -82,14 +88,25 @@ def check_judge_folder(path: str, key: str) -> None:
 
     _, tokenizer = local_model(path, key, "a judge", "AutoModelForCausalLM", "a generative one")
     if tokenizer.eos_token_id is None:
-        raise ValueError(f"{key}: the tokenizer of '{path}' has no eos token, so a reply would never end before "
-                         "reward.judge_max_new_tokens (set one and save it again)")
+        raise ValueError(
+            f"{key}: the tokenizer of '{path}' has no eos token, so a reply would never end before "
+            "reward.judge_max_new_tokens (set one and save it again)"
+        )
 
 
 class Judge:
-    def __init__(self, path: str, template: str = "pointwise", parser: Callable[[str], float | None] | None = None,
-                 max_new_tokens: int = 32, seed: int = 0, timeout_s: float | None = None, device: str = "cpu",
-                 engine: str = "hf", gpu_memory_utilization: float = 0.2):
+    def __init__(
+        self,
+        path: str,
+        template: str = "pointwise",
+        parser: Callable[[str], float | None] | None = None,
+        max_new_tokens: int = 32,
+        seed: int = 0,
+        timeout_s: float | None = None,
+        device: str = "cpu",
+        engine: str = "hf",
+        gpu_memory_utilization: float = 0.2,
+    ):
         """`engine`: hf (transformers' generate) or vllm (a vLLM engine in this process, on `device`'s GPU
         or vLLM's CPU build; `gpu_memory_utilization` its share of the GPU); `timeout_s` needs hf."""
         import jinja2
@@ -107,10 +124,13 @@ class Judge:
             from roll_lite.rollout.vllm_engine import serve_model
 
             if timeout_s is not None:
-                raise ValueError("reward.judge_timeout_s: a vLLM judge's generation has no time limit; set it to null "
-                                 "or use reward.judge_engine=hf")
-            self.engine = serve_model(model, self.tokenizer.eos_token_id, seed, device.startswith("cuda"),
-                                      gpu_memory_utilization)
+                raise ValueError(
+                    "reward.judge_timeout_s: a vLLM judge's generation has no time limit; set it to null "
+                    "or use reward.judge_engine=hf"
+                )
+            self.engine = serve_model(
+                model, self.tokenizer.eos_token_id, seed, device.startswith("cuda"), gpu_memory_utilization
+            )
         else:
             from roll_lite.rollout.hf import HFEngine
 
@@ -134,23 +154,34 @@ class Judge:
             replies = self._generate(inputs)
         except Exception as error:  # the judge's rows fail; the other sources and the run go on
             return [failed(f"judge {self.path}: {describe(error)}")] * len(responses)
-        return [self._cut(ids) or self._verdict(self.tokenizer.decode(ids, skip_special_tokens=True)) for ids in replies]
+        return [
+            self._cut(ids) or self._verdict(self.tokenizer.decode(ids, skip_special_tokens=True)) for ids in replies
+        ]
 
     def _cut(self, reply: list[int]) -> Score | None:
         """`timed_out` for a reply that reward.judge_timeout_s stopped: no EOS, and shorter than the
         judge's max_new_tokens (so it was not the length that ended it)."""
-        if self.timeout_s is None or len(reply) >= self.max_new_tokens or (reply and reply[-1] == self.engine.eos_token_id):
+        if (
+            self.timeout_s is None
+            or len(reply) >= self.max_new_tokens
+            or (reply and reply[-1] == self.engine.eos_token_id)
+        ):
             return None
-        return timed_out(f"judge {self.path}: the reply was cut at reward.judge_timeout_s={self.timeout_s:g} s "
-                         f"after {len(reply)} tokens")
+        return timed_out(
+            f"judge {self.path}: the reply was cut at reward.judge_timeout_s={self.timeout_s:g} s "
+            f"after {len(reply)} tokens"
+        )
 
     def _input_ids(self, prompt: Any, response: str, answer: str, extra: dict) -> list[int]:
         if isinstance(prompt, list):  # chat messages: the conversation's text
             prompt = "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
         text = self.template.render(prompt=prompt, response=response, answer=answer, extra=extra)
         if self.tokenizer.chat_template:
-            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                                           add_generation_prompt=True, return_dict=False))
+            return list(
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True, return_dict=False
+                )
+            )
         return self.tokenizer(text)["input_ids"]
 
     def _verdict(self, reply: str) -> Score:

@@ -43,18 +43,31 @@ def check_reward_model_folder(path: str, key: str) -> None:
     """Before the run: a local folder holding a one-label sequence-classification model and a tokenizer."""
     from roll_lite.model.files import local_model
 
-    config, tokenizer = local_model(path, key, "a reward model", "AutoModelForSequenceClassification",
-                                    "a sequence-classification one")
+    config, tokenizer = local_model(
+        path, key, "a reward model", "AutoModelForSequenceClassification", "a sequence-classification one"
+    )
     if config.num_labels != 1:
-        raise ValueError(f"{key}: '{path}' has a head of {config.num_labels} labels; a reward model gives one score per "
-                         "sequence (num_labels=1)")
+        raise ValueError(
+            f"{key}: '{path}' has a head of {config.num_labels} labels; a reward model gives one score per "
+            "sequence (num_labels=1)"
+        )
     if tokenizer.pad_token_id is None:
-        raise ValueError(f"{key}: the tokenizer of '{path}' has no pad token, which batching needs (set one and save it again)")
+        raise ValueError(
+            f"{key}: the tokenizer of '{path}' has no pad token, which batching needs (set one and save it again)"
+        )
 
 
 class RewardModel:
-    def __init__(self, path: str, policy_tokenizer, max_tokens: int = 4096, normalize: bool = False,
-                 clip: float | None = None, device: str = "cpu", timeout_s: float | None = None):
+    def __init__(
+        self,
+        path: str,
+        policy_tokenizer,
+        max_tokens: int = 4096,
+        normalize: bool = False,
+        clip: float | None = None,
+        device: str = "cpu",
+        timeout_s: float | None = None,
+    ):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         self.path, self.max_tokens, self.normalize, self.clip = path, max_tokens, normalize, clip
@@ -69,9 +82,12 @@ class RewardModel:
         self.positions = getattr(self.model.config, "max_position_embeddings", None)
 
     def describe(self) -> str:
-        how = ("the policy's token ids go straight in (same tokenizer and chat template)" if self.same_tokenizer else
-               "the conversation is decoded and rendered with its own " +
-               ("chat template" if self.tokenizer.chat_template else "tokenizer (no chat template: prompt + response)"))
+        how = (
+            "the policy's token ids go straight in (same tokenizer and chat template)"
+            if self.same_tokenizer
+            else "the conversation is decoded and rendered with its own "
+            + ("chat template" if self.tokenizer.chat_template else "tokenizer (no chat template: prompt + response)")
+        )
         limit = f", batches after {self.timeout_s:g} s timed out" if self.timeout_s is not None else ""
         return f"reward model {self.path}: {how}{limit}"
 
@@ -86,8 +102,9 @@ class RewardModel:
         for rows in self._batches(pending, inputs):
             if self.timeout_s is not None and time.monotonic() - start > self.timeout_s:
                 for i in rows:  # a batch under way finishes; the batches after the limit are not started
-                    results[i] = timed_out(f"reward model {self.path}: not reached within reward.model_timeout_s="
-                                           f"{self.timeout_s:g} s")
+                    results[i] = timed_out(
+                        f"reward model {self.path}: not reached within reward.model_timeout_s={self.timeout_s:g} s"
+                    )
                 continue
             try:
                 values = self._forward([inputs[i] for i in rows])
@@ -124,8 +141,8 @@ class RewardModel:
         input_ids = torch.full((len(sequences), width), self.tokenizer.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
         for row, ids in enumerate(sequences):  # right padding: the head reads each row's last real token
-            input_ids[row, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[row, :len(ids)] = 1
+            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, : len(ids)] = 1
         device = next(self.model.parameters()).device
         logits = self.model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
         return logits[:, 0].float().cpu().tolist()
@@ -141,5 +158,7 @@ class RewardModel:
 
 
 def _same_tokenizer(a, b) -> bool:
-    same_specials = all(getattr(a, f"{name}_token_id") == getattr(b, f"{name}_token_id") for name in ("bos", "eos", "pad"))
+    same_specials = all(
+        getattr(a, f"{name}_token_id") == getattr(b, f"{name}_token_id") for name in ("bos", "eos", "pad")
+    )
     return same_specials and a.chat_template == b.chat_template and a.get_vocab() == b.get_vocab()

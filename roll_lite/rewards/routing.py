@@ -53,8 +53,10 @@ def rows_by_domain(extras: list[dict], domain_key: str, domains: Iterable[str]) 
     for index, extra in enumerate(extras):
         domain = extra.get(domain_key)
         if domain not in known:
-            raise ValueError(f"reward: row {index} has {domain_key}={domain!r}, not one of reward.domains "
-                             f"({', '.join(sorted(known))})")
+            raise ValueError(
+                f"reward: row {index} has {domain_key}={domain!r}, not one of reward.domains "
+                f"({', '.join(sorted(known))})"
+            )
         rows[domain].append(index)
     return rows
 

@@ -31,8 +31,10 @@ class RewardRunner:
         else:
             assert self.process is not None  # spec is not inline, so it is one of the guarded process's
             results = self.process.score(spec, items, self.timeout_s)
-        return [scored(value) if reason is None else timed_out(reason) if late else failed(reason)
-                for value, reason, late in results]
+        return [
+            scored(value) if reason is None else timed_out(reason) if late else failed(reason)
+            for value, reason, late in results
+        ]
 
     def close(self) -> None:
         if self.process is not None:

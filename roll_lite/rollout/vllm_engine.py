@@ -55,8 +55,17 @@ class VLLMEngine:
     weight update must send exactly these, so a partial sync is an error here rather than a layer
     silently left with old (or, half-loaded, garbage) weights."""
 
-    def __init__(self, llm, sampling_params_class, eos_token_id: int, tie_word_embeddings: bool, seed: int = 0,
-                 release_memory: bool = False, checkpoint_names: list[str] | None = None, lora_rank: int | None = None):
+    def __init__(
+        self,
+        llm,
+        sampling_params_class,
+        eos_token_id: int,
+        tie_word_embeddings: bool,
+        seed: int = 0,
+        release_memory: bool = False,
+        checkpoint_names: list[str] | None = None,
+        lora_rank: int | None = None,
+    ):
         self.llm = llm
         self.sampling_params_class = sampling_params_class  # vllm.SamplingParams
         self.eos_token_id = eos_token_id
@@ -75,14 +84,22 @@ class VLLMEngine:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
         if self.max_lora_rank is not None and self.lora_request is None:
-            raise RuntimeError("the vllm engine serves a LoRA adapter and none has been synced: call update_adapter "
-                               "before generating (after a start or a resume too)")
+            raise RuntimeError(
+                "the vllm engine serves a LoRA adapter and none has been synced: call update_adapter "
+                "before generating (after a start or a resume too)"
+            )
         seeds = request_seeds(self.seed, self.calls, len(prompts), params.num_samples)
         self.calls += 1
-        requests = [self.sampling_params_class(**vllm_sampling_kwargs(params, self.eos_token_id, seed)) for seed in seeds]
+        requests = [
+            self.sampling_params_class(**vllm_sampling_kwargs(params, self.eos_token_id, seed)) for seed in seeds
+        ]
         self._wake()
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], requests, use_tqdm=False,
-                                    **({} if self.lora_request is None else {"lora_request": self.lora_request}))
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompts],
+            requests,
+            use_tqdm=False,
+            **({} if self.lora_request is None else {"lora_request": self.lora_request}),
+        )
         if self.release_memory:
             self.llm.sleep(level=1)
             self.asleep, self.weights_awake = True, False
@@ -94,16 +111,20 @@ class VLLMEngine:
             sent = {name for name, _ in weights}
             missing, unexpected = sorted(self.checkpoint_names - sent), sorted(sent - self.checkpoint_names)
             if missing or unexpected:
-                raise KeyError(f"rollout weight sync: the actor sent {len(sent)} tensors; missing {missing[:5]} "
-                               f"({len(missing)}), not in the model's checkpoint {unexpected[:5]} ({len(unexpected)})")
+                raise KeyError(
+                    f"rollout weight sync: the actor sent {len(sent)} tensors; missing {missing[:5]} "
+                    f"({len(missing)}), not in the model's checkpoint {unexpected[:5]} ({len(unexpected)})"
+                )
         if not self.weights_awake:  # the KV cache stays released until the next generation
             self.llm.wake_up(tags=["weights"])
             self.weights_awake = True
         results = self.llm.collective_rpc("roll_lite_load_weights", args=(weights, self.tie_word_embeddings))
         for worker, not_loaded in enumerate(results):
             if not_loaded:
-                raise KeyError(f"rollout weight sync: vllm worker {worker} did not load {not_loaded[:5]} "
-                               f"({len(not_loaded)} parameters); the actor sent {len(weights)} tensors")
+                raise KeyError(
+                    f"rollout weight sync: vllm worker {worker} did not load {not_loaded[:5]} "
+                    f"({len(not_loaded)} parameters); the actor sent {len(weights)} tensors"
+                )
         if not self.llm.reset_prefix_cache():  # cached prompt KV was computed with the old weights
             raise RuntimeError("rollout weight sync: vllm could not reset its prefix cache (requests still running)")
 
@@ -121,21 +142,25 @@ class VLLMEngine:
             raise RuntimeError("update_adapter: this vllm engine was started without LoRA (start_llm's lora_rank)")
         rank = adapter_rank(folder)
         if rank > self.max_lora_rank:
-            raise ValueError(f"rollout adapter sync: the adapter in {folder} has rank {rank}, above the vllm engine's "
-                             f"max_lora_rank {self.max_lora_rank}: start it with lora_rank >= {rank}")
+            raise ValueError(
+                f"rollout adapter sync: the adapter in {folder} has rank {rank}, above the vllm engine's "
+                f"max_lora_rank {self.max_lora_rank}: start it with lora_rank >= {rank}"
+            )
         from vllm.lora.request import LoRARequest
 
         self.adapter_syncs += 1
-        request = LoRARequest(f"roll_lite_adapter_v{version}_{self.adapter_syncs}", self.adapter_syncs,
-                              os.path.abspath(folder))
+        request = LoRARequest(
+            f"roll_lite_adapter_v{version}_{self.adapter_syncs}", self.adapter_syncs, os.path.abspath(folder)
+        )
         if not self.weights_awake:  # the adapter's tensors live beside the weights
             self.llm.wake_up(tags=["weights"])
             self.weights_awake = True
         try:
             loaded = self.llm.llm_engine.add_lora(request)
         except Exception as error:  # vLLM's reason: unknown target modules, DoRA, bias, modules_to_save, ...
-            raise ValueError(f"rollout adapter sync: vllm cannot serve the adapter in {folder} (version {version}): "
-                             f"{error}") from error
+            raise ValueError(
+                f"rollout adapter sync: vllm cannot serve the adapter in {folder} (version {version}): {error}"
+            ) from error
         if not loaded:
             raise RuntimeError(f"rollout adapter sync: vllm did not load the adapter in {folder} (version {version})")
         previous, self.lora_request = self.lora_request, request
@@ -158,8 +183,9 @@ class VLLMEngine:
         self.seed, self.calls = int(state["seed"]), int(state["calls"])
 
 
-def serve_model(model, eos_token_id: int, seed: int, on_gpu: bool, gpu_memory_utilization: float,
-                cpu_kv_cache_gib: int = 1) -> VLLMEngine:
+def serve_model(
+    model, eos_token_id: int, seed: int, on_gpu: bool, gpu_memory_utilization: float, cpu_kv_cache_gib: int = 1
+) -> VLLMEngine:
     """A vLLM engine in this process serving `model`'s weights (a loaded transformers causal LM): a
     judge's (roll_lite/rewards/judge.py). Started as the rollout's engine is (start_llm: dummy weights),
     then loaded in memory with the model's state dict, every checkpoint tensor checked; greedy replies
@@ -169,11 +195,23 @@ def serve_model(model, eos_token_id: int, seed: int, on_gpu: bool, gpu_memory_ut
 
     hf_config = model.config
     llm, sampling_params_class = start_llm(
-        hf_config, dtype=str(next(model.parameters()).dtype).removeprefix("torch."), seed=seed,
-        logprobs_mode="raw_logprobs", tensor_parallel_size=1, gpu_memory_utilization=gpu_memory_utilization,
-        sleep_mode=False, cpu_kv_cache_gib=cpu_kv_cache_gib, enforce_eager=not on_gpu)
-    engine = VLLMEngine(llm, sampling_params_class, eos_token_id,
-                        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)), seed=seed,
-                        checkpoint_names=checkpoint_names(hf_config))
+        hf_config,
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        seed=seed,
+        logprobs_mode="raw_logprobs",
+        tensor_parallel_size=1,
+        gpu_memory_utilization=gpu_memory_utilization,
+        sleep_mode=False,
+        cpu_kv_cache_gib=cpu_kv_cache_gib,
+        enforce_eager=not on_gpu,
+    )
+    engine = VLLMEngine(
+        llm,
+        sampling_params_class,
+        eos_token_id,
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        seed=seed,
+        checkpoint_names=checkpoint_names(hf_config),
+    )
     engine.update_weights(model.state_dict())
     return engine

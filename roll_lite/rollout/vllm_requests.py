@@ -39,8 +39,15 @@ def vllm_sampling_kwargs(params: SamplingParams, eos_token_id: int, request_seed
             raise ValueError("greedy decoding gives one completion per prompt; set num_samples=1")
         return {**kwargs, "n": 1, "temperature": 0.0}
     # logprobs=0: only the sampled token's log-prob
-    return {**kwargs, "n": params.num_samples, "temperature": params.temperature, "top_p": params.top_p,
-            "top_k": params.top_k, "seed": request_seed, "logprobs": 0}
+    return {
+        **kwargs,
+        "n": params.num_samples,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+        "seed": request_seed,
+        "logprobs": 0,
+    }
 
 
 def request_seeds(seed: int, call: int, num_prompts: int, num_samples: int) -> list[int]:
@@ -57,15 +64,18 @@ def completions_from_outputs(outputs: list, params: SamplingParams, eos_token_id
     for prompt_index, output in enumerate(outputs):
         samples = sorted(output.outputs, key=lambda sample: sample.index)
         if len(samples) != params.num_samples:
-            raise RuntimeError(f"vllm returned {len(samples)} completions for prompt {prompt_index}, "
-                               f"asked for {params.num_samples}")
+            raise RuntimeError(
+                f"vllm returned {len(samples)} completions for prompt {prompt_index}, asked for {params.num_samples}"
+            )
         for sample in samples:
             tokens = list(sample.token_ids)
             # the stop token is in token_ids (vLLM appends a token before checking it); the loss mask
             # and the reward need it there, as from the hf engine
             if sample.finish_reason == "stop" and (not tokens or tokens[-1] != eos_token_id):
-                raise RuntimeError(f"vllm stopped prompt {prompt_index}'s completion {sample.index} without "
-                                   f"EOS ({eos_token_id}) as its last token: {tokens[-3:]}")
+                raise RuntimeError(
+                    f"vllm stopped prompt {prompt_index}'s completion {sample.index} without "
+                    f"EOS ({eos_token_id}) as its last token: {tokens[-3:]}"
+                )
             token_ids.append(tokens)
             if log_probs is not None:
                 log_probs.append(_sampled_log_probs(sample, tokens))
@@ -76,8 +86,9 @@ def _sampled_log_probs(sample, tokens: list[int]) -> list[float]:
     """Each sampled token's log-prob from vLLM's per-position {token id: Logprob} (logprobs=0)."""
     positions = sample.logprobs
     if positions is None or len(positions) != len(tokens):
-        raise RuntimeError(f"vllm returned log-probs for {0 if positions is None else len(positions)} "
-                           f"of {len(tokens)} sampled tokens")
+        raise RuntimeError(
+            f"vllm returned log-probs for {0 if positions is None else len(positions)} of {len(tokens)} sampled tokens"
+        )
     values = []
     for token, position in zip(tokens, positions):
         if position is None or token not in position:

@@ -51,9 +51,18 @@ def lora_settings(lora_rank: int | None) -> dict[str, Any]:
     return dict(enable_lora=True, max_lora_rank=fits[0], max_loras=1, max_cpu_loras=1)
 
 
-def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_parallel_size: int,
-              gpu_memory_utilization: float, sleep_mode: bool, cpu_kv_cache_gib: int, enforce_eager: bool,
-              lora_rank: int | None = None):
+def start_llm(
+    hf_config,
+    dtype: str,
+    seed: int,
+    logprobs_mode: str,
+    tensor_parallel_size: int,
+    gpu_memory_utilization: float,
+    sleep_mode: bool,
+    cpu_kv_cache_gib: int,
+    enforce_eager: bool,
+    lora_rank: int | None = None,
+):
     """A vllm.LLM for the model `hf_config` describes, in this process, with dummy weights. Returns
     (llm, vllm.SamplingParams). `lora_rank`: serve LoRA adapters of rank up to this (see `lora_settings`)."""
     if tensor_parallel_size == 1:
@@ -71,10 +80,19 @@ def start_llm(hf_config, dtype: str, seed: int, logprobs_mode: str, tensor_paral
     with tempfile.TemporaryDirectory(prefix="roll_lite_vllm_config_") as folder:
         hf_config.save_pretrained(folder)  # config.json only: vLLM reads the architecture from it at start
         llm = vllm.LLM(
-            model=folder, load_format="dummy", skip_tokenizer_init=True, generation_config="vllm",
-            dtype=dtype, seed=seed, tensor_parallel_size=tensor_parallel_size, distributed_executor_backend=backend,
-            gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_mode, logprobs_mode=logprobs_mode,
-            worker_extension_cls=f"{LoadWeightsInMemory.__module__}.LoadWeightsInMemory", enforce_eager=enforce_eager,
+            model=folder,
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            generation_config="vllm",
+            dtype=dtype,
+            seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+            distributed_executor_backend=backend,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=sleep_mode,
+            logprobs_mode=logprobs_mode,
+            worker_extension_cls=f"{LoadWeightsInMemory.__module__}.LoadWeightsInMemory",
+            enforce_eager=enforce_eager,
             **lora_settings(lora_rank),
         )
     return llm, vllm.SamplingParams

@@ -14,8 +14,9 @@ def vllm_weights(state_dict: dict[str, torch.Tensor], tie_word_embeddings: bool)
     """(HF name, tensor) pairs for vLLM's `load_weights`: the names a HF checkpoint of the model holds,
     in the state dict's order (each layer's tensors together). With tied embeddings the checkpoint has
     no lm_head (vLLM ties it to the embedding), so it is not sent."""
-    return [(name, tensor) for name, tensor in state_dict.items()
-            if not (tie_word_embeddings and name == "lm_head.weight")]
+    return [
+        (name, tensor) for name, tensor in state_dict.items() if not (tie_word_embeddings and name == "lm_head.weight")
+    ]
 
 
 def checkpoint_names(hf_config) -> list[str]:
@@ -73,8 +74,10 @@ def adapter_rank(folder: str) -> int:
 
     config_file = os.path.join(folder, "adapter_config.json")
     if not os.path.isfile(config_file):
-        raise FileNotFoundError(f"rollout adapter sync: {folder} holds no adapter_config.json (a PEFT adapter folder, "
-                                "as PeftModel.save_pretrained writes, is expected)")
+        raise FileNotFoundError(
+            f"rollout adapter sync: {folder} holds no adapter_config.json (a PEFT adapter folder, "
+            "as PeftModel.save_pretrained writes, is expected)"
+        )
     with open(config_file) as file:
         config = json.load(file)
     return max([int(config["r"]), *(int(r) for r in (config.get("rank_pattern") or {}).values())])

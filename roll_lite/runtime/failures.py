@@ -22,8 +22,10 @@ def memory_advice(role: str) -> str:
     advice = f"lower {', '.join(lower)}"
     if role in ("actor", "critic", "reference"):
         prefix = "actor" if role == "reference" else role  # the reference runs with the actor's micro-batching
-        advice += (f"; use smaller micro-batches: raise {prefix}.grad_accum_steps, or with {prefix}.use_packing=true "
-                   f"lower {prefix}.max_tokens_per_micro_batch")
+        advice += (
+            f"; use smaller micro-batches: raise {prefix}.grad_accum_steps, or with {prefix}.use_packing=true "
+            f"lower {prefix}.max_tokens_per_micro_batch"
+        )
         if role != "reference":
             advice += "; or set model.gradient_checkpointing=true"
     return advice
@@ -48,11 +50,18 @@ class WorkerError(RuntimeError):
 
     def headline(self) -> str:
         where = f" at {self.stage}" if self.stage else ""
-        verbs = {"raised": "raised an error in", "died": "died during", "out of memory": "ran out of memory in",
-                 "timed out": "did not answer", "stopped": "stopped the run in"}
+        verbs = {
+            "raised": "raised an error in",
+            "died": "died during",
+            "out of memory": "ran out of memory in",
+            "timed out": "did not answer",
+            "stopped": "stopped the run in",
+        }
         line = f"{self.worker} {verbs.get(self.kind, self.kind)} {self.method}{where}"
         if self.node:
-            line += f" on node {self.node}" + (f" (which also held: {', '.join(self.node_also)})" if self.node_also else "")
+            line += f" on node {self.node}" + (
+                f" (which also held: {', '.join(self.node_also)})" if self.node_also else ""
+            )
         if self.kind == "out of memory":
             line += f": {memory_advice(self.role)}"
         return line

@@ -40,7 +40,9 @@ def load_object(spec: str, search_cwd: bool = False):
         _check_not_shadowed(spec, module_name.partition(".")[0])
     for part in attribute.split("."):
         if not hasattr(target, part):
-            raise AttributeError(f"cannot import '{spec}': {getattr(target, '__name__', target)} has no attribute '{part}'")
+            raise AttributeError(
+                f"cannot import '{spec}': {getattr(target, '__name__', target)} has no attribute '{part}'"
+            )
         target = getattr(target, part)
     return target
 
@@ -106,12 +108,16 @@ def _not_found(spec: str, missing: str, searched_cwd: bool) -> str:
         where = _location(sys.modules[top])
         shadowed = _user_package(top)
         if shadowed and shadowed != where:
-            return (f"cannot import '{spec}': '{top}' is {where}, which hides {shadowed}; "
-                    "rename your package (installed packages come first)")
+            return (
+                f"cannot import '{spec}': '{top}' is {where}, which hides {shadowed}; "
+                "rename your package (installed packages come first)"
+            )
         return f"cannot import '{spec}': no module named '{missing}' ('{top}' is {where})"
     where = f"the installed packages, then the current directory {os.getcwd()}" if searched_cwd else "sys.path"
-    return (f"cannot import '{spec}': no module named '{top}' in {where}; run from the directory that holds "
-            f"'{top}', or add that directory to PYTHONPATH")
+    return (
+        f"cannot import '{spec}': no module named '{top}' in {where}; run from the directory that holds "
+        f"'{top}', or add that directory to PYTHONPATH"
+    )
 
 
 def _check_not_shadowed(spec: str, top: str) -> None:
@@ -123,8 +129,10 @@ def _check_not_shadowed(spec: str, top: str) -> None:
     shadowed = _user_package(top)
     where = _location(sys.modules[top])
     if shadowed and shadowed != where and top != "roll_lite":
-        raise ImportError(f"cannot import '{spec}': '{top}' is {where}, which hides {shadowed}; "
-                          "rename your package (installed packages come first)")
+        raise ImportError(
+            f"cannot import '{spec}': '{top}' is {where}, which hides {shadowed}; "
+            "rename your package (installed packages come first)"
+        )
 
 
 def _user_package(name: str) -> str | None:

@@ -19,7 +19,9 @@ def split_metric_name(name: str) -> tuple[str, str]:
     if not sep:
         return name, "mean"
     if reduction not in REDUCTIONS:
-        raise ValueError(f"metric '{name}': unknown reduction '@{reduction}'; use one of " + ", ".join("@" + r for r in REDUCTIONS))
+        raise ValueError(
+            f"metric '{name}': unknown reduction '@{reduction}'; use one of " + ", ".join("@" + r for r in REDUCTIONS)
+        )
     return base, reduction
 
 
@@ -39,8 +41,14 @@ def reduce_metrics(records: Iterable[Mapping[str, object]]) -> dict[str, float]:
         for name, value in record.items():
             base, reduction = split_metric_name(name)
             if reductions.setdefault(base, reduction) != reduction:
-                raise ValueError(f"metric '{base}' is reported with two reductions: @{reductions[base]} and @{reduction}")
+                raise ValueError(
+                    f"metric '{base}' is reported with two reductions: @{reductions[base]} and @{reduction}"
+                )
             values.setdefault(base, []).append(to_float(value))
-    reducers: dict[str, Callable[[list[float]], float]] = {"sum": sum, "mean": lambda v: sum(v) / len(v), "max": max,
-                                                           "min": min}
+    reducers: dict[str, Callable[[list[float]], float]] = {
+        "sum": sum,
+        "mean": lambda v: sum(v) / len(v),
+        "max": max,
+        "min": min,
+    }
     return {base: reducers[reductions[base]](v) for base, v in values.items()}

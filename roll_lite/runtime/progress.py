@@ -27,8 +27,15 @@ def on_terminal() -> bool:
 
 def progress_bar(total: int, description: str, unit: str = "step", show: bool = True) -> tqdm:
     """A bar counting to `total` (call .update(), then .close()); does nothing off a terminal."""
-    bar = tqdm(total=total, desc=description, unit=unit, file=sys.stderr, disable=not (show and on_terminal()),
-               dynamic_ncols=True, leave=False)
+    bar = tqdm(
+        total=total,
+        desc=description,
+        unit=unit,
+        file=sys.stderr,
+        disable=not (show and on_terminal()),
+        dynamic_ncols=True,
+        leave=False,
+    )
     _bars.add(bar)
     return bar
 
@@ -93,7 +100,9 @@ def process_start() -> float:
     count); now where /proc is not there to say."""
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf(
+            "SC_CLK_TCK"
+        )  # field 22: starttime
     except (OSError, ValueError, IndexError, AttributeError):
         age = 0.0
     return time.monotonic() - max(age, 0.0)

@@ -74,8 +74,10 @@ def pin_kernels(setting: str) -> str:
 
     for name, value in kernel_env(setting).items():
         if name in os.environ and not _same(os.environ[name], value):
-            raise ConfigError(f"reproducible: {setting} sets {name}={value}, but the environment has "
-                              f"{name}={os.environ[name]}; unset it, or set reproducible=machine to keep it")
+            raise ConfigError(
+                f"reproducible: {setting} sets {name}={value}, but the environment has "
+                f"{name}={os.environ[name]}; unset it, or set reproducible=machine to keep it"
+            )
         os.environ[name] = value
     try:
         check_kernels(setting)
@@ -91,15 +93,17 @@ def check_kernels(setting: str) -> None:
     wanted = kernel_env(setting)
     missing = [f"{name}={value}" for name, value in wanted.items() if not _same(os.environ.get(name), value)]
     if missing:
-        raise RuntimeError(f"reproducible={setting}: process {os.getpid()} runs without {', '.join(missing)} "
-                           "in its environment")
+        raise RuntimeError(
+            f"reproducible={setting}: process {os.getpid()} runs without {', '.join(missing)} in its environment"
+        )
     aten = torch.backends.cpu.get_cpu_capability()
     if setting in ATEN_KERNELS and aten != ATEN_KERNELS[setting]:
         raise RuntimeError(
             f"reproducible={setting}: torch computes with its {aten} kernels here, not {ATEN_KERNELS[setting]}: "
             f"this CPU lacks {ATEN_KERNELS[setting]}, or torch computed something in this process before "
             f"ATEN_CPU_CAPABILITY was set (start Python with the variables set: "
-            f"eval \"$(python -m roll_lite.runtime.reproducibility {setting})\")")
+            f'eval "$(python -m roll_lite.runtime.reproducibility {setting})")'
+        )
 
 
 def describe(setting: str) -> str:
@@ -111,9 +115,11 @@ def describe(setting: str) -> str:
         variables = " ".join(f"{name}={value}" for name, value in pinned.items())
         return f"reproducible={setting}: {variables} in the driver and every worker (torch's kernels here: {aten})"
     inherited = " ".join(f"{name}={os.environ[name]}" for name in KERNEL_VARIABLES if name in os.environ)
-    return (f"reproducible={setting}: this machine's kernels (torch's: {aten}"
-            f"{'; from the environment: ' + inherited if inherited else ''}); reproducible=portable "
-            "repeats the run bit for bit on other x86-64 CPUs")
+    return (
+        f"reproducible={setting}: this machine's kernels (torch's: {aten}"
+        f"{'; from the environment: ' + inherited if inherited else ''}); reproducible=portable "
+        "repeats the run bit for bit on other x86-64 CPUs"
+    )
 
 
 def kernel_fingerprint() -> str:
@@ -136,10 +142,18 @@ def kernel_fingerprint() -> str:
     adamw.step()
     adamw.step()
     results = [  # exp, log and tanh of float32 tensors run MKL's vector math (VM), the others ATen's kernels
-        weights.detach(), x.exp().sum(dim=1), (x.abs() + 1).log(), x.tanh().sum(dim=0), torch.sigmoid(x).mean(),
+        weights.detach(),
+        x.exp().sum(dim=1),
+        (x.abs() + 1).log(),
+        x.tanh().sum(dim=0),
+        torch.sigmoid(x).mean(),
         x.softmax(dim=-1).sum(dim=0),
-        torch.rsqrt(x.pow(2).mean(dim=-1) + 1e-6), torch.nn.functional.gelu(x).sum(dim=1),
-        x @ values(320, 96), values(8, 40) @ values(40, 8), x.t() @ x, values(1, 320) @ values(320, 1000),
+        torch.rsqrt(x.pow(2).mean(dim=-1) + 1e-6),
+        torch.nn.functional.gelu(x).sum(dim=1),
+        x @ values(320, 96),
+        values(8, 40) @ values(40, 8),
+        x.t() @ x,
+        values(1, 320) @ values(320, 1000),
     ]
     digest = hashlib.sha256()
     for result in results:
@@ -152,11 +166,16 @@ def main(argv: list[str]) -> int:
         import torch
 
         torch.set_num_threads(2)  # workers.torch_threads' default: reductions split by the thread count
-        print(f"{kernel_fingerprint()}  (torch {torch.__version__}, kernels {torch.backends.cpu.get_cpu_capability()}, "
-              f"{torch.get_num_threads()} threads)")
+        print(
+            f"{kernel_fingerprint()}  (torch {torch.__version__}, kernels {torch.backends.cpu.get_cpu_capability()}, "
+            f"{torch.get_num_threads()} threads)"
+        )
         return 0
     if len(argv) != 1 or argv[0] not in SETTINGS:
-        print(f"usage: python -m roll_lite.runtime.reproducibility {{{','.join(SETTINGS)}}} | --fingerprint", file=sys.stderr)
+        print(
+            f"usage: python -m roll_lite.runtime.reproducibility {{{','.join(SETTINGS)}}} | --fingerprint",
+            file=sys.stderr,
+        )
         return 2
     for name, value in kernel_env(argv[0]).items():
         print(f"export {name}={value}")

@@ -11,18 +11,40 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-PLOTTED = ("reward/mean", "eval/reward_mean", "sft/loss", "eval/sft_loss", "actor/kl", "actor/entropy", "actor/pg_loss", "actor/grad_norm",
-           "actor/clipfrac", "perf/step_s",
-           # multi-turn runs (pipelines/multi_turn.py)
-           "env/turns", "env/terminated", "eval/terminated", "env/truncated", "eval/turns_to_terminate", "env/env_s")
+PLOTTED = (
+    "reward/mean",
+    "eval/reward_mean",
+    "sft/loss",
+    "eval/sft_loss",
+    "actor/kl",
+    "actor/entropy",
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "actor/clipfrac",
+    "perf/step_s",
+    # multi-turn runs (pipelines/multi_turn.py)
+    "env/turns",
+    "env/terminated",
+    "eval/terminated",
+    "env/truncated",
+    "eval/turns_to_terminate",
+    "env/env_s",
+)
 
 
 WANDB_ID_FILE = "wandb_run_id"  # in the run directory: the wandb run a resumed run continues
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, config_yaml: str, wandb_mode: str, wandb_project: str, run_name: str,
-                 history: list[dict] | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        config_yaml: str,
+        wandb_mode: str,
+        wandb_project: str,
+        run_name: str,
+        history: list[dict] | None = None,
+    ):
         """`history`: the records of a resumed run up to its checkpoint; metrics.jsonl is rewritten
         with them (dropping records logged after the checkpoint) and continued, and so is the run
         directory's wandb run."""
@@ -35,8 +57,11 @@ class RunLogger:
         dropped = rewrite_metrics(self.metrics_path, self.history)
         if dropped:
             checkpoint_step = self.history[-1]["step"] if self.history else 0
-            logger.info("resume: dropped the records of %s that the previous run logged after checkpoint step_%d",
-                        step_span(dropped), checkpoint_step)
+            logger.info(
+                "resume: dropped the records of %s that the previous run logged after checkpoint step_%d",
+                step_span(dropped),
+                checkpoint_step,
+            )
         self.wandb_run = None
         self.wandb_from_step = 0  # wandb gets the steps from this one on (a resumed run: the steps it has not seen)
         if wandb_mode != "disabled":
@@ -59,14 +84,23 @@ class RunLogger:
             temporary = id_file.with_name(f".{WANDB_ID_FILE}.tmp")
             temporary.write_text(run_id + "\n")
             temporary.replace(id_file)
-        run = wandb.init(project=project, name=run_name, mode=mode, dir=str(self.run_dir), id=run_id,
-                         resume="allow" if resumed else None)
+        run = wandb.init(
+            project=project,
+            name=run_name,
+            mode=mode,
+            dir=str(self.run_dir),
+            id=run_id,
+            resume="allow" if resumed else None,
+        )
         if resumed:
             self.wandb_from_step = max(logged_before, run.step - 1) + 1  # run.step: the next step wandb expects
             checkpoint_step = self.history[-1]["step"] if self.history else -1
-            redone = (f"; steps {checkpoint_step + 1}-{self.wandb_from_step - 1}, logged by the run before it "
-                      "stopped, are not sent again (wandb keeps the first values; metrics.jsonl has this run's)"
-                      if self.wandb_from_step > checkpoint_step + 1 else "")
+            redone = (
+                f"; steps {checkpoint_step + 1}-{self.wandb_from_step - 1}, logged by the run before it "
+                "stopped, are not sent again (wandb keeps the first values; metrics.jsonl has this run's)"
+                if self.wandb_from_step > checkpoint_step + 1
+                else ""
+            )
             logger.info("wandb: continuing run %s from step %d%s", run_id, self.wandb_from_step, redone)
         return run
 
@@ -109,7 +143,7 @@ class RunLogger:
             axis.plot(steps, values, marker="o" if len(points) < 30 else None)
             axis.set_title(name)
             axis.set_xlabel("step")
-        for axis in list(axes.flat)[len(series):]:
+        for axis in list(axes.flat)[len(series) :]:
             axis.axis("off")
         figure.tight_layout()
         path = self.run_dir / "curves.png"

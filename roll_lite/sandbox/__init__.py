@@ -10,5 +10,16 @@ from roll_lite.sandbox.limits import Limits
 from roll_lite.sandbox.pool import SandboxPool
 from roll_lite.sandbox.process import Run, SandboxError, run_program
 
-__all__ = ["Isolation", "Limits", "Run", "SandboxError", "SandboxPool", "SandboxUnavailable", "Tests", "Verdict",
-           "judge", "parse_tests", "run_program"]
+__all__ = [
+    "Isolation",
+    "Limits",
+    "Run",
+    "SandboxError",
+    "SandboxPool",
+    "SandboxUnavailable",
+    "Tests",
+    "Verdict",
+    "judge",
+    "parse_tests",
+    "run_program",
+]

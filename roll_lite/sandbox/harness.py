@@ -52,7 +52,9 @@ def parse_tests(value) -> Tests:
         except json.JSONDecodeError as error:
             raise ValueError(f"the tests are not valid JSON: {error}") from None
     if not isinstance(value, dict) or not isinstance(value.get("cases"), list) or not value["cases"]:
-        raise ValueError("the tests must be an object with a non-empty list 'cases' (and 'function' for function calls)")
+        raise ValueError(
+            "the tests must be an object with a non-empty list 'cases' (and 'function' for function calls)"
+        )
     function = value.get("function")
     if function is not None and (not isinstance(function, str) or not function.isidentifier()):
         raise ValueError(f"'function' must be a Python identifier, got {function!r}")
@@ -74,8 +76,9 @@ def judge(pool: SandboxPool, code: str, tests: Tests) -> Verdict:
     passed, worst, detail = 0, "passed", ""
     for index, case in enumerate(tests.cases):
         run = pool.run({"solution.py": code}, pool.python("solution.py"), case["stdin"].encode())
-        outcome = _ending(run) or ("passed" if _lines(run.stdout.decode(errors="replace")) == _lines(case["stdout"])
-                                   else "wrong_answer")
+        outcome = _ending(run) or (
+            "passed" if _lines(run.stdout.decode(errors="replace")) == _lines(case["stdout"]) else "wrong_answer"
+        )
         passed += outcome == "passed"
         if VERDICTS.index(outcome) > VERDICTS.index(worst):
             worst, detail = outcome, f"case {index}: {_describe(outcome, run)}"
@@ -85,8 +88,13 @@ def judge(pool: SandboxPool, code: str, tests: Tests) -> Verdict:
 
 
 def _judge_calls(pool: SandboxPool, code: str, tests: Tests) -> Verdict:
-    calls = {"function": tests.function, "calls": [{"args": c["args"], "kwargs": c.get("kwargs", {})} for c in tests.cases]}
-    run = pool.run({"solution.py": code, "driver.py": _DRIVER, "calls.json": json.dumps(calls)}, pool.python("driver.py"))
+    calls = {
+        "function": tests.function,
+        "calls": [{"args": c["args"], "kwargs": c.get("kwargs", {})} for c in tests.cases],
+    }
+    run = pool.run(
+        {"solution.py": code, "driver.py": _DRIVER, "calls.json": json.dumps(calls)}, pool.python("driver.py")
+    )
     results: dict[int, dict] = {}
     load_error = None
     for line in run.stdout.decode(errors="replace").splitlines():
@@ -98,8 +106,10 @@ def _judge_calls(pool: SandboxPool, code: str, tests: Tests) -> Verdict:
             results.setdefault(record["case"], record)
         elif isinstance(record, dict) and load_error is None and "load_error" in record:
             load_error = str(record["load_error"])
-    right = ["value" in results.get(i, {}) and same_value(results[i]["value"], case["expected"])
-             for i, case in enumerate(tests.cases)]
+    right = [
+        "value" in results.get(i, {}) and same_value(results[i]["value"], case["expected"])
+        for i, case in enumerate(tests.cases)
+    ]
     passed = sum(right)
     if passed == len(tests.cases):
         return Verdict("passed", passed, passed)
@@ -112,8 +122,12 @@ def _judge_calls(pool: SandboxPool, code: str, tests: Tests) -> Verdict:
         why = errors[0] if errors else f"{len(results)} of {len(tests.cases)} cases ran; {_describe('error', run)}"
         return Verdict("error", passed, len(tests.cases), why)
     first = right.index(False)
-    return Verdict("wrong_answer", passed, len(tests.cases),
-                   f"case {first}: got {json.dumps(results[first].get('value'))[:100]}, expected {json.dumps(tests.cases[first]['expected'])[:100]}")
+    return Verdict(
+        "wrong_answer",
+        passed,
+        len(tests.cases),
+        f"case {first}: got {json.dumps(results[first].get('value'))[:100]}, expected {json.dumps(tests.cases[first]['expected'])[:100]}",
+    )
 
 
 def same_value(got, expected) -> bool:
@@ -142,8 +156,15 @@ def _ending(run: Run) -> str | None:
 
 def _describe(outcome: str, run: Run) -> str:
     tail = run.stderr.decode(errors="replace").strip().splitlines()[-1:] or [""]
-    how = ("the wall-clock limit" if run.ending == "timed_out" else "the CPU limit" if run.cpu_limited
-           else "the output cap" if run.ending == "output_limit" else f"exit {run.exit_code}")
+    how = (
+        "the wall-clock limit"
+        if run.ending == "timed_out"
+        else "the CPU limit"
+        if run.cpu_limited
+        else "the output cap"
+        if run.ending == "output_limit"
+        else f"exit {run.exit_code}"
+    )
     return f"{outcome} ({how}, {run.wall_s:.2f} s){': ' + tail[0][:200] if tail[0] else ''}"
 
 

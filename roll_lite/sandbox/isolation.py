@@ -60,21 +60,32 @@ class Isolation:
         """Raises SandboxUnavailable naming what is missing and how to get it."""
         if not os.path.isfile(self.python) or not os.access(self.python, os.X_OK):
             raise SandboxUnavailable(f"reward.sandbox.python: {self.python} is not an executable file")
-        needed = ["bash", "prlimit"] + (["bwrap"] + (["setpriv"] if self.as_root else []) if self.mode == "bwrap" else [])
+        needed = ["bash", "prlimit"] + (
+            ["bwrap"] + (["setpriv"] if self.as_root else []) if self.mode == "bwrap" else []
+        )
         if missing := [tool for tool in needed if shutil.which(tool) is None]:
-            hint = ("bubblewrap is Debian's `bubblewrap` (apt-get install bubblewrap; scripts/setup.sh installs it "
-                    "when run as root); prlimit and setpriv are util-linux's")
-            weaker = (" Or accept a weaker sandbox (no namespaces: network, files and processes not isolated, "
-                      "docs/sandbox.md) with reward.sandbox.isolation=rlimits." if self.mode == "bwrap" else "")
-            raise SandboxUnavailable(f"the code sandbox (reward.sandbox.isolation={self.mode}) needs "
-                                     f"{', '.join(missing)}, not found on PATH: {hint}.{weaker}")
+            hint = (
+                "bubblewrap is Debian's `bubblewrap` (apt-get install bubblewrap; scripts/setup.sh installs it "
+                "when run as root); prlimit and setpriv are util-linux's"
+            )
+            weaker = (
+                " Or accept a weaker sandbox (no namespaces: network, files and processes not isolated, "
+                "docs/sandbox.md) with reward.sandbox.isolation=rlimits."
+                if self.mode == "bwrap"
+                else ""
+            )
+            raise SandboxUnavailable(
+                f"the code sandbox (reward.sandbox.isolation={self.mode}) needs "
+                f"{', '.join(missing)}, not found on PATH: {hint}.{weaker}"
+            )
 
     def code_path(self, code_dir: str, name: str) -> str:
         """Where the program sees one of its files."""
         return f"{CODE_DIR}/{name}" if self.mode == "bwrap" else os.path.join(code_dir, name)
 
-    def command(self, argv: list[str], code_dir: str, work_dir: str, user: int | None, limits: Limits,
-                ready_fd: int) -> Command:
+    def command(
+        self, argv: list[str], code_dir: str, work_dir: str, user: int | None, limits: Limits, ready_fd: int
+    ) -> Command:
         """`argv` run isolated; `code_dir` holds its files (read-only for it), `work_dir` is a fresh
         empty directory (its working directory in the rlimits mode; unused by bwrap, whose is a tmpfs);
         `user` is the uid it runs as (as root; users.py), None otherwise.
@@ -89,17 +100,53 @@ class Isolation:
                 os.chown(work_dir, user, user)
             return Command([*ready, *limited], {**_ENV, "HOME": work_dir}, work_dir, user)
         disk = str(int(limits.disk_mb * MB))
-        wrapper = ["bwrap", "--die-with-parent", "--new-session",
-                   "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                   "--hostname", "sandbox", *self._file_system(), "--proc", "/proc", "--dev", "/dev",
-                   "--size", disk, "--perms", "1777", "--tmpfs", "/tmp",
-                   "--size", disk, "--perms", "1777", "--tmpfs", WORK_DIR, "--chdir", WORK_DIR,
-                   "--ro-bind", code_dir, CODE_DIR, "--clearenv"]
+        wrapper = [
+            "bwrap",
+            "--die-with-parent",
+            "--new-session",
+            "--unshare-net",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "sandbox",
+            *self._file_system(),
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--size",
+            disk,
+            "--perms",
+            "1777",
+            "--tmpfs",
+            "/tmp",
+            "--size",
+            disk,
+            "--perms",
+            "1777",
+            "--tmpfs",
+            WORK_DIR,
+            "--chdir",
+            WORK_DIR,
+            "--ro-bind",
+            code_dir,
+            CODE_DIR,
+            "--clearenv",
+        ]
         for key, value in {**_ENV, "HOME": WORK_DIR}.items():
             wrapper += ["--setenv", key, value]
         if self.as_root:
-            drop = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--no-new-privs",
-                    "--inh-caps=-all", "--bounding-set=-all"]
+            drop = [
+                "setpriv",
+                f"--reuid={user}",
+                f"--regid={user}",
+                "--clear-groups",
+                "--no-new-privs",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+            ]
             return Command([*wrapper, "--", *ready, *drop, *limited], {"PATH": _ENV["PATH"]}, work_dir)
         return Command([*wrapper, "--unshare-user", "--", *ready, *limited], {"PATH": _ENV["PATH"]}, work_dir)
 
@@ -125,5 +172,13 @@ class Isolation:
 def kill_user_processes(user: int) -> None:
     """Every process of a sandbox user, SIGKILLed (the rlimits mode as root: a program that left the
     process group would otherwise outlive its run)."""
-    subprocess.run(["kill", "-s", "KILL", "--", "-1"], user=user, group=user, extra_groups=[], check=False,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+    subprocess.run(
+        ["kill", "-s", "KILL", "--", "-1"],
+        user=user,
+        group=user,
+        extra_groups=[],
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=10,
+    )

@@ -30,7 +30,9 @@ class Limits:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"sandbox limit {name} must be a positive number, got {value!r}")
         if self.open_files < 16:
-            raise ValueError(f"sandbox limit open_files must be at least 16 (Python needs a few), got {self.open_files}")
+            raise ValueError(
+                f"sandbox limit open_files must be at least 16 (Python needs a few), got {self.open_files}"
+            )
 
     @property
     def output_bytes(self) -> int:
@@ -42,6 +44,11 @@ class Limits:
         the sandbox just before the program starts, once it runs as its own user (isolation.py): the
         kernel counts RLIMIT_NPROC per user."""
         cpu, memory, file = int(self.cpu_s), int(self.memory_mb * MB), int(self.file_mb * MB)
-        return [f"--cpu={cpu}:{cpu + 1}", f"--as={memory}:{memory}", f"--fsize={file}:{file}",
-                f"--nofile={self.open_files}:{self.open_files}", f"--nproc={self.processes}:{self.processes}",
-                "--core=0:0"]
+        return [
+            f"--cpu={cpu}:{cpu + 1}",
+            f"--as={memory}:{memory}",
+            f"--fsize={file}:{file}",
+            f"--nofile={self.open_files}:{self.open_files}",
+            f"--nproc={self.processes}:{self.processes}",
+            "--core=0:0",
+        ]

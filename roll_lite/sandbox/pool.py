@@ -65,17 +65,21 @@ class SandboxPool:
         except SandboxError as error:
             raise SandboxUnavailable(f"the code sandbox ({self.isolation.mode}) does not start: {error}") from None
         if hello.ending != "exited" or hello.stdout.strip() != b"42":
-            raise SandboxUnavailable(f"the code sandbox ({self.isolation.mode}) did not run `print(6 * 7)`: it "
-                                     f"{hello.ending} with code {hello.exit_code}, stdout {hello.stdout[:200]!r}, "
-                                     f"stderr {hello.stderr[-500:]!r}")
+            raise SandboxUnavailable(
+                f"the code sandbox ({self.isolation.mode}) did not run `print(6 * 7)`: it "
+                f"{hello.ending} with code {hello.exit_code}, stdout {hello.stdout[:200]!r}, "
+                f"stderr {hello.stderr[-500:]!r}"
+            )
         if self.isolation.mode != "bwrap":
             return
         with socket.create_server(("127.0.0.1", 0)) as server:
             port = server.getsockname()[1]
             reach = self.run({"main.py": _REACH.format(port=port)}, self.python("main.py"))
         if reach.stdout.strip() != b"isolated":
-            raise SandboxUnavailable(f"the code sandbox (bwrap) is not isolated from the network: a program reached "
-                                     f"port {port} on this host's loopback ({reach.stdout[:200]!r})")
+            raise SandboxUnavailable(
+                f"the code sandbox (bwrap) is not isolated from the network: a program reached "
+                f"port {port} on this host's loopback ({reach.stdout[:200]!r})"
+            )
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

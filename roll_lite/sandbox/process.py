@@ -43,8 +43,14 @@ class Run:
         return self.exit_code in (-signal.SIGXCPU, -signal.SIGKILL) and self.ending == "exited"
 
 
-def run_program(isolation: Isolation, limits: Limits, files: dict[str, str], argv: list[str],
-                stdin: bytes = b"", user: int | None = None) -> Run:
+def run_program(
+    isolation: Isolation,
+    limits: Limits,
+    files: dict[str, str],
+    argv: list[str],
+    stdin: bytes = b"",
+    user: int | None = None,
+) -> Run:
     """`argv` (which names its files through isolation.code_path) with `files` ({name: text}) beside
     it, in a sandbox of its own; `user`: the uid it runs as, as root (a pool slot's; None: one
     claimed for this run)."""
@@ -64,8 +70,11 @@ def run_program(isolation: Isolation, limits: Limits, files: dict[str, str], arg
         with tempfile.TemporaryFile() as stdin_file:
             stdin_file.write(stdin)
             stdin_file.seek(0)
-            return _run(lambda ready_fd: isolation.command(resolved, code_dir, work_dir, user, limits, ready_fd),
-                        stdin_file, limits)
+            return _run(
+                lambda ready_fd: isolation.command(resolved, code_dir, work_dir, user, limits, ready_fd),
+                stdin_file,
+                limits,
+            )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -87,10 +96,19 @@ def _watch(command, stdin_file, limits: Limits, ready_read: int, ready_write: in
     """Starts the command, reads it, kills it; `ready_write` is closed here, once started."""
     start = time.monotonic()
     try:
-        process = subprocess.Popen(command.argv, stdin=stdin_file, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   cwd=command.cwd, env=command.env, start_new_session=True,
-                                   pass_fds=(ready_write,), user=command.user, group=command.user,
-                                   extra_groups=[] if command.user is not None else None)
+        process = subprocess.Popen(
+            command.argv,
+            stdin=stdin_file,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=command.cwd,
+            env=command.env,
+            start_new_session=True,
+            pass_fds=(ready_write,),
+            user=command.user,
+            group=command.user,
+            extra_groups=[] if command.user is not None else None,
+        )
     except OSError as error:
         raise SandboxError(f"could not start {command.argv[0]}: {error}") from error
     finally:
@@ -107,12 +125,14 @@ def _watch(command, stdin_file, limits: Limits, ready_read: int, ready_write: in
     except BlockingIOError:
         started = False
     if not started:
-        raise SandboxError(f"{command.argv[0]} did not start the program: "
-                           f"{bytes(stderr[-500:]).decode(errors='replace').strip() or ending}")
+        raise SandboxError(
+            f"{command.argv[0]} did not start the program: "
+            f"{bytes(stderr[-500:]).decode(errors='replace').strip() or ending}"
+        )
     code = process.returncode if ending == "exited" else None
     if code is not None and command.argv[0] == "bwrap" and code > 128:
         code = 128 - code  # bwrap exits 128 + N when its program died of signal N
-    return Run(ending, code, bytes(stdout[:limits.output_bytes]), bytes(stderr[-STDERR_TAIL:]), wall)
+    return Run(ending, code, bytes(stdout[: limits.output_bytes]), bytes(stderr[-STDERR_TAIL:]), wall)
 
 
 def _drain(process, stdout: bytearray, stderr: bytearray, deadline: float, cap: int) -> str:

@@ -36,8 +36,10 @@ class SandboxUsers:
             self._locks.append(fd)
             self.uids.append(uid)
         self.release()
-        raise RuntimeError(f"no free sandbox uid: all {len(SANDBOX_UIDS)} of {SANDBOX_UIDS.start}..{SANDBOX_UIDS.stop - 1} "
-                           f"are held by other pools on this machine ({LOCK_DIR})")
+        raise RuntimeError(
+            f"no free sandbox uid: all {len(SANDBOX_UIDS)} of {SANDBOX_UIDS.start}..{SANDBOX_UIDS.stop - 1} "
+            f"are held by other pools on this machine ({LOCK_DIR})"
+        )
 
     def release(self) -> None:
         for fd in self._locks:

@@ -68,8 +68,10 @@ def save_sharded(strategy, folder: Path) -> None:
     with one_torch_thread():
         dcp.save(_sharded_state(strategy), checkpoint_id=str(folder))
     if strategy.rank == 0 and strategy.optimizer is not None:
-        torch.save({"scheduler": strategy.scheduler.state_dict(), "skipped_in_a_row": strategy.skipped_in_a_row},
-                   folder / SCHEDULE_FILE)
+        torch.save(
+            {"scheduler": strategy.scheduler.state_dict(), "skipped_in_a_row": strategy.skipped_in_a_row},
+            folder / SCHEDULE_FILE,
+        )
     dist.barrier()
 
 
@@ -82,8 +84,13 @@ def load_sharded(strategy, folder: Path) -> None:
     if strategy.optimizer is None:
         set_model_state_dict(strategy.model, state["model"], options=_options(strategy, loading=True))
         return
-    set_state_dict(strategy.model, strategy.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"], options=_options(strategy, loading=True))
+    set_state_dict(
+        strategy.model,
+        strategy.optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=_options(strategy, loading=True),
+    )
     schedule = torch.load(folder / SCHEDULE_FILE, weights_only=True)
     strategy.scheduler.load_state_dict(schedule["scheduler"])
     strategy.skipped_in_a_row = schedule["skipped_in_a_row"]

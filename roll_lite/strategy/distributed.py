@@ -56,8 +56,9 @@ def init_distributed(device: torch.device | None = None, store: dist.Store | Non
         if device.type == "cuda":
             torch.cuda.set_device(device)
         if store is not None:
-            dist.init_process_group(backend=backend, store=store, rank=int(os.environ["RANK"]),
-                                    world_size=int(os.environ["WORLD_SIZE"]))
+            dist.init_process_group(
+                backend=backend, store=store, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
+            )
         elif "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend=backend)
         else:

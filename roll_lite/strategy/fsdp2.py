@@ -76,8 +76,17 @@ class FSDP2Strategy:
     (policy, reference), 'value' (critic) or 'score' (a reward model in training, its new head drawn
     from `head_seed`); `trainable=False` builds no optimizer (reference)."""
 
-    def __init__(self, lm: nn.Module, config: StrategyConfig, *, head: str = "log_probs", trainable: bool = True,
-                 device: torch.device | None = None, shard_single_rank: bool = False, head_seed: int = 0):
+    def __init__(
+        self,
+        lm: nn.Module,
+        config: StrategyConfig,
+        *,
+        head: str = "log_probs",
+        trainable: bool = True,
+        device: torch.device | None = None,
+        shard_single_rank: bool = False,
+        head_seed: int = 0,
+    ):
         config.validate("strategy.")
         self.config = config
         self.device = resolve_device(device)
@@ -100,8 +109,11 @@ class FSDP2Strategy:
             self.reset_optimizer()
         self.attention_path, why = packed_attention_path(self.device, DTYPES[config.param_dtype])
         if self.rank == 0:
-            how = (f"FSDP2 on {self.world_size} rank(s), {dist.get_backend()} backend" if self.sharded else
-                   "one rank, nothing to cast: the model trains unwrapped (FSDP2 would make one shard of each tensor)")
+            how = (
+                f"FSDP2 on {self.world_size} rank(s), {dist.get_backend()} backend"
+                if self.sharded
+                else "one rank, nothing to cast: the model trains unwrapped (FSDP2 would make one shard of each tensor)"
+            )
             logger.info("%s, device %s; packed attention: %s (%s)", how, self.device, self.attention_path, why)
 
     def reset_optimizer(self, lr: float | None = None) -> None:
@@ -118,8 +130,12 @@ class FSDP2Strategy:
         # fused (adamw_fused): one kernel per tensor whose sqrt is exact on every CPU (StrategyConfig).
         kernel = {"fused": True} if config.adamw_fused else {"foreach": True}
         self.optimizer = torch.optim.AdamW(
-            self.trainable_parameters(), lr=config.lr if lr is None else lr, betas=(config.adam_beta1, config.adam_beta2),
-            eps=config.adam_eps, weight_decay=config.weight_decay, **kernel,
+            self.trainable_parameters(),
+            lr=config.lr if lr is None else lr,
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+            **kernel,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config))
 
@@ -212,8 +228,13 @@ class FSDP2Strategy:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         records = train_micro_batches(
-            self.model, pad_to_count(micro_batches, num_micro_batches), loss_func, stats_meta,
-            self.config, self.world_size, self.device,
+            self.model,
+            pad_to_count(micro_batches, num_micro_batches),
+            loss_func,
+            stats_meta,
+            self.config,
+            self.world_size,
+            self.device,
         )
         grad_norm = self._clip_grad_norm()
         skipped = not math.isfinite(grad_norm)
@@ -316,9 +337,13 @@ class FSDP2Strategy:
         """One rank only: the HF-named parameters (and buffers) themselves, detached, no copy. Their
         values change with every optimizer step (rollout.in_actor generates with them)."""
         if self.world_size != 1:
-            raise RuntimeError(f"own_parameters: every rank holds a shard ({self.world_size} ranks); use full_state_dict")
-        return {name.removeprefix("lm."): (value.to_local() if isinstance(value, DTensor) else value).detach()
-                for name, value in self.model.state_dict().items()}
+            raise RuntimeError(
+                f"own_parameters: every rank holds a shard ({self.world_size} ranks); use full_state_dict"
+            )
+        return {
+            name.removeprefix("lm."): (value.to_local() if isinstance(value, DTensor) else value).detach()
+            for name, value in self.model.state_dict().items()
+        }
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         """Load a full HF state dict (e.g. the actor's, into the reference or the critic's backbone)."""

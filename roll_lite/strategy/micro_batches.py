@@ -67,7 +67,9 @@ def row_units(data: DataProto) -> list[list[int]]:
     meta_info['rows_together'] consecutive rows (2 for preference pairs: chosen, rejected), or single rows."""
     size = int(data.meta_info.get("rows_together", 1))
     if size < 1 or len(data) % size:
-        raise ValueError(f"meta_info['rows_together'] = {size}: the batch's {len(data)} rows are not whole blocks of it")
+        raise ValueError(
+            f"meta_info['rows_together'] = {size}: the batch's {len(data)} rows are not whole blocks of it"
+        )
     return [list(range(start, start + size)) for start in range(0, len(data), size)]
 
 
@@ -94,9 +96,11 @@ def micro_batch_groups(data: DataProto, config: StrategyConfig) -> list[list[int
         longest = max(range(len(units)), key=unit_lengths.__getitem__, default=None)
         if longest is not None and len(units[longest]) > 1 and unit_lengths[longest] > budget:
             rows = units[longest]
-            raise ValueError(f"rows {rows[0]}-{rows[-1]}, kept together (meta_info['rows_together']: a preference pair), have "
-                             f"{unit_lengths[longest]} tokens, more than max_tokens_per_micro_batch={budget}; raise the "
-                             "budget to at least the longest pair")
+            raise ValueError(
+                f"rows {rows[0]}-{rows[-1]}, kept together (meta_info['rows_together']: a preference pair), have "
+                f"{unit_lengths[longest]} tokens, more than max_tokens_per_micro_batch={budget}; raise the "
+                "budget to at least the longest pair"
+            )
         return _rows_of(units, token_budget_groups(unit_lengths, budget))
     return _rows_of(units, karmarkar_karp(unit_lengths, config.grad_accum_steps))
 
@@ -108,7 +112,9 @@ def trim_to_longest_row(micro_batch: DataProto) -> DataProto:
     longest = max(row_lengths(micro_batch["attention_mask"]), default=0)
     if longest in (0, width):
         return micro_batch
-    batch = {name: t[:, :longest] if t.dim() >= 2 and t.shape[1] == width else t for name, t in micro_batch.batch.items()}
+    batch = {
+        name: t[:, :longest] if t.dim() >= 2 and t.shape[1] == width else t for name, t in micro_batch.batch.items()
+    }
     return DataProto(batch, micro_batch.non_tensor_batch, micro_batch.meta_info)
 
 
@@ -159,7 +165,11 @@ def forward_micro_batch(model, micro_batch: DataProto, config: StrategyConfig, w
             ids = torch.cat([top_k_ids[i, :length] for i, length in enumerate(lengths)])[None]
             head_options["gather_ids"] = torch.roll(ids, shifts=-1, dims=1)
         outputs = model(
-            packed.input_ids, packed.position_ids, cu_seqlens=packed.cu_seqlens, max_seqlen=packed.max_seqlen, **head_options
+            packed.input_ids,
+            packed.position_ids,
+            cu_seqlens=packed.cu_seqlens,
+            max_seqlen=packed.max_seqlen,
+            **head_options,
         )
         return {name: unpack_next_token_values(values, packed, seq_len) for name, values in outputs.items()}
     if top_k_ids is not None:
@@ -230,7 +240,9 @@ def train_micro_batches(
             continue
         micro_batch = micro_batch.to(device)
         micro_batch.meta_info.update(stats_meta)
-        micro_batch.meta_info.update(loss_scale=loss_scale, micro_batch_index=index, num_micro_batches=num_micro_batches)
+        micro_batch.meta_info.update(
+            loss_scale=loss_scale, micro_batch_index=index, num_micro_batches=num_micro_batches
+        )
         output = forward_micro_batch(model, micro_batch, config, with_entropy=True)
         loss, metrics = call_loss_func(loss_func, micro_batch, output)
         if not loss.requires_grad:

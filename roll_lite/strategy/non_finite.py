@@ -25,9 +25,11 @@ class NonFiniteStepsError(RuntimeError):
         super().__init__(grad_norm, in_a_row, rank, finding)  # what pickling (Ray) rebuilds it from
 
     def describe(self, key_prefix: str = "") -> str:
-        return (f"{skipped_step_message(self.grad_norm, self.in_a_row, self.rank, self.finding)}; "
-                f"{key_prefix}max_consecutive_skipped_steps={self.in_a_row} reached (raise it, or null to never stop; "
-                "lowering lr or fixing the data usually helps)")
+        return (
+            f"{skipped_step_message(self.grad_norm, self.in_a_row, self.rank, self.finding)}; "
+            f"{key_prefix}max_consecutive_skipped_steps={self.in_a_row} reached (raise it, or null to never stop; "
+            "lowering lr or fixing the data usually helps)"
+        )
 
     def __str__(self) -> str:
         return self.describe()
