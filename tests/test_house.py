@@ -68,7 +68,9 @@ def import_graph(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
         edges: dict[str, int] = {}
         for name, line in imported_names(module, path):
             parts = name.split(".")
-            target = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in modules), None)
+            target = next(
+                (".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in modules), None
+            )
             if target is not None and target != module:
                 edges.setdefault(target, line)
         graph[module] = edges
@@ -84,7 +86,7 @@ def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
         stack.append(module)
         for target in sorted(graph[module]):
             if state.get(target) == 1:
-                cycles.append(stack[stack.index(target):] + [target])
+                cycles.append(stack[stack.index(target) :] + [target])
             elif target not in state:
                 visit(target)
         stack.pop()
@@ -102,8 +104,11 @@ def describe_cycle(cycle: list[str], graph: dict[str, dict[str, int]], modules: 
 
 
 def test_no_file_is_over_the_line_limit():
-    lengths = {relative(path): len(path.read_text().splitlines())
-               for folder in LINE_LIMITED_FOLDERS for path in python_files(folder)}
+    lengths = {
+        relative(path): len(path.read_text().splitlines())
+        for folder in LINE_LIMITED_FOLDERS
+        for path in python_files(folder)
+    }
     too_long = {path: n for path, n in lengths.items() if n > MAX_LINES}
     assert not too_long, f"over {MAX_LINES} lines, split them: {too_long}"
 
@@ -113,7 +118,8 @@ def test_no_import_cycle():
     graph = import_graph(modules)
     cycles = import_cycles(graph)
     assert not cycles, "import cycles (module (file:line of its import) -> ...):\n" + "\n".join(
-        describe_cycle(cycle, graph, modules) for cycle in cycles)
+        describe_cycle(cycle, graph, modules) for cycle in cycles
+    )
 
 
 def imports_matching(prefixes: tuple[str, ...], files: list[Path]) -> list[str]:
@@ -129,8 +135,12 @@ def imports_matching(prefixes: tuple[str, ...], files: list[Path]) -> list[str]:
 
 def library_files_outside(*allowed: str) -> list[Path]:
     """The files of roll_lite/, pipelines/ and workers/ not under the `allowed` folders."""
-    return [path for folder in PACKAGES for path in python_files(folder)
-            if not any(relative(path).startswith(prefix + "/") for prefix in allowed)]
+    return [
+        path
+        for folder in PACKAGES
+        for path in python_files(folder)
+        if not any(relative(path).startswith(prefix + "/") for prefix in allowed)
+    ]
 
 
 def test_ray_is_imported_only_by_workers():
@@ -157,8 +167,28 @@ def test_the_linter_passes():
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "."],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+
+
+def test_the_tree_is_formatted():
+    """ruff format (pyproject.toml's line-length) would change nothing: run `ruff format .` before committing."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
 
 
@@ -231,6 +261,6 @@ def test_the_pre_commit_hooks_pin_the_ruff_the_suite_runs():
     hooks = yaml.safe_load((REPO / ".pre-commit-config.yaml").read_text())["repos"]
     (ruff,) = [repo for repo in hooks if repo["repo"].endswith("/ruff-pre-commit")]
     pinned = re.search(r'"ruff==([\d.]+)"', (REPO / "pyproject.toml").read_text())[1]
-    assert ruff["rev"] == f"v{pinned}" and [hook["id"] for hook in ruff["hooks"]] == ["ruff-check"]
+    assert ruff["rev"] == f"v{pinned}" and [hook["id"] for hook in ruff["hooks"]] == ["ruff-check", "ruff-format"]
     (local,) = [repo for repo in hooks if repo["repo"] == "local"]
     assert [hook["entry"] for hook in local["hooks"]] == ["python scripts/typecheck.py"]
