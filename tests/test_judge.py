@@ -12,17 +12,18 @@ from roll_lite.rewards.judge import Judge, check_judge_folder, parse_correctness
 from roll_lite.rollout.engine import Completions
 
 
-def save_judge(folder):
+def save_judge(folder, hidden_size=32, num_attention_heads=4, max_position_embeddings=1024):
+    """A tiny generative judge; tests/vllm_judge_check.py asks for a head size vLLM's CPU attention has kernels for."""
     tokenizer = build_char_tokenizer()
     config = AutoConfig.for_model(
         "qwen2",
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_attention_heads // 2,
+        max_position_embeddings=max_position_embeddings,
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)

@@ -13,9 +13,7 @@ import sys
 
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave this process's CPU affinity alone
 
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
-from roll_lite.model.tokenizer import build_char_tokenizer  # noqa: E402
 from roll_lite.rewards.judge import Judge  # noqa: E402
 
 ROWS = (
@@ -27,25 +25,10 @@ ROWS = (
 
 
 def save_judge(folder: str) -> str:
-    """A tiny generative judge with a head size vLLM's CPU attention has kernels for (32)."""
-    import torch
+    """The tests' tiny judge, with a head size vLLM's CPU attention has kernels for (32)."""
+    from test_judge import save_judge as save
 
-    tokenizer = build_char_tokenizer()
-    config = AutoConfig.for_model(
-        "qwen2",
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return save(folder, hidden_size=64, num_attention_heads=2, max_position_embeddings=512)
 
 
 def main(folder: str) -> dict:
