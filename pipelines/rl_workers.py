@@ -43,14 +43,16 @@ class RLWorkers:
 
     def start_workers(self) -> None:
         from roll_lite.workers.group import ModelGroup, RewardClient, RolloutClient
-        from roll_lite.workers.placement import Placement, reward_has_models
+        from roll_lite.workers.placement import Placement
+
+        from roll_lite.rewards.routing import reads_text
 
         w = self.config.workers
         # On GPUs, the processes of rank i of every model group, the rollout worker (unless it has GPUs of its
         # own, workers.rollout_gpus, or runs in the actor's process, rollout.in_actor) and a reward worker with
         # models or judges (unless workers.reward_gpus gives it a GPU of its own) share a GPU.
         colocated_rollout = w.rollout_gpus == 0 and not self.config.rollout.in_actor
-        colocated_reward = w.reward_gpus == 0 and reward_has_models(self.config)
+        colocated_reward = w.reward_gpus == 0 and reads_text(self.config.reward)
         reference_worker = self.use_reference and not self.reference_in_actor
         teachers = len(self.teachers.folders) if self.teachers is not None else 0
         own_processes = 0 if w.one_process_per_rank else reference_worker + self.use_critic

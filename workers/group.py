@@ -239,8 +239,6 @@ class RewardClient:
         from roll_lite.rewards import is_import_path
         from roll_lite.rewards.routing import all_sources
 
-        from .placement import reward_has_models
-
         reward = config.reward
         self.calls = WorkerCalls("reward", config.workers)  # its failures name their node (where_the_roles_run)
         self._get = self.calls.get
@@ -251,7 +249,7 @@ class RewardClient:
         specs = [*all_sources(reward, "functions"), *([reward.judge_parser] if reward.judge_parser else [])]
         roots = sorted(cast("set[str]", {import_root(spec) for spec in specs if is_import_path(spec)} - {None}))
         self.local = None
-        options = placement.reward(reward_has_models(config)) if placement is not None else {"num_cpus": 0}
+        options = placement.reward() if placement is not None else {"num_cpus": 0}
         self.worker = (
             ray.remote(RewardWorker)
             .options(**options)

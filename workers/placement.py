@@ -25,6 +25,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from roll_lite.config import RunConfig
+from roll_lite.rewards.routing import reads_text
 
 
 @dataclass(frozen=True)
@@ -46,16 +47,9 @@ def reservation(config: RunConfig, with_rollout: bool = True) -> Reservation:
     gpus, gpus_from = w.gpus_per_rank * w.actor_dp, "workers.gpus_per_rank × workers.actor_dp"
     if with_rollout and w.rollout_gpus:
         gpus, gpus_from = gpus + w.rollout_gpus, f"{gpus_from} + workers.rollout_gpus"
-    if with_rollout and w.gpus_per_rank and w.reward_gpus and reward_has_models(config):
+    if with_rollout and w.gpus_per_rank and w.reward_gpus and reads_text(config.reward):
         gpus, gpus_from = gpus + w.reward_gpus, f"{gpus_from} + workers.reward_gpus"
     return Reservation(cpus, gpus, cpus_from, gpus_from)
-
-
-def reward_has_models(config: RunConfig) -> bool:
-    """The reward worker loads reward models or judges (then it takes a GPU on a GPU run)."""
-    from roll_lite.rewards.routing import all_sources
-
-    return bool(all_sources(config.reward, "models") or all_sources(config.reward, "judges"))
 
 
 class Placement:
@@ -74,8 +68,9 @@ class Placement:
         self.rollout_group = (
             placement_group([{"GPU": self.rollout_gpus}], strategy="STRICT_PACK") if self.rollout_gpus else None
         )
-        own_reward_gpu = self.gpus and w.reward_gpus > 0 and reward_has_models(config)
-        self.reward_group = placement_group([{"GPU": 1}]) if own_reward_gpu else None
+        # the reward worker loads reward models or judges (reads_text): on GPUs it takes one
+        self.reward_on_gpu = self.gpus and reads_text(config.reward)
+        self.reward_group = placement_group([{"GPU": 1}]) if self.reward_on_gpu and w.reward_gpus else None
 
     def model_rank(self, role: str, rank: int) -> dict:
         """Ray actor options for rank `rank` of a model group."""
@@ -99,10 +94,10 @@ class Placement:
             }
         return {"num_cpus": 0, "num_gpus": self.gpu_share, "scheduling_strategy": self._bundle(0)}
 
-    def reward(self, has_models: bool) -> dict:
+    def reward(self) -> dict:
         """Ray actor options for the reward worker: on GPUs, with reward models or judges, a share of actor
         rank 0's GPU (colocated) or, with workers.reward_gpus=1, a GPU of its own; otherwise no GPU."""
-        if not (self.gpus and has_models):
+        if not self.reward_on_gpu:
             return {"num_cpus": 0}
         if self.reward_group is not None:
             return {

@@ -17,7 +17,7 @@ from roll_lite.config.validation_beyond_rl import validate_distill, validate_pre
 from roll_lite.config.validation_rewards import validate_reward
 from roll_lite.config.validation_rollout import validate_environment, validate_rollout
 from roll_lite.errors import ConfigError
-from roll_lite.rewards.routing import all_sources
+from roll_lite.rewards.routing import reads_text
 from roll_lite.runtime.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
 from roll_lite.strategy.config import PARAM_DTYPES
 
@@ -93,7 +93,7 @@ def _validate_workers(config: RunConfig) -> None:
             w.gpus_per_rank > 0, "workers.reward_gpus", "a GPU of the reward worker's own needs workers.gpus_per_rank=1"
         )
         check(
-            bool(all_sources(config.reward, "models") or all_sources(config.reward, "judges")),
+            reads_text(config.reward),
             "workers.reward_gpus",
             "the reward worker takes a GPU for reward models and judges, and this run has none (reward.models, "
             "reward.judges)",
