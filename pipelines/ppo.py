@@ -3,7 +3,8 @@
 `step()` reads top to bottom: rollout -> rewards -> reference / old log-probs (+ values) -> KL ->
 advantages -> loss_mask_keys -> actor (+ critic) train_step -> weight sync -> metrics. With
 rollout.async_steps = N > 0 the rollout of the next N steps runs while a step trains
-(roll_lite/rollout/ahead.py).
+(roll_lite/rollout/ahead.py); with rollout.fully_async, in cohorts that go on across weight updates
+(pipelines/async_schedule.py).
 
 Override `loss_func(batch, output)` in a subclass to change the policy loss (examples/custom_loss/). The class
 is also built, without workers, in every actor / critic worker to serve its losses: `__init__` stays light.
@@ -34,6 +35,7 @@ from roll_lite.rollout.ahead import staleness
 from roll_lite.runtime.progress import progress_bar, seconds_in_all
 
 from .advantages import estimate_advantages
+from .async_schedule import FullyAsyncSchedule
 from .dapo import filter_overlong, keep_informative_groups, shape_overlong
 from .evaluation import evaluate_held_out
 from .fresh_weights import check_fresh_weights
@@ -95,7 +97,12 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         a = self.algorithm
         self._value_loss = value_loss_func(a.loss_agg_mode, a.value_clip, self.seq_len_norm, self.loss_mask_key)
         self._shuffle = torch.Generator().manual_seed(config.seed)
-        self.schedule = RolloutSchedule(config.rollout.async_steps)  # launches, collects, weight syncs
+        # launches, collects, weight syncs: lockstep (rollout.async_steps ahead) or fully async
+        self.schedule: RolloutSchedule | FullyAsyncSchedule = (
+            FullyAsyncSchedule(config.rollout)
+            if config.rollout.fully_async
+            else RolloutSchedule(config.rollout.async_steps)
+        )
         self.stage = "start-up"  # where run() is: named by a worker failure and by a stop on a signal
 
     # -- losses: run inside the actor / critic workers ------------------------------------------
@@ -181,6 +188,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
             **{f"critic/{k}": v for k, v in critic_metrics.items()},
             "response_length/mean": mask.sum(-1).float().mean().item(),
             "rollout/staleness": weights_behind,  # steps between the sampling weights and the actor's
+            **self.schedule.last_metrics,  # fully async: per-token staleness, samples of several versions
             "perf/step_s": elapsed,
             "perf/generate_s": generated - start,
             "perf/prepare_s": prepared - generated,  # rewards, reference / old log-probs, values, advantages

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, cast
 
 from roll_lite.config import AlgorithmConfig, RunConfig, rollout_dtype
 
-from .run_log import describe_async_rollout, oversubscribed_cpu_warning
+from .run_log import describe_async_rollout, describe_fully_async, oversubscribed_cpu_warning
 
 if TYPE_CHECKING:
     from roll_lite.workers.group import ModelGroup, RewardClient, RolloutClient
     from transformers import PreTrainedTokenizerFast
 
+    from .async_schedule import FullyAsyncSchedule
     from .rollout_schedule import RolloutSchedule
     from .sft import SFTPipeline
     from .teachers import Teachers
@@ -29,7 +30,7 @@ class RLWorkers:
     config: RunConfig
     algorithm: AlgorithmConfig
     tokenizer: PreTrainedTokenizerFast
-    schedule: RolloutSchedule
+    schedule: RolloutSchedule | FullyAsyncSchedule
     teachers: Teachers | None
     warm_start_sft: SFTPipeline | None
     use_reference: bool
@@ -90,8 +91,11 @@ class RLWorkers:
         assert self.rollout is not None  # made above, in either branch
         logger.info(self.rollout.describe())
         logger.info(self.reward.describe())
+        if self.config.rollout.fully_async:
+            logger.info(describe_fully_async(self.config.rollout, self.algorithm))
         if self.config.rollout.async_steps:
             logger.info(describe_async_rollout(self.config.rollout.async_steps, self.algorithm))
+        if self.config.rollout.async_steps or self.config.rollout.fully_async:
             if (warning := oversubscribed_cpu_warning(self.config)) is not None:
                 logger.warning(warning)
 

@@ -31,6 +31,7 @@ class RolloutSchedule:
         self.on_policy = async_steps == 0
         self.engine: RolloutClient | None = None  # the RolloutClient, once the workers run
         self._pending_sync = None  # the engine's weight update, not confirmed yet
+        self.last_metrics: dict[str, float] = {}  # the fully async mode's (pipelines/async_schedule.py)
 
     def launch(self, step: int, total_steps: int, draw_prompts: DrawPrompts, params: SamplingParams) -> None:
         """Start the generations due at the start of `step`: its own and, with async_steps = N, those of
@@ -76,6 +77,12 @@ class RolloutSchedule:
         (folder / ROLLOUTS_AHEAD).write_text(json.dumps(self.queue.state_dict()))
 
     def load(self, folder: Path) -> None:
+        in_flight = folder / "rollouts_in_flight.json"  # pipelines/async_schedule.py's IN_FLIGHT
+        if in_flight.exists() and json.loads(in_flight.read_text())["rows"]:
+            raise RuntimeError(
+                f"{folder}: its run had batches in flight in the fully async mode; resume it with "
+                "rollout.fully_async=true (the same rollout.max_staleness)"
+            )
         # checkpoints written before rollout.async_steps existed have no such file: nothing was ahead
         ahead = folder / ROLLOUTS_AHEAD
         self.queue.load_state_dict(json.loads(ahead.read_text()) if ahead.exists() else [])

@@ -8,6 +8,30 @@ from roll_lite.config import RunConfig
 from roll_lite.loss import RolloutCorrection
 
 
+def describe_fully_async(rollout, algorithm) -> str:
+    from .async_schedule import segment_tokens
+
+    segment = segment_tokens(rollout)
+    ahead = (
+        "each later batch is generated whole when admitted"
+        if segment is None
+        else (
+            f"each later batch's rows generate {segment} tokens per step and, in flight at a weight update, "
+            + (
+                "go on under the new weights"
+                if rollout.on_update == "continue"
+                else "start again under the new weights"
+            )
+        )
+    )
+    return (
+        f"rollout.fully_async: batches up to {rollout.max_staleness} step(s) ahead are admitted while a step trains; "
+        f"{ahead} (rollout.on_update={rollout.on_update}); no token is more than rollout.max_staleness="
+        f"{rollout.max_staleness} weight versions older than the actor that trains on it; "
+        + describe_async_rollout(rollout.max_staleness, algorithm).split("; ", 1)[1]
+    )
+
+
 def describe_async_rollout(async_steps: int, algorithm) -> str:
     asked = [f"algorithm.{key}={value}" for key, value in RolloutCorrection.from_config(algorithm).settings_on()]
     correction = (
@@ -35,8 +59,9 @@ def oversubscribed_cpu_warning(config: RunConfig) -> str | None:
     cores, busy = os.cpu_count() or 1, w.torch_threads * (w.actor_dp + 1)
     if w.gpus_per_rank or busy <= cores:
         return None
+    ahead = "rollout.fully_async" if config.rollout.fully_async else f"rollout.async_steps={config.rollout.async_steps}"
     return (
-        f"rollout.async_steps={config.rollout.async_steps} on CPU: the rollout worker generates while "
+        f"{ahead} on CPU: the rollout worker generates while "
         f"{w.actor_dp} actor rank(s) train, {busy} torch threads on {cores} cores; set "
         f"workers.torch_threads={max(cores // (w.actor_dp + 1), 1)} or the overlap is lost to contention"
     )

@@ -207,6 +207,13 @@ class RolloutClient:
         self.base_synced = True
         return self._call("update_weights", actor.state_dict_ref(dtype, part), version)
 
+    def start_call(self, method: str, *args) -> ray.ObjectRef:
+        """Queue any of the worker's methods (the partial rollouts': admit, advance, finish)."""
+        return self._call(method, *args)
+
+    def call(self, method: str, *args):
+        return self.wait(self._call(method, *args), method)
+
     def wait(self, ref: ray.ObjectRef, method: str):
         """The answer of a started call (a failure raises WorkerError naming `method`)."""
         return self._get(ref, method)

@@ -26,6 +26,7 @@ from roll_lite.model.modeling import load_causal_lm
 from roll_lite.model.tokenizer import load_tokenizer
 from roll_lite.model.weights import FlatWeights, unflatten_state_dict
 from roll_lite.rollout import Completions, HFEngine, SamplingParams, choose_engine
+from roll_lite.rollout.partial import PartialRollouts
 from roll_lite.runtime.reproducibility import check_kernels
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class RolloutWorker:
         if engine == "hf" and static_cache:
             why += "; static KV cache" + (", compiled decoding" if self.engine.device.type == "cuda" else "")
         self.engine_description = f"rollout engine: {engine} ({why})"
+        self.partial = PartialRollouts(tokenizer.eos_token_id)
         self.weight_version = -1
 
     def describe(self) -> str:
@@ -97,6 +99,25 @@ class RolloutWorker:
         if self.offload and isinstance(self.engine, HFEngine):
             torch.cuda.empty_cache()
         return completions
+
+    # The fully async mode's partial rollouts (roll_lite/rollout/partial.py; pipelines/async_schedule.py
+    # decides what runs when). Each advance samples with the weights this worker holds at that moment.
+
+    def admit(self, cohort: int, prompts: list[list[int]], params: SamplingParams, on_update: str) -> None:
+        self.partial.admit(cohort, prompts, params, on_update)
+
+    def advance(self, cohort: int, max_tokens: int | None) -> int:
+        return self.partial.advance(cohort, max_tokens, self.weight_version, self.generate)
+
+    def finish(self, cohort: int) -> Completions:
+        self.partial.advance(cohort, None, self.weight_version, self.generate)
+        return self.partial.take(cohort)
+
+    def partial_state(self) -> dict:
+        return self.partial.state_dict()
+
+    def load_partial_state(self, state: dict) -> None:
+        self.partial.load_state_dict(state)
 
     def _with_adapters(self, model: torch.nn.Module) -> torch.nn.Module:
         """The hf engine's model with the actor's LoRA adapters (their values come with every sync)."""

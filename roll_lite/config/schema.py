@@ -84,6 +84,22 @@ class RolloutConfig:
     # trains, with weights at most N steps old (rollout/staleness); the actor recomputes the old
     # log-probs, and algorithm.rollout_is corrects the gap to the stale weights that sampled
     async_steps: int = 0
+    # true: the fully async mode (docs/rollout.md, "Fully async"): the rollout worker generates the
+    # batches of later steps while a step trains, in cohorts that go on across weight updates, each
+    # token tagged with the weights that sampled it. What runs when is decided by step numbers, never
+    # by timing: a run repeats bit for bit and resumes exactly. Needs rollout.async_steps=0
+    fully_async: bool = False
+    # fully async: no token of a sample is more weight versions older than the weights trained on it
+    # (the actor before the step). 0: every batch is sampled whole with the latest weights (the
+    # lockstep run, bit for bit)
+    max_staleness: int = 1
+    # fully async: a later batch's rows in flight at a weight update. continue: go on under the new
+    # weights from their tokens so far (the prefix is resubmitted); drop: start again under them;
+    # finish: each batch is generated whole when admitted (rollout.async_steps=max_staleness, bit for bit)
+    on_update: str = "continue"
+    # fully async, continue / drop: tokens each later batch's rows generate while a step trains, before
+    # the next weight update; null: half of rollout.max_new_tokens (rounded up)
+    segment_tokens: Optional[int] = None
     # true: the actor's process generates (hf engine), so no rollout process runs and no weights travel
     # through Ray's object store. On CPU with rollout.dtype = model.dtype the engine's tensors are the
     # actor's own parameters (a sync copies nothing); on a GPU or in another dtype the engine holds a

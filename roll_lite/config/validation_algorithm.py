@@ -84,9 +84,9 @@ def _validate_dapo(config: RunConfig) -> None:
             f"drops groups of equal scores: it needs a group estimator (grpo, dr_grpo, rloo), not {a.advantage}",
         )
         check(
-            config.rollout.async_steps == 0,
+            config.rollout.async_steps == 0 and not config.rollout.fully_async,
             "algorithm.dynamic_sampling",
-            "samples more prompts with the current weights: it needs rollout.async_steps=0",
+            "samples more prompts with the current weights: it needs rollout.async_steps=0 and rollout.fully_async=false",
         )
     check(a.max_sampling_rounds >= 0, "algorithm.max_sampling_rounds", f"must be >= 0, got {a.max_sampling_rounds}")
     buffer = a.overlong_buffer

@@ -27,10 +27,36 @@ def validate_rollout(config: RunConfig) -> None:
         "rollout.max_logp_gap",
         f"must be > 0 or null (null: log rollout/logp_gap only), got {rollout.max_logp_gap}",
     )
+    if rollout.fully_async:
+        _validate_fully_async(config)
     if rollout.engine == "vllm":
         _validate_vllm(rollout, config.workers)
     if rollout.in_actor:
         _validate_in_actor(config)
+
+
+def _validate_fully_async(config: RunConfig) -> None:
+    """rollout.fully_async (pipelines/async_schedule.py)."""
+    rollout = config.rollout
+    check(
+        rollout.async_steps == 0,
+        "rollout.async_steps",
+        "rollout.fully_async=true schedules the generations ahead itself (rollout.max_staleness): set rollout.async_steps=0",
+    )
+    check(
+        rollout.max_staleness >= 0, "rollout.max_staleness", f"must be >= 0 (0: on-policy), got {rollout.max_staleness}"
+    )
+    one_of(rollout.on_update, ("continue", "drop", "finish"), "rollout.on_update")
+    check(
+        rollout.segment_tokens is None or 1 <= rollout.segment_tokens <= rollout.max_new_tokens,
+        "rollout.segment_tokens",
+        f"must be null or in 1..rollout.max_new_tokens ({rollout.max_new_tokens}), got {rollout.segment_tokens}",
+    )
+    check(
+        config.environment.name is None,
+        "rollout.fully_async",
+        "multi-turn rollouts (environment.name) are not in the fully async mode yet: set rollout.fully_async=false",
+    )
 
 
 def _validate_vllm(rollout: RolloutConfig, workers: WorkersConfig) -> None:
@@ -85,6 +111,11 @@ def in_actor_blockers(config: RunConfig) -> list[tuple[str, str]]:
         ("rollout.engine", config.rollout.engine == "hf", "hf"),
         ("workers.actor_dp", config.workers.actor_dp == 1, "1 (one rank holds every parameter)"),
         ("rollout.async_steps", config.rollout.async_steps == 0, "0 (one process cannot train and generate at once)"),
+        (
+            "rollout.fully_async",
+            not config.rollout.fully_async,
+            "false (one process cannot train and generate at once)",
+        ),
         ("workers.offload", not config.workers.offload, "false (offload moves the parameters)"),
         ("workers.rollout_gpus", config.workers.rollout_gpus == 0, "0 (the engine generates on the actor's GPU)"),
     ]

@@ -34,8 +34,12 @@ class Completions:
     # computes; None for greedy decoding
     log_probs: list[list[float]] | None = None
     # the version of the actor's weights the engine sampled with (set by the rollout worker: the
-    # step whose update it had loaded last; 0 = the weights before RL)
+    # step whose update it had loaded last; 0 = the weights before RL); partial rollouts: the oldest
     weight_version: int = -1
+    # partial rollouts (rollout/partial.py): per token, the weight version that sampled it, and the
+    # tokens sampled and then thrown away at weight updates (rollout.on_update=drop)
+    token_versions: list[list[int]] | None = None
+    dropped_tokens: int = 0
 
 
 class RolloutEngine(Protocol):

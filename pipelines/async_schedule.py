@@ -1,0 +1,154 @@
+"""The fully async mode's schedule (rollout.fully_async): what the rollout worker generates, for which
+step, with which weights, decided by step numbers alone, so a run repeats bit for bit.
+
+Cohort c is the batch step c trains on. The engine holds weight version v (the actor after step v)
+from the end of step v. At the start of step s (the engine then has, or will have before anything
+queued after it, version s - 1) the schedule queues on the rollout worker, in this order:
+
+1. admit every cohort c <= s + max_staleness not admitted yet (its prompts are drawn now, in order);
+2. finish cohort s: generate what its rows still lack, with version s - 1, and take it;
+3. advance every later admitted cohort by rollout.segment_tokens tokens (on_update=finish: to its
+   end), still with version s - 1, while step s trains.
+
+The weight update of step s queues behind them. So cohort c's first tokens have version
+max(0, c - 1 - max_staleness) or later, and step c trains on weights c - 1: no token of any sample is
+more than max_staleness versions older than the weights being trained, by construction, whatever the
+speed of the engine or the trainer. Timing decides only how long each wait is.
+
+- max_staleness=0: cohort s is admitted and generated whole at the start of step s, one generate
+  call with the actor's latest weights: the lockstep on-policy run, bit for bit.
+- on_update=finish: a cohort is generated whole when admitted: rollout.async_steps=max_staleness, bit for bit.
+- on_update=continue / drop: a cohort in flight at an update goes on under the new weights from its
+  tokens so far / starts its unfinished rows again (roll_lite/rollout/partial.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from roll_lite.rollout import Completions, SamplingParams
+
+from .rollout_schedule import ROLLOUTS_AHEAD, DrawPrompts
+
+if TYPE_CHECKING:
+    from roll_lite.workers.group import ModelGroup, RolloutClient
+
+    from roll_lite.config.schema import RolloutConfig
+
+IN_FLIGHT = "rollouts_in_flight.json"  # in a checkpoint: the admitted cohorts, their tokens so far
+
+
+def segment_tokens(rollout: RolloutConfig) -> int | None:
+    """Tokens a later cohort advances per step; None: to its end (on_update=finish)."""
+    if rollout.on_update == "finish":
+        return None
+    if rollout.segment_tokens is not None:
+        return rollout.segment_tokens
+    return math.ceil(rollout.max_new_tokens / 2)
+
+
+def admission_version(cohort: int, max_staleness: int) -> int:
+    """The weight version cohort `cohort` is admitted with (its oldest tokens' at most this old)."""
+    return max(0, cohort - 1 - max_staleness)
+
+
+class FullyAsyncSchedule:
+    def __init__(self, rollout: RolloutConfig):
+        self.max_staleness = rollout.max_staleness
+        self.on_update = "continue" if rollout.on_update == "finish" else rollout.on_update
+        self.segment = segment_tokens(rollout)
+        self.queue: dict[int, list[int]] = {}  # admitted cohorts not trained yet -> their dataset rows
+        self.admitted_up_to = 0  # the last cohort admitted
+        self.engine: RolloutClient | None = None  # the RolloutClient, once the workers run
+        self._pending_sync = None  # the engine's weight update, not confirmed yet
+        self._finishing: dict[int, object] = {}  # cohort -> its finish call's object ref
+        self._advances: list[object] = []  # advance calls queued, checked at the next collect
+        self.last_metrics: dict[str, float] = {}  # the last collected batch's (metrics())
+
+    def launch(self, step: int, total_steps: int, draw_prompts: DrawPrompts, params: SamplingParams) -> None:
+        engine = self._engine()
+        for cohort in range(max(self.admitted_up_to, step - 1) + 1, min(step + self.max_staleness, total_steps) + 1):
+            drawn = draw_prompts()
+            if drawn is None:
+                break
+            rows, prompt_ids = drawn
+            self._advances.append(engine.start_call("admit", cohort, prompt_ids, params, self.on_update))
+            self.queue[cohort], self.admitted_up_to = rows, cohort
+        if step not in self.queue:
+            return  # the prompts are used up: collect says so
+        self._finishing[step] = engine.start_call("finish", step)
+        for cohort in sorted(c for c in self.queue if c > step):
+            self._advances.append(engine.start_call("advance", cohort, self.segment))
+
+    def is_launched(self, step: int) -> bool:
+        return step in self.queue
+
+    def collect(self, step: int) -> tuple[list[int], Completions]:
+        """(the dataset rows of `step`'s batch, its completions with each token's weight version)."""
+        engine = self._engine()
+        completions = engine.wait(self._finishing.pop(step), "finish")
+        self._check_advances()  # queued before the finish call: they have run
+        behind = step - 1 - completions.weight_version
+        if behind > self.max_staleness:  # the schedule's promise; a break here is a bug in this file
+            raise RuntimeError(
+                f"step {step}: a sample's oldest token has weight version {completions.weight_version}, "
+                f"{behind} versions behind the actor (rollout.max_staleness={self.max_staleness})"
+            )
+        self.last_metrics = self.metrics(step, completions)
+        return self.queue.pop(step), completions
+
+    def metrics(self, step: int, completions: Completions) -> dict[str, float]:
+        """Per token: how old its weights are; the share of samples whose tokens span several versions."""
+        versions = completions.token_versions or []
+        tokens = [v for row in versions for v in row]
+        return {
+            "rollout/staleness_token_mean": sum(step - 1 - v for v in tokens) / max(len(tokens), 1),
+            "rollout/mixed_version_share": sum(len(set(row)) > 1 for row in versions) / max(len(versions), 1),
+            "rollout/dropped_tokens": completions.dropped_tokens,
+        }
+
+    def start_sync(self, actor: ModelGroup, dtype: str, version: int) -> None:
+        """The actor's weights to the engine, queued behind this step's advances."""
+        self.wait_sync()
+        self._pending_sync = self._engine().start_sync(actor, dtype, version)
+
+    def wait_sync(self) -> None:
+        if self._pending_sync is not None:
+            ref, self._pending_sync = self._pending_sync, None
+            self._engine().wait(ref, "update_weights")
+
+    def save(self, folder: Path) -> None:
+        """The admitted cohorts and the rollout worker's partial rollouts (tokens, log-probs, versions)."""
+        self.wait_sync()
+        self._check_advances()
+        state = self._engine().call("partial_state")
+        rows = {str(cohort): rows for cohort, rows in self.queue.items()}
+        (folder / IN_FLIGHT).write_text(
+            json.dumps({"admitted_up_to": self.admitted_up_to, "rows": rows, "partial": state})
+        )
+
+    def load(self, folder: Path) -> None:
+        if not (folder / IN_FLIGHT).exists():  # a lockstep run's checkpoint
+            if (folder / ROLLOUTS_AHEAD).exists() and json.loads((folder / ROLLOUTS_AHEAD).read_text()):
+                raise RuntimeError(
+                    f"{folder}: its run generated batches ahead with rollout.async_steps; resume it with "
+                    "rollout.fully_async=false (the same rollout.async_steps)"
+                )
+            return
+        saved = json.loads((folder / IN_FLIGHT).read_text())
+        self.admitted_up_to = int(saved["admitted_up_to"])
+        self.queue = {int(cohort): rows for cohort, rows in saved["rows"].items()}
+        self._engine().call("load_partial_state", saved["partial"])
+
+    def _check_advances(self) -> None:
+        engine = self._engine()
+        for ref in self._advances:
+            engine.wait(ref, "advance")
+        self._advances = []
+
+    def _engine(self) -> RolloutClient:
+        assert self.engine is not None  # start_workers() set it
+        return self.engine
