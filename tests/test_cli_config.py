@@ -63,6 +63,26 @@ def run_cli(*args, cwd):
         ("algorithm.rollout_is=batch", "algorithm.rollout_is: 'batch' is not one of token, sequence"),
         ("algorithm.rollout_is_cap=0", "algorithm.rollout_is_cap: must be > 0, got 0.0"),
         ("rollout.async_steps=-1", "rollout.async_steps: must be >= 0 (0: on-policy), got -1"),
+        (
+            "rollout.fully_async=true|rollout.async_steps=1",
+            "rollout.async_steps: rollout.fully_async=true schedules the generations ahead itself",
+        ),
+        (
+            "rollout.fully_async=true|rollout.max_staleness=-1",
+            "rollout.max_staleness: must be >= 0 (0: on-policy), got -1",
+        ),
+        (
+            "rollout.fully_async=true|rollout.on_update=wait",
+            "rollout.on_update: 'wait' is not one of continue, drop, finish",
+        ),
+        (
+            "rollout.fully_async=true|rollout.segment_tokens=11",
+            "rollout.segment_tokens: must be null or in 1..rollout.max_new_tokens (10), got 11",
+        ),
+        (
+            "rollout.in_actor=true|rollout.fully_async=true",
+            "rollout.fully_async: rollout.in_actor=true needs rollout.fully_async=false",
+        ),
         ("reward.on_failure=skip", "reward.on_failure: 'skip' is not one of zero, drop"),
         (
             "reward.judges={/nonexistent/judge: 1.0}",

@@ -172,6 +172,10 @@ def test_early_turns_of_a_trajectory_that_ends_well_get_its_credit():
     [
         (["environment.name=guess_the_number"], "pipeline: environment.name asks for multi-turn rollouts"),
         ([*MULTI_TURN, "rollout.async_steps=1"], "rollout.async_steps: multi-turn rollouts .* are on-policy for now"),
+        (
+            [*MULTI_TURN, "data.train_files=x.jsonl", "rollout.fully_async=true"],
+            "rollout.fully_async: multi-turn rollouts .* are not in the fully async mode yet",
+        ),
         (MULTI_TURN, "data.train_files: multi-turn rollouts seed one environment per row"),
         (
             [*MULTI_TURN, "data.train_files=x.jsonl", "environment.credit=turn", "algorithm.advantage=gae"],

@@ -51,13 +51,13 @@ def data(tmp_path_factory):
     return [f"data.train_files={folder / 'train.jsonl'}", f"data.eval_files={folder / 'eval.jsonl'}"]
 
 
-def command(data, output: Path, run_name: str, *extra) -> list[str]:
+def command(data, output: Path, run_name: str, *extra, config: str = "configs/ppo.yaml") -> list[str]:
     return [
         sys.executable,
         "-m",
         "roll_lite.cli",
         "--config",
-        str(REPO / "configs/ppo.yaml"),
+        str(REPO / config),
         *TINY,
         *data,
         f"output_dir={output}",
@@ -286,3 +286,53 @@ def test_resume_from_an_epoch_boundary_on_another_actor_d(data, reference, tmp_p
     for got, want in zip(records[5:], expected[5:]):
         for key in ("reward/mean", "actor/pg_loss", "critic/vf_loss", "actor/grad_norm"):
             assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (got["step"], key)
+
+
+# configs/grpo_async.yaml, rollout.fully_async (pipelines/async_schedule.py): the next batch advances 5 tokens
+# per step while a step trains and goes on under the new weights at each update
+FULLY_ASYNC = "configs/grpo_async.yaml"
+FULLY_ASYNC_ONLY = ("rollout/staleness_token_mean", "rollout/mixed_version_share", "rollout/dropped_tokens")
+
+
+def test_fully_async_with_max_staleness_0_is_the_lockstep_run_bit_for_bit(data, reference, tmp_path):
+    run(command(data, tmp_path, "fresh", "rollout.fully_async=true", "rollout.max_staleness=0"))
+    records = metrics(tmp_path / "fresh")
+    assert all(r["rollout/staleness_token_mean"] == r["rollout/mixed_version_share"] == 0 for r in records[1:])
+    without = [{k: v for k, v in r.items() if k not in FULLY_ASYNC_ONLY} for r in records]
+    assert_same_trajectory(without, metrics(reference))
+
+
+@pytest.fixture(scope="module")
+def fully_async_reference(data, tmp_path_factory):
+    output = tmp_path_factory.mktemp("fully_async")
+    (output / "driver.log").write_text(run(command(data, output, "ref", config=FULLY_ASYNC)).stderr)
+    return output / "ref"
+
+
+def test_fully_async_tokens_span_weight_versions_within_the_bound(fully_async_reference):
+    log = (fully_async_reference.parent / "driver.log").read_text()
+    assert "rollout.fully_async: batches up to 1 step(s) ahead" in log and "generate 5 tokens per step" in log
+    records = metrics(fully_async_reference)[1:]
+    assert [r["rollout/staleness"] for r in records] == [0] + [1] * (STEPS - 1)
+    # from step 2 on, every sample's first tokens come from the weights before the previous step
+    assert all(0 < r["rollout/staleness_token_mean"] < 1 and r["rollout/mixed_version_share"] > 0 for r in records[1:])
+    assert all(r["actor/rollout_is_weight"] != 1.0 for r in records[2:])
+    in_flight = json.loads((layout.step_dir(fully_async_reference, 2) / "rollouts_in_flight.json").read_text())
+    assert in_flight["admitted_up_to"] == 3 and list(in_flight["rows"]) == ["3"]
+    rows = in_flight["partial"]["3"]["rows"]
+    assert len(rows) == 8 and all(set(row["versions"]) == {1} and 1 <= len(row["tokens"]) <= 5 for row in rows)
+
+
+def test_fully_async_killed_at_a_random_step_and_resumed_repeats_the_uninterrupted_run(
+    data, fully_async_reference, tmp_path
+):
+    """Two runs of one seed are equal bit for bit up to the kill; the resume from the checkpoint, which
+    holds the next batch half generated with weights that are gone, continues the uninterrupted run."""
+    kill_after = random.randint(3, STEPS - 1)
+    print(f"SIGKILL after step {kill_after}")
+    run_until(command(data, tmp_path, "killed", config=FULLY_ASYNC), f"step {kill_after}/{STEPS} |")
+    lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()[:kill_after]
+    assert_same_trajectory([json.loads(line) for line in lines], metrics(fully_async_reference)[:kill_after])
+    resumed = run(command(data, tmp_path, "killed", config=FULLY_ASYNC))
+    assert "resumed from" in resumed.stderr
+    assert_same_trajectory(metrics(tmp_path / "killed"), metrics(fully_async_reference))
