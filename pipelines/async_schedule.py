@@ -108,6 +108,8 @@ class FullyAsyncSchedule:
             "rollout/staleness_token_mean": sum(step - 1 - v for v in tokens) / max(len(tokens), 1),
             "rollout/mixed_version_share": sum(len(set(row)) > 1 for row in versions) / max(len(versions), 1),
             "rollout/dropped_tokens": completions.dropped_tokens,
+            # the engine's generate time since the previous batch: with perf/step_s, its idle share
+            "perf/engine_busy_s": completions.engine_s,
         }
 
     def start_sync(self, actor: ModelGroup, dtype: str, version: int) -> None:

@@ -8,6 +8,7 @@ Ray's GCS, raylet, workers) outlive it; other Ray clusters on the machine are no
 import fcntl
 import os
 import pty
+import re
 import signal
 import struct
 import subprocess
@@ -78,6 +79,13 @@ class CriticRaises(PPOPipeline):
             (MARKS / "critic.pid").write_text(str(os.getpid()))
             raise ValueError("this critic_loss_func fails on purpose")
         return super().critic_loss_func(batch, output)
+
+
+class Pauses(Misbehaving):
+    kind = "pauses"  # the test kills the rollout worker meanwhile
+
+    def misbehave(self):
+        time.sleep(3)
 
 
 class Hangs(Misbehaving):
@@ -326,3 +334,19 @@ def test_a_worker_that_is_alive_but_stuck_is_warned_about_then_stops_the_run_aft
     assert "roll-train: worker failure: actor rank 0 did not answer train_step at step 2" in output, output[-3000:]
     assert "no answer from actor ranks 0, 1 within 8 s (workers.call_timeout_s): alive but stuck" in output
     assert seconds < 40, seconds  # the sleeping worker would take 120 s
+
+
+def test_fully_async_a_rollout_worker_killed_while_a_step_trains_stops_the_run_naming_it(tmp_path):
+    """rollout.fully_async: the next batch is in flight on the rollout worker while step 2 trains; the
+    worker is killed then. The driver's next wait on it (the weight update, or the batch) names it."""
+    process = start(tmp_path, "Pauses", "rollout.fully_async=true", "algorithm.rollout_is=token")
+    wait_for_file(tmp_path / "pauses.pid", process)
+    run_pids = descendants(process.pid)
+    rollout = [pid for pid in run_pids if b"RolloutWorker" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(rollout) == 1, {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in run_pids}
+    os.kill(rollout[0], signal.SIGKILL)
+    code, output, seconds = finish(process, run_pids, timeout=60)
+    assert code == 1, output[-3000:]
+    failure = re.search(r"roll-train: worker failure: rollout died during (\w+) at step (\d+)", output)
+    assert failure and failure[1] in ("update_weights", "finish") and failure[2] in ("2", "3"), output[-3000:]
+    assert seconds < 30, seconds

@@ -81,6 +81,7 @@ class RolloutWorker:
             why += "; static KV cache" + (", compiled decoding" if self.engine.device.type == "cuda" else "")
         self.engine_description = f"rollout engine: {engine} ({why})"
         self.partial = PartialRollouts(tokenizer.eos_token_id)
+        self.generating_s = 0.0  # partial rollouts' generate time since the last batch was taken
         self.weight_version = -1
 
     def describe(self) -> str:
@@ -107,11 +108,16 @@ class RolloutWorker:
         self.partial.admit(cohort, prompts, params, on_update)
 
     def advance(self, cohort: int, max_tokens: int | None) -> int:
-        return self.partial.advance(cohort, max_tokens, self.weight_version, self.generate)
+        start = time.perf_counter()
+        calls = self.partial.advance(cohort, max_tokens, self.weight_version, self.generate)
+        self.generating_s += time.perf_counter() - start
+        return calls
 
     def finish(self, cohort: int) -> Completions:
-        self.partial.advance(cohort, None, self.weight_version, self.generate)
-        return self.partial.take(cohort)
+        self.advance(cohort, None)
+        completions = self.partial.take(cohort)
+        completions.engine_s, self.generating_s = self.generating_s, 0.0
+        return completions
 
     def partial_state(self) -> dict:
         return self.partial.state_dict()

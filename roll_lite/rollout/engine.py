@@ -40,6 +40,7 @@ class Completions:
     # tokens sampled and then thrown away at weight updates (rollout.on_update=drop)
     token_versions: list[list[int]] | None = None
     dropped_tokens: int = 0
+    engine_s: float = 0.0  # partial rollouts: seconds the engine generated since the previous batch was taken
 
 
 class RolloutEngine(Protocol):
