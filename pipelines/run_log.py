@@ -12,18 +12,19 @@ def describe_fully_async(rollout, algorithm) -> str:
     from .async_schedule import segment_tokens
 
     segment = segment_tokens(rollout)
-    ahead = (
-        "each later batch is generated whole when admitted"
-        if segment is None
-        else (
-            f"each later batch's rows generate {segment} tokens per step and, in flight at a weight update, "
-            + (
-                "go on under the new weights"
-                if rollout.on_update == "continue"
-                else "start again under the new weights"
-            )
+    if rollout.max_staleness == 0:
+        ahead = "each batch is generated whole at the start of its step (max_staleness=0: the lockstep run)"
+    elif segment is None:
+        ahead = "each later batch is generated whole when admitted"
+    else:
+        how_far = (
+            f"{segment} tokens at a time for as long as a step trains (rollout.schedule=greedy: timing decides, "
+            "a run does not repeat)"
+            if rollout.schedule == "greedy"
+            else f"{segment} tokens per step"
         )
-    )
+        update = "go on under the new weights" if rollout.on_update == "continue" else "start again under them"
+        ahead = f"each later batch's rows generate {how_far} and, in flight at a weight update, {update}"
     return (
         f"rollout.fully_async: batches up to {rollout.max_staleness} step(s) ahead are admitted while a step trains; "
         f"{ahead} (rollout.on_update={rollout.on_update}); no token is more than rollout.max_staleness="

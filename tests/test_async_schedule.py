@@ -27,14 +27,14 @@ PARAMS = SamplingParams(max_new_tokens=6, num_samples=2, temperature=1.0)
 class VersionedWorker:
     """The rollout worker's partial-rollout calls; a token depends on its prefix and on the weights."""
 
-    def __init__(self, delays: random.Random | None = None):
-        self.version, self.delays = 0, delays
+    def __init__(self, pause=None):
+        self.version, self.pause = 0, pause  # pause: () -> seconds to sleep in each generate call
         self.partial = PartialRollouts(EOS)
         self.generated: list[tuple] = []  # (prompts, max_new_tokens, num_samples, version) per generate call
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
-        if self.delays is not None:
-            time.sleep(self.delays.uniform(0, 0.004))
+        if self.pause is not None:
+            time.sleep(self.pause())
         self.generated.append(([list(p) for p in prompts], params.max_new_tokens, params.num_samples, self.version))
         rows = []
         for prompt in prompts:
@@ -105,21 +105,22 @@ def prompts_drawn():
     return draw
 
 
-def train(schedule, client, trainer_delays: random.Random | None = None) -> list[tuple[list[int], Completions]]:
-    """PPOPipeline.step's calls on the schedule, STEPS times; the batches it trained on."""
+def train(schedule, client, trainer_pause=None) -> list[tuple[list[int], Completions]]:
+    """PPOPipeline.step's calls on the schedule, STEPS times (`trainer_pause`: () -> seconds each step
+    trains); the batches it trained on."""
     schedule.engine = client
     batches, draw = [], prompts_drawn()
     for step in range(1, STEPS + 1):
         schedule.launch(step, STEPS, draw, PARAMS)
         batches.append(schedule.collect(step))
-        if trainer_delays is not None:
-            time.sleep(trainer_delays.uniform(0, 0.004))
+        if trainer_pause is not None:
+            time.sleep(trainer_pause())
         schedule.start_sync(None, "float32", version=step)
     schedule.wait_sync()
     return batches
 
 
-def fully_async(max_staleness, on_update="continue", segment_tokens=2):
+def fully_async(max_staleness, on_update="continue", segment_tokens=2, schedule="deterministic"):
     return FullyAsyncSchedule(
         RolloutConfig(
             fully_async=True,
@@ -127,16 +128,15 @@ def fully_async(max_staleness, on_update="continue", segment_tokens=2):
             on_update=on_update,
             segment_tokens=segment_tokens,
             max_new_tokens=PARAMS.max_new_tokens,
+            schedule=schedule,
         )
     )
 
 
-@pytest.mark.parametrize("on_update", ["continue", "drop"])
-@pytest.mark.parametrize("max_staleness", [0, 1, 2, 3])
-@pytest.mark.parametrize("segment_tokens", [1, 2, 6])
-def test_no_token_of_any_sample_is_more_than_max_staleness_versions_behind(max_staleness, on_update, segment_tokens):
-    batches = train(fully_async(max_staleness, on_update, segment_tokens), InlineClient(VersionedWorker()))
-    assert [rows for rows, _ in batches] == [[2 * s, 2 * s + 1] for s in range(STEPS)]  # every prompt, in order
+def assert_within_the_bound(batches, max_staleness) -> int:
+    """Every prompt, in order; each sample's tokens no older than the bound. Returns the samples whose
+    tokens span several weight versions."""
+    assert [rows for rows, _ in batches] == [[2 * s, 2 * s + 1] for s in range(STEPS)]
     mixed = 0
     for step, (_, completions) in enumerate(batches, start=1):
         for versions in completions.token_versions:
@@ -145,6 +145,15 @@ def test_no_token_of_any_sample_is_more_than_max_staleness_versions_behind(max_s
             assert versions[0] >= admission_version(step, max_staleness)
             assert versions[-1] <= step - 1  # nothing from the future
             mixed += len(set(versions)) > 1
+    return mixed
+
+
+@pytest.mark.parametrize("on_update", ["continue", "drop"])
+@pytest.mark.parametrize("max_staleness", [0, 1, 2, 3])
+@pytest.mark.parametrize("segment_tokens", [1, 2, 6])
+def test_no_token_of_any_sample_is_more_than_max_staleness_versions_behind(max_staleness, on_update, segment_tokens):
+    batches = train(fully_async(max_staleness, on_update, segment_tokens), InlineClient(VersionedWorker()))
+    mixed = assert_within_the_bound(batches, max_staleness)
     if max_staleness == 0:
         assert mixed == 0
     elif on_update == "continue" and segment_tokens < PARAMS.max_new_tokens:
@@ -155,9 +164,9 @@ def test_no_token_of_any_sample_is_more_than_max_staleness_versions_behind(max_s
 def test_timing_decides_nothing(max_staleness):
     inline = train(fully_async(max_staleness), InlineClient(VersionedWorker()))
     for seed in range(3):
-        delays = random.Random(seed)
-        threaded = InlineClient(VersionedWorker(delays=random.Random(seed + 100)), threaded=True)
-        assert train(fully_async(max_staleness), threaded, trainer_delays=delays) == inline, seed
+        engine, trainer = random.Random(seed + 100), random.Random(seed)
+        threaded = InlineClient(VersionedWorker(pause=lambda: engine.uniform(0, 0.004)), threaded=True)
+        assert train(fully_async(max_staleness), threaded, lambda: trainer.uniform(0, 0.004)) == inline, seed
 
 
 @pytest.mark.parametrize("max_staleness", [0, 1, 2])
@@ -169,3 +178,25 @@ def test_finish_makes_the_engine_calls_of_async_steps_and_zero_staleness_those_o
         batches = train(fully_async(max_staleness, on_update), InlineClient(fully))
         assert fully.generated == async_steps.generated, on_update
         assert all(c.token_ids and c.weight_version == max(0, s - max_staleness) for s, (_, c) in enumerate(batches))
+
+
+@pytest.mark.parametrize("trainer_s, engine_s", [(0.0, 0.004), (0.004, 0.0), (0.002, 0.002)])
+@pytest.mark.parametrize("max_staleness", [1, 3])
+def test_greedy_keeps_the_bound_whether_the_engine_is_much_faster_or_much_slower_than_the_trainer(
+    max_staleness, trainer_s, engine_s
+):
+    for seed in range(2):
+        engine, trainer = random.Random(seed), random.Random(seed + 10)
+        worker = VersionedWorker(pause=lambda: engine.uniform(0, engine_s))
+        schedule = fully_async(max_staleness, segment_tokens=1, schedule="greedy")
+        batches = train(schedule, InlineClient(worker, threaded=True), lambda: trainer.uniform(0, trainer_s))
+        assert_within_the_bound(batches, max_staleness)
+
+
+def test_greedy_with_a_slow_trainer_generates_the_later_batches_whole_before_the_update():
+    """A step that trains 50 ms against an engine that answers at once: each later cohort ends while
+    the step trains, so every token of it comes from its admission's weights."""
+    schedule = fully_async(1, segment_tokens=1, schedule="greedy")
+    batches = train(schedule, InlineClient(VersionedWorker(), threaded=True), lambda: 0.05)
+    for step, (_, completions) in enumerate(batches, start=1):
+        assert {v for row in completions.token_versions for v in row} == {max(0, step - 2)}, step

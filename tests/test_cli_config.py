@@ -80,6 +80,14 @@ def run_cli(*args, cwd):
             "rollout.segment_tokens: must be null or in 1..rollout.max_new_tokens (10), got 11",
         ),
         (
+            "rollout.fully_async=true|rollout.schedule=fast",
+            "rollout.schedule: 'fast' is not one of deterministic, greedy",
+        ),
+        (
+            "rollout.fully_async=true|rollout.schedule=greedy|rollout.on_update=finish",
+            "rollout.schedule: greedy advances the later batches while a step trains",
+        ),
+        (
             "rollout.in_actor=true|rollout.fully_async=true",
             "rollout.fully_async: rollout.in_actor=true needs rollout.fully_async=false",
         ),

@@ -100,6 +100,10 @@ class RolloutConfig:
     # fully async, continue / drop: tokens each later batch's rows generate while a step trains, before
     # the next weight update; null: half of rollout.max_new_tokens (rounded up)
     segment_tokens: Optional[int] = None
+    # fully async: deterministic (what runs when follows the step numbers: runs repeat and resume bit for
+    # bit) | greedy (while a step trains, the later batches advance segment_tokens at a time for as long
+    # as it trains: more overlap, but a run does not repeat)
+    schedule: str = "deterministic"
     # true: the actor's process generates (hf engine), so no rollout process runs and no weights travel
     # through Ray's object store. On CPU with rollout.dtype = model.dtype the engine's tensors are the
     # actor's own parameters (a sync copies nothing); on a GPU or in another dtype the engine holds a

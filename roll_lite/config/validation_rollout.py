@@ -47,6 +47,13 @@ def _validate_fully_async(config: RunConfig) -> None:
         rollout.max_staleness >= 0, "rollout.max_staleness", f"must be >= 0 (0: on-policy), got {rollout.max_staleness}"
     )
     one_of(rollout.on_update, ("continue", "drop", "finish"), "rollout.on_update")
+    one_of(rollout.schedule, ("deterministic", "greedy"), "rollout.schedule")
+    check(
+        not (rollout.schedule == "greedy" and rollout.on_update == "finish"),
+        "rollout.schedule",
+        "greedy advances the later batches while a step trains; on_update=finish generates them whole when "
+        "admitted: set rollout.on_update=continue or drop",
+    )
     check(
         rollout.segment_tokens is None or 1 <= rollout.segment_tokens <= rollout.max_new_tokens,
         "rollout.segment_tokens",
