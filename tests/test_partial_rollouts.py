@@ -160,3 +160,24 @@ def test_with_the_hf_engine_a_fresh_cohort_is_the_lockstep_call_bit_for_bit_and_
             logits = model(ids).logits[0, len(prompts[prompt_index]) - 1 : -1]
         expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(row)[:, None]).squeeze(1)
         assert torch.allclose(torch.tensor(log_probs), expected, atol=1e-5)
+
+
+def test_the_batch_carries_each_response_tokens_weight_version_beside_its_log_prob():
+    from types import SimpleNamespace
+
+    from roll_lite.data.prompts import PromptData
+    from roll_lite.data.sequences import completion_batch
+
+    partial, engine = PartialRollouts(EOS), ScriptedEngine(version=3)
+    partial.admit(1, PROMPTS, PARAMS, "continue")
+    partial.advance(1, 2, 3, engine.generate)
+    engine.version = 4
+    partial.advance(1, None, 4, engine.generate)
+    taken = partial.take(1)
+    tokenizer = SimpleNamespace(pad_token_id=99, decode=lambda ids, skip_special_tokens: str(ids))
+    prompts = PromptData(PROMPTS, ["a", "b", "c"], ["", "", ""], [{}, {}, {}])
+    batch = completion_batch(prompts, taken, tokenizer)
+    mask = batch["response_mask"].bool()
+    assert torch.equal(batch["rollout_versions"] >= 0, mask)
+    assert batch["rollout_versions"][mask].tolist() == [v for row in taken.token_versions for v in row]
+    assert batch["rollout_log_probs"][mask].tolist() == [-float(v) for row in taken.token_versions for v in row]

@@ -75,7 +75,8 @@ def build_target_batch(
 def completion_batch(prompts: "PromptData", generated: "Completions", tokenizer) -> DataProto:
     """Sequences of every (prompt, sample) the engine returned: tensors + response_text, group ids, and
     per row the prompt's answer and extra fields (non_tensor_batch 'answer', 'extra': a dict per row).
-    When sampling, also the engine's log-prob of each response token ('rollout_log_probs')."""
+    When sampling, also the engine's log-prob of each response token ('rollout_log_probs'); with partial
+    rollouts (rollout.fully_async), the weight version that sampled it ('rollout_versions', -1 elsewhere)."""
     completions = generated.token_ids
     n = len(completions) // len(prompts)
     batch = build_sequence_batch(
@@ -86,7 +87,18 @@ def completion_batch(prompts: "PromptData", generated: "Completions", tokenizer)
     batch.non_tensor_batch["answer"] = [a for a in prompts.answers for _ in range(n)]
     batch.non_tensor_batch["extra"] = [e for e in prompts.extras for _ in range(n)]
     batch.non_tensor_batch["prompt"] = [p for p in prompts.prompts for _ in range(n)]  # a string or chat messages
+    if generated.token_versions is not None:  # partial rollouts: the weight version of each response token
+        batch.batch["rollout_versions"] = response_aligned(batch["response_mask"], generated.token_versions, fill=-1)
     return DataProto(batch.batch, batch.non_tensor_batch)
+
+
+def response_aligned(response_mask: torch.Tensor, values: list[list[int]], fill: int) -> torch.Tensor:
+    """[rows, width]: each row's values on its response tokens (right after its prompt), `fill` elsewhere."""
+    aligned = torch.full(response_mask.shape, fill, dtype=torch.long)
+    for row, row_values in enumerate(values):
+        start = int(response_mask[row].nonzero()[0]) if row_values else 0
+        aligned[row, start : start + len(row_values)] = torch.tensor(row_values, dtype=torch.long)
+    return aligned
 
 
 def token_ids(batch: DataProto) -> list[list[int]]:
