@@ -6,6 +6,7 @@ import pytest
 import torch
 from distributed_harness import OPTIMIZER_CASE, OPTIMIZER_SETTINGS, reference, run_optimizer_step
 from loss_cases import global_batch, make_loss
+from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.data import DataProto
 from roll_lite.loss.checker import TINY_MODEL, random_rl_batch
@@ -32,6 +33,40 @@ def test_clipped_adamw_step_on_two_ranks_matches_a_hand_step():
     for name, p in lm.named_parameters():
         torch.testing.assert_close(state[name], p.detach(), rtol=1e-9, atol=1e-12)
     assert scale < 1.0  # the clip was active
+
+
+def _broadcast_rank(rank: int, world_size: int, port: int, out_dir: str):
+    join_group(rank, world_size, port)
+    from roll_lite.strategy import distributed
+
+    distributed.BROADCAST_BUCKET_BYTES = 100  # a few tensors per bucket, and one tensor larger than a bucket
+    generator = torch.Generator().manual_seed(rank)
+    tensors = [
+        torch.randn(3, 4, generator=generator, dtype=torch.float64),
+        torch.randn(5, 6, generator=generator).t(),  # not contiguous
+        torch.randn(7, generator=generator).to(torch.bfloat16),
+        torch.randint(0, 1000, (4,), generator=generator),
+        torch.randn(2, generator=generator, dtype=torch.float64),
+        torch.randn(40, generator=generator),  # 160 bytes: a bucket of its own
+        torch.randn(0, generator=generator),
+        torch.randn(3, generator=generator, dtype=torch.float64),
+    ]
+    before = [t.clone() for t in tensors]
+    distributed.broadcast_from_rank0(tensors)
+    torch.save((before, tensors), f"{out_dir}/{rank}.pt")
+    leave_group()
+
+
+def test_ranks_start_from_rank_zeros_tensors_bit_for_bit(tmp_path):
+    # FSDP2Strategy._shard's broadcast_from_rank0: bucketed by dtype and size, flattened, copied back.
+    spawn_ranks(_broadcast_rank, 2, str(tmp_path))
+    before0, after0 = torch.load(tmp_path / "0.pt")
+    before1, after1 = torch.load(tmp_path / "1.pt")
+    assert not torch.equal(before0[0], before1[0])  # the ranks did start apart
+    for b0, a0, a1 in zip(before0, after0, after1):
+        assert a1.dtype == b0.dtype and a1.shape == b0.shape
+        assert torch.equal(a0, b0) and torch.equal(a1, b0)
+    assert not after1[1].is_contiguous()  # written in place, layout kept
 
 
 @pytest.mark.parametrize(

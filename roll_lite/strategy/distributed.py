@@ -67,6 +67,37 @@ def init_distributed(device: torch.device | None = None, store: dist.Store | Non
     return dist.get_rank(), dist.get_world_size()
 
 
+BROADCAST_BUCKET_BYTES = 64 * 2**20
+
+
+def broadcast_from_rank0(tensors: list[torch.Tensor]) -> None:
+    """Overwrite every rank's `tensors` in place with rank 0's: one broadcast per bucket of tensors of one
+    dtype and device (up to BROADCAST_BUCKET_BYTES, flattened into one buffer) instead of one per tensor.
+    Each collective is a meeting of all ranks, and on a loaded CPU a meeting costs more than its bytes:
+    the exactness matrix's two-rank cases spent ~13 ms of each ~0.15 s case in 29 one-tensor broadcasts.
+    The values are copied, never computed: bit for bit rank 0's, as with one broadcast per tensor."""
+    buckets: dict[tuple, list[list[torch.Tensor]]] = {}
+    sizes: dict[tuple, int] = {}
+    for tensor in tensors:
+        key = (tensor.dtype, tensor.device)
+        nbytes = tensor.numel() * tensor.element_size()
+        if key not in buckets or sizes[key] + nbytes > BROADCAST_BUCKET_BYTES:
+            buckets.setdefault(key, []).append([])
+            sizes[key] = 0
+        buckets[key][-1].append(tensor)
+        sizes[key] += nbytes
+    receive = dist.get_rank() != 0
+    for bucket in (bucket for per_key in buckets.values() for bucket in per_key):
+        if len(bucket) == 1 and bucket[0].is_contiguous():
+            dist.broadcast(bucket[0], src=0)
+            continue
+        flat = torch.cat([tensor.reshape(-1) for tensor in bucket])
+        dist.broadcast(flat, src=0)
+        if receive:
+            for tensor, piece in zip(bucket, flat.split([tensor.numel() for tensor in bucket])):
+                tensor.copy_(piece.view_as(tensor))
+
+
 def close_distributed() -> None:
     """Leave the process group cleanly: wait for every rank, then destroy it.
 

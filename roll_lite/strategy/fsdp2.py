@@ -34,7 +34,7 @@ from roll_lite.model.attention import packed_attention_path
 from roll_lite.model.modeling import CausalLMWithLogProbs, CausalLMWithScoreHead, CausalLMWithValueHead, decoder_layers
 from roll_lite.runtime.metrics import reduce_metrics, to_float
 from roll_lite.strategy.config import StrategyConfig
-from roll_lite.strategy.distributed import init_distributed, resolve_device
+from roll_lite.strategy.distributed import broadcast_from_rank0, init_distributed, resolve_device
 from roll_lite.strategy.micro_batches import (
     LossFunc,
     forward_micro_batch,
@@ -181,9 +181,8 @@ class FSDP2Strategy:
                     state[key] = value.to(device, non_blocking=True)
 
     def _shard(self, model: nn.Module) -> nn.Module:
-        # Every rank must start from the same weights: take rank 0's.
-        for tensor in list(model.parameters()) + list(model.buffers()):
-            dist.broadcast(tensor.data, src=0)
+        # Every rank must start from the same weights: take rank 0's (in a few flattened broadcasts).
+        broadcast_from_rank0([tensor.data for tensor in list(model.parameters()) + list(model.buffers())])
         compute_dtype, model_dtype = DTYPES[self.config.param_dtype], _dtype_of(model)
         mp_policy = MixedPrecisionPolicy()
         if compute_dtype != model_dtype:
