@@ -1,5 +1,6 @@
 """Real roll-train processes, tiny model: killed with SIGKILL and resumed, killed while writing a
-checkpoint, run twice, resumed on another D, generating one step ahead (rollout.async_steps=1). The
+checkpoint, run twice, resumed on another D, generating one step ahead (rollout.async_steps=1), fully
+async (rollout.fully_async: max_staleness 0 equal to the lockstep run, configs/grpo_async.yaml). The
 metrics trajectory of a run is compared, key by key and bit for bit, with an uninterrupted run's
 (perf/* timings aside: they are wall-clock times).
 
@@ -40,6 +41,8 @@ TINY = [
     "save_model=false",
 ]
 ASYNC = ["rollout.async_steps=1", "algorithm.rollout_is=token"]
+# the fully async mode's own metrics (pipelines/async_schedule.py)
+FULLY_ASYNC_ONLY = ("rollout/staleness_token_mean", "rollout/mixed_version_share", "rollout/dropped_tokens")
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +206,9 @@ def test_rollout_and_reward_workers_of_their_own_give_the_same_run_as_the_actor_
     chose it) and scores its token_accuracy reward in the driver (reward.in_driver=null chose it: no reward
     process). With a rollout worker, a reference, a critic and a reward worker in processes of their own and
     the same seeds, the trajectory is the same bit for bit, through a SIGKILL and a resume (the engine's
-    sampling position is in the checkpoint)."""
+    sampling position is in the checkpoint). The rollout worker runs the fully async mode with
+    rollout.max_staleness=0, which is the lockstep run bit for bit (pipelines/async_schedule.py): each
+    batch is admitted and generated whole, in one call, at the start of its step."""
     reference_log = (reference.parent / "driver.log").read_text()
     assert "rollout engine: hf (rollout.in_actor: in the actor's process" in reference_log
     assert "rewards: scored in the driver (reward.in_driver" in reference_log
@@ -216,13 +221,19 @@ def test_rollout_and_reward_workers_of_their_own_give_the_same_run_as_the_actor_
         "rollout.in_actor=false",
         "reward.in_driver=false",
         "workers.one_process_per_rank=false",
+        "rollout.fully_async=true",
+        "rollout.max_staleness=0",
     )
     log = run_until(args, f"step 3/{STEPS} |")
     assert "rollout engine: hf (rollout.engine=hf)" in log and "rewards: scored by a reward worker of its own" in log
     for role in ("reference", "critic"):
         assert f"{role}: 1 process of its own (workers.one_process_per_rank=false)" in log
+    assert "rollout.fully_async: batches up to 0 step(s) ahead" in log
     run(args)
-    assert_same_trajectory(metrics(tmp_path / "worker"), metrics(reference))
+    records = metrics(tmp_path / "worker")
+    assert all(r["rollout/staleness_token_mean"] == r["rollout/mixed_version_share"] == 0 for r in records[1:])
+    without = [{k: v for k, v in r.items() if k not in FULLY_ASYNC_ONLY} for r in records]
+    assert_same_trajectory(without, metrics(reference))
 
 
 @pytest.fixture(scope="module")
@@ -291,15 +302,6 @@ def test_resume_from_an_epoch_boundary_on_another_actor_d(data, reference, tmp_p
 # configs/grpo_async.yaml, rollout.fully_async (pipelines/async_schedule.py): the next batch advances 5 tokens
 # per step while a step trains and goes on under the new weights at each update
 FULLY_ASYNC = "configs/grpo_async.yaml"
-FULLY_ASYNC_ONLY = ("rollout/staleness_token_mean", "rollout/mixed_version_share", "rollout/dropped_tokens")
-
-
-def test_fully_async_with_max_staleness_0_is_the_lockstep_run_bit_for_bit(data, reference, tmp_path):
-    run(command(data, tmp_path, "fresh", "rollout.fully_async=true", "rollout.max_staleness=0"))
-    records = metrics(tmp_path / "fresh")
-    assert all(r["rollout/staleness_token_mean"] == r["rollout/mixed_version_share"] == 0 for r in records[1:])
-    without = [{k: v for k, v in r.items() if k not in FULLY_ASYNC_ONLY} for r in records]
-    assert_same_trajectory(without, metrics(reference))
 
 
 @pytest.fixture(scope="module")
