@@ -72,7 +72,10 @@ class FullyAsyncSchedule:
         self.engine: RolloutClient | None = None  # the RolloutClient, once the workers run
         self._pending_sync = None  # the engine's weight update, not confirmed yet
         self._finishing: dict[int, object] = {}  # cohort -> its finish call's object ref
-        self._advances: list[object] = []  # advance calls queued, checked at the next collect
+        # admit / advance calls queued and not checked yet; those queued before a finish call have run
+        # when it answers, the ones after it run while the step trains (waiting on them would serialize)
+        self._advances: list[object] = []
+        self._before_finish: dict[int, list[object]] = {}  # step -> the calls queued before its finish
         self.last_metrics: dict[str, float] = {}  # the last collected batch's (metrics())
 
     def launch(self, step: int, total_steps: int, draw_prompts: DrawPrompts, params: SamplingParams) -> None:
@@ -86,6 +89,7 @@ class FullyAsyncSchedule:
             self.queue[cohort], self.admitted_up_to = rows, cohort
         if step not in self.queue:
             return  # the prompts are used up: collect says so
+        self._before_finish[step], self._advances = self._advances, []
         self._finishing[step] = engine.start_call("finish", step)
         later = sorted(c for c in self.queue if c > step)
         if self.greedy:
@@ -101,7 +105,7 @@ class FullyAsyncSchedule:
         """(the dataset rows of `step`'s batch, its completions with each token's weight version)."""
         engine = self._engine()
         completions = engine.wait(self._finishing.pop(step), "finish")
-        self._check_advances()  # queued before the finish call: they have run
+        self._check(self._before_finish.pop(step))  # they ran before the finish call: no wait
         behind = step - 1 - completions.weight_version
         if behind > self.max_staleness:  # the schedule's promise; a break here is a bug in this file
             raise RuntimeError(
@@ -164,10 +168,14 @@ class FullyAsyncSchedule:
             advancing.stop()
 
     def _check_advances(self) -> None:
-        engine = self._engine()
-        for ref in self._advances:
-            engine.wait(ref, "advance")
+        self._check(self._advances)
         self._advances = []
+
+    def _check(self, refs: list[object]) -> None:
+        """Their answers (an error in one raises here, naming the call)."""
+        engine = self._engine()
+        for ref in refs:
+            engine.wait(ref, "advance")
 
     def _engine(self) -> RolloutClient:
         assert self.engine is not None  # start_workers() set it

@@ -200,3 +200,20 @@ def test_greedy_with_a_slow_trainer_generates_the_later_batches_whole_before_the
     batches = train(schedule, InlineClient(VersionedWorker(), threaded=True), lambda: 0.05)
     for step, (_, completions) in enumerate(batches, start=1):
         assert {v for row in completions.token_versions for v in row} == {max(0, step - 2)}, step
+
+
+def test_a_step_does_not_wait_for_the_advances_of_later_batches():
+    """The advances queued after step 1's batch run while step 1 trains: collect returns first."""
+    release, worker = threading.Event(), VersionedWorker()
+    advance = worker.advance
+    worker.advance = lambda cohort, max_tokens: release.wait(10) and advance(cohort, max_tokens)
+    schedule = fully_async(1)
+    schedule.engine = InlineClient(worker, threaded=True)
+    schedule.launch(1, STEPS, prompts_drawn(), PARAMS)
+    start = time.monotonic()
+    rows, _ = schedule.collect(1)
+    assert rows == [0, 1] and time.monotonic() - start < 5 and not release.is_set()
+    release.set()
+    schedule.start_sync(None, "float32", version=1)
+    schedule.wait_sync()
+    assert worker.partial.cohorts[2].rows[0].tokens  # cohort 2 advanced before the update
