@@ -36,14 +36,12 @@ from typing import TYPE_CHECKING
 
 from roll_lite.rollout import Completions, SamplingParams
 
-from .rollout_schedule import ROLLOUTS_AHEAD, DrawPrompts
+from .rollout_schedule import IN_FLIGHT, ROLLOUTS_AHEAD, DrawPrompts
 
 if TYPE_CHECKING:
     from roll_lite.workers.group import ModelGroup, RolloutClient
 
     from roll_lite.config.schema import RolloutConfig
-
-IN_FLIGHT = "rollouts_in_flight.json"  # in a checkpoint: the admitted cohorts, their tokens so far
 
 
 def segment_tokens(rollout: RolloutConfig) -> int | None:

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from roll_lite.workers.group import ModelGroup, RolloutClient
 
 ROLLOUTS_AHEAD = "rollouts_ahead.json"  # in a checkpoint: the generations launched for later steps
+# in a checkpoint of the fully async mode (pipelines/async_schedule.py): the admitted batches, their tokens so far
+IN_FLIGHT = "rollouts_in_flight.json"
 
 # () -> (dataset rows, their prompt ids) of the next prompts, or None when they are used up
 DrawPrompts = Callable[[], "tuple[list[int], list[list[int]]] | None"]
@@ -77,7 +79,7 @@ class RolloutSchedule:
         (folder / ROLLOUTS_AHEAD).write_text(json.dumps(self.queue.state_dict()))
 
     def load(self, folder: Path) -> None:
-        in_flight = folder / "rollouts_in_flight.json"  # pipelines/async_schedule.py's IN_FLIGHT
+        in_flight = folder / IN_FLIGHT
         if in_flight.exists() and json.loads(in_flight.read_text())["rows"]:
             raise RuntimeError(
                 f"{folder}: its run had batches in flight in the fully async mode; resume it with "

@@ -29,11 +29,19 @@ def describe_fully_async(rollout, algorithm) -> str:
         f"rollout.fully_async: batches up to {rollout.max_staleness} step(s) ahead are admitted while a step trains; "
         f"{ahead} (rollout.on_update={rollout.on_update}); no token is more than rollout.max_staleness="
         f"{rollout.max_staleness} weight versions older than the actor that trains on it; "
-        + describe_async_rollout(rollout.max_staleness, algorithm).split("; ", 1)[1]
+        + off_policy_handling(algorithm)
     )
 
 
 def describe_async_rollout(async_steps: int, algorithm) -> str:
+    return (
+        f"rollout.async_steps={async_steps}: the next steps' batches are generated while a step trains, with "
+        f"weights up to {async_steps} step(s) older than the actor (rollout/staleness); {off_policy_handling(algorithm)}"
+    )
+
+
+def off_policy_handling(algorithm) -> str:
+    """Where the old log-probs come from, and what corrects the gap to the weights that sampled."""
     asked = [f"algorithm.{key}={value}" for key, value in RolloutCorrection.from_config(algorithm).settings_on()]
     correction = (
         f"{', '.join(asked)} correct(s) the gap to the sampling weights"
@@ -46,10 +54,7 @@ def describe_async_rollout(async_steps: int, algorithm) -> str:
         if algorithm.rollout_bypass
         else "the actor recomputes the old log-probs"
     )
-    return (
-        f"rollout.async_steps={async_steps}: the next steps' batches are generated while a step trains, with "
-        f"weights up to {async_steps} step(s) older than the actor (rollout/staleness); {old}, and {correction}"
-    )
+    return f"{old}, and {correction}"
 
 
 def oversubscribed_cpu_warning(config: RunConfig) -> str | None:
