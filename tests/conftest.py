@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -43,9 +44,12 @@ def pytest_configure(config):
         import torch
 
         # Two OpenMP threads each in two processes on two cores wait for each other's preempted threads:
-        # test_invariance.py took 69 s beside the other process, 12 s alone. Threads of the processes the
-        # tests start (roll-train, Ray workers, spawned ranks) are set where they start, as before.
+        # test_invariance.py took 69 s beside the other process, 12 s alone. One thread here, and by default
+        # in the processes the tests start (scripts, vLLM engines, roll-check-loss): test_invariance.py and
+        # test_cuda_check_smoke.py beside a busy core took 97 s with two threads each, 27 s with one.
+        # roll-train's Ray workers and spawned ranks set their own (workers.torch_threads, ...).
         torch.set_num_threads(1)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def file_of(nodeid: str) -> str:

@@ -25,8 +25,9 @@ other values under qemu's emulated AVX2-only CPUs (Intel Haswell, AMD EPYC-Rome,
 other) than here; its exp, log, sin, cos, tanh and erf agreed with them on 200,000 random values. So a
 portable run computes no sqrt through it: AdamW runs its fused kernel (StrategyConfig.adamw_fused, set
 by the model workers, workers/model_worker.py; foreach AdamW's sqrt is VM's), whose sqrt is the CPU's
-exact one, and GRPO's group std goes through float64 (roll_lite/loss/advantages.py exact_sqrt, in
-every setting). A custom loss calling torch.sqrt on float32 CPU tensors brings VM's sqrt back.
+exact one, and GRPO's group std takes the CPU's sqrt instruction through numpy (roll_lite/loss/
+advantages.py exact_sqrt, in every setting; on an Intel Xeon torch's float64 sqrt is an ulp off too).
+A custom loss calling torch.sqrt on float32 CPU tensors brings VM's sqrt back.
 kernel_fingerprint() covers the ops a portable run uses (a fused AdamW step included);
 benchmarks/determinism.py --emulate compares a training under qemu's CPUs with this one's.
 
