@@ -4,6 +4,7 @@ as Ray builds them). tests/test_failures.py sees them through real runs."""
 import ray
 import torch
 from roll_lite.workers.calls import WorkerCalls, worker_error
+from roll_lite.workers.cluster import node_names
 
 from roll_lite.config import WorkersConfig
 from roll_lite.runtime.failures import WorkerError
@@ -91,6 +92,25 @@ def test_on_a_cluster_of_several_nodes_a_failure_names_its_node_and_what_else_ra
         worker_error(ray.exceptions.ActorDiedError(), "actor", 1, "x")
     )
     assert one_node.headline() == "actor rank 1 died during x"  # one node: where_the_roles_run tells nothing
+
+
+def test_nodes_that_share_an_address_are_named_by_their_ids_too():
+    # Several raylets on one machine (tests/test_several_hosts.py without network namespaces): the
+    # failure of one names that node, and what else ran there, not what ran on its neighbours.
+    names = node_names([("aaaaaaaa11", "10.0.0.1"), ("bbbbbbbb22", "10.0.0.2"), ("cccccccc33", "10.0.0.2")])
+    assert names == {
+        "aaaaaaaa11": "10.0.0.1",
+        "bbbbbbbb22": "10.0.0.2 (node bbbbbbbb)",
+        "cccccccc33": "10.0.0.2 (node cccccccc)",
+    }
+    calls = WorkerCalls("actor", WorkersConfig())
+    calls.nodes = {
+        "actor rank 0": names["bbbbbbbb22"],
+        "actor rank 1": names["cccccccc33"],
+        "rollout": names["cccccccc33"],
+    }
+    died = calls._on_node(worker_error(ray.exceptions.ActorDiedError(), "actor", 0, "train_step"))
+    assert died.headline() == "actor rank 0 died during train_step on node 10.0.0.2 (node bbbbbbbb)"
 
 
 PEER_DIED = """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,19 +68,19 @@ def start_ray(
 
 
 def where_the_roles_run(roles: dict[str, Any]) -> str | None:
-    """On a cluster of several nodes, one line with the node address of the driver and of each role's
+    """On a cluster of several nodes, one line with the node (node_names) of the driver and of each role's
     processes; None on one node, where everything runs. `roles`: name -> its ModelGroup, RolloutClient
     or RewardClient (workers/group.py), or None where the run has no such role. Their calls learn the
     node of every worker: a failure then names its node and what else ran there."""
-    nodes = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
+    nodes = node_names([(node["NodeID"], node["NodeManagerAddress"]) for node in ray.nodes() if node["Alive"]])
     if len(nodes) < 2:
         return None
 
-    def address(where: dict) -> str:
+    def name_of(where: dict) -> str:
         return nodes.get(where["node_id"], where["node_id"])
 
-    parts = [f"driver on {ray.util.get_node_ip_address()}"]
-    held: dict[str, str] = {}  # "actor rank 1" -> its node's address, shared by every role's WorkerCalls
+    parts = [f"driver on {name_of({'node_id': ray.get_runtime_context().get_node_id()})}"]
+    held: dict[str, str] = {}  # "actor rank 1" -> its node's name, shared by every role's WorkerCalls
     for name, role in roles.items():
         if role is None:
             continue
@@ -89,12 +90,22 @@ def where_the_roles_run(roles: dict[str, Any]) -> str | None:
             continue
         found = role.where()
         if isinstance(found, list):  # a ModelGroup: one per rank
-            held.update({f"{name} rank {i}": address(rank) for i, rank in enumerate(found)})
-            parts.append(f"{name} " + ", ".join(f"rank {i} on {address(rank)}" for i, rank in enumerate(found)))
+            held.update({f"{name} rank {i}": name_of(rank) for i, rank in enumerate(found)})
+            parts.append(f"{name} " + ", ".join(f"rank {i} on {name_of(rank)}" for i, rank in enumerate(found)))
         else:
-            held[name] = address(found)
-            parts.append(f"{name} on {address(found)}")
+            held[name] = name_of(found)
+            parts.append(f"{name} on {name_of(found)}")
     return f"placement on {len(nodes)} nodes: " + "; ".join(parts)
+
+
+def node_names(nodes: list[tuple[str, str]]) -> dict[str, str]:
+    """{node id: its name in the log} for the (node id, address) of the alive nodes: the address, and
+    where several nodes share one (raylets on one machine) the start of the id too, so that a failure
+    names the node it lost and only the workers that ran on that node."""
+    shared = Counter(address for _, address in nodes)
+    return {
+        node_id: address if shared[address] == 1 else f"{address} (node {node_id[:8]})" for node_id, address in nodes
+    }
 
 
 def shadowing_directories() -> list[str]:
