@@ -26,12 +26,13 @@ import torch
 from roll_lite.config import ConfigError, RunConfig
 from roll_lite.data import DataProto
 from roll_lite.data.files import read_table
-from roll_lite.environments.episodes import Episode, EpisodeLimits, EpisodeStart, run_episodes
+from roll_lite.environments.episodes import Episode, EpisodeLimits, EpisodeLoop, EpisodeStart, run_episodes
 from roll_lite.environments.seeds import derived_seed
 from roll_lite.environments.turns import trajectory_batch
 from roll_lite.loss.advantages import turn_level_advantages
 from roll_lite.rollout import SamplingParams
 
+from .async_episodes import FullyAsyncEpisodes, turn_token_versions
 from .ppo import PPOPipeline
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ class MultiTurnPipeline(PPOPipeline):
                 "trajectory is handled by environment.on_fault)"
             )
         super().__init__(config)
+        if config.rollout.fully_async:  # later batches play while a step trains (pipelines/async_episodes.py)
+            self.schedule = FullyAsyncEpisodes(config.rollout, self.cohort_loop)
         self.environments: EnvironmentRunner | None = None  # in the driver, from start_workers to the end of run()
         self.episodes: list[Episode] = []  # the step's episodes, and those of them in its batch
         self.kept: list[Episode] = []
@@ -105,17 +108,39 @@ class MultiTurnPipeline(PPOPipeline):
         try:
             return super().run()
         finally:
+            if isinstance(self.schedule, FullyAsyncEpisodes):
+                self.schedule.stop()
             if self.environments is not None:
                 self.environments.close()
                 self.environments = None
 
     # -- rollout ------------------------------------------------------------------------------------
 
-    def draw_prompts(self) -> None:
-        """Nothing is launched ahead (rollout.async_steps=0): collect_rollout plays the step's episodes."""
-        return None
+    def draw_prompts(self) -> tuple[list[int], list[list[int]]] | None:
+        """The fully async mode's next rows (their prompts are the environments' first observations);
+        None otherwise: collect_rollout plays the step's episodes (rollout.async_steps=0)."""
+        assert self.sampler is not None  # prepare_data() made it
+        if not self.config.rollout.fully_async:
+            return None
+        rows = self.sampler.draw(self.config.rollout.prompts_per_step)
+        return (rows, []) if rows else None
 
     def collect_rollout(self, step: int) -> tuple[DataProto, int]:
+        if isinstance(self.schedule, FullyAsyncEpisodes):
+            if not self.schedule.is_launched(step):
+                raise RuntimeError(
+                    f"step {step}: the training rows are used up (data.epochs={self.config.data.epochs})"
+                )
+            _, self.episodes = self.schedule.collect(step)
+            batch = self.episode_batch(self.episodes, step)
+            versions = torch.full_like(batch["model_mask"], -1)
+            for row, episode in enumerate(self.kept):
+                start = len(cast("Trajectory", episode.trajectory).prompt_ids)
+                token_versions = turn_token_versions(episode)
+                versions[row, start : start + len(token_versions)] = torch.tensor(token_versions)
+            batch.batch["rollout_versions"] = versions
+            oldest = versions[batch["model_mask"].bool()].min().item()
+            return batch, step - 1 - int(oldest)
         assert self.sampler is not None  # prepare_data() made it
         rows = self.sampler.draw(self.config.rollout.prompts_per_step)
         if not rows:
@@ -123,17 +148,39 @@ class MultiTurnPipeline(PPOPipeline):
         self.episodes = self.play([self.train_data[row] for row in rows], rows, self.sampling_params(), "train")
         return self.episode_batch(self.episodes, step), 0
 
+    def cohort_loop(self, cohort: int, rows: list[int] | None) -> EpisodeLoop:
+        """The fully async mode's EpisodeLoop of step `cohort`'s rows (their resets submitted), or an empty
+        one for a checkpoint to fill (rows None). Keys (split, row, sample, cohort): a row may be in two
+        batches in flight."""
+        loop = EpisodeLoop(
+            _EngineCalls(self.rollout), self.environments, self.tokenizer, self.sampling_params(), self.limits
+        )
+        if rows is None:
+            return loop
+        samples = range(self.config.rollout.num_samples)
+        seeds = [self.environment_seed(self.train_data[row], row, "train") for row in rows]
+        return loop.start(
+            [
+                EpisodeStart(("train", row, sample, cohort), seed, dict(self.train_data[row]))
+                for row, seed in zip(rows, seeds)
+                for sample in samples
+            ]
+        )
+
     def play(self, rows: list[dict], row_ids: list[int], params: SamplingParams, split: str) -> list[Episode]:
         """Every row's `params.num_samples` episodes, with the engine's current weights."""
         self.schedule.wait_sync()
-        e = self.config.environment
-        limits = EpisodeLimits(e.max_turns, e.max_new_tokens_per_turn, e.max_trajectory_tokens, self.positions)
         starts = [
             EpisodeStart((split, row_id, sample), self.environment_seed(row, row_id, split), dict(row))
             for row, row_id in zip(rows, row_ids)
             for sample in range(params.num_samples)
         ]
-        return run_episodes(_EngineCalls(self.rollout), self.environments, self.tokenizer, starts, params, limits)
+        return run_episodes(_EngineCalls(self.rollout), self.environments, self.tokenizer, starts, params, self.limits)
+
+    @property
+    def limits(self) -> EpisodeLimits:
+        e = self.config.environment
+        return EpisodeLimits(e.max_turns, e.max_new_tokens_per_turn, e.max_trajectory_tokens, self.positions)
 
     @cached_property
     def positions(self) -> int | None:
@@ -173,7 +220,7 @@ class MultiTurnPipeline(PPOPipeline):
             )
         # casts: a kept episode has a trajectory; its key is play()'s (split, row, sample)
         batch = trajectory_batch(cast("list[Trajectory]", [e.trajectory for e in kept]), self.tokenizer.pad_token_id)
-        rows = [cast("tuple[str, int, int]", e.key)[1] for e in kept]
+        rows = [cast("tuple[str, int, int]", e.key)[1] for e in kept]  # fully async: (split, row, sample, cohort)
         batch.batch["group_ids"] = torch.unique(torch.tensor(rows), return_inverse=True)[1]
         if self.config.environment.truncated == "mask":
             cut = torch.tensor([e.truncated for e in kept])

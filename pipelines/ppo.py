@@ -35,6 +35,7 @@ from roll_lite.rollout.ahead import staleness
 from roll_lite.runtime.progress import progress_bar, seconds_in_all
 
 from .advantages import estimate_advantages
+from .async_episodes import FullyAsyncEpisodes
 from .async_schedule import FullyAsyncSchedule
 from .dapo import filter_overlong, keep_informative_groups, shape_overlong
 from .evaluation import evaluate_held_out
@@ -98,7 +99,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         self._value_loss = value_loss_func(a.loss_agg_mode, a.value_clip, self.seq_len_norm, self.loss_mask_key)
         self._shuffle = torch.Generator().manual_seed(config.seed)
         # launches, collects, weight syncs: lockstep (rollout.async_steps ahead) or fully async
-        self.schedule: RolloutSchedule | FullyAsyncSchedule = (
+        self.schedule: RolloutSchedule | FullyAsyncSchedule | FullyAsyncEpisodes = (
             FullyAsyncSchedule(config.rollout)
             if config.rollout.fully_async
             else RolloutSchedule(config.rollout.async_steps)
@@ -132,9 +133,11 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
 
     def collect_rollout(self, step: int) -> tuple[DataProto, int]:
         """(the batch of `step`, how many steps older than the actor its sampling weights are)."""
-        if not self.schedule.is_launched(step):
+        schedule = self.schedule
+        assert not isinstance(schedule, FullyAsyncEpisodes)  # MultiTurnPipeline's: it collects its episodes itself
+        if not schedule.is_launched(step):
             raise RuntimeError(f"step {step}: the training prompts are used up (data.epochs={self.config.data.epochs})")
-        rows, completions = self.schedule.collect(step)
+        rows, completions = schedule.collect(step)
         return completion_batch(self.train_data.select(rows), completions, self.tokenizer), staleness(step, completions)
 
     def step(self, step: int) -> dict[str, float]:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from roll_lite.config import RunConfig
 
+    from .async_episodes import FullyAsyncEpisodes
     from .async_schedule import FullyAsyncSchedule
     from .rollout_schedule import RolloutSchedule
 
@@ -23,7 +24,7 @@ class RLCheckpoints:
     # _shuffle in __init__, the model groups and the rollout client in start_workers): declared for the
     # type checker only, no value here.
     config: RunConfig
-    schedule: RolloutSchedule | FullyAsyncSchedule
+    schedule: RolloutSchedule | FullyAsyncSchedule | FullyAsyncEpisodes
     _shuffle: torch.Generator
     actor: ModelGroup
     critic: ModelGroup | None

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from roll_lite.data.domain_sampler import DomainSampler, PromptSampler  # what training_sampler returns
 
+    from .async_episodes import FullyAsyncEpisodes
     from .async_schedule import FullyAsyncSchedule
     from .rollout_schedule import RolloutSchedule
     from .teachers import Teachers
@@ -32,7 +33,7 @@ class RLData:
     # declared for the type checker only, no value here.
     config: RunConfig
     tokenizer: PreTrainedTokenizerFast
-    schedule: RolloutSchedule | FullyAsyncSchedule
+    schedule: RolloutSchedule | FullyAsyncSchedule | FullyAsyncEpisodes
     teachers: Teachers | None
     train_data: Any  # read_data()'s rows: PromptData here, the dataset's dicts in MultiTurnPipeline
     eval_data: Any

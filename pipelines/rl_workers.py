@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from roll_lite.workers.group import ModelGroup, RewardClient, RolloutClient
     from transformers import PreTrainedTokenizerFast
 
+    from .async_episodes import FullyAsyncEpisodes
     from .async_schedule import FullyAsyncSchedule
     from .rollout_schedule import RolloutSchedule
     from .sft import SFTPipeline
@@ -30,7 +31,7 @@ class RLWorkers:
     config: RunConfig
     algorithm: AlgorithmConfig
     tokenizer: PreTrainedTokenizerFast
-    schedule: RolloutSchedule | FullyAsyncSchedule
+    schedule: RolloutSchedule | FullyAsyncSchedule | FullyAsyncEpisodes
     teachers: Teachers | None
     warm_start_sft: SFTPipeline | None
     use_reference: bool
@@ -92,7 +93,9 @@ class RLWorkers:
         logger.info(self.rollout.describe())
         logger.info(self.reward.describe())
         if self.config.rollout.fully_async:
-            logger.info(describe_fully_async(self.config.rollout, self.algorithm))
+            logger.info(
+                describe_fully_async(self.config.rollout, self.algorithm, self.config.environment.name is not None)
+            )
         if self.config.rollout.async_steps:
             logger.info(describe_async_rollout(self.config.rollout.async_steps, self.algorithm))
         if self.config.rollout.async_steps or self.config.rollout.fully_async:

@@ -8,7 +8,7 @@ from roll_lite.config import RunConfig
 from roll_lite.loss import RolloutCorrection
 
 
-def describe_fully_async(rollout, algorithm) -> str:
+def describe_fully_async(rollout, algorithm, multi_turn: bool = False) -> str:
     from .async_schedule import segment_tokens
 
     segment = segment_tokens(rollout)
@@ -16,6 +16,13 @@ def describe_fully_async(rollout, algorithm) -> str:
         ahead = "each batch is generated whole at the start of its step (max_staleness=0: the lockstep run)"
     elif segment is None:
         ahead = "each later batch is generated whole when admitted"
+    elif multi_turn:
+        rounds = (
+            "rounds of turns for as long as a step trains (rollout.schedule=greedy: timing decides, a run does not repeat)"
+            if rollout.schedule == "greedy"
+            else f"{rollout.segment_turns} round(s) of turns per step"
+        )
+        ahead = f"each later batch's trajectories play {rounds} and go on under the new weights at an update"
     else:
         how_far = (
             f"{segment} tokens at a time for as long as a step trains (rollout.schedule=greedy: timing decides, "

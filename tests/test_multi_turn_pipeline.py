@@ -173,8 +173,12 @@ def test_early_turns_of_a_trajectory_that_ends_well_get_its_credit():
         (["environment.name=guess_the_number"], "pipeline: environment.name asks for multi-turn rollouts"),
         ([*MULTI_TURN, "rollout.async_steps=1"], "rollout.async_steps: multi-turn rollouts .* are on-policy for now"),
         (
-            [*MULTI_TURN, "data.train_files=x.jsonl", "rollout.fully_async=true"],
-            "rollout.fully_async: multi-turn rollouts .* are not in the fully async mode yet",
+            [*MULTI_TURN, "data.train_files=x.jsonl", "rollout.fully_async=true", "rollout.on_update=drop"],
+            "rollout.on_update: drop starts a row again, but an environment cannot be rewound",
+        ),
+        (
+            [*MULTI_TURN, "data.train_files=x.jsonl", "rollout.fully_async=true", "rollout.segment_turns=0"],
+            "rollout.segment_turns: must be >= 1, got 0",
         ),
         (MULTI_TURN, "data.train_files: multi-turn rollouts seed one environment per row"),
         (

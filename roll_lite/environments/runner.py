@@ -144,6 +144,36 @@ class EnvironmentRunner:
             self._finish(record)
         self._queues[record.process].put(_Call("release", env_id, record))
 
+    def record_of(self, env_id: Hashable) -> dict:
+        """What rebuilds a running environment elsewhere (adopt): its seed, row fields, actions and results."""
+        with self._lock:
+            record = self._records[env_id]
+            if record.busy or record.state != "running":
+                raise ValueError(f"environment {env_id!r} is {'busy' if record.busy else record.state}, not settled")
+            return {
+                "seed": record.seed,
+                "fields": record.fields,
+                "actions": record.actions,
+                "recorded": record.recorded,
+            }
+
+    def adopt(self, env_id: Hashable, saved: dict) -> None:
+        """A running environment from record_of (a checkpoint's): rebuilt by replaying its reset and
+        actions before its next step; when the replay differs, that step ends it as "lost"."""
+        with self._lock:
+            index = min(range(len(self.processes)), key=self._hosted.__getitem__)
+            self._records[env_id] = _Record(
+                index,
+                saved["seed"],
+                saved["fields"],
+                "running",
+                False,
+                -1,
+                list(saved["actions"]),
+                list(saved["recorded"]),
+            )
+            self._hosted[index] += 1
+
     def running(self) -> list[Hashable]:
         with self._lock:
             return [env_id for env_id, record in self._records.items() if record.state == "running"]
