@@ -207,7 +207,7 @@ def quickstart_log_patterns() -> list[re.Pattern]:
 
 def test_readme_demo_command_runs_and_draws_its_curves(tmp_path):
     # The README's demo command verbatim, from the repository root, with overrides appended that keep it
-    # to two tiny steps; the README then sends the reader to outputs/<run_name>/curves.png, and the
+    # to two tiny steps; the README then sends the reader to outputs/<run_name>/curves.svg, and the
     # quickstart shows the log lines a reader should see.
     line = "roll-train --config configs/ppo.yaml"
     assert line in doc_commands.command_lines("\n".join(block.body for block in readme_bash_blocks()))
@@ -218,7 +218,8 @@ def test_readme_demo_command_runs_and_draws_its_curves(tmp_path):
         argv, cwd=REPO, capture_output=True, text=True, timeout=600, env={**env, "RAY_AUTH_MODE": "disabled"}
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert (tmp_path / "demo" / "curves.png").stat().st_size > 1000
+    curves = (tmp_path / "demo" / "curves.svg").read_text()
+    assert all(f">{name}</text>" in curves for name in ("reward/mean", "eval/reward_mean", "actor/kl")), curves[:500]
     assert "advantage: gae" in (tmp_path / "demo" / "config.yaml").read_text()
     patterns = quickstart_log_patterns()
     assert len(patterns) >= 8

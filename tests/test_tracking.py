@@ -71,3 +71,27 @@ def test_resuming_cuts_metrics_jsonl_back_to_the_checkpoint_and_says_which_steps
 
 def test_step_span_names_one_step_a_range_or_a_list():
     assert [step_span(s) for s in ([7], [51, 52, 53], [3, 5, 8])] == ["step 7", "steps 51-53", "steps 3, 5, 8"]
+
+
+def test_curves_svg_draws_a_chart_per_metric_with_a_finite_value(tmp_path):
+    from xml.etree import ElementTree
+
+    from roll_lite.runtime.curves import write_curves
+
+    path = write_curves(
+        tmp_path / "curves.svg",
+        {
+            "reward/mean": [(1, 0.5), (2, float("nan")), (3, 0.75)],  # the nan is left out, the line goes on
+            "actor/kl": [(1, 0.0)],  # one value: a chart with a range around it
+            "eval/reward_mean": [(2, float("inf"))],  # nothing finite: no chart
+            "perf/step_s": [(step, 0.1) for step in range(40)],  # many points: a line without marks
+        },
+    )
+    svg = ElementTree.parse(path).getroot()  # well-formed
+    ns = "{http://www.w3.org/2000/svg}"
+    titles = [t.text for t in svg.iter(f"{ns}text") if t.get("font-size") == "13"]
+    assert titles == ["reward/mean", "actor/kl", "perf/step_s"]
+    lines = [line.get("points").split() for line in svg.iter(f"{ns}polyline")]
+    assert [len(points) for points in lines] == [2, 1, 40]
+    assert len(list(svg.iter(f"{ns}circle"))) == 3  # reward/mean's two and actor/kl's one
+    assert write_curves(tmp_path / "none.svg", {"reward/mean": []}) is None and not (tmp_path / "none.svg").exists()

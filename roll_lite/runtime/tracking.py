@@ -1,5 +1,5 @@
 """The run directory: resolved config, metrics.jsonl, the held-out answers of each eval
-(eval_samples/), PNG plots, and wandb (online/offline/disabled)."""
+(eval_samples/), curves.svg (runtime/curves.py), and wandb (online/offline/disabled)."""
 
 from __future__ import annotations
 
@@ -126,30 +126,11 @@ class RunLogger:
         return paths
 
     def write_plots(self) -> list[Path]:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from roll_lite.runtime.curves import write_curves
 
         series = {name: [(r["step"], r[name]) for r in self.history if r.get(name) is not None] for name in PLOTTED}
-        series = {name: points for name, points in series.items() if points}
-        if not series:
-            return []
-        columns = 2
-        rows = math.ceil(len(series) / columns)
-        figure, axes = plt.subplots(rows, columns, figsize=(10, 3 * rows), squeeze=False)
-        for axis, (name, points) in zip(axes.flat, series.items()):
-            steps, values = zip(*points)
-            axis.plot(steps, values, marker="o" if len(points) < 30 else None)
-            axis.set_title(name)
-            axis.set_xlabel("step")
-        for axis in list(axes.flat)[len(series) :]:
-            axis.axis("off")
-        figure.tight_layout()
-        path = self.run_dir / "curves.png"
-        figure.savefig(path, dpi=80)
-        plt.close(figure)
-        return [path]
+        path = write_curves(self.run_dir / "curves.svg", series)
+        return [] if path is None else [path]
 
 
 def rewrite_metrics(metrics_path: Path, history: list[dict]) -> list[int]:
