@@ -10,8 +10,8 @@ cluster would. Nothing routes further: the namespaces have no default route and 
               # bridge removed, when the block ends, whatever happened in it
 
 Needs root and iproute2 (`ip`); where either is missing, or the kernel refuses a namespace, entering
-raises NoNamespaces with the reason (`hosts_or_skip` turns it into a pytest skip). Names carry this
-process's pid, so two pytest processes (the suite runs `-n 2`) never share one.
+raises NoNamespaces with the reason (tests/raylets.py's `hosts_or_raylets` then makes hosts of another
+kind). Names carry this process's pid, so two pytest processes (the suite runs `-n 2`) never share one.
 """
 
 from __future__ import annotations
@@ -23,11 +23,8 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pytest
 
 SUBNETS = "10.77.{}.0/24"  # private; the third number is picked free on this machine
 # Held while a subnet is picked and the bridge takes its address: two runs at once pick different ones.
@@ -70,8 +67,14 @@ class Host:
         found = ip("netns", "pids", self.namespace, check=False).stdout.split()
         return [int(pid) for pid in found]
 
+    def running(self) -> bool:
+        """Whether the last process started is running."""
+        return self.processes[-1].poll() is None
+
 
 class Hosts:
+    shared_network = False  # each host has a network stack of its own: the same port in each is no clash
+
     def __init__(self, count: int):
         self.count = count
         self.tag = f"rl{os.getpid()}"  # interface names have 15 characters at most: "rl" + pid + "h1"
@@ -188,17 +191,3 @@ def free_subnet_prefix() -> str:
         if f" {prefix}." not in taken:
             return prefix
     raise RuntimeError(f"no free subnet {SUBNETS.format('N')} on this machine")
-
-
-@contextmanager
-def hosts_or_skip(count: int) -> Iterator[Hosts]:
-    """Hosts(count), or a pytest skip with the reason this machine cannot make them."""
-    hosts = Hosts(count)
-    try:
-        hosts.__enter__()
-    except NoNamespaces as reason:
-        pytest.skip(f"no network namespaces here, so no hosts: {reason}")
-    try:
-        yield hosts
-    finally:
-        hosts.close()

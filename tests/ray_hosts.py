@@ -1,12 +1,15 @@
-"""A Ray cluster on tests/hosts.py's hosts, for tests: the head in host 1, a worker node in each other
-host, one CPU each, token authentication on. Jobs go in with `ray job submit` from this process's
-namespace (outside the cluster, over the bridge). A worker host can be killed (every process in its
-namespace, SIGKILL: its raylet, its workers, the `ray start` that started them) and started again.
+"""A Ray cluster on tests/hosts.py's hosts (or tests/raylets.py's), for tests: the head in host 1, a
+worker node in each other host, one CPU each, token authentication on. Jobs go in with `ray job submit`
+from this process (outside the cluster: over the bridge, or on this machine's network). A worker host
+can be killed (every process in its namespace or sessions, SIGKILL: its raylet, its workers, the `ray
+start` that started them) and started again. Nodes go by the names roll-train's log gives them
+(workers/cluster.py node_names): their addresses, with the start of their ids where they share one.
 
-    with hosts_or_skip(3) as hosts:
+    with hosts_or_raylets(3) as hosts:
         cluster = RayCluster(hosts, folder)   # up, three nodes alive
         ...
-    cluster.assert_gone()                     # after the hosts closed: no process of its nodes is left
+    cluster.remove_temp_dirs()
+    assert not cluster.processes_left()       # after the hosts closed: no process of its nodes is left
 """
 
 from __future__ import annotations
@@ -27,13 +30,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hosts import Host, Hosts
+from raylets import Raylet, Raylets
+from roll_lite.workers.cluster import node_names
+
+from roll_lite.strategy.distributed import free_port
 
 BIN = Path(sys.executable).parent
 NODE_OPTIONS = ["--block", "--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
 
 
 class RayCluster:
-    def __init__(self, hosts: Hosts, folder: Path):
+    def __init__(self, hosts: Hosts | Raylets, folder: Path):
         self.hosts, self.folder = hosts, folder
         token = folder / "ray_auth_token"
         token.write_text(secrets.token_hex(32))
@@ -42,8 +49,13 @@ class RayCluster:
         self.env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
         self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
         self.temp_dirs: list[str] = []  # one per node started (a restarted host gets a new one)
+        self.host_of: dict[str, Host | Raylet] = {}  # temp dir -> the host of its node
+        self.killed: dict[str, Host | Raylet] = {}  # node name -> its host, until restart()
         self.head = hosts[0]
-        self.dashboard = f"http://{self.head.address}:8265"
+        # Ray's default ports where each host has its own; never on a shared network, where another
+        # test's cluster may hold them
+        self.gcs_port, self.dashboard_port = (free_port(), free_port()) if hosts.shared_network else (6379, 8265)
+        self.dashboard = f"http://{self.head.address}:{self.dashboard_port}"
         try:
             for host in hosts:  # the worker nodes wait for the head's GCS
                 self.start_node(host)
@@ -53,22 +65,26 @@ class RayCluster:
             self.remove_temp_dirs()
             raise
 
-    def start_node(self, host: Host) -> None:
-        """`ray start` in `host`: the head in host 1, a worker node joining it elsewhere. Ray's default
-        ports: each host has its own."""
+    def start_node(self, host: Host | Raylet) -> None:
+        """`ray start` in `host`: the head in host 1, a worker node joining it elsewhere."""
         number = self.hosts.hosts.index(host) + 1
         # Short: Ray's socket paths live in it
         self.temp_dirs.append(tempfile.mkdtemp(prefix=f"rl{os.getpid()}h{number}-", dir="/tmp"))
+        self.host_of[self.temp_dirs[-1]] = host
         if host is self.head:
-            role = ["--head", "--port=6379", f"--dashboard-host={host.address}"]
+            role = ["--head", f"--port={self.gcs_port}", f"--dashboard-port={self.dashboard_port}"]
+            role += [f"--dashboard-host={host.address}"]
         else:
-            role = [f"--address={self.head.address}:6379"]
+            role = [f"--address={self.head.address}:{self.gcs_port}"]
+        if self.hosts.shared_network:  # Ray's other default ports: free ones (0: any)
+            role += [f"--dashboard-agent-listen-port={free_port()}", "--min-worker-port=0", "--max-worker-port=0"]
+            role += [f"--ray-client-server-port={free_port()}"] if host is self.head else []
         host.start(
             [
                 str(BIN / "ray"),
                 "start",
                 *role,
-                f"--node-ip-address={host.address}",
+                f"--node-ip-address={host.address}",  # Ray takes this machine's address for 127.0.0.1
                 f"--temp-dir={self.temp_dirs[-1]}",
                 *NODE_OPTIONS,
             ],
@@ -77,21 +93,20 @@ class RayCluster:
         )
 
     def wait_for_nodes(self, count: int, timeout: float = 120) -> None:
-        """Until `count` nodes are alive, one per host address."""
+        """Until `count` nodes are alive."""
         start = time.monotonic()
         while len(found := self.alive_nodes()) < count:
-            exited = [
-                number for number, host in enumerate(self.hosts, start=1) if host.processes[-1].poll() is not None
-            ]
+            exited = [number for number, host in enumerate(self.hosts, start=1) if not host.running()]
             assert not exited and time.monotonic() - start < timeout, (
                 f"{len(found)} of {count} Ray nodes up after {time.monotonic() - start:.0f} s ({found}); `ray start` "
                 f"exited in hosts {exited}; host1.log: {(self.folder / 'host1.log').read_text()[-2000:]}"
             )
             time.sleep(1)
 
-    def alive_nodes(self) -> dict[str, str]:
-        """{node address: node id} of the nodes the head's dashboard counts alive ({} while it is not
-        up). Without the token it answers 401: token authentication is on."""
+    def nodes(self) -> list[dict]:
+        """The nodes the head's dashboard counts alive ([] while it is not up), each a dict: name (as
+        roll-train's log names it), id, address, temp_dir, head. Without the token the dashboard answers
+        401: token authentication is on."""
         url = f"{self.dashboard}/nodes?view=summary"
         try:
             urllib.request.urlopen(url, timeout=5)
@@ -99,21 +114,39 @@ class RayCluster:
         except urllib.error.HTTPError as refused:
             assert refused.code == 401, refused
         except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return {}
+            return []
         request = urllib.request.Request(url, headers={"Authorization": f"Bearer {self.token}"})
         with urllib.request.urlopen(request, timeout=5) as answer:
             summary = json.load(answer)["data"]["summary"]
-        return {
-            node["raylet"]["nodeManagerAddress"]: node["raylet"]["nodeId"]
-            for node in summary
-            if node["raylet"]["state"] == "ALIVE"
-        }
+        alive = [node["raylet"] for node in summary if node["raylet"]["state"] == "ALIVE"]
+        names = node_names([(node["nodeId"], node["nodeManagerAddress"]) for node in alive])
+        return [
+            dict(
+                name=names[node["nodeId"]],
+                id=node["nodeId"],
+                address=node["nodeManagerAddress"],
+                temp_dir=node["tempDir"],
+                head=node["isHeadNode"],
+            )
+            for node in alive
+        ]
 
-    def kill(self, address: str) -> float:
-        """SIGKILL every process of the worker host at `address` (its raylet, its workers, its `ray
+    def alive_nodes(self) -> dict[str, str]:
+        """{node name: node id} of the nodes alive."""
+        return {node["name"]: node["id"] for node in self.nodes()}
+
+    def head_node(self) -> dict:
+        return next(node for node in self.nodes() if node["head"])
+
+    def kill(self, name: str) -> float:
+        """SIGKILL every process of the worker host of the node `name` (its raylet, its workers, its `ray
         start`), as a machine that loses power; returns time.monotonic() of the kill."""
-        host = next(host for host in self.hosts if host.address == address)
+        host = self.host_of[next(node["temp_dir"] for node in self.nodes() if node["name"] == name)]
         assert host is not self.head, "the head holds the GCS and the job's driver: these tests lose a worker host"
+        self.killed[name] = host
+        return self._kill_all(host)
+
+    def _kill_all(self, host: Host | Raylet) -> float:
         killed = deadline = time.monotonic()
         deadline += 30
         while (pids := host.pids()) and time.monotonic() < deadline:
@@ -123,31 +156,36 @@ class RayCluster:
                 except ProcessLookupError:
                     pass
             time.sleep(0.05)
-        assert not pids, f"processes of {address} still running after SIGKILL: {pids}"
+        assert not pids, f"processes of host {self.hosts.hosts.index(host) + 1} still running after SIGKILL: {pids}"
         for process in host.processes:
             process.wait(timeout=10)
         return killed
 
-    def wait_until_dead(self, address: str) -> float:
-        """Until the head counts the node at `address` dead (Ray's health checks of its raylet have
-        failed); returns time.monotonic() then."""
+    def wait_until_dead(self, name: str) -> float:
+        """Until the head counts the node `name` dead (Ray's health checks of its raylet have failed);
+        returns time.monotonic() then."""
         deadline = time.monotonic() + 120
-        while address in self.alive_nodes():
-            assert time.monotonic() < deadline, f"the head still counts {address}'s killed node alive"
+        while name in self.alive_nodes():
+            assert time.monotonic() < deadline, f"the head still counts the killed node {name} alive"
             time.sleep(0.5)
         return time.monotonic()
 
-    def restart(self, address: str) -> None:
-        """`ray start` again in the host at `address`, once the head knows its old node is dead."""
-        self.wait_until_dead(address)
-        self.start_node(next(host for host in self.hosts if host.address == address))
+    def restart(self, name: str) -> None:
+        """`ray start` again in the host of the killed node `name`, once the head knows that node is dead."""
+        self.wait_until_dead(name)
+        self.start_node(self.killed.pop(name))
         self.wait_for_nodes(len(self.hosts.hosts))
 
     def restart_lost(self) -> None:
-        """Start again the nodes of the hosts whose `ray start` has exited."""
+        """Start again the nodes of the hosts whose `ray start` has exited (what is left of them killed)."""
         for host in self.hosts:
-            if host.processes[-1].poll() is not None:
-                self.restart(host.address)
+            if not host.running():
+                self._kill_all(host)
+                for node in self.nodes():
+                    if self.host_of.get(node["temp_dir"]) is host:
+                        self.wait_until_dead(node["name"])
+                self.start_node(host)
+                self.wait_for_nodes(len(self.hosts.hosts))
 
     def workers_left(self, wait_s: float = 10) -> list[str]:
         """The Ray actors of roll_lite still running on any host after up to `wait_s` (their processes
@@ -159,14 +197,14 @@ class RayCluster:
 
     def _workers(self) -> list[str]:
         found = []
-        for host in self.hosts:
+        for number, host in enumerate(self.hosts, start=1):
             for pid in host.pids():
                 try:
                     name = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
                 except OSError:
                     continue
                 if name.startswith(("ray::ModelWorker", "ray::RolloutWorker", "ray::RewardWorker")):
-                    found.append(f"{host.address}: {name}")
+                    found.append(f"host {number}: {name}")
         return found
 
     def command(self, args: list[str]) -> list[str]:

@@ -9,7 +9,15 @@ workers, its `ray start`), in the middle of step 2, or while step 2's checkpoint
 run stops within seconds with one line naming the lost worker and its host; resubmitted with the same
 command once the host is back, it resumes from the last complete checkpoint and ends where the
 uninterrupted three-host run ended, bit for bit. The runs time their kills with a pipeline written to
-tmp_path (`pipeline=host_loss:...`): a step, or a checkpoint's write, that waits for the test."""
+tmp_path (`pipeline=host_loss:...`): a step, or a checkpoint's write, that waits for the test.
+
+Where this machine cannot make network namespaces (no root, no `ip`, the kernel refuses), or
+ROLL_TEST_HOSTS=raylets asks for it, the hosts are sessions of processes on this machine's network
+instead (tests/raylets.py): three Ray nodes (raylets) on one machine, with ports of their own, and a
+host killed is its node's session. A pytest warning says so and why, and the one test of what only
+namespaces show is skipped with the reason. The rest runs the same: the nodes then share one address,
+so roll-train's log names them by address and node id (workers/cluster.py node_names), and "one host
+each" means one node id each."""
 
 import json
 import re
@@ -18,8 +26,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hosts import hosts_or_skip
 from ray_hosts import BIN, RayCluster
+from raylets import Raylets, hosts_or_raylets
 from test_pipeline_ray import REPO, SMALL
 
 from roll_lite.checkpoint import layout
@@ -44,8 +52,9 @@ GRPO = [
 ]
 # Timings and memory figures: they follow the machine's load, and no two runs share them.
 TIMING = re.compile(r"^perf/|_per_s$|_s$|memory")
+NODE = r"(\S+(?: \(node \w+\))?)"  # an address, and the start of the node id where nodes share it
 PLACEMENT = re.compile(
-    r"placement on 3 nodes: driver on (\S+); actor rank 0 on (\S+), rank 1 on (\S+); rollout on (\S+);"
+    rf"placement on 3 nodes: driver on {NODE}; actor rank 0 on {NODE}, rank 1 on {NODE}; rollout on {NODE};"
 )
 
 PIPELINES = '''
@@ -64,15 +73,16 @@ HERE = Path(__file__).parent
 
 class LosesAHostMidStep(PPOPipeline):
     """In its second call (step 2) the loss_func of each actor rank on a worker node (not on the head,
-    where the driver runs) writes its node's address to rank<R>.json, then sleeps until the test has
+    where the driver runs) writes its node's id to rank<R>.json, then sleeps until the test has
     killed that node. Once: the run resumed with the same command goes through."""
 
     def loss_func(self, batch, output):
         self.calls = getattr(self, "calls", 0) + 1
         if self.calls == 2 and "RANK" in os.environ:  # an actor rank (the driver's loss check calls it too)
-            node, mark = ray.util.get_node_ip_address(), HERE / f"rank{os.environ['RANK']}.json"
-            if node != ray.get_runtime_context().gcs_address.split(":")[0] and not mark.exists():
-                mark.write_text(json.dumps({"node": node}))
+            node, mark = ray.get_runtime_context().get_node_id(), HERE / f"rank{os.environ['RANK']}.json"
+            head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+            if node != head and not mark.exists():
+                mark.write_text(json.dumps({"node_id": node}))
                 time.sleep(120)
         return super().loss_func(batch, output)
 
@@ -110,7 +120,7 @@ def roll_train(data: list[str], output: Path, run_name: str, *extra: str) -> lis
 def cluster(tmp_path_factory):
     """Three hosts and a Ray cluster on them, for every test of the module; afterwards no namespace,
     veth, bridge or process of theirs is left."""
-    with hosts_or_skip(3) as hosts:
+    with hosts_or_raylets(3) as hosts:
         cluster = RayCluster(hosts, tmp_path_factory.mktemp("cluster"))
         yield cluster
     cluster.remove_temp_dirs()
@@ -154,14 +164,28 @@ def reference(cluster, data, tmp_path_factory):
 
 def test_grpo_with_its_ranks_on_two_hosts_and_the_rollout_on_a_third_equals_the_one_host_run(cluster, reference):
     one_host, three_hosts, log = reference
-    addresses = [host.address for host in cluster.hosts]
-    assert f"joined the Ray cluster at {addresses[0]}:6379 (3 CPUs" in log
+    head = cluster.head_node()
+    assert f"joined the Ray cluster at {head['address']}:{cluster.gcs_port} (3 CPUs" in log
     placement = PLACEMENT.search(log)
     assert placement and "reward in the driver" in log, log[-4000:]
     driver, rank_0, rank_1, rollout = placement.groups()
-    assert driver == addresses[0]  # a job's driver runs on the head
-    assert sorted([rank_0, rank_1, rollout]) == addresses  # one host each
+    assert driver == head["name"]  # a job's driver runs on the head
+    # One host each: in namespaces three addresses, on raylets (one address) three node ids
+    assert sorted([rank_0, rank_1, rollout]) == sorted(cluster.alive_nodes())
     assert metrics(three_hosts) == metrics(one_host)
+
+
+def test_the_hosts_have_networks_of_their_own(cluster, reference):
+    """What only network namespaces show: the ranks' gloo group and Ray's traffic crossed between
+    network stacks, one address per host (each rank bound gloo to its own node's interface,
+    GLOO_SOCKET_IFNAME). On raylets the nodes share this machine's network and address."""
+    if isinstance(cluster.hosts, Raylets):
+        pytest.skip(
+            f"{cluster.hosts.reason}: the three Ray nodes share this machine's network, so nothing here "
+            "crossed between hosts' networks; the other tests check three node ids instead of three addresses"
+        )
+    _, rank_0, rank_1, rollout = PLACEMENT.search(reference[2]).groups()
+    assert sorted([rank_0, rank_1, rollout]) == [host.address for host in cluster.hosts]
 
 
 def test_a_host_lost_mid_step_stops_the_run_naming_it_and_the_same_command_resumes_once_it_is_back(
@@ -176,7 +200,8 @@ def test_a_host_lost_mid_step_stops_the_run_naming_it_and_the_same_command_resum
     ]
     with cluster.job(command, tmp_path / "killed.log") as job:
         marks = wait_for(lambda: sorted(tmp_path.glob("rank*.json")), job, tmp_path / "killed.log")
-        rank, node = int(marks[-1].stem.removeprefix("rank")), json.loads(marks[-1].read_text())["node"]
+        rank, node_id = int(marks[-1].stem.removeprefix("rank")), json.loads(marks[-1].read_text())["node_id"]
+        node = next(node["name"] for node in cluster.nodes() if node["id"] == node_id)
         killed, log = lose_the_host(cluster, node, job, tmp_path / "killed.log")
     assert f"roll-train: worker failure: actor rank {rank} died during train_step at step 2 on node {node}\n" in log, (
         log[-4000:]
