@@ -144,9 +144,12 @@ class RoundsAhead:
 
     def _play(self, loops: list[EpisodeLoop], rounds: int | None, greedy: bool) -> None:
         try:
-            if not greedy:
+            if not greedy:  # round by round, so that stop() (a run that failed) ends it between rounds
                 for loop in loops:
-                    loop.play(rounds)
+                    played = 0
+                    while not loop.done and (rounds is None or played < rounds) and not self.stopping.is_set():
+                        loop.play(1)
+                        played += 1
                 return
             while not self.stopping.is_set() and not all(loop.done for loop in loops):
                 for loop in loops:
