@@ -5,6 +5,7 @@ setting, greedy included; the deterministic schedule makes the same engine calls
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -30,7 +31,7 @@ class Client(VersionedEngine):
         return ref
 
 
-def run(max_staleness: int, on_update="continue", segment_turns=1, schedule="deterministic", train_s=0.0):
+def run(max_staleness: int, on_update="continue", segment_turns=1, schedule="deterministic", train_s=0.0, engine=None):
     """Every step's episodes, and the engine's calls."""
     rollout = RolloutConfig(
         fully_async=True,
@@ -40,7 +41,7 @@ def run(max_staleness: int, on_update="continue", segment_turns=1, schedule="det
         schedule=schedule,
         num_samples=2,
     )
-    engine, secrets = Client(), iter(range(1, 17))
+    engine, secrets = engine or Client(), iter(range(1, 17))
     with EnvironmentRunner("guess_the_number", GAME, max_concurrent=2, step_timeout_s=10) as runner:
 
         def new_loop(cohort, rows):
@@ -80,3 +81,17 @@ def test_no_turn_is_more_than_max_staleness_versions_behind(max_staleness, on_up
 
 def test_the_deterministic_schedule_makes_the_same_engine_calls_whatever_the_training_time():
     assert run(2, train_s=0.0)[1] == run(2, train_s=0.05)[1]
+
+
+class DiesWhileAStepTrains(Client):
+    """Raises on its first call from the thread that plays the later batches."""
+
+    def start_generate(self, prompts, params):
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("the rollout worker died")
+        return super().start_generate(prompts, params)
+
+
+def test_an_engine_failure_while_a_step_trains_stops_the_step_at_its_weight_update():
+    with pytest.raises(RuntimeError, match="the rollout worker died"):
+        run(1, engine=DiesWhileAStepTrains())
