@@ -19,6 +19,7 @@ A pipeline provides: `config`, `stage` (a phrase: where run() is), `sampler` (it
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("roll_lite")
 
 DRIVER_TORCH_THREADS = 1
+LAST_WORKER_LINES_S = 0.5  # before Ray stops: time for its log monitor to forward the workers' last lines
 
 
 def finished_run(pipeline) -> str | None:
@@ -110,6 +112,10 @@ class RunSession:
         finally:
             if self.tracker is not None:
                 self.tracker.finish()
+            # Ray's log monitor forwards the workers' output from their log files, polling every 0.1 s:
+            # their last lines (the final model's save, a failing worker's own message) reach this log
+            # before Ray stops only with a moment for it (matplotlib's plotting once gave it a second)
+            time.sleep(LAST_WORKER_LINES_S)
             stop_ray()
             assert self.claim is not None  # __enter__ claimed it before anything could fail
             self.claim.release()
