@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Callable
 from roll_lite.environments.episodes import Episode, EpisodeLoop
 from roll_lite.rollout import SamplingParams
 
+from .async_schedule import cohorts_to_admit, version_metrics
 from .rollout_schedule import DrawPrompts
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class FullyAsyncEpisodes:
 
     def launch(self, step: int, total_steps: int, draw_prompts: DrawPrompts, params: SamplingParams) -> None:
         """Admit the cohorts due at the start of `step` (their environments reset meanwhile)."""
-        for cohort in range(max(self.admitted_up_to, step - 1) + 1, min(step + self.max_staleness, total_steps) + 1):
+        for cohort in cohorts_to_admit(self.admitted_up_to, step, self.max_staleness, total_steps):
             drawn = draw_prompts()
             if drawn is None:
                 break
@@ -85,7 +86,8 @@ class FullyAsyncEpisodes:
                 f"step {step}: a trajectory's oldest turn has weight version {oldest}, {step - 1 - oldest} "
                 f"versions behind the actor (rollout.max_staleness={self.max_staleness})"
             )
-        self.last_metrics = staleness_metrics(step, episodes)
+        played = [e for e in episodes if e.trajectory is not None]
+        self.last_metrics = version_metrics(step, [[v for v in turn_token_versions(e) if v >= 0] for e in played])
         later = [self.loops[cohort] for cohort in sorted(self.loops)]
         self._ahead = RoundsAhead(later, self.rounds, self.greedy)
         return self.queue.pop(step), episodes
@@ -179,13 +181,3 @@ def turn_token_versions(episode: Episode) -> list[int]:
             versions += [episode.turn_versions[turn]] * len(ids)
             turn += 1
     return versions
-
-
-def staleness_metrics(step: int, episodes: list[Episode]) -> dict[str, float]:
-    """Per model token: how old its weights are; the share of trajectories whose turns span versions."""
-    played = [e for e in episodes if e.trajectory is not None]
-    tokens = [v for e in played for v in turn_token_versions(e) if v >= 0]
-    return {
-        "rollout/staleness_token_mean": sum(step - 1 - v for v in tokens) / max(len(tokens), 1),
-        "rollout/mixed_version_share": sum(len(set(e.turn_versions)) > 1 for e in played) / max(len(played), 1),
-    }

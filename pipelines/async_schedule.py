@@ -53,6 +53,21 @@ def segment_tokens(rollout: RolloutConfig) -> int | None:
     return math.ceil(rollout.max_new_tokens / 2)
 
 
+def cohorts_to_admit(admitted_up_to: int, step: int, max_staleness: int, total_steps: int) -> range:
+    """The cohorts due at the start of `step` that are not admitted yet (also async_episodes.py's)."""
+    return range(max(admitted_up_to, step - 1) + 1, min(step + max_staleness, total_steps) + 1)
+
+
+def version_metrics(step: int, versions: list[list[int]]) -> dict[str, float]:
+    """Per token: how old its weights are; the share of samples whose tokens span several versions.
+    `versions`: each sample's sampled tokens' weight versions (also async_episodes.py's)."""
+    tokens = [v for row in versions for v in row]
+    return {
+        "rollout/staleness_token_mean": sum(step - 1 - v for v in tokens) / max(len(tokens), 1),
+        "rollout/mixed_version_share": sum(len(set(row)) > 1 for row in versions) / max(len(versions), 1),
+    }
+
+
 def admission_version(cohort: int, max_staleness: int) -> int:
     """The weight version cohort `cohort` is admitted with (its oldest tokens' at most this old)."""
     return max(0, cohort - 1 - max_staleness)
@@ -78,7 +93,7 @@ class FullyAsyncSchedule:
 
     def launch(self, step: int, total_steps: int, draw_prompts: DrawPrompts, params: SamplingParams) -> None:
         engine = self._engine()
-        for cohort in range(max(self.admitted_up_to, step - 1) + 1, min(step + self.max_staleness, total_steps) + 1):
+        for cohort in cohorts_to_admit(self.admitted_up_to, step, self.max_staleness, total_steps):
             drawn = draw_prompts()
             if drawn is None:
                 break
@@ -114,12 +129,9 @@ class FullyAsyncSchedule:
         return self.queue.pop(step), completions
 
     def metrics(self, step: int, completions: Completions) -> dict[str, float]:
-        """Per token: how old its weights are; the share of samples whose tokens span several versions."""
-        versions = completions.token_versions or []
-        tokens = [v for row in versions for v in row]
+        """version_metrics, the tokens dropped at updates, and the engine's generate time."""
         return {
-            "rollout/staleness_token_mean": sum(step - 1 - v for v in tokens) / max(len(tokens), 1),
-            "rollout/mixed_version_share": sum(len(set(row)) > 1 for row in versions) / max(len(versions), 1),
+            **version_metrics(step, completions.token_versions or []),
             "rollout/dropped_tokens": completions.dropped_tokens,
             # the engine's generate time since the previous batch: with perf/step_s, its idle share
             "perf/engine_busy_s": completions.engine_s,

@@ -26,6 +26,7 @@ import torch
 from roll_lite.config import ConfigError, RunConfig
 from roll_lite.data import DataProto
 from roll_lite.data.files import read_table
+from roll_lite.data.sequences import response_aligned
 from roll_lite.environments.episodes import Episode, EpisodeLimits, EpisodeLoop, EpisodeStart, run_episodes
 from roll_lite.environments.seeds import derived_seed
 from roll_lite.environments.turns import trajectory_batch
@@ -133,11 +134,8 @@ class MultiTurnPipeline(PPOPipeline):
                 )
             _, self.episodes = self.schedule.collect(step)
             batch = self.episode_batch(self.episodes, step)
-            versions = torch.full_like(batch["model_mask"], -1)
-            for row, episode in enumerate(self.kept):
-                start = len(cast("Trajectory", episode.trajectory).prompt_ids)
-                token_versions = turn_token_versions(episode)
-                versions[row, start : start + len(token_versions)] = torch.tensor(token_versions)
+            # response_mask covers every token after the prompt, the environment's too (-1 there)
+            versions = response_aligned(batch["response_mask"], [turn_token_versions(e) for e in self.kept], fill=-1)
             batch.batch["rollout_versions"] = versions
             oldest = versions[batch["model_mask"].bool()].min().item()
             return batch, step - 1 - int(oldest)

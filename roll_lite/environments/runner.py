@@ -105,9 +105,7 @@ class EnvironmentRunner:
             record = self._records.get(env_id)
             if record is not None and record.state != "done":
                 raise ValueError(f"environment {env_id!r} is still running; release it before resetting it")
-            index = min(range(len(self.processes)), key=self._hosted.__getitem__)
-            record = self._records[env_id] = _Record(index, seed, self._passed_fields(fields or {}))
-            self._hosted[index] += 1
+            record = self._records[env_id] = _Record(self._least_busy(), seed, self._passed_fields(fields or {}))
         return self._submit(_Call("reset", env_id, record))
 
     def submit_step(self, env_id: Hashable, action: str) -> Future:
@@ -161,18 +159,16 @@ class EnvironmentRunner:
         """A running environment from record_of (a checkpoint's): rebuilt by replaying its reset and
         actions before its next step; when the replay differs, that step ends it as "lost"."""
         with self._lock:
-            index = min(range(len(self.processes)), key=self._hosted.__getitem__)
             self._records[env_id] = _Record(
-                index,
+                self._least_busy(),
                 saved["seed"],
                 saved["fields"],
-                "running",
-                False,
-                -1,
-                list(saved["actions"]),
-                list(saved["recorded"]),
+                state="running",
+                busy=False,
+                generation=-1,  # no process hosts it yet: its next step replays it first
+                actions=list(saved["actions"]),
+                recorded=list(saved["recorded"]),
             )
-            self._hosted[index] += 1
 
     def running(self) -> list[Hashable]:
         with self._lock:
@@ -212,6 +208,12 @@ class EnvironmentRunner:
     def _count(self, key: str) -> None:
         with self._lock:
             self.stats[key] += 1
+
+    def _least_busy(self) -> int:
+        """Under the lock: the process hosting the fewest running trajectories, counted as hosting one more."""
+        index = min(range(len(self.processes)), key=self._hosted.__getitem__)
+        self._hosted[index] += 1
+        return index
 
     def _finish(self, record: _Record) -> None:
         """Under the lock."""
