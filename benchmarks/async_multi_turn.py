@@ -34,23 +34,14 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+FULLY_ASYNC = ["rollout.fully_async=true", "rollout.max_staleness=1", "algorithm.rollout_is=token"]
 MODES = {
     "lockstep": [],
-    "async": ["rollout.fully_async=true", "rollout.max_staleness=1", "algorithm.rollout_is=token"],
-    "async_2turns": [
-        "rollout.fully_async=true",
-        "rollout.max_staleness=1",
-        "rollout.segment_turns=2",
-        "algorithm.rollout_is=token",
-    ],
-    "greedy": [
-        "rollout.fully_async=true",
-        "rollout.max_staleness=1",
-        "rollout.schedule=greedy",
-        "algorithm.rollout_is=token",
-    ],
+    "async": FULLY_ASYNC,
+    "async_2turns": [*FULLY_ASYNC, "rollout.segment_turns=2"],
+    "greedy": [*FULLY_ASYNC, "rollout.schedule=greedy"],
 }
-PER_STEP = ["rollout.prompts_per_step=4", "rollout.num_samples=4"]
+GAMES, SAMPLES = 4, 4  # per step; --smoke: 2 x 2
 SMOKE_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_attention_heads=2"]
 
 ENVIRONMENT = '''
@@ -83,6 +74,7 @@ class ToolLatencyGuess(GuessTheNumber):
 
 
 def run_mode(mode: str, work: Path, steps: int, latency: tuple[float, float], smoke: bool) -> dict[str, float]:
+    games, samples = (2, 2) if smoke else (GAMES, SAMPLES)
     kwargs = f"{{lo: 1, hi: 16, max_turns: 5, intro: 'Guess {{lo}}-{{hi}}.', latency_ms: [{latency[0]}, {latency[1]}]}}"
     command = [
         sys.executable,
@@ -102,7 +94,9 @@ def run_mode(mode: str, work: Path, steps: int, latency: tuple[float, float], sm
         "workers.torch_threads=1",
         "rollout.in_actor=false",
         "environment.max_concurrent=8",
-        *(["rollout.prompts_per_step=2", "rollout.num_samples=2", *SMOKE_MODEL] if smoke else PER_STEP),
+        f"rollout.prompts_per_step={games}",
+        f"rollout.num_samples={samples}",
+        *(SMOKE_MODEL if smoke else []),
         f"output_dir={work}",
         f"run_name={mode}",
         *MODES[mode],
@@ -114,10 +108,9 @@ def run_mode(mode: str, work: Path, steps: int, latency: tuple[float, float], sm
     records = [json.loads(line) for line in (work / mode / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in records if r["step"] > min(2, steps - 1)]
     step_s = statistics.median(r["perf/step_s"] for r in timed)
-    trajectories = (2 * 2) if smoke else (4 * 4)
     return {
         "step_s": step_s,
-        "trajectories_per_s": trajectories / step_s,
+        "trajectories_per_s": games * samples / step_s,
         "trainer_wait": statistics.median(r["perf/generate_s"] / r["perf/step_s"] for r in timed),
         "env_s": statistics.median(r["env/env_s"] for r in timed),
     }
@@ -129,7 +122,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--latency-ms", default="20,200", help="lo,hi: every reset and step waits uniform(lo, hi) ms")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--smoke", action="store_true", help="2 steps, lockstep and async, a tiny model, 1 round")
+    parser.add_argument("--smoke", action="store_true", help="3 steps, lockstep and async, a tiny model, 1 round")
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.rounds, args.modes, args.latency_ms = 3, 1, "lockstep,async", "5,10"
