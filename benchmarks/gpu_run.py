@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -66,8 +67,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of the GPU; default: by name")
+    parser.add_argument(
+        "--workdir", default=str(REPO), help="where roll-train runs (relative paths); default the checkout"
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
+    os.chdir(args.workdir)  # the config's relative paths, here and in roll-train
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu_run.py needs a CUDA GPU (torch sees none); on CPU use benchmarks/pipeline_step.py")
     name = torch.cuda.get_device_name(0)
@@ -91,7 +96,7 @@ def main() -> None:
             "run_name=gpu_run",
             "checkpoint.enabled=false",
         ]
-        done = subprocess.run(command, cwd=REPO)
+        done = subprocess.run(command)
         wall = time.perf_counter() - start
         sampler.stop.set()
         metrics_file = Path(out) / "gpu_run" / "metrics.jsonl"

@@ -344,7 +344,6 @@ def main() -> None:
         f"split: {' / '.join(SPLIT)} | compiled graphs |"
     )
     print("|" + "---|" * 18)
-    profiles = []
     for size in sizes:
         reference = None
         for variant in variants:
@@ -365,9 +364,8 @@ def main() -> None:
                 row(size, variant, result, reference, peak_tflops(result.get("device", "cpu"), args.peak_tflops)),
                 flush=True,
             )
-            if result.get("profile"):
-                profiles.append(f"\n{size}, {variant}:\n{result['profile']}")
-    print("".join(profiles))
+            if result.get("profile"):  # at once, on stderr (the table stays whole): a run cut short keeps it
+                print(f"\n{size}, {variant}:\n{result['profile']}\n", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

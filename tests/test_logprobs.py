@@ -82,6 +82,17 @@ def test_rows_taken_a_few_at_a_time_give_the_same_result(monkeypatch, scratch):
     test_matches_naive_forward_and_backward(chunk_size=7, temperature=0.7)
 
 
+def test_the_gpus_whole_chunk_path_gives_the_same_result(monkeypatch):
+    # on a GPU the elementwise steps take each chunk at once and the entropy's dot is a product summed
+    # in place (no gemv); forced here on CPU, every other test above runs with it too
+    import roll_lite.model.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "_whole_chunk", lambda logits: True)
+    test_matches_naive_forward_and_backward(chunk_size=7, temperature=0.7)
+    test_an_entropy_no_loss_uses_adds_nothing_to_the_gradient_and_vice_versa()
+    test_float32_entropy_of_peaked_and_flat_rows_is_accurate()
+
+
 def test_float32_entropy_of_peaked_and_flat_rows_is_accurate():
     # H = log sum e^s - E_p[s] over s = z - max z: no cancellation when the logits are large
     gen = torch.Generator().manual_seed(3)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-SCRATCH_ELEMENTS = 1 << 21  # the elementwise steps go over this many logits at a time (8 MiB in float32)
+SCRATCH_ELEMENTS = 1 << 21  # on CPU the elementwise steps go over this many logits at a time (8 MiB in float32)
 
 
 def _tensor_core_inputs(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -43,14 +43,26 @@ def _chunk_logits(hidden_chunk, weight, temperature, compute_dtype):
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
-def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """sum(a * b, -1) for [c, V] tensors without a [c, V] product."""
+def _whole_chunk(logits: torch.Tensor) -> bool:
+    """Whether the elementwise steps take a chunk's logits at once: on a GPU, where blocks of a few
+    rows cost a kernel launch each for microseconds of work; on CPU they go over SCRATCH_ELEMENTS
+    logits at a time, so that the scratch stays in cache."""
+    return logits.is_cuda
+
+
+def _row_dot_(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum(a * b, -1) for [c, V] tensors without a [c, V] product. On CPU a batched dot; on a GPU that
+    is one gemv per row (62 µs for 13 rows of a 151,936 vocabulary on an H100), so there the product
+    overwrites `a` and is summed."""
+    if _whole_chunk(a):
+        return a.mul_(b).sum(dim=-1)
     return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
 
 
-def _row_blocks(rows: int, vocab: int):
-    """Row ranges of a [rows, vocab] buffer, SCRATCH_ELEMENTS logits each (at least one row)."""
-    step = max(1, SCRATCH_ELEMENTS // vocab)
+def _row_blocks(logits: torch.Tensor):
+    """Row ranges of a [rows, vocab] buffer for the elementwise steps (see _whole_chunk)."""
+    rows, vocab = logits.shape
+    step = max(1, rows if _whole_chunk(logits) else SCRATCH_ELEMENTS // vocab)
     return ((start, min(start + step, rows)) for start in range(0, rows, step))
 
 
@@ -60,7 +72,7 @@ def _reduce_logits_(logits, targets, log_probs, log_normalizer, entropy):
     entropy is H = log sum e^s - E_p[s] for s = z - max z: two terms >= 0, no cancellation."""
     row_max = logits.amax(dim=-1)
     shifted = logits.sub_(row_max[:, None])
-    for a, b in _row_blocks(*shifted.shape):
+    for a, b in _row_blocks(shifted):
         exp_shifted = torch.exp(shifted[a:b])
         total = exp_shifted.sum(dim=-1)
         log_total = torch.log(total)
@@ -70,7 +82,7 @@ def _reduce_logits_(logits, targets, log_probs, log_normalizer, entropy):
         else:  # several ids per token: the sampled one and the teacher's top k
             log_probs[a:b] = shifted[a:b].gather(-1, targets[a:b]) - log_total[:, None]
         if entropy is not None:
-            entropy[a:b] = log_total - _row_dot(exp_shifted, shifted[a:b]) / total
+            entropy[a:b] = log_total - _row_dot_(exp_shifted, shifted[a:b]) / total
 
 
 def _logits_to_grad_(logits, log_normalizer, g, entropy_terms):
@@ -78,7 +90,7 @@ def _logits_to_grad_(logits, log_normalizer, g, entropy_terms):
     sum(g logp(y) + g_H H) with respect to them, except g onehot(y) (the caller's scatter):
     d logp(y)/dz = onehot(y) - p and dH/dz = -p (log p + H), so it is -p (g + g_H (log p + H)),
     with entropy_terms = (g_H, g + g_H H); -p g when they are None."""
-    for a, b in _row_blocks(*logits.shape):
+    for a, b in _row_blocks(logits):
         log_p = logits[a:b].sub_(log_normalizer[a:b, None])
         if entropy_terms is None:
             log_p.exp_().mul_(-g[a:b, None])
