@@ -6,8 +6,12 @@ line of output in one log, and a summary of what finished, failed or ran out of 
     python3 scripts/gpu_session.py --out "$OUT" --only head,mfu_1.5b
     python3 scripts/gpu_session.py --list                          # the sections and their commands
 
-The machine needs torch, transformers, omegaconf and Ray importable, and roll_lite installed (a wheel
-unpacked on PYTHONPATH will do). Benchmarks run in the checkout; roll-train runs in a scratch folder
+The machine needs torch, transformers, omegaconf, datasets and Ray importable, and roll_lite installed
+(a wheel unpacked on PYTHONPATH will do). The lent machines have torch and transformers but no registry
+and take 64 MiB with the checkout: `python3 scripts/gpu_session.py --pack` (here, with the registry)
+writes .gpu/ (Ray without its Java jars and libraries we do not use, its binaries stripped, with the
+other missing packages, as one .tar.xz of ~27 MB, and roll_lite's wheel) and prints the command that
+unpacks it there and runs the session (`carry: [".gpu"]`). Benchmarks run in the checkout; roll-train runs in a scratch folder
 holding links to configs/ and data/, so that the checkout's roll_lite/ (which lacks pipelines/ and
 workers/ until installed) does not shadow the installed one in Ray's workers, which put the driver's
 working directory on their path. Its runs write there, under outputs/.
@@ -52,45 +56,115 @@ b() {{ {TRAIN} --config configs/sft.yaml sft.steps=30 {GPU} &&
       {TRAIN} --config configs/dpo.yaml preference.steps=10 {GPU} &&
       {TRAIN} --config configs/distill.yaml distill.teacher=outputs/sft_reverse_digits/final sft.steps=20 steps=3 eval_every=3 {GPU}; }}
 c() {{ {TRAIN} --config configs/grpo_async.yaml sft.steps=20 steps=4 eval_every=4 {GPU}; }}
-a > chain_a.log 2>&1; echo "chain a (reward model, judge, rewards by domain): exit $?" > chain_a.exit &
-b > chain_b.log 2>&1; echo "chain b (sft, dpo, distillation): exit $?" > chain_b.exit &
-c > chain_c.log 2>&1; echo "chain c (fully async): exit $?" > chain_c.exit &
+# each chain's lines go into the log as they come, marked, so that a chain cut by the time limit
+# still shows how far it got; the exit lines say which finished
+rm -f chain_?.exit
+(a; code=$?; echo "chain a (reward model, judge, rewards by domain): exit $code"; echo $code > chain_a.exit) 2>&1 | sed -u 's/^/[a] /' &
+(b; code=$?; echo "chain b (sft, dpo, distillation): exit $code"; echo $code > chain_b.exit) 2>&1 | sed -u 's/^/[b] /' &
+(c; code=$?; echo "chain c (fully async): exit $code"; echo $code > chain_c.exit) 2>&1 | sed -u 's/^/[c] /' &
 wait
-for x in a b c; do cat chain_$x.exit; grep -E "Error|error:|Traceback" chain_$x.log | head -20; tail -n 4 chain_$x.log; done
-grep -q "exit 0" chain_a.exit && grep -q "exit 0" chain_b.exit && grep -q "exit 0" chain_c.exit
+[ "$(cat chain_a.exit chain_b.exit chain_c.exit | tr -d '\n')" = 000 ]
 """
 
+# Their limits come from the H100 runs of 2026-11-27 (what each took, or ran out at, in brackets). All
+# of them take more than a session's 15 minutes of device time: pick with --only.
 SECTIONS = (
-    Section(
+    Section(  # [13 s]
         "env",
         30,
         "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "
-        "\"import torch, transformers, ray, omegaconf, roll_lite; print('torch', torch.__version__, "
+        "\"import torch, transformers, ray, omegaconf, datasets, roll_lite; print('torch', torch.__version__, "
         "'transformers', transformers.__version__, 'ray', ray.__version__, 'omegaconf', omegaconf.__version__, "
         'torch.cuda.get_device_name(0))"',
     ),
-    Section(
+    Section(  # [41 s]
         "head",
         60,
         "python3 benchmarks/head_speed.py --entropy && python3 benchmarks/head_speed.py --entropy --chunk 4096",
     ),
-    Section(
+    Section(  # [off and ac: under 200 s together, with the profile]
         "mfu_1.5b",
         200,
-        "python3 benchmarks/mfu.py --sizes 1.5b --variants off,ac,compile --steps 3 --profile",
+        "python3 benchmarks/mfu.py --sizes 1.5b --variants off,ac --steps 3 --profile",
     ),
-    Section(
+    Section(  # [the first step compiling: more than 90 s]
+        "mfu_compile",
+        300,
+        "python3 benchmarks/mfu.py --sizes 1.5b --variants off,compile,ac+compile --steps 3",
+    ),
+    Section(  # [150 s: actor 41 s, engine 19 s, step-0 eval 22 s, no step yet]
         "grpo_1.5b",
-        150,
+        360,
         f"python3 {REPO}/benchmarks/gpu_run.py --workdir . --config configs/grpo_gpu.yaml sft.steps=0 steps=21 "
-        f"eval_every=100 rollout.prompts_per_step=16 rollout.num_samples=8 rollout.max_new_tokens=64 "
-        f"rollout.in_actor=true {QWEN_1_5B_SHAPE}",
+        f"eval_every=100 algorithm.track_kl=false rollout.prompts_per_step=8 rollout.num_samples=8 "
+        f"rollout.max_new_tokens=48 model.max_position_embeddings=128 rollout.in_actor=true {QWEN_1_5B_SHAPE}",
         in_run_dir=True,
     ),
-    Section("engine_sync", 120, "python3 benchmarks/colocated_rollout.py --sections engine,sync"),
-    Section("workers", 150, WORKERS, in_run_dir=True),
-    Section("mfu_0.5b", 60, "python3 benchmarks/mfu.py --sizes 0.5b --variants off --steps 3"),
+    Section("sync", 90, "python3 benchmarks/colocated_rollout.py --sections sync"),  # [not run yet]
+    Section(  # [nothing printed in 120 s: the first call compiles decoding]
+        "engine",
+        300,
+        "python3 benchmarks/colocated_rollout.py --sections engine",
+    ),
+    Section("workers", 300, WORKERS, in_run_dir=True),  # [more than 150 s, three chains at once]
+    Section("mfu_0.5b", 60, "python3 benchmarks/mfu.py --sizes 0.5b --variants off --steps 3"),  # [41 s]
 )
+
+
+# Python packages the lent GPU machines lack (their image has torch, transformers, peft, pyarrow, ...)
+CARRIED = (
+    "ray==2.60.0",
+    "omegaconf==2.4.0",
+    "antlr4-python3-runtime==4.13.2",
+    *("jsonschema", "referencing", "jsonschema-specifications", "rpds-py"),  # Ray's
+    *("datasets==5.2.0", "dill", "multiprocess"),  # roll_lite.data reads files through datasets
+)
+RAY_UNUSED = ("jars", "rllib", "data", "serve", "tune", "train", "llm")
+RAY_BINARIES = ("_raylet.so", "core/src/ray/gcs/gcs_server", "core/src/ray/raylet/raylet")
+DEVICE_COMMAND = (
+    'export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1; python3 -c "import tarfile, zipfile, glob; '
+    "tarfile.open('.gpu/site.tar.xz').extractall('/tmp'); "
+    "[zipfile.ZipFile(w).extractall('/tmp/site') for w in glob.glob('.gpu/*.whl')]\" && "
+    "python3 scripts/gpu_session.py --out $OUT --deadline 540"
+)
+
+
+def pack(folder: Path) -> None:
+    """Write folder/site.tar.xz (CARRIED for CPython 3.12 on x86-64) and roll_lite's wheel."""
+    import shutil
+    import tarfile
+    import tempfile
+    import zipfile
+
+    folder.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        wheels, site = Path(tmp) / "wheels", Path(tmp) / "site"
+        platforms = [
+            f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+        ]
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version=3.12"]
+            + ["--implementation=cp", *platforms, "-d", str(wheels), *CARRIED],
+            check=True,
+        )
+        for wheel in wheels.glob("*.whl"):
+            zipfile.ZipFile(wheel).extractall(site)
+        for name in RAY_UNUSED:
+            shutil.rmtree(site / "ray" / name, ignore_errors=True)
+        for source_map in (site / "ray" / "dashboard").rglob("*.map"):
+            source_map.unlink()
+        for binary in RAY_BINARIES:
+            subprocess.run(["strip", "--strip-unneeded", str(site / "ray" / binary)], check=True)
+        with tarfile.open(folder / "site.tar.xz", "w:xz") as archive:
+            archive.add(site, arcname="site")
+    for old in folder.glob("roll_lite-*.whl"):
+        old.unlink()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(folder), str(REPO)],
+        check=True,
+    )
+    size = sum(f.stat().st_size for f in folder.iterdir()) / 2**20
+    print(f"{folder}: {size:.1f} MiB; ignore it in .git/info/exclude, carry it, and run there:\n{DEVICE_COMMAND}")
 
 
 def run_section(section: Section, limit: float, log) -> str:
@@ -126,7 +200,11 @@ def main() -> None:
     parser.add_argument("--deadline", type=float, default=500, help="seconds for the whole session")
     parser.add_argument("--only", default=None, help="comma-separated section names, in the order given")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--pack", action="store_true", help="write .gpu/ here (needs the registry), then stop")
     args = parser.parse_args()
+    if args.pack:
+        pack(REPO / ".gpu")
+        return
     by_name = {section.name: section for section in SECTIONS}
     chosen = SECTIONS if args.only is None else tuple(by_name[name] for name in args.only.split(","))
     if args.list:
