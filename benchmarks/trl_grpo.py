@@ -11,7 +11,7 @@ The reward is roll_lite's `exact_answer`: 1 if the stripped response equals the 
 greedy decoding on the eval prompts before and after training, scored the same way.
 
 Prints one JSON line: per-step seconds (on_step_begin -> on_step_end: generation, reward, forward,
-backward, optimizer), held-out reward before / after, the mean completion length, versions.
+backward, optimizer) and their split (sampling; sampling with rewards and advantages; the rest trains), held-out reward before / after, the mean completion length, versions.
 """
 
 from __future__ import annotations
@@ -34,6 +34,20 @@ def read_jsonl(path: str) -> list[dict]:
 
 def exact_answer(prompts, completions, answer, **kwargs) -> list[float]:
     return [float(c.strip() == str(a).strip()) for c, a in zip(completions, answer)]
+
+
+def time_calls(obj, name: str, seconds: list) -> None:
+    """Wrap obj.name so that each call appends its wall time to `seconds`."""
+    method = getattr(obj, name)
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - start)
+
+    setattr(obj, name, timed)
 
 
 class StepTimer(TrainerCallback):
@@ -144,6 +158,11 @@ def main() -> None:
         processing_class=tokenizer,
         callbacks=[timer],
     )
+    # the step's split: sampling (_generate), then rewards, advantages and any old log-probs (the rest of
+    # _generate_and_score_completions), then the loss's forward, backward and the optimizer (the rest)
+    generate_s, prepare_s = [], []
+    time_calls(trainer, "_generate", generate_s)
+    time_calls(trainer, "_generate_and_score_completions", prepare_s)
     start = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - start
@@ -156,6 +175,8 @@ def main() -> None:
         json.dumps(
             {
                 "step_s": timer.seconds,
+                "generate_s": generate_s,
+                "generate_and_score_s": prepare_s,
                 "train_s": train_s,
                 "held_out_before": before,
                 "held_out_after": after,

@@ -133,8 +133,11 @@ def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path, rou
         "run": f"TRL {result['trl']}",
         "variant": "trl",
         "step_s": statistics.median(result["step_s"][SKIP:]),
-        "generate_s": None,
-        "train_s": None,
+        "generate_s": statistics.median(result["generate_s"][SKIP:]) if result.get("generate_s") else None,
+        # the rest of the step after sampling, rewards and advantages: the loss's passes and the optimizer
+        "train_s": statistics.median([s - g for s, g in zip(result["step_s"], result["generate_and_score_s"])][SKIP:])
+        if result.get("generate_and_score_s")
+        else None,
         "sync_s": None,
         "held_out": (result["held_out_before"], result["held_out_after"]),
         "response_tokens": result.get("response_length_mean"),

@@ -190,6 +190,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
             **{f"actor/{k}": v for k, v in actor_metrics.items()},
             **{f"critic/{k}": v for k, v in critic_metrics.items()},
             "response_length/mean": mask.sum(-1).float().mean().item(),
+            "response_length/max": int(mask.sum(-1).max()),  # the longest answer: what a lockstep step waits for
             "rollout/staleness": weights_behind,  # steps between the sampling weights and the actor's
             **self.schedule.last_metrics,  # fully async: per-token staleness, samples of several versions
             "perf/step_s": elapsed,

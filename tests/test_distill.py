@@ -223,6 +223,14 @@ def roll_train(argv, cwd):
     return result
 
 
+# one signal's run in the fully async mode: the teacher scores a batch whose rows began under older weights
+FULLY_ASYNC = {
+    "advantage": [],
+    "reverse_kl": [],
+    "top_k_forward_kl": ["rollout.fully_async=true", "rollout.max_staleness=1", "algorithm.rollout_is=token"],
+}
+
+
 @pytest.mark.parametrize("signal", ["advantage", "reverse_kl", "top_k_forward_kl"])
 def test_the_docs_distill_command_trains_the_student_on_its_teacher(tmp_path, signal):
     for name in ("configs", "data"):
@@ -241,6 +249,7 @@ def test_the_docs_distill_command_trains_the_student_on_its_teacher(tmp_path, si
             f"distill.signal={signal}",
             "distill.kl_estimator=k3",
             "distill.top_k=4",
+            *FULLY_ASYNC[signal],
         ],
         tmp_path,
     )
@@ -251,6 +260,8 @@ def test_the_docs_distill_command_trains_the_student_on_its_teacher(tmp_path, si
     ]
     steps = [r for r in records if r["step"] >= 1]
     assert len(steps) == 2 and all(r["actor/grad_norm"] > 0 for r in steps)
+    # the fully async run's second batch began under the first step's weights, and its teacher scored it all
+    assert [r["rollout/staleness"] for r in steps] == ([0, 1] if FULLY_ASYNC[signal] else [0, 0])
     for r in steps:  # the teacher's cost: its pass is part of preparing the step; a CPU process holds > 0.1 GiB
         assert 0 < r["perf/teacher_s"] < r["perf/prepare_s"] and r["teacher/tokens_per_s"] > 0
         assert r["teacher/peak_memory_gib"] > 0.1

@@ -108,3 +108,15 @@ def test_generating_in_the_actors_process_samples_with_its_adapters(lora_data, t
     run(command(lora_data, tmp_path, "in_actor", *LORA, "rollout.in_actor=true", "steps=2", "save_model=false"))
     steps = [r for r in metrics(tmp_path / "in_actor") if "actor/rollout_logp_gap" in r]
     assert len(steps) == 2 and all(r["actor/rollout_logp_gap_max"] <= 1e-5 for r in steps), steps
+
+
+def test_fully_async_the_engine_gets_the_adapters_at_every_weight_update(lora_data, tmp_path):
+    """rollout.fully_async with max_staleness=0 (the lockstep schedule through the async path): the
+    adapters alone reach the rollout worker at each update, and every step samples with the actor's."""
+    extra = ["rollout.fully_async=true", "rollout.max_staleness=0", "steps=3", "save_model=false"]
+    log = run(command(lora_data, tmp_path, "fully_async", *LORA, *extra)).stderr
+    assert "rollout.fully_async: batches up to 0 step(s) ahead" in log
+    steps = [r for r in metrics(tmp_path / "fully_async") if "actor/rollout_logp_gap" in r]
+    # the adapters moved (the policy left its reference), and the engine sampled with them each step
+    assert len(steps) == 3 and steps[-1]["actor/grad_norm"] > 0 and steps[-1]["actor/kl"] > 0
+    assert all(r["actor/rollout_logp_gap_max"] <= 1e-5 for r in steps), steps

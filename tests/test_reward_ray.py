@@ -86,7 +86,8 @@ def test_a_user_reward_module_scores_a_ray_run_and_a_raising_one_is_counted_and_
 )
 def test_a_reward_model_and_a_judge_score_a_ray_run_in_the_reward_worker(tmp_path):
     """The judge on vLLM (reward.judge_engine=vllm; tests/test_vllm_judge.py: its replies equal the hf
-    engine's); docs/rewards.md's mixed-domain run trains with a judge on the hf engine."""
+    engine's); docs/rewards.md's mixed-domain run trains with a judge on the hf engine. The run is fully
+    async (rollout.fully_async): step 2's batch, begun while step 1 trained, is scored like step 1's."""
     from test_reward_model import save_reward_model
     from vllm_judge_check import save_judge
 
@@ -101,8 +102,11 @@ def test_a_reward_model_and_a_judge_score_a_ray_run_in_the_reward_worker(tmp_pat
         f"reward.judges={{{judge}: 1.0}}",
         "reward.judge_max_new_tokens=4",
         "reward.judge_engine=vllm",
-        "steps=1",
-        "eval_every=1",
+        "rollout.fully_async=true",
+        "rollout.max_staleness=1",
+        "algorithm.rollout_is=token",
+        "steps=2",
+        "eval_every=2",
         "save_model=false",
         f"output_dir={output}",
         "run_name=rm",
@@ -117,15 +121,17 @@ def test_a_reward_model_and_a_judge_score_a_ray_run_in_the_reward_worker(tmp_pat
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [json.loads(line) for line in (output / "rm" / "metrics.jsonl").read_text().splitlines()]
-    (step,) = [record for record in records if "reward/mean" in record]
+    steps = [record for record in records if "reward/mean" in record]
     assert "eval/reward/model:tiny_rm" in records[0]  # the held-out prompts are scored by it too
+    assert [r["rollout/staleness"] for r in steps] == [0, 1]  # step 2's rows began under step 1's weights
     rows = 4 * 8
-    assert step["reward/model:tiny_rm/failed"] == 0
-    # the untrained judge writes no verdict: every row unparseable, counted, and (on_failure=zero) scored by the rest
-    assert step["reward/judge:tiny_judge/unparseable"] == rows and step["reward/unscored"] == rows
-    assert step["reward/mean"] == pytest.approx(
-        step["reward/token_accuracy"] + 0.5 * step["reward/model:tiny_rm"], abs=1e-5
-    )
+    for step in steps:
+        assert step["reward/model:tiny_rm/failed"] == 0
+        # the untrained judge writes no verdict: every row unparseable, counted, and (on_failure=zero) scored by the rest
+        assert step["reward/judge:tiny_judge/unparseable"] == rows and step["reward/unscored"] == rows
+        assert step["reward/mean"] == pytest.approx(
+            step["reward/token_accuracy"] + 0.5 * step["reward/model:tiny_rm"], abs=1e-5
+        )
     log = result.stdout + result.stderr
     assert f"reward model {folder}: the policy's token ids go straight in (same tokenizer and chat template)" in log
     assert f"judge {judge}: greedy, at most 4 new tokens, vllm engine" in log

@@ -109,12 +109,21 @@ def test_killed_at_a_step_and_resumed_with_vllm_the_metrics_equal_an_uninterrupt
     assert_same_trajectory(metrics(tmp_path / "killed"), metrics(reference))
 
 
-def test_one_step_ahead_with_vllm_samples_with_the_previous_weights(data, tmp_path):
-    run(command(data, tmp_path, "ahead", *VLLM, "rollout.async_steps=1", "algorithm.rollout_is=token"))
-    records = metrics(tmp_path / "ahead")[1:]
+AHEAD = {  # one step ahead: whole batches; fully async: rows in flight at an update go on under the new weights
+    "ahead": ["rollout.async_steps=1"],
+    "fully_async": ["rollout.fully_async=true", "rollout.max_staleness=1"],
+}
+
+
+@pytest.mark.parametrize("mode", list(AHEAD))
+def test_generating_ahead_with_vllm_samples_with_the_previous_weights(data, tmp_path, mode):
+    run(command(data, tmp_path, mode, *VLLM, *AHEAD[mode], "algorithm.rollout_is=token"))
+    records = metrics(tmp_path / mode)[1:]
     assert [r["rollout/staleness"] for r in records] == [0] + [1] * (STEPS - 1)
     assert records[0]["actor/rollout_logp_gap"] <= LOGP_TOLERANCE
     assert all(r["actor/rollout_logp_gap"] > 1e-4 for r in records[2:])  # one update behind, and weighted for it
+    if mode == "fully_async":  # vLLM went on from each row's tokens so far, under the new weights
+        assert all(r["rollout/mixed_version_share"] > 0 for r in records[1:])
 
 
 def test_a_gap_above_max_logp_gap_stops_the_run_in_one_line(data, tmp_path):
