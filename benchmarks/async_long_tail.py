@@ -23,8 +23,8 @@ get a core each):
 Each of --rounds rounds runs every mode once, in an order rotated from round to round. The table gives,
 per mode, the median over rounds of: the median step time (perf/step_s, steps after the first 2),
 samples per second, the share of a step the trainer waits for its batch (perf/generate_s / step), the
-mean and the longest response (tokens), the share of response tokens sampled by an older version than
-their row's first token (rollout/mixed_version_share), and the step time against lockstep's in the same round.
+mean and the longest response (tokens), the share of samples whose tokens span two weight versions
+(rollout/mixed_version_share), and the step time against lockstep's in the same round.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def main() -> None:
         f"the rest {SHORT[0]}-{SHORT[1]}; SFT warm start of {args.sft_steps} steps\n"
     )
     print(
-        "| mode | step s | samples/s | trainer waits | response tokens mean / max | mixed-version tokens | step vs lockstep |"
+        "| mode | step s | samples/s | trainer waits | response tokens mean / max | samples of two versions | step vs lockstep |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for mode in modes:
