@@ -41,6 +41,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from async_multi_turn import step_summary  # noqa: E402  (the script's folder is on sys.path)
+
 FULLY_ASYNC = ["rollout.fully_async=true", "rollout.max_staleness=1", "algorithm.rollout_is=token"]
 MODES = {
     "lockstep": [],
@@ -75,17 +77,18 @@ def roll_train(work: Path, name: str, config: str, overrides: list[str]) -> list
     return [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
 
 
-def warm_start(work: Path, sft_steps: int, smoke: bool) -> Path:
+def warm_start(work: Path, sft_steps: int) -> Path:
     data = [f"sft.train_files={work / 'train.jsonl'}", f"sft.eval_files={work / 'eval.jsonl'}"]
     overrides = [*data, "sft.response_key=demonstration", f"sft.steps={sft_steps}", f"sft.eval_every={sft_steps}"]
-    roll_train(work, "sft", "configs/sft.yaml", [*overrides, ROOM[0], *(SMOKE_MODEL if smoke else [])])
+    roll_train(work, "sft", "configs/sft.yaml", [*overrides, ROOM[0]])
     return work / "sft" / "final"
 
 
-def run_mode(mode: str, work: Path, model: Path, steps: int, smoke: bool, round_: int) -> dict[str, float]:
+def run_mode(mode: str, work: Path, model: list[str], steps: int, smoke: bool, round_: int) -> dict[str, float]:
+    """`model`: the warm start's folder as an override, or (--smoke) the tiny shape built from config."""
     prompts, samples = (2, 2) if smoke else (PROMPTS, SAMPLES)
     overrides = [
-        f"model.pretrained_path={model}",
+        *model,
         f"data.train_files={work / 'train.jsonl'}",
         f"data.eval_files={work / 'eval.jsonl'}",
         *ROOM,
@@ -101,12 +104,9 @@ def run_mode(mode: str, work: Path, model: Path, steps: int, smoke: bool, round_
         *MODES[mode],
     ]
     records = roll_train(work, f"{mode}_r{round_}", "configs/grpo.yaml", overrides)
-    timed = [r for r in records if "perf/step_s" in r and r["step"] > min(2, steps - 1)]
-    step_s = statistics.median(r["perf/step_s"] for r in timed)
+    timed, summary = step_summary(records, steps, prompts * samples)
     return {
-        "step_s": step_s,
-        "samples_per_s": prompts * samples / step_s,
-        "trainer_wait": statistics.median(r["perf/generate_s"] / r["perf/step_s"] for r in timed),
+        **summary,
         "length_mean": statistics.mean(r["response_length/mean"] for r in timed),
         "length_max": max(r["response_length/max"] for r in timed),
         "mixed": statistics.mean(r.get("rollout/mixed_version_share", 0.0) for r in timed),
@@ -120,10 +120,12 @@ def main() -> None:
     parser.add_argument("--long-share", type=float, default=0.15, help="the share of prompts of 16-32 digits")
     parser.add_argument("--sft-steps", type=int, default=600)
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--smoke", action="store_true", help="3 steps, lockstep and async, a tiny model, 1 round")
+    parser.add_argument(
+        "--smoke", action="store_true", help="3 steps, lockstep and async, a tiny model without a warm start, 1 round"
+    )
     args = parser.parse_args()
     if args.smoke:
-        args.steps, args.rounds, args.modes, args.sft_steps = 3, 1, "lockstep,async", 5
+        args.steps, args.rounds, args.modes, args.sft_steps = 3, 1, "lockstep,async", 0
     modes = args.modes.split(",")
     results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory(prefix="roll_lite_long_tail_") as scratch:
@@ -132,7 +134,8 @@ def main() -> None:
         for name, count in (("train", 4000), ("eval", 64)):
             rows = long_tail_rows(count, args.long_share, rng)
             (work / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-        model = warm_start(work, args.sft_steps, args.smoke)
+        # --smoke: the tiny shape from config, no warm start
+        model = SMOKE_MODEL if args.smoke else [f"model.pretrained_path={warm_start(work, args.sft_steps)}"]
         for round_ in range(args.rounds):
             for mode in modes[round_ % len(modes) :] + modes[: round_ % len(modes)]:
                 results[mode].append(run_mode(mode, work, model, args.steps, args.smoke, round_))
@@ -152,7 +155,7 @@ def main() -> None:
         if "lockstep" in results and mode != "lockstep":
             ratio = f"{statistics.median(r['step_s'] / b['step_s'] for r, b in zip(runs, results['lockstep'])):.2f}×"
         print(
-            f"| {mode} | {median('step_s'):.3f} | {median('samples_per_s'):.1f} | {median('trainer_wait'):.0%} "
+            f"| {mode} | {median('step_s'):.3f} | {median('rows_per_s'):.1f} | {median('trainer_wait'):.0%} "
             f"| {median('length_mean'):.1f} / {max(r['length_max'] for r in runs):.0f} | {median('mixed'):.0%} | {ratio} |"
         )
 

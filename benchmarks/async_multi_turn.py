@@ -106,14 +106,17 @@ def run_mode(mode: str, work: Path, steps: int, latency: tuple[float, float], sm
     if result.returncode != 0:
         raise SystemExit(f"{mode}: roll-train failed:\n{result.stderr[-3000:]}")
     records = [json.loads(line) for line in (work / mode / "metrics.jsonl").read_text().splitlines()]
-    timed = [r for r in records if r["step"] > min(2, steps - 1)]
+    timed, summary = step_summary(records, steps, games * samples)
+    return {**summary, "env_s": statistics.median(r["env/env_s"] for r in timed)}
+
+
+def step_summary(records: list[dict], steps: int, rows: int) -> tuple[list[dict], dict[str, float]]:
+    """The steps after the first 2 (timed), and their median step time, rows per second and the share of
+    a step the trainer waits for its batch."""
+    timed = [r for r in records if "perf/step_s" in r and r["step"] > min(2, steps - 1)]
     step_s = statistics.median(r["perf/step_s"] for r in timed)
-    return {
-        "step_s": step_s,
-        "trajectories_per_s": games * samples / step_s,
-        "trainer_wait": statistics.median(r["perf/generate_s"] / r["perf/step_s"] for r in timed),
-        "env_s": statistics.median(r["env/env_s"] for r in timed),
-    }
+    wait = statistics.median(r["perf/generate_s"] / r["perf/step_s"] for r in timed)
+    return timed, {"step_s": step_s, "rows_per_s": rows / step_s, "trainer_wait": wait}
 
 
 def main() -> None:
@@ -148,7 +151,7 @@ def main() -> None:
             ratio = f"{statistics.median(r['step_s'] / b['step_s'] for r, b in zip(runs, results['lockstep'])):.2f}×"
         print(
             f"| {mode} | {statistics.median(r['step_s'] for r in runs):.3f} "
-            f"| {statistics.median(r['trajectories_per_s'] for r in runs):.1f} "
+            f"| {statistics.median(r['rows_per_s'] for r in runs):.1f} "
             f"| {statistics.median(r['trainer_wait'] for r in runs):.0%} "
             f"| {statistics.median(r['env_s'] for r in runs):.2f} | {ratio} |"
         )
