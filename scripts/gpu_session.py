@@ -7,14 +7,15 @@ line of output in one log, and a summary of what finished, failed or ran out of 
     python3 scripts/gpu_session.py --list                          # the sections and their commands
 
 The machine needs torch, transformers, omegaconf, datasets and Ray importable, and roll_lite installed
-(a wheel unpacked on PYTHONPATH will do). The lent machines have torch and transformers but no registry
-and take 64 MiB with the checkout: `python3 scripts/gpu_session.py --pack` (here, with the registry)
-writes .gpu/ (Ray without its Java jars and libraries we do not use, its binaries stripped, with the
-other missing packages, as one .tar.xz of ~27 MB, and roll_lite's wheel) and prints the command that
-unpacks it there and runs the session (`carry: [".gpu"]`). Benchmarks run in the checkout; roll-train runs in a scratch folder
-holding links to configs/ and data/, so that the checkout's roll_lite/ (which lacks pipelines/ and
-workers/ until installed) does not shadow the installed one in Ray's workers, which put the driver's
-working directory on their path. Its runs write there, under outputs/.
+(a wheel unpacked on PYTHONPATH will do). The lent machines have torch and transformers but no
+registry, and take 64 MiB with the checkout: `--pack` (here, with the registry) writes .gpu/, the
+missing packages as one .tar.xz of ~26 MB (Ray without its Java jars and the libraries we do not use,
+its binaries stripped) and roll_lite's wheel, and prints the command that unpacks them there and runs
+the session (`carry: [".gpu"]`).
+
+Benchmarks run in the checkout. roll-train runs in a scratch folder holding links to configs/ and
+data/ (its runs write there, under outputs/), so that the only roll_lite on any process's path is the
+installed one: the checkout's roll_lite/ lacks pipelines/ and workers/ until installed.
 """
 
 from __future__ import annotations
