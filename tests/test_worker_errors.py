@@ -140,8 +140,10 @@ def failure(first, second):
 ray.init(address="local", num_cpus=1, include_dashboard=False, object_store_memory=80 * 1024**2)
 ranks = [Rank.remote() for _ in range(3)]
 ray.get([rank.__ray_ready__.remote() for rank in ranks])
-print("RESULT", failure(ranks[0].call.remote("raise"), ranks[1].call.remote("die")))
-print("RESULT", failure(ranks[0].call.remote("raise"), ranks[2].call.remote("answer")))
+# one write each: Ray's log thread prints to the same stdout, and print("RESULT", x) writes its pieces
+# one by one, so the raylet's message landed between "RESULT" and the result (CI run 26)
+print(f"RESULT {failure(ranks[0].call.remote('raise'), ranks[1].call.remote('die'))}", flush=True)
+print(f"RESULT {failure(ranks[0].call.remote('raise'), ranks[2].call.remote('answer'))}", flush=True)
 ray.shutdown()
 """
 
