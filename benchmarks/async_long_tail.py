@@ -33,7 +33,6 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -42,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from async_multi_turn import step_summary  # noqa: E402  (the script's folder is on sys.path)
+from vs_trl import run_checked  # noqa: E402
 
 FULLY_ASYNC = ["rollout.fully_async=true", "rollout.max_staleness=1", "algorithm.rollout_is=token"]
 MODES = {
@@ -70,10 +70,7 @@ def long_tail_rows(count: int, long_share: float, rng: random.Random) -> list[di
 
 def roll_train(work: Path, name: str, config: str, overrides: list[str]) -> list[dict]:
     command = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / config), *overrides]
-    command += [f"output_dir={work}", f"run_name={name}", "checkpoint.every=0"]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{name}: roll-train failed:\n{result.stderr[-3000:]}")
+    run_checked(command + [f"output_dir={work}", f"run_name={name}", "checkpoint.every=0"], REPO)
     return [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
 
 

@@ -207,7 +207,11 @@ def main() -> None:
         pack(REPO / ".gpu")
         return
     by_name = {section.name: section for section in SECTIONS}
-    chosen = SECTIONS if args.only is None else tuple(by_name[name] for name in args.only.split(","))
+    names = list(by_name) if args.only is None else args.only.split(",")
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        parser.error(f"--only: no section {', '.join(unknown)}; the sections: {', '.join(by_name)}")
+    chosen = tuple(by_name[name] for name in names)
     if args.list:
         for section in chosen:
             print(f"{section.name} ({section.seconds} s): {section.command.strip()}\n")
