@@ -190,8 +190,9 @@ def run_section(section: Section, limit: float, log) -> str:
         os.killpg(process.pid, 9)
         process.wait()
         outcome = "out of time"
-    # a run cut short leaves its cluster (the module, not the `ray` script: a wheel unpacked on PYTHONPATH has none)
-    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
+    if section.in_run_dir:  # a roll-train run cut short leaves its Ray cluster (the module, not the `ray`
+        # script: a wheel unpacked on PYTHONPATH has none)
+        subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], capture_output=True)
     return f"{outcome} in {time.monotonic() - start:.0f} s"
 
 

@@ -52,3 +52,21 @@ def test_list_names_every_section():
     ).stdout
     for section in gpu_session.SECTIONS:
         assert f"{section.name} ({section.seconds} s)" in listed
+
+
+def test_a_section_that_fails_or_outlasts_its_limit_is_named_so_and_the_session_goes_on(tmp_path, monkeypatch):
+    # sections outside the run folder: no `ray stop --force` after them (it would stop every Ray cluster here)
+    sections = (
+        gpu_session.Section("fails", 30, "echo before; exit 3"),
+        gpu_session.Section("hangs", 1, "echo started; sleep 60"),
+        gpu_session.Section("passes", 30, "echo fine"),
+    )
+    monkeypatch.setattr(gpu_session, "SECTIONS", sections)
+    monkeypatch.setattr(sys, "argv", ["gpu_session.py", "--out", str(tmp_path), "--deadline", "60"])
+    with pytest.raises(SystemExit) as exit_:
+        gpu_session.main()
+    assert exit_.value.code == 1  # not every section was ok
+    summary = (tmp_path / "summary.md").read_text().splitlines()[2:]
+    assert [line.split(" | ")[1].split(" in ")[0] for line in summary] == ["failed (exit 3)", "out of time", "ok"]
+    log = (tmp_path / "session.log").read_text()
+    assert "before" in log and "started" in log and "fine" in log  # each section's output, in the one log
