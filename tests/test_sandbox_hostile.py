@@ -116,8 +116,8 @@ HOSTILE = {
 }
 
 
-def sandbox_processes() -> list[int]:
-    """pids whose real uid is a sandbox slot's."""
+def sandbox_processes(uids=SANDBOX_UIDS) -> list[int]:
+    """pids whose uid is one of `uids` (default: any sandbox slot's)."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -125,18 +125,23 @@ def sandbox_processes() -> list[int]:
                 uid = os.stat(f"/proc/{entry}").st_uid
             except FileNotFoundError:
                 continue
-            if uid in SANDBOX_UIDS:
+            if uid in uids:
                 pids.append(int(entry))
     return pids
 
 
-def scratch_dirs() -> set[str]:
-    return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("roll_sandbox_")}
+def scratch_dirs(root: str) -> set[str]:
+    return {name for name in os.listdir(root) if name.startswith("roll_sandbox_")}
 
 
 @pytest.fixture(scope="module")
 def verdicts(tmp_path_factory):
-    """{name: Verdict} of the whole hostile batch, and what was there before it ran."""
+    """{name: Verdict} of the whole hostile batch, and what was left after it.
+
+    Another test process may run sandboxes at the same time (CI run of stop 52: its scratch directory
+    came and went during this batch), so the batch's scratch directories go to a temp root of its own
+    and only the uids its pool held are checked for processes (a pool's uids are its alone: users.py).
+    """
     home = tmp_path_factory.mktemp("hostile")
     secret_file = home / "secret.txt"
     secret_file.write_text(SECRET)
@@ -170,17 +175,26 @@ def verdicts(tmp_path_factory):
             fields = fill
         fields = {key: repr(value) if key == "paths" else value for key, value in fields.items()}
         programs[name] = (string.Template(source).substitute(fields), parse_tests(tests))
-    before = dict(
-        processes=sandbox_processes(), scratch=scratch_dirs(), free=shutil.disk_usage(tempfile.gettempdir()).free
-    )
+    scratch_root = tempfile.mkdtemp(prefix="roll_hostile_")
+    os.chmod(scratch_root, 0o755)
+    free_before = shutil.disk_usage(scratch_root).free
     pool = SandboxPool(Isolation("bwrap"), LIMITS, workers=2)
+    pool_uids = [uid for uid in pool._users.uids if uid is not None]
+    tempfile.tempdir = scratch_root
     try:
         results = dict(zip(programs, pool.map(lambda item: judge(pool, *item), list(programs.values()))))
     finally:
+        tempfile.tempdir = None
         pool.close()
         server.close()
         del os.environ["ROLL_TEST_SECRET_TOKEN"]
-    yield results, before, outside, connections
+    after = dict(
+        processes=sandbox_processes(pool_uids) if pool_uids else [],
+        scratch=scratch_dirs(scratch_root),
+        grown=free_before - shutil.disk_usage(scratch_root).free,
+    )
+    shutil.rmtree(scratch_root, ignore_errors=True)
+    yield results, after, outside, connections
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
@@ -192,13 +206,12 @@ def test_hostile_program_scores_zero_with_a_named_verdict(verdicts, name):
 
 
 def test_nothing_escaped_and_the_machine_is_as_it_was(verdicts):
-    results, before, outside, connections = verdicts
+    results, after, outside, connections = verdicts
     assert not any(os.path.exists(path) for path in outside), "a program wrote outside its sandbox"
     assert connections == [], "a program reached a server on the host's loopback"
-    assert sandbox_processes() == [], "a sandboxed process outlived its run"
-    assert scratch_dirs() == before["scratch"], "a run left its scratch directory behind"
-    grown = before["free"] - shutil.disk_usage(tempfile.gettempdir()).free
-    assert grown < 64 * 2**20, f"the disk lost {grown / 2**20:.0f} MB during the hostile batch"
+    assert after["processes"] == [], "a sandboxed process outlived its run"
+    assert after["scratch"] == set(), "a run left its scratch directory behind"
+    assert after["grown"] < 64 * 2**20, f"the disk lost {after['grown'] / 2**20:.0f} MB during the hostile batch"
 
 
 def test_a_good_program_still_passes_after_the_hostile_batch(verdicts):

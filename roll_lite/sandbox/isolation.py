@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 
 from roll_lite.sandbox.limits import MB, Limits
@@ -169,9 +170,34 @@ class Isolation:
         return args
 
 
-def kill_user_processes(user: int) -> None:
-    """Every process of a sandbox user, SIGKILLed (the rlimits mode as root: a program that left the
-    process group would otherwise outlive its run)."""
+def kill_user_processes(user: int, wait_s: float = 10.0) -> list[int]:
+    """Every process of a sandbox user, SIGKILLed, and gone before this returns (as root: in the
+    rlimits mode a program that left the process group would otherwise outlive its run; in both modes
+    a killed fork bomb's processes take a few ms to exit and would count against the next program's
+    RLIMIT_NPROC in the same slot). Returns the pids still there after `wait_s` (none, normally)."""
+    deadline = time.monotonic() + wait_s
+    while alive := user_processes(user):  # none: none can appear, only that user's could start one
+        if time.monotonic() > deadline:
+            return alive
+        _signal_user_processes(user)
+        time.sleep(0.005)
+    return []
+
+
+def user_processes(user: int) -> list[int]:
+    """pids whose owner is `user`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == user:
+                    pids.append(int(entry))
+            except FileNotFoundError:
+                pass
+    return pids
+
+
+def _signal_user_processes(user: int) -> None:
     subprocess.run(
         ["kill", "-s", "KILL", "--", "-1"],
         user=user,

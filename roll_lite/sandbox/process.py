@@ -74,12 +74,13 @@ def run_program(
                 lambda ready_fd: isolation.command(resolved, code_dir, work_dir, user, limits, ready_fd),
                 stdin_file,
                 limits,
+                user,
             )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _run(make_command, stdin_file, limits: Limits) -> Run:
+def _run(make_command, stdin_file, limits: Limits, user: int | None) -> Run:
     ready_read, ready_write = os.pipe()
     try:
         try:
@@ -87,13 +88,14 @@ def _run(make_command, stdin_file, limits: Limits) -> Run:
         except BaseException:
             os.close(ready_write)
             raise
-        return _watch(command, stdin_file, limits, ready_read, ready_write)
+        return _watch(command, stdin_file, limits, user, ready_read, ready_write)
     finally:
         os.close(ready_read)
 
 
-def _watch(command, stdin_file, limits: Limits, ready_read: int, ready_write: int) -> Run:
-    """Starts the command, reads it, kills it; `ready_write` is closed here, once started."""
+def _watch(command, stdin_file, limits: Limits, user: int | None, ready_read: int, ready_write: int) -> Run:
+    """Starts the command, reads it, kills it and every process of `user` (the program's uid, as
+    root); `ready_write` is closed here, once started."""
     start = time.monotonic()
     try:
         process = subprocess.Popen(
@@ -117,7 +119,7 @@ def _watch(command, stdin_file, limits: Limits, ready_read: int, ready_write: in
     try:
         ending = _drain(process, stdout, stderr, start + limits.wall_s, limits.output_bytes)
     finally:
-        _kill(process, command.user)
+        _kill(process, user)
     wall = time.monotonic() - start
     os.set_blocking(ready_read, False)
     try:
@@ -166,7 +168,8 @@ def _drain(process, stdout: bytearray, stderr: bytearray, deadline: float, cap: 
 
 def _kill(process, user: int | None) -> None:
     """The whole sandbox: its process group (bwrap's namespace dies with it; the rlimits mode's
-    programs left in the group die here), then, as root in the rlimits mode, every process of its user."""
+    programs left in the group die here), then, as root, every process of its user, waiting until
+    they are gone, so that the slot goes back to the pool clean."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -174,5 +177,5 @@ def _kill(process, user: int | None) -> None:
     process.wait()
     for pipe in (process.stdout, process.stderr):
         pipe.close()
-    if user is not None:
-        kill_user_processes(user)
+    if user is not None and (alive := kill_user_processes(user)):
+        raise SandboxError(f"sandbox uid {user}: processes {alive[:10]} still alive 10 s after SIGKILL")
