@@ -135,31 +135,19 @@ def check_strategy_exactness(device: torch.device) -> None:
     for param_dtype in ("float32", "bfloat16"):
         for micro_batching in ("A2-padded", "budget-packed"):
             worst = {}
+            config = StrategyConfig(
+                grad_accum_steps=2 if micro_batching == "A2-padded" else 1,
+                use_packing=micro_batching == "budget-packed",
+                max_tokens_per_micro_batch=BUDGET if micro_batching == "budget-packed" else None,
+                lr=0.0,  # the weights stay as built, so one strategy per head serves every case
+                max_grad_norm=None,
+                param_dtype=param_dtype,
+            )
+            strategies = {critic: _one_rank_strategy(config, critic, device) for critic in (False, True)}
             for loss_name in MASK_KEYS:
                 for mode in AGG_MODES:
-                    config = StrategyConfig(
-                        grad_accum_steps=2 if micro_batching == "A2-padded" else 1,
-                        use_packing=micro_batching == "budget-packed",
-                        max_tokens_per_micro_batch=BUDGET if micro_batching == "budget-packed" else None,
-                        lr=0.0,
-                        max_grad_norm=None,
-                        param_dtype=param_dtype,
-                    )
                     critic = loss_name in CRITIC_LOSSES
-                    # shard_single_rank: on one GPU in float32 the strategy would train the bare model
-                    strategy = FSDP2Strategy(
-                        build_causal_lm(TINY_MODEL, dtype=torch.float32, seed=0),
-                        config,
-                        head="value" if critic else "log_probs",
-                        device=device,
-                        shard_single_rank=True,
-                    )
-                    if critic:
-                        set_model_state_dict(
-                            strategy.model,
-                            value_head_weights(torch.float32),
-                            options=StateDictOptions(full_state_dict=True, strict=False),
-                        )
+                    strategy = strategies[critic]
                     data = case_batch(loss_name, torch.float32, rows=7)
                     data.meta_info["loss_mask_keys"] = MASK_KEYS[loss_name]
                     metrics = strategy.train_step(data, make_loss(loss_name, mode))
@@ -195,6 +183,24 @@ def check_strategy_exactness(device: torch.device) -> None:
         ],
         rows,
     )
+
+
+def _one_rank_strategy(config: StrategyConfig, critic: bool, device: torch.device) -> FSDP2Strategy:
+    # shard_single_rank: on one GPU in float32 the strategy would train the bare model
+    strategy = FSDP2Strategy(
+        build_causal_lm(TINY_MODEL, dtype=torch.float32, seed=0),
+        config,
+        head="value" if critic else "log_probs",
+        device=device,
+        shard_single_rank=True,
+    )
+    if critic:
+        set_model_state_dict(
+            strategy.model,
+            value_head_weights(torch.float32),
+            options=StateDictOptions(full_state_dict=True, strict=False),
+        )
+    return strategy
 
 
 def time_train_steps(device: torch.device, smoke: bool) -> None:
