@@ -141,12 +141,10 @@ def whole_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: torch.dtype, out_path: str):
     join_group(rank, world_size, port)
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    from roll_lite.strategy import FSDP2Strategy, StrategyConfig
+    from roll_lite.strategy import StrategyConfig
     from roll_lite.strategy.micro_batches import split_for_data_parallel
 
-    results = {}
+    results, strategies = {}, {}
     for case in cases:
         data = case_batch(case.loss, dtype, case.rows)
         budget = PAIR_BUDGET if case.loss in PAIR_LOSSES else BUDGET
@@ -160,15 +158,13 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
             logprob_chunk_size=8,
         )
         critic = case.loss in CRITIC_LOSSES
-        lm = case_model(case, dtype)
-        if case.checkpointing:
-            enable_gradient_checkpointing(lm)
         head = "value" if critic else "score" if case.loss == "bt" else "log_probs"
-        strategy = FSDP2Strategy(lm, config, head=head)
-        if head != "log_probs":
-            options = StateDictOptions(full_state_dict=True, strict=False)
-            weights = value_head_weights(dtype) if critic else score_head_weights(dtype)
-            set_model_state_dict(strategy.model, weights, options=options)
+        # lr 0 leaves the weights as built (AdamW adds -0.0 and decays by 1 - 0): the cases that share a
+        # config, a head and a model share one strategy, each case its own train_step from the same weights.
+        key = (repr(config), head, case.lora, case.checkpointing)
+        if key not in strategies:
+            strategies[key] = _case_strategy(case, config, head, dtype)
+        strategy = strategies[key]
         data.meta_info["loss_mask_keys"] = mask_keys(case.loss)
         share = split_for_data_parallel(data, world_size, balance_tokens=config.use_packing)[rank]
         metrics = strategy.train_step(share, loss_for(case.loss, case.mode))
@@ -178,6 +174,22 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
     if rank == 0:
         torch.save(results, out_path)
     leave_group()
+
+
+def _case_strategy(case: Case, config, head: str, dtype: torch.dtype):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    from roll_lite.strategy import FSDP2Strategy
+
+    lm = case_model(case, dtype)
+    if case.checkpointing:
+        enable_gradient_checkpointing(lm)
+    strategy = FSDP2Strategy(lm, config, head=head)
+    if head != "log_probs":
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        weights = value_head_weights(dtype) if head == "value" else score_head_weights(dtype)
+        set_model_state_dict(strategy.model, weights, options=options)
+    return strategy
 
 
 def run_strategy(cases: list[Case], dtype: torch.dtype) -> dict:
