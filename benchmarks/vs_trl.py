@@ -155,8 +155,6 @@ VARIANTS = {
     "worker": ("rollout worker", ["rollout.in_actor=false"]),  # strictly on-policy, a rollout worker of its own
     "in_actor": ("in the actor", ["rollout.in_actor=true"]),  # on-policy, in the actor's process (the default here)
     "ahead": ("one step ahead", ["rollout.async_steps=1", "algorithm.rollout_is=token"]),
-    # the same, the engine's log-probs as π_old (verl's bypass mode): no old-log-prob forward per step
-    "ahead_bypass": ("one step ahead, bypass", ["rollout.async_steps=1", "algorithm.rollout_bypass=true"]),
     "vllm": ("vllm engine", ["rollout.engine=vllm", "rollout.in_actor=false"]),  # on-policy, vLLM in a rollout worker
     # fully async, deterministic: the next batch generates half its token limit while a step trains
     "fully_async": (
@@ -187,6 +185,8 @@ VARIANTS = {
             "algorithm.rollout_is=token",
         ],
     ),
+    # one step ahead, the engine's log-probs as π_old (verl's bypass mode): no old-log-prob forward per step
+    "ahead_bypass": ("one step ahead, bypass", ["rollout.async_steps=1", "algorithm.rollout_bypass=true"]),
 }
 
 
