@@ -29,7 +29,7 @@ def evaluate_held_out(
     temperature: eval/mean@k (mean score) and eval/pass@k (mean over prompts of the best of k scores;
     for 0/1 rewards the share of prompts solved at least once)."""
     scores, per_function, responses = score_in_chunks(
-        eval_data, generate, score, SamplingParams(rollout.max_new_tokens, greedy=True)
+        eval_data, generate, score, SamplingParams(rollout.max_new_tokens, greedy=True, stream="eval")
     )
     # The greedy answers, for the run directory (eval_samples/): what a reload of final/ must reproduce.
     samples = [
@@ -38,7 +38,9 @@ def evaluate_held_out(
     ]
     metrics = {"eval/reward_mean": scores.mean().item(), **{f"eval/{name}": v for name, v in per_function.items()}}
     if k > 0:
-        params = SamplingParams(rollout.max_new_tokens, k, rollout.temperature, rollout.top_p, rollout.top_k)
+        params = SamplingParams(
+            rollout.max_new_tokens, k, rollout.temperature, rollout.top_p, rollout.top_k, stream="eval"
+        )
         sampled, _, _ = score_in_chunks(eval_data, generate, score, params)
         sampled = sampled.view(-1, k)  # [prompts, k]: generate returns each prompt's samples together
         metrics[f"eval/mean@{k}"] = sampled.mean().item()

@@ -276,7 +276,7 @@ class MultiTurnPipeline(PPOPipeline):
         if self.eval_data is None:
             return {}
         e = self.config.environment
-        params = SamplingParams(e.max_new_tokens_per_turn, 1, greedy=True)
+        params = SamplingParams(e.max_new_tokens_per_turn, 1, greedy=True, stream="eval")
         episodes = self.play(self.eval_data, list(range(len(self.eval_data))), params, "eval")
         answer_key = self.config.data.answer_key
         self.eval_samples = [

@@ -61,3 +61,28 @@ def test_greedy_decoding_returns_no_log_probs():
     model = build_causal_lm(dict(TINY_MODEL, vocab_size=40), seed=1)
     out = HFEngine(model, pad_token_id=0, eos_token_id=1).generate([[5, 6]], SamplingParams(4, greedy=True))
     assert out.log_probs is None and len(out.token_ids) == 1
+
+
+def test_evaluation_calls_leave_the_training_samples_as_they_were():
+    """Seeds count per stream (SamplingParams.stream): how often a run evaluates, greedy or sampled,
+    does not change what its training calls sample; and a train-only state_dict still loads."""
+    model = build_causal_lm(dict(TINY_MODEL, vocab_size=40), seed=2)
+    prompts, sampled = [[5, 6], [7, 8, 9]], SamplingParams(6, num_samples=3)
+
+    def train_samples(evals_between: int) -> list:
+        engine = HFEngine(model, pad_token_id=0, eos_token_id=1, seed=4)
+        samples = [engine.generate(prompts, sampled).token_ids]
+        for _ in range(evals_between):
+            engine.generate(prompts, SamplingParams(6, greedy=True, stream="eval"))
+            engine.generate(prompts, SamplingParams(6, num_samples=2, stream="eval"))
+        samples.append(engine.generate(prompts, sampled).token_ids)
+        assert engine.state_dict() == {"seed": 4, "calls": 2, "eval_calls": 2 * evals_between}
+        return samples
+
+    plain = train_samples(0)
+    assert train_samples(3) == plain and plain[0] != plain[1]
+    resumed = HFEngine(model, pad_token_id=0, eos_token_id=1)
+    resumed.load_state_dict({"seed": 4, "calls": 1})  # a checkpoint written before eval_calls existed
+    assert resumed.generate(prompts, sampled).token_ids == plain[1]
+    with pytest.raises(ValueError, match="SamplingParams.stream: 'test' is not one of train, eval"):
+        SamplingParams(6, stream="test")

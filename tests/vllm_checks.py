@@ -125,6 +125,17 @@ def main(tied: bool) -> dict:
             }
         )
 
+    # Evaluation calls (SamplingParams.stream="eval") leave the training samples as they were
+    def two_train_calls(with_eval_between: bool) -> list:
+        engine.load_state_dict({"seed": 0, "calls": 0})
+        first = engine.generate(prompts, sampled).token_ids
+        if with_eval_between:
+            engine.generate(prompts, SamplingParams(max_new_tokens=12, greedy=True, stream="eval"))
+            engine.generate(prompts, SamplingParams(max_new_tokens=12, num_samples=4, stream="eval"))
+        return [first, engine.generate(prompts, sampled).token_ids]
+
+    found["train_samples_same_with_evals_between"] = two_train_calls(True) == two_train_calls(False)
+
     # The prefix cache: a second generation of the same long prompts reuses their KV ...
     engine.generate(long_prompts, sampled)
     outputs = llm.generate(

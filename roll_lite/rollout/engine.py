@@ -23,6 +23,17 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False
+    # whose call this is: "train" (the batches trained on) or "eval" (held-out evaluation). Each stream
+    # counts its own calls and seeds from them, so how often a run evaluates never changes its samples.
+    stream: str = "train"
+
+    def __post_init__(self):
+        if self.stream not in STREAMS:
+            raise ValueError(f"SamplingParams.stream: '{self.stream}' is not one of {', '.join(STREAMS)}")
+
+
+STREAMS = ("train", "eval")
+EVAL_SEED_OFFSET = 1 << 32  # the eval stream's seeds: far from any seed + train call count
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from roll_lite.rollout.engine import Completions, SamplingParams
+from roll_lite.rollout.engine import EVAL_SEED_OFFSET, STREAMS, Completions, SamplingParams
 
 
 class HFEngine:
@@ -33,7 +33,7 @@ class HFEngine:
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.device = next(model.parameters()).device
         self.generator_seed = seed
-        self.calls = 0
+        self.calls = {stream: 0 for stream in STREAMS}  # generate calls so far, per SamplingParams.stream
 
     @torch.no_grad()
     def generate(
@@ -72,8 +72,10 @@ class HFEngine:
                 num_return_sequences=params.num_samples,
                 logits_processor=[recorder],
             )
-        torch.manual_seed(self.generator_seed + self.calls)  # reproducible, different every call
-        self.calls += 1
+        # reproducible, different every call of a stream, and the streams apart
+        offset = 0 if params.stream == "train" else EVAL_SEED_OFFSET
+        torch.manual_seed(self.generator_seed + offset + self.calls[params.stream])
+        self.calls[params.stream] += 1
         output = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **options
         )
@@ -89,11 +91,12 @@ class HFEngine:
         return Completions(token_ids, token_log_probs if log_probs is not None else None)
 
     def state_dict(self) -> dict:
-        """Where sampling stands: every generate call reseeds torch with (seed + calls so far)."""
-        return {"seed": self.generator_seed, "calls": self.calls}
+        """Where sampling stands: every generate call reseeds torch with (seed + its stream's calls so far)."""
+        return {"seed": self.generator_seed, "calls": self.calls["train"], "eval_calls": self.calls["eval"]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator_seed, self.calls = int(state["seed"]), int(state["calls"])
+        self.generator_seed = int(state["seed"])
+        self.calls = {"train": int(state["calls"]), "eval": int(state.get("eval_calls", 0))}
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], part_of: set[str] | None = None) -> None:
         """Copy `state_dict` into the model's parameters: all of them, or with `part_of` exactly those

@@ -42,7 +42,7 @@ import os
 
 import torch
 
-from roll_lite.rollout.engine import Completions, SamplingParams
+from roll_lite.rollout.engine import STREAMS, Completions, SamplingParams
 from roll_lite.rollout.vllm_requests import completions_from_outputs, request_seeds, vllm_sampling_kwargs
 from roll_lite.rollout.vllm_start import lora_settings
 from roll_lite.rollout.vllm_weights import adapter_rank, vllm_weights
@@ -70,7 +70,7 @@ class VLLMEngine:
         self.sampling_params_class = sampling_params_class  # vllm.SamplingParams
         self.eos_token_id = eos_token_id
         self.tie_word_embeddings = tie_word_embeddings
-        self.seed, self.calls = seed, 0
+        self.seed, self.calls = seed, {stream: 0 for stream in STREAMS}  # per SamplingParams.stream
         self.release_memory = release_memory
         self.checkpoint_names = None if checkpoint_names is None else set(checkpoint_names)
         self.asleep = False  # after a generation with release_memory: weights on CPU, no KV cache
@@ -88,8 +88,8 @@ class VLLMEngine:
                 "the vllm engine serves a LoRA adapter and none has been synced: call update_adapter "
                 "before generating (after a start or a resume too)"
             )
-        seeds = request_seeds(self.seed, self.calls, len(prompts), params.num_samples)
-        self.calls += 1
+        seeds = request_seeds(self.seed, self.calls[params.stream], len(prompts), params.num_samples, params.stream)
+        self.calls[params.stream] += 1
         requests = [
             self.sampling_params_class(**vllm_sampling_kwargs(params, self.eos_token_id, seed)) for seed in seeds
         ]
@@ -176,11 +176,12 @@ class VLLMEngine:
             self.asleep, self.weights_awake = False, True
 
     def state_dict(self) -> dict:
-        """Where sampling stands: generate call k seeds its requests from (seed, k)."""
-        return {"seed": self.seed, "calls": self.calls}
+        """Where sampling stands: generate call k of a stream seeds its requests from (seed, k, stream)."""
+        return {"seed": self.seed, "calls": self.calls["train"], "eval_calls": self.calls["eval"]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.seed, self.calls = int(state["seed"]), int(state["calls"])
+        self.seed = int(state["seed"])
+        self.calls = {"train": int(state["calls"]), "eval": int(state.get("eval_calls", 0))}
 
 
 def serve_model(

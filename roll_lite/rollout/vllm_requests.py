@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from roll_lite.rollout.engine import Completions, SamplingParams
+from roll_lite.rollout.engine import EVAL_SEED_OFFSET, Completions, SamplingParams
 
 
 def vllm_logprobs_mode(temperature: float, top_p: float, top_k: int) -> str:
@@ -50,10 +50,12 @@ def vllm_sampling_kwargs(params: SamplingParams, eos_token_id: int, request_seed
     }
 
 
-def request_seeds(seed: int, call: int, num_prompts: int, num_samples: int) -> list[int]:
-    """One seed per prompt for generate call number `call`: reproducible from (seed, call), different
-    for every call, and far enough apart that no two samples (seed + 0 .. n-1) share a generator."""
-    first = random.Random(seed * 1_000_003 + call).randrange(2**40)
+def request_seeds(seed: int, call: int, num_prompts: int, num_samples: int, stream: str = "train") -> list[int]:
+    """One seed per prompt for generate call number `call` of `stream` (SamplingParams.stream):
+    reproducible from (seed, call, stream), different for every call, and far enough apart that no two
+    samples (seed + 0 .. n-1) share a generator."""
+    offset = 0 if stream == "train" else EVAL_SEED_OFFSET
+    first = random.Random(seed * 1_000_003 + call + offset).randrange(2**40)
     return [first + i * num_samples for i in range(num_prompts)]
 
 
