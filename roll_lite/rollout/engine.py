@@ -27,7 +27,7 @@ class SamplingParams:
     # counts its own calls and seeds from them, so how often a run evaluates never changes its samples.
     stream: str = "train"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.stream not in STREAMS:
             raise ValueError(f"SamplingParams.stream: '{self.stream}' is not one of {', '.join(STREAMS)}")
 
