@@ -32,8 +32,9 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.stream: '{self.stream}' is not one of {', '.join(STREAMS)}")
 
 
-STREAMS = ("train", "eval")
-EVAL_SEED_OFFSET = 1 << 32  # the eval stream's seeds: far from any seed + train call count
+# what each stream adds to the seed: the eval stream's seeds lie far from any seed + train call count
+SEED_OFFSETS = {"train": 0, "eval": 1 << 32}
+STREAMS = tuple(SEED_OFFSETS)
 
 
 @dataclass

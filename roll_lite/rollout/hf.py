@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from roll_lite.rollout.engine import EVAL_SEED_OFFSET, STREAMS, Completions, SamplingParams
+from roll_lite.rollout.engine import SEED_OFFSETS, STREAMS, Completions, SamplingParams
 
 
 class HFEngine:
@@ -73,8 +73,7 @@ class HFEngine:
                 logits_processor=[recorder],
             )
         # reproducible, different every call of a stream, and the streams apart
-        offset = 0 if params.stream == "train" else EVAL_SEED_OFFSET
-        torch.manual_seed(self.generator_seed + offset + self.calls[params.stream])
+        torch.manual_seed(self.generator_seed + SEED_OFFSETS[params.stream] + self.calls[params.stream])
         self.calls[params.stream] += 1
         output = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **options

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from roll_lite.rollout.engine import EVAL_SEED_OFFSET, Completions, SamplingParams
+from roll_lite.rollout.engine import SEED_OFFSETS, Completions, SamplingParams
 
 
 def vllm_logprobs_mode(temperature: float, top_p: float, top_k: int) -> str:
@@ -54,8 +54,7 @@ def request_seeds(seed: int, call: int, num_prompts: int, num_samples: int, stre
     """One seed per prompt for generate call number `call` of `stream` (SamplingParams.stream):
     reproducible from (seed, call, stream), different for every call, and far enough apart that no two
     samples (seed + 0 .. n-1) share a generator."""
-    offset = 0 if stream == "train" else EVAL_SEED_OFFSET
-    first = random.Random(seed * 1_000_003 + call + offset).randrange(2**40)
+    first = random.Random(seed * 1_000_003 + call + SEED_OFFSETS[stream]).randrange(2**40)
     return [first + i * num_samples for i in range(num_prompts)]
 
 

@@ -170,7 +170,10 @@ class Isolation:
         return args
 
 
-def kill_user_processes(user: int, wait_s: float = 10.0) -> list[int]:
+KILL_WAIT_S = 10.0  # how long a sandbox user's processes may take to die after SIGKILL
+
+
+def kill_user_processes(user: int, wait_s: float = KILL_WAIT_S) -> list[int]:
     """Every process of a sandbox user, SIGKILLed, and gone before this returns (as root: in the
     rlimits mode a program that left the process group would otherwise outlive its run; in both modes
     a killed fork bomb's processes take a few ms to exit and would count against the next program's

@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from roll_lite.sandbox.isolation import Isolation, kill_user_processes
+from roll_lite.sandbox.isolation import KILL_WAIT_S, Isolation, kill_user_processes
 from roll_lite.sandbox.limits import Limits
 from roll_lite.sandbox.users import one_user
 
@@ -178,4 +178,4 @@ def _kill(process, user: int | None) -> None:
     for pipe in (process.stdout, process.stderr):
         pipe.close()
     if user is not None and (alive := kill_user_processes(user)):
-        raise SandboxError(f"sandbox uid {user}: processes {alive[:10]} still alive 10 s after SIGKILL")
+        raise SandboxError(f"sandbox uid {user}: processes {alive[:10]} still alive {KILL_WAIT_S:g} s after SIGKILL")
