@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-from roll_lite.loss.checker import check_loss_invariance
-
 from .losses import corrections_asked, is_builtin_policy_loss
 from .ppo import PPOPipeline
 
@@ -33,6 +31,8 @@ def check_own_losses(pipeline) -> str | None:
             if not own
             else f"loss check: skipped (algorithm.check_loss=false) for {', '.join(n for n, _, _ in own)}"
         )
+    from roll_lite.loss.checker import check_loss_invariance  # builds a model: transformers' model classes, ~1 s
+
     start, lines = time.perf_counter(), []
     for name, loss_func, head in own:
         try:

@@ -2,24 +2,39 @@
 machine), made in the driver before Ray starts or any output folder exists.
 
 `check_run(config)` (and, once the data is read, `check_sequence_lengths`) raises ConfigError with
-one line naming the key. It reads the model's config
-(AutoConfig: config.json only, never the weights) and loads the tokenizer; both are cheap.
+one line naming the key. It reads the model's config (AutoConfig: config.json only, never the
+weights) and loads the tokenizer; both are cheap. A model built from the `model` keys gets its
+transformers config class only in the workers: that class's docstring decorator imports transformers'
+model classes, ~1 s of CPU the driver does not otherwise need.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import TypeAlias
 
 from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 from roll_lite.config import ConfigError, RunConfig
 from roll_lite.model.files import first_line, locate
-from roll_lite.model.modeling import causal_lm_config
 from roll_lite.model.tokenizer import load_tokenizer
 
 
-def check_run(config: RunConfig) -> PretrainedConfig:
-    """The checks, in order; returns the model's config for `check_sequence_lengths`."""
+@dataclass(frozen=True)
+class BuiltModel:
+    """What the checks read of a model built from the `model` keys."""
+
+    vocab_size: int
+    max_position_embeddings: int
+
+
+ModelConfig: TypeAlias = PretrainedConfig | BuiltModel
+
+
+def check_run(config: RunConfig) -> ModelConfig:
+    """The checks, in order; returns the model's config (a BuiltModel for a built one) for
+    `check_sequence_lengths`."""
     model_config = _pretrained_config(config.model) if config.model.pretrained_path else None
     tokenizer = _tokenizer(config)
     if model_config is None:
@@ -37,7 +52,7 @@ def check_run(config: RunConfig) -> PretrainedConfig:
     return model_config
 
 
-def _check_lora_targets(config: RunConfig, model_config: PretrainedConfig) -> None:
+def _check_lora_targets(config: RunConfig, model_config: ModelConfig) -> None:
     """actor.lora / critic.lora target_modules against the model's Linear modules (a model on the meta
     device: no memory, no weights)."""
     roles = [role for role in ("actor", "critic") if getattr(config, role).lora.rank]
@@ -47,6 +62,10 @@ def _check_lora_targets(config: RunConfig, model_config: PretrainedConfig) -> No
     from transformers import AutoModelForCausalLM
 
     from roll_lite.lora.adapters import target_modules
+    from roll_lite.model.modeling import causal_lm_config
+
+    if isinstance(model_config, BuiltModel):
+        model_config = causal_lm_config(config.model, model_config.vocab_size)
 
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(model_config, trust_remote_code=config.model.trust_remote_code)
@@ -66,15 +85,17 @@ def _tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:
         raise ConfigError(message) from None
 
 
-def _built_config(model, vocab_size: int) -> PretrainedConfig:
-    """The HF config of a model built from the `model` keys, its heads checked."""
+def _built_config(model, vocab_size: int) -> BuiltModel:
+    """What the checks need of a model built from the `model` keys (causal_lm_config), its heads and
+    model_type checked."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     _check_heads(model.hidden_size, model.num_attention_heads, model.num_key_value_heads, "model.")
-    try:
-        return causal_lm_config(model, vocab_size)
-    except ValueError:
+    if model.model_type not in CONFIG_MAPPING:
         raise ConfigError(
             f"model.model_type: '{model.model_type}' is not a model type of transformers (e.g. qwen2, llama)"
-        ) from None
+        )
+    return BuiltModel(vocab_size, model.max_position_embeddings)
 
 
 def _pretrained_config(model) -> PretrainedConfig:
@@ -109,7 +130,7 @@ def _check_heads(hidden_size: int, heads: int, kv_heads: int, prefix: str) -> No
 
 
 def _check_positions(
-    config: RunConfig, model_config: PretrainedConfig, longest_prompt: int | None, longest_demonstration: int = 0
+    config: RunConfig, model_config: ModelConfig, longest_prompt: int | None, longest_demonstration: int = 0
 ) -> None:
     """The longest prompt (None before the data is read: a prompt has at least 1 token) plus
     rollout.max_new_tokens, and the longest SFT sequence (warm start or SFT pipeline), fit the model's positions."""
@@ -141,7 +162,7 @@ def _tokens(count: int) -> str:
 
 
 def check_sequence_lengths(
-    config: RunConfig, model_config: PretrainedConfig, longest_prompt: int, longest_demonstration: int
+    config: RunConfig, model_config: ModelConfig, longest_prompt: int, longest_demonstration: int
 ) -> None:
     """After the data is read (still before Ray): its longest prompt and warm-start sequence fit
     the model (`model_config`: what check_run returned)."""

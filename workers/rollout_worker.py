@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Callable, cast
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from roll_lite.config import RunConfig, rollout_dtype
 from roll_lite.lora.adapters import (
@@ -179,6 +178,8 @@ class RolloutWorker:
 
 def _architecture(config: RunConfig, vocab_size: int) -> torch.nn.Module:
     """A HF model of the run's architecture (its parameters get replaced: HFEngine.share_weights)."""
+    from transformers import AutoModelForCausalLM
+
     from roll_lite.model.modeling import causal_lm_config
 
     return AutoModelForCausalLM.from_config(

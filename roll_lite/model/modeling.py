@@ -5,6 +5,10 @@ entropy) with the chunked LM head, inside one forward so that FSDP2 has the LM h
 gathered while it is used; `CausalLMWithValueHead` returns values for the critic. Outputs are
 dicts of "next-token aligned" [rows, seq] tensors: position j holds the quantity for token j+1
 (e.g. log p(token j+1 | tokens ≤ j)); `forward_micro_batch` makes them token-aligned.
+
+transformers' model classes (AutoModelForCausalLM, attention.py's hooks) are imported in the functions
+that build a model: the driver imports this module through the worker classes and builds none, and
+those imports cost it ~1 s of CPU per run.
 """
 
 from __future__ import annotations
@@ -14,9 +18,8 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 
-from roll_lite.model.attention import register_attention
 from roll_lite.model.logprobs import chunked_log_probs, chunked_top_k
 
 
@@ -24,6 +27,10 @@ def build_causal_lm(
     model_config: Mapping[str, Any] | PretrainedConfig, dtype: torch.dtype = torch.float32, seed: int | None = None
 ) -> nn.Module:
     """A randomly initialised HF causal LM from a config (dict with `model_type`, or a config object)."""
+    from transformers import AutoModelForCausalLM
+
+    from roll_lite.model.attention import register_attention
+
     if isinstance(model_config, Mapping):
         settings = dict(model_config)
         if "model_type" not in settings:
@@ -37,6 +44,8 @@ def build_causal_lm(
 
 def use_packed_attention(model: nn.Module) -> nn.Module:
     """Switch an existing HF model (e.g. from_pretrained) to the packing-aware attention."""
+    from roll_lite.model.attention import register_attention
+
     model.set_attn_implementation(register_attention())
     return model
 
@@ -228,6 +237,8 @@ def load_causal_lm(model_config, vocab_size: int, seed: int) -> nn.Module:
     id; its own code only with `trust_remote_code`), or a fresh model of that architecture (random
     init from `seed`, vocabulary of the tokenizer). Every worker calls this, so the actor, the
     reference and the critic's backbone start from the same weights."""
+    from transformers import AutoModelForCausalLM
+
     dtype = getattr(torch, model_config.dtype)
     if model_config.pretrained_path:
         model = AutoModelForCausalLM.from_pretrained(
