@@ -1,5 +1,8 @@
 import subprocess
 import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_import_roll_lite_stays_light():
@@ -17,3 +20,16 @@ def test_pipelines_and_workers_install_under_roll_lite():
 
     assert roll_lite.pipelines.__file__.endswith("pipelines/__init__.py")
     assert roll_lite.workers.__file__.endswith("workers/__init__.py")
+
+
+def test_the_driver_imports_no_model_classes():
+    """roll-train's driver (its modules, the worker classes, the preflight checks of a built model)
+    imports none of transformers' model classes: ~1 s of CPU per run that only the workers need."""
+    code = (
+        "import sys; import roll_lite.cli, roll_lite.workers.group; from roll_lite.config import load_config; "
+        "from roll_lite.pipelines.preflight import check_run; check_run(load_config('configs/ppo.yaml', []));"
+        "heavy = [m for m in ('transformers.models.auto.modeling_auto', 'transformers.masking_utils', "
+        "'transformers.models.qwen2.configuration_qwen2') if m in sys.modules]; print(heavy); assert not heavy"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
