@@ -40,7 +40,10 @@ def _full_state(strategy):
     }
 
 
-def _rank(rank: int, world_size: int, port: int, mode: str, folder: str, out_path: str, settings: dict):
+def _rank(rank: int, world_size: int, port: int, runs: list[tuple[str, str, str, dict]], out_path: str):
+    """Each of `runs` (name, mode, folder, settings) in turn on these ranks: a strategy of its own that
+    saves a checkpoint after two steps, or loads one; then one more step. Rank 0 writes every run's
+    (loaded, metrics, after) to out_path."""
     join_group(rank, world_size, port)
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
     from roll_lite.strategy.micro_batches import split_for_data_parallel
@@ -48,32 +51,59 @@ def _rank(rank: int, world_size: int, port: int, mode: str, folder: str, out_pat
     data = global_batch(torch.float64)
     data.meta_info["loss_mask_keys"] = MASK_KEYS[LOSS[0]]
     share = split_for_data_parallel(data, world_size, balance_tokens=True)[rank]
-    seed = 0 if mode == "save" else 1  # a loading run starts from other weights: the load must replace them
-    strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=seed), StrategyConfig(**settings))
-    if mode == "save":
-        for _ in range(2):
-            strategy.train_step(share, make_loss(*LOSS))
-        strategy.save_checkpoint(folder)
-    else:
-        strategy.load_checkpoint(folder)
-    loaded = _full_state(strategy)
-    metrics = strategy.train_step(share, make_loss(*LOSS))
-    after = _full_state(strategy)
+    results = {}
+    for name, mode, folder, settings in runs:
+        seed = 0 if mode == "save" else 1  # a loading run starts from other weights: the load must replace them
+        model = build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=seed)
+        strategy = FSDP2Strategy(model, StrategyConfig(**settings))
+        if mode == "save":
+            for _ in range(2):
+                strategy.train_step(share, make_loss(*LOSS))
+            strategy.save_checkpoint(folder)
+        else:
+            strategy.load_checkpoint(folder)
+        loaded = _full_state(strategy)
+        metrics = strategy.train_step(share, make_loss(*LOSS))
+        results[name] = (loaded, metrics, _full_state(strategy))
     if rank == 0:
-        torch.save((loaded, metrics, after), out_path)
+        torch.save(results, out_path)
     leave_group()
 
 
-def _spawn(world_size: int, mode: str, folder: str, out_path: str, settings: dict = SETTINGS):
-    spawn_ranks(_rank, world_size, mode, folder, out_path, settings)
-    return torch.load(out_path, weights_only=False)
+FUSED = {**SETTINGS, "adamw_fused": True}
 
 
 @pytest.fixture(scope="module")
-def saved_by_two_ranks():
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = os.path.join(tmp, "actor")
-        yield folder, _spawn(2, "save", folder, os.path.join(tmp, "saved.pt"))
+def runs(tmp_path_factory):
+    """Every save and load of this file, in three spawns (a rank's start costs ~3 s of imports): each
+    checkpoint is loaded by processes other than the ones that wrote it. Checkpoints: "two" (foreach
+    AdamW) and "fused" (adamw_fused) written by 2 ranks, "one" by 1 unwrapped rank."""
+    tmp = tmp_path_factory.mktemp("checkpoints")
+    folder = {name: str(tmp / name) for name in ("two", "fused", "one")}
+    results = {}
+    for world_size, runs in (
+        (2, [("save two", "save", folder["two"], SETTINGS), ("save fused", "save", folder["fused"], FUSED)]),
+        (
+            1,
+            [
+                ("load two on 1", "load", folder["two"], SETTINGS),
+                ("load fused on 1", "load", folder["fused"], FUSED),
+                ("save one", "save", folder["one"], SETTINGS),
+            ],
+        ),
+        (
+            2,
+            [
+                ("load two on 2", "load", folder["two"], SETTINGS),
+                ("load fused on 2", "load", folder["fused"], FUSED),
+                ("load one on 2", "load", folder["one"], SETTINGS),
+            ],
+        ),
+    ):
+        out_path = str(tmp / f"results{len(results)}.pt")
+        spawn_ranks(_rank, world_size, runs, out_path)
+        results.update(torch.load(out_path, weights_only=False))
+    return folder, results
 
 
 def _assert_equal_states(a, b):
@@ -85,10 +115,11 @@ def _assert_equal_states(a, b):
 
 
 @pytest.mark.parametrize("world_size", [2, 1])
-def test_a_checkpoint_of_two_ranks_loads_exactly_on_two_and_on_one(saved_by_two_ranks, world_size, tmp_path):
-    folder, (saved, saved_metrics, saved_after) = saved_by_two_ranks
-    assert sorted(os.listdir(folder)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "schedule.pt"]
-    loaded, metrics, after = _spawn(world_size, "load", folder, str(tmp_path / "loaded.pt"))
+def test_a_checkpoint_of_two_ranks_loads_exactly_on_two_and_on_one(runs, world_size):
+    folder, results = runs
+    assert sorted(os.listdir(folder["two"])) == [".metadata", "__0_0.distcp", "__1_0.distcp", "schedule.pt"]
+    saved, saved_metrics, saved_after = results["save two"]
+    loaded, metrics, after = results[f"load two on {world_size}"]
     _assert_equal_states(loaded, saved)
     assert saved["scheduler_step"] == 2 and saved["lr"] == pytest.approx(SETTINGS["lr"] * 3 / 5)  # mid-warmup
     kinds = [name.rsplit(".", 1)[1] for name in saved["optimizer"]]
@@ -102,26 +133,24 @@ def test_a_checkpoint_of_two_ranks_loads_exactly_on_two_and_on_one(saved_by_two_
             torch.testing.assert_close(after["model"][name], value, rtol=1e-10, atol=1e-13)
 
 
-def test_a_checkpoint_of_one_unwrapped_rank_loads_exactly_on_two(tmp_path):
-    folder = str(tmp_path / "actor")
-    saved, saved_metrics, _ = _spawn(1, "save", folder, str(tmp_path / "saved.pt"))
-    loaded, metrics, _ = _spawn(2, "load", folder, str(tmp_path / "loaded.pt"))
+def test_a_checkpoint_of_one_unwrapped_rank_loads_exactly_on_two(runs):
+    saved, saved_metrics, _ = runs[1]["save one"]
+    loaded, metrics, _ = runs[1]["load one on 2"]
     _assert_equal_states(loaded, saved)
     assert metrics["loss"] == pytest.approx(saved_metrics["loss"], rel=1e-12)
 
 
-def test_a_checkpoint_of_fused_adamw_on_two_ranks_loads_exactly_on_two_and_on_one(saved_by_two_ranks, tmp_path):
+def test_a_checkpoint_of_fused_adamw_on_two_ranks_loads_exactly_on_two_and_on_one(runs):
     """reproducible=portable's AdamW (adamw_fused) on sharded DTensor parameters: the same state as
     foreach's (the same keys, dtypes and shapes), saved and loaded as exactly."""
-    fused = {**SETTINGS, "adamw_fused": True}
-    folder = str(tmp_path / "actor")
-    saved, saved_metrics, saved_after = _spawn(2, "save", folder, str(tmp_path / "saved.pt"), fused)
-    foreach = saved_by_two_ranks[1][0]["optimizer"]
+    results = runs[1]
+    saved, saved_metrics, saved_after = results["save fused"]
+    foreach = results["save two"][0]["optimizer"]
     assert {name: (v.dtype, v.shape) for name, v in saved["optimizer"].items()} == {
         name: (v.dtype, v.shape) for name, v in foreach.items()
     }
     for world_size in (2, 1):
-        loaded, metrics, after = _spawn(world_size, "load", folder, str(tmp_path / f"loaded{world_size}.pt"), fused)
+        loaded, metrics, after = results[f"load fused on {world_size}"]
         _assert_equal_states(loaded, saved)
         if world_size == 2:
             assert metrics["loss"] == saved_metrics["loss"] and metrics["grad_norm"] == saved_metrics["grad_norm"]
