@@ -64,14 +64,14 @@ def _replace_reward_functions(merged: Any, layer: Any) -> None:
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
     """Defaults <- YAML file <- key=value overrides, validated; raises ConfigError."""
     try:
-        merged = OmegaConf.structured(RunConfig)
+        merged = OmegaConf.structured(RunConfig)  # each layer merges into it in place (OmegaConf.merge copies it)
         if path is not None:
             path = Path(path)
             if not path.is_file():
                 raise ConfigError(f"--config: no such file '{path}'")
             layer = _load_yaml(path)
             _check_reward_weights(layer, path)
-            merged = OmegaConf.merge(merged, layer)
+            merged.merge_with(layer)
             _replace_reward_functions(merged, layer)
         for override in overrides:
             if "=" not in override:
@@ -79,7 +79,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         for override in overrides:  # in order: `reward.functions={...}` replaces, `reward.functions.NAME=w` sets one
             layer = OmegaConf.from_dotlist([override])
             _check_reward_weights(layer)
-            merged = OmegaConf.merge(merged, layer)
+            merged.merge_with(layer)
             if override.partition("=")[0].strip() == "reward.functions":
                 _replace_reward_functions(merged, layer)
         config: RunConfig = OmegaConf.to_object(merged)
