@@ -126,6 +126,19 @@ def shadowing_directories() -> list[str]:
 
 def stop_ray() -> None:
     if ray.is_initialized():
+        _kill_autoscaler_monitor()
         ray.shutdown()
     stop_watching()
     restore_signals()
+
+
+def _kill_autoscaler_monitor() -> None:
+    """ray.shutdown stops a local cluster's processes one at a time, each with SIGTERM and up to 1 s to
+    exit. The autoscaler's monitor (nothing to scale on a local cluster) sleeps through its SIGTERM and
+    takes that whole second, and a SIGTERM while the GCS is up has it log "The autoscaler failed". So it
+    is killed first: ray.shutdown 1.35 s -> 0.09 s. Ray keeps the process in its node's internal table;
+    a joined cluster's node started none, and a Ray without that table leaves the wait as it was."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    for info in getattr(node, "all_processes", {}).get("monitor", []):
+        info.process.kill()
+        info.process.wait()
