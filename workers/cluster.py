@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -141,4 +142,7 @@ def _kill_autoscaler_monitor() -> None:
     node = getattr(ray._private.worker, "_global_node", None)
     for info in getattr(node, "all_processes", {}).get("monitor", []):
         info.process.kill()
-        info.process.wait()
+        try:
+            info.process.wait(timeout=1)  # a process stuck in the kernel (D state) is left to ray.shutdown
+        except subprocess.TimeoutExpired:
+            pass
