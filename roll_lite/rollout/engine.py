@@ -37,6 +37,17 @@ SEED_OFFSETS = {"train": 0, "eval": 1 << 32}
 STREAMS = tuple(SEED_OFFSETS)
 
 
+def sampling_state(seed: int, calls: dict[str, int]) -> dict[str, int]:
+    """An engine's state_dict: its seed and each stream's generate calls so far ("calls": the train
+    stream's, the key of checkpoints from before the eval stream)."""
+    return {"seed": seed, "calls": calls["train"], "eval_calls": calls["eval"]}
+
+
+def load_sampling_state(state: dict[str, int]) -> tuple[int, dict[str, int]]:
+    """(seed, calls per stream) of a sampling_state; a checkpoint without eval_calls had none."""
+    return int(state["seed"]), {"train": int(state["calls"]), "eval": int(state.get("eval_calls", 0))}
+
+
 @dataclass
 class Completions:
     """Prompt-major: `num_samples` completions per prompt."""

@@ -7,7 +7,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from roll_lite.rollout.engine import SEED_OFFSETS, STREAMS, Completions, SamplingParams
+from roll_lite.rollout.engine import (
+    SEED_OFFSETS,
+    STREAMS,
+    Completions,
+    SamplingParams,
+    load_sampling_state,
+    sampling_state,
+)
 
 
 class HFEngine:
@@ -91,11 +98,10 @@ class HFEngine:
 
     def state_dict(self) -> dict:
         """Where sampling stands: every generate call reseeds torch with (seed + its stream's calls so far)."""
-        return {"seed": self.generator_seed, "calls": self.calls["train"], "eval_calls": self.calls["eval"]}
+        return sampling_state(self.generator_seed, self.calls)
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator_seed = int(state["seed"])
-        self.calls = {"train": int(state["calls"]), "eval": int(state.get("eval_calls", 0))}
+        self.generator_seed, self.calls = load_sampling_state(state)
 
     def update_weights(self, state_dict: dict[str, torch.Tensor], part_of: set[str] | None = None) -> None:
         """Copy `state_dict` into the model's parameters: all of them, or with `part_of` exactly those

@@ -42,7 +42,7 @@ import os
 
 import torch
 
-from roll_lite.rollout.engine import STREAMS, Completions, SamplingParams
+from roll_lite.rollout.engine import STREAMS, Completions, SamplingParams, load_sampling_state, sampling_state
 from roll_lite.rollout.vllm_requests import completions_from_outputs, request_seeds, vllm_sampling_kwargs
 from roll_lite.rollout.vllm_start import lora_settings
 from roll_lite.rollout.vllm_weights import adapter_rank, vllm_weights
@@ -177,11 +177,10 @@ class VLLMEngine:
 
     def state_dict(self) -> dict:
         """Where sampling stands: generate call k of a stream seeds its requests from (seed, k, stream)."""
-        return {"seed": self.seed, "calls": self.calls["train"], "eval_calls": self.calls["eval"]}
+        return sampling_state(self.seed, self.calls)
 
     def load_state_dict(self, state: dict) -> None:
-        self.seed = int(state["seed"])
-        self.calls = {"train": int(state["calls"]), "eval": int(state.get("eval_calls", 0))}
+        self.seed, self.calls = load_sampling_state(state)
 
 
 def serve_model(
