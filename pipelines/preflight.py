@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from transformers import AutoConfig, PretrainedConfig, PreTrainedTokenizerBase
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from roll_lite.config import ConfigError, RunConfig
 from roll_lite.model.files import first_line, locate
@@ -88,8 +89,6 @@ def _tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:
 def _built_config(model, vocab_size: int) -> BuiltModel:
     """What the checks need of a model built from the `model` keys (causal_lm_config), its heads and
     model_type checked."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
     _check_heads(model.hidden_size, model.num_attention_heads, model.num_key_value_heads, "model.")
     if model.model_type not in CONFIG_MAPPING:
         raise ConfigError(
