@@ -12,10 +12,12 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
 import doc_commands
+import pytest
 import yaml
 from test_config_reference import leaf_fields, reference_rows
 from test_pipeline_ray import SMALL
@@ -205,27 +207,56 @@ def quickstart_log_patterns() -> list[re.Pattern]:
     return patterns
 
 
-def test_readme_demo_command_runs_and_draws_its_curves(tmp_path):
-    # The README's demo command verbatim, from the repository root, with overrides appended that keep it
-    # to two tiny steps; the README then sends the reader to outputs/<run_name>/curves.svg, and the
-    # quickstart shows the log lines a reader should see.
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> dict:
+    """The README's demo command verbatim, from the repository root, with overrides appended that keep it
+    to two tiny steps; its output (stdout and stderr) goes into one file, as a user's `> log 2>&1` would.
+    Two tests read this one run: what the docs promise, and what a log file holds."""
+    output = tmp_path_factory.mktemp("demo")
     line = "roll-train --config configs/ppo.yaml"
     assert line in doc_commands.command_lines("\n".join(block.body for block in readme_bash_blocks()))
     two_steps = [*SMALL, "steps=2", "eval_every=2", "wandb_mode=disabled"]
-    argv = [str(BIN / "roll-train"), *shlex.split(line)[1:], *two_steps, f"output_dir={tmp_path}", "run_name=demo"]
+    argv = [str(BIN / "roll-train"), *shlex.split(line)[1:], *two_steps, f"output_dir={output}", "run_name=demo"]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    result = subprocess.run(
-        argv, cwd=REPO, capture_output=True, text=True, timeout=600, env={**env, "RAY_AUTH_MODE": "disabled"}
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    curves = (tmp_path / "demo" / "curves.svg").read_text()
+    env.update(RAY_AUTH_MODE="disabled", PYTHONUNBUFFERED="1")  # no line of stdout cut by a buffer's flush
+    log = output / "roll_train.log"
+    with log.open("w") as into:
+        start = time.monotonic()
+        process = subprocess.Popen(argv, cwd=REPO, stdout=into, stderr=subprocess.STDOUT, env=env)
+        first_step = None
+        while process.poll() is None:
+            if first_step is None and "step 1/2 |" in log.read_text(errors="replace"):
+                first_step = time.monotonic() - start
+            time.sleep(0.05)
+    text = log.read_text()
+    assert process.returncode == 0, text[-3000:]
+    return dict(text=text, run_dir=output / "demo", first_step=first_step, seconds=time.monotonic() - start)
+
+
+def test_readme_demo_command_runs_and_draws_its_curves(demo):
+    # The README then sends the reader to outputs/<run_name>/curves.svg, and the quickstart shows the log
+    # lines a reader should see.
+    curves = (demo["run_dir"] / "curves.svg").read_text()
     assert all(f">{name}</text>" in curves for name in ("reward/mean", "eval/reward_mean", "actor/kl")), curves[:500]
-    assert "advantage: gae" in (tmp_path / "demo" / "config.yaml").read_text()
+    assert "advantage: gae" in (demo["run_dir"] / "config.yaml").read_text()
     patterns = quickstart_log_patterns()
     assert len(patterns) >= 8
-    printed = [line[9:] for line in result.stderr.splitlines() if re.match(r"\d\d:\d\d:\d\d ", line)]
+    printed = [line[9:] for line in demo["text"].splitlines() if re.match(r"\d\d:\d\d:\d\d ", line)]
     unseen = [p.pattern for p in patterns if not any(p.fullmatch(line) for line in printed)]
     assert not unseen, f"docs/quickstart.md shows log lines the demo no longer prints: {unseen}\n" + "\n".join(printed)
+
+
+def test_the_demo_into_a_file_writes_no_ansi_codes_and_counts_all_its_time(demo):
+    """Its worker prints (transformers' "Writing model shards" when final/ is saved), which Ray forwards
+    with a coloured `(ModelWorker pid=...)` prefix unless the driver takes the colours out. "N s in all"
+    counts from the process start: at least the time until the first step, Ray's start and the workers'
+    included. (tests/test_progress.py: the bars themselves.)"""
+    text = demo["text"]
+    assert "(ModelWorker" in text  # a forwarded worker line: what Ray colours
+    assert "\x1b[" not in text, [line for line in text.splitlines() if "\x1b[" in line][:3]
+    in_all = float(re.search(r"; ([0-9.]+) s in all; run dir", text).group(1))
+    assert demo["first_step"] is not None and in_all >= demo["first_step"], (in_all, demo["first_step"])
+    assert in_all <= demo["seconds"]
 
 
 def test_the_docs_custom_loss_trains_through_roll_train_at_another_temperature(tmp_path):
