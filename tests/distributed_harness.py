@@ -282,8 +282,9 @@ OPTIMIZER_CASE = ("ppo_kl", "token-mean")
 OPTIMIZER_SETTINGS = dict(lr=1e-2, max_grad_norm=0.05, weight_decay=0.1)
 
 
-def _rank_optimizer_step(rank: int, world_size: int, port: int, out_path: str):
-    join_group(rank, world_size, port)
+def optimizer_step_on_this_rank(rank: int, world_size: int) -> tuple[dict, dict]:
+    """In a spawned rank of a joined group: (metrics, full state dict) after one clipped AdamW step of
+    OPTIMIZER_CASE on this rank's share of the global batch."""
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
     from roll_lite.strategy.micro_batches import split_for_data_parallel
 
@@ -293,15 +294,4 @@ def _rank_optimizer_step(rank: int, world_size: int, port: int, out_path: str):
     strategy = FSDP2Strategy(build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=0), config)
     share = split_for_data_parallel(data, world_size, balance_tokens=True)[rank]
     metrics = strategy.train_step(share, make_loss(*OPTIMIZER_CASE))
-    state = strategy.full_state_dict()
-    if rank == 0:
-        torch.save((metrics, state), out_path)
-    leave_group()
-
-
-def run_optimizer_step(world_size: int):
-    """(metrics, full state dict after one clipped AdamW step) from real FSDP2 ranks."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out_path = os.path.join(tmp, "step.pt")
-        spawn_ranks(_rank_optimizer_step, world_size, out_path)
-        return torch.load(out_path, weights_only=False)
+    return metrics, strategy.full_state_dict()

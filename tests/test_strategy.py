@@ -1,10 +1,11 @@
 """The strategy beyond the gradient: clipping, optimizer step, metrics, log-probs, errors."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
-from distributed_harness import OPTIMIZER_CASE, OPTIMIZER_SETTINGS, reference, run_optimizer_step
+from distributed_harness import OPTIMIZER_CASE, OPTIMIZER_SETTINGS, optimizer_step_on_this_rank, reference
 from loss_cases import global_batch, make_loss
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
@@ -16,27 +17,12 @@ from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 from roll_lite.strategy.micro_batches import micro_batch_groups
 
 
-def test_clipped_adamw_step_on_two_ranks_matches_a_hand_step():
-    metrics, state = run_optimizer_step(world_size=2)
-    ref_loss, ref_grads = reference(*OPTIMIZER_CASE, torch.float64)
-    norm = math.sqrt(sum(g.square().sum().item() for g in ref_grads.values()))
-    assert metrics["grad_norm"] == pytest.approx(norm, rel=1e-10)
-    assert metrics["loss"] == pytest.approx(ref_loss, rel=1e-10)
-    # The same step by hand: clip to max_grad_norm, then torch's AdamW.
-    lm = build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=0)
-    scale = min(1.0, OPTIMIZER_SETTINGS["max_grad_norm"] / (norm + 1e-6))
-    for name, p in lm.named_parameters():
-        p.grad = ref_grads[name] * scale
-    torch.optim.AdamW(
-        lm.parameters(), lr=OPTIMIZER_SETTINGS["lr"], weight_decay=OPTIMIZER_SETTINGS["weight_decay"]
-    ).step()
-    for name, p in lm.named_parameters():
-        torch.testing.assert_close(state[name], p.detach(), rtol=1e-9, atol=1e-12)
-    assert scale < 1.0  # the clip was active
-
-
-def _broadcast_rank(rank: int, world_size: int, port: int, out_dir: str):
+def _two_ranks(rank: int, world_size: int, port: int, out_dir: str):
+    """Both two-rank checks in one spawn of ranks: a clipped AdamW step, then the start-up broadcast."""
     join_group(rank, world_size, port)
+    metrics, state = optimizer_step_on_this_rank(rank, world_size)
+    if rank == 0:
+        torch.save((metrics, state), f"{out_dir}/step.pt")
     from roll_lite.strategy import distributed
 
     distributed.BROADCAST_BUCKET_BYTES = 100  # a few tensors per bucket, and one tensor larger than a bucket
@@ -57,11 +43,37 @@ def _broadcast_rank(rank: int, world_size: int, port: int, out_dir: str):
     leave_group()
 
 
-def test_ranks_start_from_rank_zeros_tensors_bit_for_bit(tmp_path):
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    """The folder the two ranks of _two_ranks wrote into."""
+    folder = tmp_path_factory.mktemp("two_ranks")
+    spawn_ranks(_two_ranks, 2, str(folder))
+    return folder
+
+
+def test_clipped_adamw_step_on_two_ranks_matches_a_hand_step(two_ranks):
+    metrics, state = torch.load(two_ranks / "step.pt", weights_only=False)
+    ref_loss, ref_grads = reference(*OPTIMIZER_CASE, torch.float64)
+    norm = math.sqrt(sum(g.square().sum().item() for g in ref_grads.values()))
+    assert metrics["grad_norm"] == pytest.approx(norm, rel=1e-10)
+    assert metrics["loss"] == pytest.approx(ref_loss, rel=1e-10)
+    # The same step by hand: clip to max_grad_norm, then torch's AdamW.
+    lm = build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=0)
+    scale = min(1.0, OPTIMIZER_SETTINGS["max_grad_norm"] / (norm + 1e-6))
+    for name, p in lm.named_parameters():
+        p.grad = ref_grads[name] * scale
+    torch.optim.AdamW(
+        lm.parameters(), lr=OPTIMIZER_SETTINGS["lr"], weight_decay=OPTIMIZER_SETTINGS["weight_decay"]
+    ).step()
+    for name, p in lm.named_parameters():
+        torch.testing.assert_close(state[name], p.detach(), rtol=1e-9, atol=1e-12)
+    assert scale < 1.0  # the clip was active
+
+
+def test_ranks_start_from_rank_zeros_tensors_bit_for_bit(two_ranks):
     # FSDP2Strategy._shard's broadcast_from_rank0: bucketed by dtype and size, flattened, copied back.
-    spawn_ranks(_broadcast_rank, 2, str(tmp_path))
-    before0, after0 = torch.load(tmp_path / "0.pt")
-    before1, after1 = torch.load(tmp_path / "1.pt")
+    before0, after0 = torch.load(two_ranks / "0.pt")
+    before1, after1 = torch.load(two_ranks / "1.pt")
     assert not torch.equal(before0[0], before1[0])  # the ranks did start apart
     for b0, a0, a1 in zip(before0, after0, after1):
         assert a1.dtype == b0.dtype and a1.shape == b0.shape
