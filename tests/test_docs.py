@@ -20,7 +20,7 @@ import doc_commands
 import pytest
 import yaml
 from test_config_reference import leaf_fields, reference_rows
-from test_pipeline_ray import SMALL
+from test_pipeline_ray import SMALL, small
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -265,13 +265,11 @@ def test_the_docs_custom_loss_trains_through_roll_train_at_another_temperature(t
     (the documented loss once reported none, and every run stopped after step 1), and the actor's log-probs are
     taken at the sampling temperature: the gap is float32 noise, not the tenths of two temperatures."""
     (tmp_path / "readme_loss.py").write_text(doc_commands.python_blocks_defining("my_loss")[0].body)
-    data = [f"data.{split}_files={REPO / 'data/reverse_digits' / split}.jsonl" for split in ("train", "eval")]
     argv = [
         str(BIN / "roll-train"),
         "--config",
         str(REPO / "configs/grpo.yaml"),
-        *SMALL,
-        *data,
+        *small(tmp_path),  # 200 of the demo's rows, 8 eval prompts
         "algorithm.policy_loss=readme_loss:my_loss",
         "rollout.temperature=0.7",
         "steps=1",

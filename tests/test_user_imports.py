@@ -16,7 +16,7 @@ from pathlib import Path
 
 import doc_commands
 import pytest
-from test_pipeline_ray import SMALL
+from test_pipeline_ray import small
 
 from roll_lite.runtime.importing import enter_import_root, load_object, roll_lite_dir
 
@@ -24,10 +24,12 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ROLL_LITE = Path(roll_lite_dir())  # the installed tree: an editable install points into this checkout
 INSTALLED_TREE = ROLL_LITE.parent if (ROLL_LITE.parent / "workers").is_dir() else ROLL_LITE
-# Keeps the README's training command to one short step (the README runs 200): a tiny model, no SFT.
-# The demo's data by absolute path: these runs start in other directories.
-DATA = [f"data.{split}_files={REPO / 'data/reverse_digits' / split}.jsonl" for split in ("train", "eval")]
-ONE_STEP = [*SMALL, *DATA, "steps=1", "eval_every=1", "save_model=false", "wandb_mode=disabled"]
+
+
+def one_step(tmp_path: Path) -> list[str]:
+    """Keeps the README's training command to one short step (the README runs 200): a tiny model, no
+    SFT, 200 of the demo's rows and 8 eval prompts by absolute path (these runs start in other directories)."""
+    return [*small(tmp_path), "steps=1", "eval_every=1", "save_model=false", "wandb_mode=disabled"]
 
 
 def readme_commands(program: str) -> list[str]:
@@ -69,9 +71,11 @@ def test_readme_check_loss_command_passes_from_the_repo_root():
 
 
 def test_readme_training_command_runs_from_the_repo_root(tmp_path):
-    # The README's command verbatim, plus overrides that keep it to one tiny step (see ONE_STEP).
+    # The README's command verbatim, plus overrides that keep it to one tiny step (see one_step).
     command = (
-        readme_command("roll-train", "examples/custom_loss") + ONE_STEP + [f"output_dir={tmp_path}", "run_name=readme"]
+        readme_command("roll-train", "examples/custom_loss")
+        + one_step(tmp_path)
+        + [f"output_dir={tmp_path}", "run_name=readme"]
     )
     result = run(command, cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -152,7 +156,7 @@ def test_roll_train_and_its_ray_workers_import_a_user_pipeline_from_its_director
         "--config",
         str(REPO / "configs/grpo.yaml"),
         "pipeline=usermod:Pipeline",
-        *ONE_STEP,
+        *one_step(tmp_path),
         f"output_dir={output}",
         "run_name=user",
     ]
