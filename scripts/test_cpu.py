@@ -37,8 +37,8 @@ def _cpu_s() -> float:
 def pytest_configure(config) -> None:
     global _group
     name = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    if name == "main" and config.pluginmanager.hasplugin("dsession"):
-        return  # the controller of -n N runs no test
+    if name == "main" and getattr(config.option, "numprocesses", None):
+        return  # the controller of -n N runs no test (it sees the workers' reports, not their CPU)
     try:
         group = CPUACCT / f"test_cpu_{name}"
         group.mkdir(exist_ok=True)

@@ -31,18 +31,19 @@ def test_a_tests_cpu_counts_its_child_processes_and_not_its_waits(tmp_path):
     (tmp_path / "test_two.py").write_text(TESTS)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "TEST_CPU"))}
     env.update(PYTHONPATH=str(REPO / "scripts"), TEST_CPU_DIR=str(tmp_path / "out"))
-    pytest_command = [sys.executable, "-m", "pytest", "-p", "test_cpu", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    pytest_command = [sys.executable, "-m", "pytest", "-p", "test_cpu", "-p", "no:cacheprovider", "-n", "2"]
     result = subprocess.run(
         [*pytest_command, "-q", "test_two.py"], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    (recorded,) = (tmp_path / "out").glob("*.json")
-    times = json.loads(recorded.read_text())
+    recorded = sorted((tmp_path / "out").glob("*.json"))
+    assert [path.name for path in recorded] == ["test_cpu_gw0.json", "test_cpu_gw1.json"]  # none by the controller
+    times = {nodeid: row for path in recorded for nodeid, row in json.loads(path.read_text()).items()}
     spin_cpu, spin_wall = times["test_two.py::test_spins_in_a_child"]
     sleep_cpu, sleep_wall = times["test_two.py::test_sleeps"]
     assert spin_cpu >= 0.95 and spin_wall >= 1.0, times  # the child's second of CPU is the test's
     assert sleep_cpu < 0.2 and sleep_wall >= 0.5, times
-    assert not (CPUACCT / recorded.stem).exists()  # its cgroup is gone with it
+    assert not [path for path in recorded if (CPUACCT / path.stem).exists()]  # their cgroups are gone with them
     table = subprocess.run(
         [sys.executable, str(REPO / "scripts/test_cpu.py")], env=env, capture_output=True, text=True, check=True
     ).stdout
