@@ -35,6 +35,8 @@ RAY_PROCESSES = (
 def kind(command: str, name: str) -> str:
     if "roll-train" in command or "roll_lite.cli" in command:
         return "roll-train driver"
+    if "warm_driver.py" in command:  # tests/warm_driver.py: its zygote and the drivers forked from it
+        return "roll-train driver, forked (and the zygotes)"
     if name.startswith("ray::"):
         return f"Ray actor {name.split('.')[0]}"
     if "default_worker.py" in command:

@@ -5,13 +5,13 @@ exactness matrix (tests/test_exactness.py)."""
 
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import doc_commands
 import pytest
 import torch
+from warm_driver import roll_train
 
 from roll_lite.config import ConfigError, load_config
 from roll_lite.data import DataProto
@@ -213,14 +213,6 @@ def test_a_teacher_with_another_tokenizer_is_refused_naming_the_first_difference
 def test_distill_config_errors_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(REPO / "configs/grpo.yaml", overrides)
-
-
-def roll_train(argv, cwd):
-    result = subprocess.run(
-        [sys.executable, "-m", "roll_lite.cli", *argv[1:]], capture_output=True, text=True, timeout=600, cwd=cwd
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
 
 
 # one signal's run in the fully async mode: the teacher scores a batch whose rows began under older weights

@@ -1,6 +1,7 @@
 """How roll-train fails: a worker that raises, dies or runs out of memory, and SIGINT / SIGTERM on the
-driver. Each run is a real `roll-train` in a subprocess with a tiny model and a pipeline (written to
-tmp_path) whose loss_func misbehaves on its second call, i.e. at step 2. Each test checks the
+driver. Each run is a real `roll-train` process (forked from the warm driver, tests/warm_driver.py) with
+a tiny model and a pipeline (written to tmp_path) whose loss_func misbehaves on its second call, i.e. at
+step 2. Each test checks the
 message, the exit code, and that none of the run's own processes (the descendants of that roll-train:
 Ray's GCS, raylet, workers) outlive it; other Ray clusters on the machine are not looked at.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from processes import descendants
 from test_pipeline_ray import REPO, small
+from warm_driver import WarmPopen
 
 PIPELINES = '''
 import os
@@ -119,10 +121,10 @@ def start(tmp_path, pipeline: str, *overrides: str, terminal: bool = False) -> s
     ]
     options = dict(cwd=tmp_path, start_new_session=True)
     if not terminal:
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **options)
+        return WarmPopen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **options)
     main, child = pty.openpty()
     fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide
-    process = subprocess.Popen(command, stdout=child, stderr=child, **options)
+    process = WarmPopen(command, stdout=child, stderr=child, **options)
     os.close(child)
     process.output = []
     threading.Thread(target=_read_terminal, args=(main, process.output), daemon=True).start()

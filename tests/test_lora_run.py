@@ -39,7 +39,7 @@ def lora_data(data):
 @pytest.fixture(scope="module")
 def lora_run(lora_data, tmp_path_factory):
     output = tmp_path_factory.mktemp("lora")
-    log = run(command(lora_data, output, "ref", *LORA)).stderr
+    log = run(command(lora_data, output, "ref", *LORA), fresh=True).stderr
     return output / "ref", log
 
 

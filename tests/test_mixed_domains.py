@@ -11,6 +11,7 @@ from pathlib import Path
 
 import doc_commands
 import jinja2
+from warm_driver import roll_train
 
 from roll_lite.config import load_config
 from roll_lite.data.digit_domains import JUDGE_TEMPLATE, TASKS, VERDICTS, judge_rows, write_digit_domains
@@ -95,16 +96,6 @@ def test_the_configs_judge_template_is_the_one_the_judge_learnt(tmp_path, monkey
     monkeypatch.chdir(tmp_path)  # where the config's first two commands leave the model and the judge
     save_reward_model(tmp_path / "outputs/rm_increment/final"), save_judge(tmp_path / "outputs/judge_decrement/final")
     assert load_config(REPO / "configs/mixed_domains.yaml", []).reward.judge_template == JUDGE_TEMPLATE
-
-
-def roll_train(arguments: list[str], cwd: Path):
-    import subprocess
-
-    result = subprocess.run(
-        [sys.executable, "-m", "roll_lite.cli", *arguments[1:]], capture_output=True, text=True, timeout=600, cwd=cwd
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
 
 
 def test_the_docs_three_commands_train_both_sources_and_route_every_domain(tmp_path):

@@ -91,7 +91,7 @@ def comparable(records: list[dict]) -> list[dict]:
 @pytest.fixture(scope="module")
 def reference(setup, tmp_path_factory):
     output = tmp_path_factory.mktemp("reference")
-    log = run(command(setup, output, "ref"), env=setup[1]).stderr
+    log = run(command(setup, output, "ref"), env=setup[1], fresh=True).stderr
     return output / "ref", log
 
 

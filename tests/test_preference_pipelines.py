@@ -6,13 +6,13 @@ checkpoint bit for bit; LoRA DPO with the actor as its own reference."""
 import json
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import doc_commands
 import pytest
 import torch
+from warm_driver import roll_train
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -32,14 +32,6 @@ def docs_command(contains: str) -> list[str]:
     lines = doc_commands.commands("roll-train", contains)
     (line,) = [line for line in lines if line == f"roll-train --config {contains}"] or lines
     return shlex.split(line)
-
-
-def roll_train(argv, cwd):
-    result = subprocess.run(
-        [sys.executable, "-m", "roll_lite.cli", *argv[1:]], capture_output=True, text=True, timeout=600, cwd=cwd
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
 
 
 def history(run_dir: Path) -> list[dict]:
@@ -104,7 +96,7 @@ def test_reward_model_final_scores_as_trained_and_grpo_trains_against_it(workdir
     )
 
 
-def dpo(workdir, run_name, *overrides):
+def dpo(workdir, run_name, *overrides, fresh=False):
     # The SFT model of the docs' first command is replaced by a fresh tiny one (model.pretrained_path=null).
     roll_train(
         docs_command("configs/dpo.yaml")
@@ -112,13 +104,14 @@ def dpo(workdir, run_name, *overrides):
         + SHORT
         + ["model.pretrained_path=null", f"run_name={run_name}", *overrides],
         workdir,
+        fresh,
     )
     return history(workdir / "outputs" / run_name)
 
 
 def test_dpo_with_a_reference_worker_or_precomputed_log_probs_and_resumed_bit_for_bit(workdir):
     worker = dpo(workdir, "worker")
-    precomputed = dpo(workdir, "precomputed", "preference.reference=precomputed", "checkpoint.every=2")
+    precomputed = dpo(workdir, "precomputed", "preference.reference=precomputed", "checkpoint.every=2", fresh=True)
     # Step 0: the policy is the reference, so every implicit reward is 0 and no pair is won.
     for records in (worker, precomputed):
         assert records[0]["eval/dpo/rewards/margins"] == 0 and records[0]["eval/dpo/rewards/accuracies"] == 0

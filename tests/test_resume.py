@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import warm_driver
 
 from roll_lite.checkpoint import layout
 from roll_lite.runtime.tracking import step_span
@@ -69,8 +70,11 @@ def command(data, output: Path, run_name: str, *extra, config: str = "configs/pp
     ]
 
 
-def run(args, env=None) -> subprocess.CompletedProcess:
-    result = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+def run(args, env=None, fresh: bool = False) -> subprocess.CompletedProcess:
+    """roll-train `args` to its end; forked from the warm driver (tests/warm_driver.py), or with `fresh` a
+    process started anew: the reference runs, so that each comparison spans two processes started apart."""
+    start = subprocess.run if fresh else warm_driver.run
+    result = start(args, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -78,7 +82,7 @@ def run(args, env=None) -> subprocess.CompletedProcess:
 def run_until(args, line_part: str, env=None) -> str:
     """Start roll-train in a process group of its own, SIGKILL the group (the driver and the Ray head
     it started) as soon as a log line contains `line_part`; returns the log up to there."""
-    process = subprocess.Popen(
+    process = warm_driver.WarmPopen(
         args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO, env=env, start_new_session=True
     )
     log = []
@@ -124,7 +128,7 @@ def assert_same_trajectory(records, reference):
 def reference(data, tmp_path_factory):
     """An uninterrupted run: its run directory."""
     output = tmp_path_factory.mktemp("reference")
-    (output / "driver.log").write_text(run(command(data, output, "ref")).stderr)
+    (output / "driver.log").write_text(run(command(data, output, "ref"), fresh=True).stderr)
     return output / "ref"
 
 
@@ -240,7 +244,7 @@ def test_rollout_and_reward_workers_of_their_own_give_the_same_run_as_the_actor_
 def async_reference(data, tmp_path_factory):
     """An uninterrupted run that generates one step ahead: its run directory."""
     output = tmp_path_factory.mktemp("async")
-    run(command(data, output, "ref", *ASYNC))
+    run(command(data, output, "ref", *ASYNC), fresh=True)
     return output / "ref"
 
 
@@ -307,7 +311,7 @@ FULLY_ASYNC = "configs/grpo_async.yaml"
 @pytest.fixture(scope="module")
 def fully_async_reference(data, tmp_path_factory):
     output = tmp_path_factory.mktemp("fully_async")
-    (output / "driver.log").write_text(run(command(data, output, "ref", config=FULLY_ASYNC)).stderr)
+    (output / "driver.log").write_text(run(command(data, output, "ref", config=FULLY_ASYNC), fresh=True).stderr)
     return output / "ref"
 
 

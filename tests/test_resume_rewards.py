@@ -57,7 +57,7 @@ def command(setup, output, run_name: str) -> list[str]:
 
 
 def test_a_judged_and_sandboxed_run_killed_and_resumed_equals_the_uninterrupted_one(setup, tmp_path):
-    run(command(setup, tmp_path, "ref"))
+    run(command(setup, tmp_path, "ref"), fresh=True)
     reference = metrics(tmp_path / "ref")
     steps = [r for r in reference if "reward/mean" in r]
     assert any("reward/code/code" in r for r in steps) and any("reward/digits/judge:judge" in r for r in steps)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import doc_commands
+from warm_driver import roll_train
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -24,14 +25,6 @@ TINY = [
 def readme_commands(contains: str) -> list[list[str]]:
     """`roll-train` lines of the README's and the docs' code blocks that contain `contains`, as argv."""
     return [shlex.split(line) for line in doc_commands.commands("roll-train", contains)]
-
-
-def roll_train(argv, cwd):
-    result = subprocess.run(
-        [sys.executable, "-m", "roll_lite.cli", *argv[1:]], capture_output=True, text=True, timeout=600, cwd=cwd
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
 
 
 def records(run_dir: Path) -> list[dict]:

@@ -60,7 +60,7 @@ def command(data, output: Path, run_name: str, *extra, steps: int = STEPS) -> li
 @pytest.fixture(scope="module")
 def reference(data, tmp_path_factory):
     output = tmp_path_factory.mktemp("sft_reference")
-    run(command(data, output, "ref"))
+    run(command(data, output, "ref"), fresh=True)
     return output / "ref"
 
 

@@ -84,7 +84,7 @@ def test_a_partial_sync_is_refused_or_shows_in_the_log_probs(found):
 def reference(data, tmp_path_factory):
     """An uninterrupted roll-train run with the vllm engine: its run directory."""
     output = tmp_path_factory.mktemp("vllm_reference")
-    (output / "driver.log").write_text(run(command(data, output, "ref", *VLLM)).stderr)
+    (output / "driver.log").write_text(run(command(data, output, "ref", *VLLM), fresh=True).stderr)
     return output / "ref"
 
 

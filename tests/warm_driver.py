@@ -1,0 +1,312 @@
+"""roll-train processes that skip the driver's imports: forked from a process that has imported them.
+
+A `roll-train` driver spends about a third of a tiny end-to-end run's CPU importing torch, transformers
+and Ray before it reads its config (~4.5 s of ~14 s, scripts/suite_cpu.py). `WarmPopen` is a
+`subprocess.Popen` that starts `python -m roll_lite.cli ARGS` as a fork of a zygote instead: a process,
+one per pytest process, that imported the driver's modules once and then only forks. The child is a new
+process of its own (its own pid, stdin/stdout/stderr, cwd, environment, session where asked), runs
+roll-train's `__main__` as `python -m roll_lite.cli` would, and exits as an interpreter does (atexit,
+threads joined, streams flushed). Signals, process groups, pipes, `wait`, `communicate`, `kill` are
+Popen's own.
+
+What a fork shares that a fresh interpreter would not: the modules' import-time state, taken with the
+zygote's environment, and the zygote's hash seed. So a command is forked only when it is
+`<python> -m roll_lite.cli ...`, its environment differs from the zygote's in `ROLL_LITE_TEST_*`
+variables and pytest's `PYTEST_CURRENT_TEST` (read at run time, if at all) and `$PYTHONPATH` alone, and neither its cwd nor a `$PYTHONPATH` folder
+holds a module of a name the zygote imported (a fresh process would import that one instead); anything
+else starts the usual way. Tests that compare runs bit for bit keep their reference run a fresh
+process, so that the comparison still spans two processes started apart.
+`ROLL_TEST_WARM_DRIVER=0` turns it off. CONTRIBUTING.md ("The CI budget") has the measurement.
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# what the driver imports before and while it starts Ray (the modules a tiny run had imported at its end)
+PRELOAD = (
+    "roll_lite.cli",
+    "roll_lite.pipelines.ppo",
+    "roll_lite.pipelines.sft",
+    "roll_lite.workers.group",
+    "roll_lite.workers.cluster",
+    "ray.dashboard.optional_deps",
+    "ray.util.state",
+)
+STATUS = struct.Struct("i")
+
+
+class _Zygote:
+    """The pytest side: one zygote per pytest process, started on first use."""
+
+    def __init__(self) -> None:
+        self.env = dict(os.environ)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, str(theirs.fileno())], pass_fds=[theirs.fileno()], cwd=REPO, env=self.env
+        )
+        theirs.close()
+        self.socket, self.lock = ours, threading.Lock()
+        self.state = self._reply()  # "ready MODULES", or why it does not fork
+        self.ready, self.modules = self.state.startswith("ready "), set(self.state[6:].split(","))
+        atexit.register(self.stop)
+
+    def _reply(self) -> str:
+        data = b""
+        while not data.endswith(b"\n"):
+            part = self.socket.recv(4096)
+            if not part:
+                return "gone"
+            data += part
+        return data.decode().strip()
+
+    def fork(self, argv: list[str], cwd: str, env: dict[str, str], fds: list[int], new_session: bool) -> int | None:
+        request = json.dumps({"argv": argv, "cwd": cwd, "env": env, "new_session": new_session}).encode() + b"\n"
+        with self.lock:
+            socket.send_fds(self.socket, [request], fds)
+            reply = self._reply()
+        return int(reply) if reply.isdigit() else None
+
+    def stop(self) -> None:
+        self.socket.close()  # the zygote leaves when its socket closes; forked runs go on
+        self.process.wait(timeout=30)
+
+
+_zygote: _Zygote | None = None
+
+
+def _the_zygote() -> _Zygote | None:
+    """The zygote, started on first use; None where it does not fork (its state says why)."""
+    global _zygote
+    if os.environ.get("ROLL_TEST_WARM_DRIVER", "1") == "0":
+        return None
+    if _zygote is None or (_zygote.ready and _zygote.process.poll() is not None):
+        _zygote = _Zygote()
+    return _zygote if _zygote.ready else None
+
+
+def _forkable(args, cwd, env, zygote: _Zygote) -> bool:
+    if [str(a) for a in args[:3]] != [sys.executable, "-m", "roll_lite.cli"]:
+        return False
+    env = dict(os.environ if env is None else env)
+    changed = {k for k in env.keys() | zygote.env.keys() if env.get(k) != zygote.env.get(k)}
+    if any(not k.startswith("ROLL_LITE_TEST_") and k not in ("PYTHONPATH", "PYTEST_CURRENT_TEST") for k in changed):
+        return False
+    # a folder first on the child's sys.path must not hold a module the zygote imported from elsewhere
+    folders = [Path(cwd or os.getcwd()).resolve(), *(Path(p).resolve() for p in _python_path(env))]
+    return not any(
+        name.removesuffix(".py") in zygote.modules
+        for folder in folders
+        if folder != REPO
+        for name in os.listdir(folder)
+    )
+
+
+def _python_path(env: dict[str, str]) -> list[str]:
+    """$PYTHONPATH's entries as a fresh interpreter puts them on sys.path (an empty one is the cwd)."""
+    value = env.get("PYTHONPATH", "")
+    return [os.path.abspath(entry) for entry in value.split(os.pathsep)] if value else []
+
+
+class WarmPopen(subprocess.Popen):
+    """subprocess.Popen; `python -m roll_lite.cli ...` is forked from the zygote where it can be (above)."""
+
+    _status_fd: int | None = None
+
+    def _execute_child(self, *popen_args):  # Popen's own arguments, as Python 3.11's POSIX Popen passes them
+        (args, executable, preexec_fn, close_fds, pass_fds, cwd, env, _, _, shell, p2cread, p2cwrite, c2pread,
+         c2pwrite, errread, errwrite, _, gid, gids, uid, umask, start_new_session, process_group) = popen_args  # fmt: skip
+        plain = not shell and executable is None and preexec_fn is None and close_fds and not pass_fds
+        plain = plain and gid is None and gids is None and uid is None and umask < 0 and process_group == -1
+        zygote = _the_zygote() if plain else None
+        if zygote is None or not _forkable(args, cwd, env, zygote):
+            return super()._execute_child(*popen_args)
+        status_read, status_write = os.pipe()
+        stdio = [fd if fd != -1 else default for fd, default in ((p2cread, 0), (c2pwrite, 1), (errwrite, 2))]
+        try:
+            pid = zygote.fork(
+                [str(a) for a in args[3:]],
+                os.path.abspath(cwd or os.getcwd()),
+                dict(os.environ if env is None else env),
+                [*stdio, status_write],
+                start_new_session,
+            )
+        finally:
+            os.close(status_write)
+        if pid is None:
+            os.close(status_read)
+            raise OSError(f"the roll-train zygote could not fork {args}")
+        self.pid, self._child_created, self._status_fd = pid, True, status_read
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+
+    def _try_wait(self, wait_flags):
+        if self._status_fd is None:
+            return super()._try_wait(wait_flags)
+        if wait_flags & os.WNOHANG and not select.select([self._status_fd], [], [], 0)[0]:
+            return (0, 0)
+        data = os.read(self._status_fd, STATUS.size)
+        os.close(self._status_fd)
+        self._status_fd = -1
+        # no status: the zygote went first (the pytest process is ending); call it exit code 255
+        return (self.pid, STATUS.unpack(data)[0] if len(data) == STATUS.size else 255 << 8)
+
+    def _internal_poll(self, _deadstate=None, _waitpid=None, _WNOHANG=None, _ECHILD=None):
+        if self._status_fd is None:
+            return super()._internal_poll(_deadstate)
+        if self.returncode is None and self._waitpid_lock.acquire(False):
+            try:
+                if self.returncode is None and self._status_fd != -1:
+                    pid, status = self._try_wait(os.WNOHANG)
+                    if pid == self.pid:
+                        self._handle_exitstatus(status)
+            finally:
+                self._waitpid_lock.release()
+        return self.returncode
+
+
+def run(args, *, timeout=None, check=False, input=None, capture_output=False, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run with WarmPopen."""
+    if capture_output:
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+    with WarmPopen(args, stdin=subprocess.PIPE if input is not None else None, **kwargs) as process:
+        try:
+            stdout, stderr = process.communicate(input, timeout=timeout)
+        except BaseException:
+            process.kill()
+            raise
+    if check and process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, args, stdout, stderr)
+    return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
+
+
+def roll_train(argv: list[str], cwd, fresh: bool = False) -> subprocess.CompletedProcess:
+    """A docs' `roll-train ARGS` line (split) as `python -m roll_lite.cli ARGS` in `cwd`, to its end, which
+    must be a success; warm, or with `fresh` a process started anew."""
+    start = subprocess.run if fresh else run
+    command = [sys.executable, "-m", "roll_lite.cli", *argv[1:]]
+    result = start(command, capture_output=True, text=True, timeout=600, cwd=cwd)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+# ---- the zygote: run as `python tests/warm_driver.py FD` with cwd = the repository -----------------------
+
+
+def _serve(sock: socket.socket) -> dict | None:
+    """Forks a child per request; returns the request in the child, None in the zygote when pytest is gone."""
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: dict[int, int] = {}  # pid -> the write end of its status pipe
+    while True:
+        readable = select.select([sock, wake_read], [], [])[0]
+        if wake_read in readable:
+            os.read(wake_read, 4096)
+            while children:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                if pid in children:
+                    os.write(children[pid], STATUS.pack(status))
+                    os.close(children.pop(pid))
+        if sock in readable:
+            data, fds, _, _ = socket.recv_fds(sock, 65536, 4)  # the descriptors come with the first bytes
+            while data and not data.endswith(b"\n"):
+                part = sock.recv(65536)
+                data = data + part if part else b""
+            if not data:
+                return None
+            request = json.loads(data)
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (wake_read, wake_write, *children.values()):
+                    os.close(fd)
+                sock.close()
+                request["fds"] = fds
+                return request
+            children[pid] = fds[3]
+            for fd in fds[:3]:
+                os.close(fd)
+            sock.sendall(f"{pid}\n".encode())
+
+
+def _become(request: dict) -> None:
+    """In the child: the process `python -m roll_lite.cli ARGV` would be, started in its cwd with its env."""
+    import io
+
+    if request["new_session"]:
+        os.setsid()
+    for target, fd in enumerate(request["fds"][:3]):
+        os.dup2(fd, target)
+    for fd in set(request["fds"]) - {0, 1, 2}:  # the three above and the status pipe: the zygote's to write
+        os.close(fd)
+    os.chdir(request["cwd"])
+    # The zygote's sys.path: what its imports put first (Ray's thirdparty_files), its start's (cwd,
+    # $PYTHONPATH, stdlib, site-packages), what its imports put after. The child's: the same, with its own
+    # cwd and $PYTHONPATH, as `python -m` puts them, after the same imports.
+    start = request["start_path"]
+    at = next(i for i in range(len(sys.path)) if sys.path[i : i + len(start)] == start)
+    before, after = sys.path[:at], sys.path[at + len(start) :]
+    stdlib_and_site = start[1 + len(_python_path(os.environ)) :]
+    os.environ.clear()
+    os.environ.update(request["env"])
+    unbuffered = bool(
+        os.environ.get("PYTHONUNBUFFERED")
+    )  # -u is not used here; the variable is the same as the zygote's
+
+    def stream(fd: int, write: bool, errors: str, line_buffering: bool) -> io.TextIOWrapper:
+        binary = io.open(fd, "wb" if write else "rb", buffering=0 if unbuffered and write else -1, closefd=False)
+        return io.TextIOWrapper(
+            binary, encoding="utf-8", errors=errors, line_buffering=line_buffering, write_through=unbuffered and write
+        )
+
+    sys.stdin = sys.__stdin__ = stream(0, False, "strict", False)
+    sys.stdout = sys.__stdout__ = stream(1, True, "strict", os.isatty(1))
+    sys.stderr = sys.__stderr__ = stream(2, True, "backslashreplace", True)
+    sys.path[:] = [*before, os.getcwd(), *_python_path(os.environ), *stdlib_and_site, *after]
+    sys.argv = [str(REPO / "roll_lite" / "cli.py"), *request["argv"]]
+
+
+def _preload() -> str:
+    if sys.path[1 : 1 + len(_python_path(os.environ))] != _python_path(os.environ):
+        return f"not forking: $PYTHONPATH is not where expected on sys.path {sys.path}"
+    for module in PRELOAD:
+        __import__(module)
+    gc.freeze()  # the forks' collections leave the imported objects alone: their pages stay shared
+    threads = len(os.listdir("/proc/self/task"))
+    if threads != 1:  # a thread would not be in the forks (OpenBLAS starts some unless OMP_NUM_THREADS=1)
+        return f"not forking: {threads} threads after the imports"
+    return "ready " + ",".join(sorted({name.split(".")[0] for name in sys.modules}))
+
+
+if __name__ == "__main__":
+    connection = socket.socket(fileno=int(sys.argv[1]))
+    sys.path[0] = os.getcwd()  # the repository, as for `python -m roll_lite.cli` run there
+    start_path = list(sys.path)
+    state = _preload()
+    connection.sendall(f"{state}\n".encode())
+    if not state.startswith("ready "):
+        sys.exit(0)
+    child = _serve(connection)
+    if child is None:
+        sys.exit(0)
+    _become({**child, "start_path": start_path})
+    import runpy
+
+    del sys.modules["roll_lite.cli"]  # `python -m` runs it as __main__ only, never imported under its name
+    runpy.run_module("roll_lite.cli", run_name="__main__", alter_sys=True)
