@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import doc_commands
+import warm_driver
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD = "python -m examples.byo.build outputs/byo --overwrite"
@@ -26,7 +27,7 @@ def readme_command(line: str) -> list[str]:
 
 
 def run(argv, cwd, timeout=300):
-    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    result = warm_driver.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return result
 

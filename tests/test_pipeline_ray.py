@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_driver
 
 from roll_lite.config import load_config
 
@@ -116,7 +117,7 @@ def _greedy(config):
 
 
 def test_roll_train_writes_the_run_directory(tmp_path):
-    result = subprocess.run(
+    result = warm_driver.run(
         [
             sys.executable,
             "-m",

@@ -4,11 +4,11 @@ loss in the pipeline, a user's loss by import path, and roll-train checking a us
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 
 import pytest
 import torch
+import warm_driver
 from roll_lite.pipelines.loss_check import LossCheckFailed, check_own_losses
 from roll_lite.pipelines.ppo import PPOPipeline
 from user_modules import user_module
@@ -227,7 +227,7 @@ def test_a_correction_the_loss_does_not_apply_fails_the_check_naming_the_metric(
 
 def test_roll_train_stops_on_a_users_loss_that_fails_the_check_before_anything_starts(losses_module, tmp_path):
     folder = sys.modules[losses_module].__file__.rsplit("/", 1)[0]
-    result = subprocess.run(
+    result = warm_driver.run(
         [
             sys.executable,
             "-m",
