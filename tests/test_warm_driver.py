@@ -22,6 +22,7 @@ print(json.dumps({
     "argv": sys.argv,
     "path": sys.path,
     "marker": os.environ.get("ROLL_LITE_TEST_MARKER"),
+    "setting": os.environ.get("ROLL_TEST_SETTING"),
     "main": sys.modules["__main__"].__spec__.name,
     "cli_by_name": "roll_lite.cli" in sys.modules,
     "session_leader": os.getsid(0) == os.getpid(),
@@ -53,7 +54,7 @@ def start(probe, what: str, fresh: bool = False, **options) -> subprocess.Popen:
     command, cwd, env = probe
     popen = subprocess.Popen if fresh else warm_driver.WarmPopen
     process = popen(command, cwd=cwd, env={**env, "ROLL_LITE_TEST_PROBE": what}, text=True, **options)
-    assert fresh or process._status_fd is not None, "not forked"
+    assert fresh or process.not_forked_because is None, process.not_forked_because
     return process
 
 
@@ -84,6 +85,18 @@ def test_an_uncaught_error_and_a_signal_end_a_forked_run_as_they_end_a_process(p
     assert process.wait(timeout=30) == -signal.SIGKILL
 
 
+def test_a_test_that_changes_this_process_environment_gets_a_zygote_of_that_environment(probe, monkeypatch):
+    """An in-process worker sets RANK, MASTER_ADDR, ... for good: the runs after it fork from a new zygote
+    started with them, as a fresh process would inherit them."""
+    first = warm_driver._zygote
+    monkeypatch.setenv("ROLL_TEST_SETTING", "changed")
+    command, cwd, env = probe
+    env = {**os.environ, "PYTHONPATH": env["PYTHONPATH"], "ROLL_LITE_TEST_PROBE": "exit"}
+    process = warm_driver.WarmPopen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True)
+    assert process.not_forked_because is None and warm_driver._zygote is not first
+    assert json.loads(process.communicate(timeout=60)[0])["setting"] == "changed" and process.returncode == 7
+
+
 @pytest.mark.parametrize("change", ["a Ray variable", "a module of the zygote's in the cwd", "not roll-train"])
 def test_what_a_fork_could_get_wrong_starts_the_usual_way(probe, change):
     command, cwd, env = probe
@@ -97,6 +110,6 @@ def test_what_a_fork_could_get_wrong_starts_the_usual_way(probe, change):
         command, cwd=cwd, env={**env, "ROLL_LITE_TEST_PROBE": "exit"}, stdout=subprocess.PIPE
     )
     process.communicate(timeout=120)
-    assert process._status_fd is None  # a process started the usual way
+    assert process.not_forked_because is not None and process._status_fd is None  # started the usual way
     # (with omegaconf.py in its cwd, roll-train fails to import its config, as a fresh process must)
     assert process.returncode == {"a Ray variable": 7, "not roll-train": 0}.get(change, 1)

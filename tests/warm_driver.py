@@ -11,11 +11,12 @@ Popen's own.
 
 What a fork shares that a fresh interpreter would not: the modules' import-time state, taken with the
 zygote's environment, and the zygote's hash seed. So a command is forked only when it is
-`<python> -m roll_lite.cli ...`, its environment differs from the zygote's in `ROLL_LITE_TEST_*`
-variables and pytest's `PYTEST_CURRENT_TEST` (read at run time, if at all) and `$PYTHONPATH` alone, and neither its cwd nor a `$PYTHONPATH` folder
-holds a module of a name the zygote imported (a fresh process would import that one instead); anything
-else starts the usual way. Tests that compare runs bit for bit keep their reference run a fresh
-process, so that the comparison still spans two processes started apart.
+`<python> -m roll_lite.cli ...`, its environment differs from the zygote's in `$PYTHONPATH`,
+`ROLL_LITE_TEST_*` and pytest's `PYTEST_CURRENT_TEST` alone (the last two read at run time, if at all),
+and neither its cwd nor a `$PYTHONPATH` folder holds a module of a name the zygote imported (a fresh
+process would import that one instead); anything else starts the usual way. Tests that compare runs
+bit for bit keep their reference run a fresh process, so that the comparison still spans two processes
+started apart.
 `ROLL_TEST_WARM_DRIVER=0` turns it off. CONTRIBUTING.md ("The CI budget") has the measurement.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import io
 import json
 import os
 import select
@@ -46,6 +48,7 @@ PRELOAD = (
     "ray.util.state",
 )
 STATUS = struct.Struct("i")
+FORKABLE_CHANGES = ("PYTHONPATH", "PYTEST_CURRENT_TEST")  # and ROLL_LITE_TEST_*: read at run time, if at all
 
 
 class _Zygote:
@@ -88,30 +91,39 @@ _zygote: _Zygote | None = None
 
 
 def _the_zygote() -> _Zygote | None:
-    """The zygote, started on first use; None where it does not fork (its state says why)."""
+    """The zygote of this process's environment, started on first use and again when a test changed
+    that environment for good (an in-process worker sets RANK, ...); None where it does not fork (its
+    state says why)."""
     global _zygote
     if os.environ.get("ROLL_TEST_WARM_DRIVER", "1") == "0":
         return None
-    if _zygote is None or (_zygote.ready and _zygote.process.poll() is not None):
+    if _zygote is not None and (_changed(dict(os.environ), _zygote.env) or _zygote.process.poll() is not None):
+        _zygote.stop()
+        _zygote = None
+    if _zygote is None:
         _zygote = _Zygote()
     return _zygote if _zygote.ready else None
 
 
-def _forkable(args, cwd, env, zygote: _Zygote) -> bool:
+def _changed(env: dict[str, str], zygote_env: dict[str, str]) -> list[str]:
+    """The variables of `env` that a fork could not honour: all but $PYTHONPATH, `ROLL_LITE_TEST_*` and
+    `PYTEST_CURRENT_TEST` must be the zygote's."""
+    changed = {k for k in env.keys() | zygote_env.keys() if env.get(k) != zygote_env.get(k)}
+    return sorted(k for k in changed if not k.startswith("ROLL_LITE_TEST_") and k not in FORKABLE_CHANGES)
+
+
+def _why_not_forked(args, cwd, env, zygote: _Zygote) -> str | None:
     if [str(a) for a in args[:3]] != [sys.executable, "-m", "roll_lite.cli"]:
-        return False
+        return "not `python -m roll_lite.cli`"
     env = dict(os.environ if env is None else env)
-    changed = {k for k in env.keys() | zygote.env.keys() if env.get(k) != zygote.env.get(k)}
-    if any(not k.startswith("ROLL_LITE_TEST_") and k not in ("PYTHONPATH", "PYTEST_CURRENT_TEST") for k in changed):
-        return False
+    if changed := _changed(env, zygote.env):
+        return f"its environment differs from the zygote's in {changed}"
     # a folder first on the child's sys.path must not hold a module the zygote imported from elsewhere
-    folders = [Path(cwd or os.getcwd()).resolve(), *(Path(p).resolve() for p in _python_path(env))]
-    return not any(
-        name.removesuffix(".py") in zygote.modules
-        for folder in folders
-        if folder != REPO
-        for name in os.listdir(folder)
-    )
+    for folder in [Path(cwd or os.getcwd()).resolve(), *(Path(p).resolve() for p in _python_path(env))]:
+        if folder != REPO and folder.is_dir():
+            if shadowing := sorted({n.removesuffix(".py") for n in os.listdir(folder)} & zygote.modules):
+                return f"{folder} holds {shadowing}, which the zygote imported from elsewhere"
+    return None
 
 
 def _python_path(env: dict[str, str]) -> list[str]:
@@ -124,6 +136,7 @@ class WarmPopen(subprocess.Popen):
     """subprocess.Popen; `python -m roll_lite.cli ...` is forked from the zygote where it can be (above)."""
 
     _status_fd: int | None = None
+    not_forked_because: str | None = None
 
     def _execute_child(self, *popen_args):  # Popen's own arguments, as Python 3.11's POSIX Popen passes them
         (args, executable, preexec_fn, close_fds, pass_fds, cwd, env, _, _, shell, p2cread, p2cwrite, c2pread,
@@ -131,7 +144,13 @@ class WarmPopen(subprocess.Popen):
         plain = not shell and executable is None and preexec_fn is None and close_fds and not pass_fds
         plain = plain and gid is None and gids is None and uid is None and umask < 0 and process_group == -1
         zygote = _the_zygote() if plain else None
-        if zygote is None or not _forkable(args, cwd, env, zygote):
+        if not plain:
+            self.not_forked_because = "Popen options that a fork does not take"
+        elif zygote is None:
+            self.not_forked_because = f"no zygote: {_zygote.state if _zygote else 'ROLL_TEST_WARM_DRIVER=0'}"
+        else:
+            self.not_forked_because = _why_not_forked(args, cwd, env, zygote)
+        if self.not_forked_because is not None:
             return super()._execute_child(*popen_args)
         status_read, status_write = os.pipe()
         stdio = [fd if fd != -1 else default for fd, default in ((p2cread, 0), (c2pwrite, 1), (errwrite, 2))]
@@ -247,8 +266,6 @@ def _serve(sock: socket.socket) -> dict | None:
 
 def _become(request: dict) -> None:
     """In the child: the process `python -m roll_lite.cli ARGV` would be, started in its cwd with its env."""
-    import io
-
     if request["new_session"]:
         os.setsid()
     for target, fd in enumerate(request["fds"][:3]):
@@ -265,9 +282,7 @@ def _become(request: dict) -> None:
     stdlib_and_site = start[1 + len(_python_path(os.environ)) :]
     os.environ.clear()
     os.environ.update(request["env"])
-    unbuffered = bool(
-        os.environ.get("PYTHONUNBUFFERED")
-    )  # -u is not used here; the variable is the same as the zygote's
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))  # as in the zygote: a change is not forked
 
     def stream(fd: int, write: bool, errors: str, line_buffering: bool) -> io.TextIOWrapper:
         binary = io.open(fd, "wb" if write else "rb", buffering=0 if unbuffered and write else -1, closefd=False)
