@@ -17,7 +17,8 @@ and neither its cwd nor a `$PYTHONPATH` folder holds a module of a name the zygo
 process would import that one instead); anything else starts the usual way. Tests that compare runs
 bit for bit keep their reference run a fresh process, so that the comparison still spans two processes
 started apart.
-`ROLL_TEST_WARM_DRIVER=0` turns it off. CONTRIBUTING.md ("The CI budget") has the measurement.
+`ROLL_TEST_WARM_DRIVER=0` turns it off; `ROLL_TEST_WARM_DRIVER_LOG=FILE` appends a line per start to FILE,
+forked or why not. CONTRIBUTING.md ("The CI budget") has the measurement.
 """
 
 from __future__ import annotations
@@ -150,6 +151,11 @@ class WarmPopen(subprocess.Popen):
             self.not_forked_because = f"no zygote: {_zygote.state if _zygote else 'ROLL_TEST_WARM_DRIVER=0'}"
         else:
             self.not_forked_because = _why_not_forked(args, cwd, env, zygote)
+        if log := os.environ.get("ROLL_TEST_WARM_DRIVER_LOG"):  # a JSON line per start: forked, or why not
+            with open(log, "a") as file:
+                file.write(
+                    json.dumps({"args": [str(a) for a in args][:6], "not_forked": self.not_forked_because}) + "\n"
+                )
         if self.not_forked_because is not None:
             return super()._execute_child(*popen_args)
         status_read, status_write = os.pipe()
