@@ -1,9 +1,9 @@
 """How roll-train fails: a worker that raises, dies or runs out of memory, and SIGINT / SIGTERM on the
 driver. Each run is a real `roll-train` process (forked from the warm driver, tests/warm_driver.py) with
 a tiny model and a pipeline (written to tmp_path) whose loss_func misbehaves on its second call, i.e. at
-step 2. Each test checks the
-message, the exit code, and that none of the run's own processes (the descendants of that roll-train:
-Ray's GCS, raylet, workers) outlive it; other Ray clusters on the machine are not looked at.
+step 2. Each test checks the message, the exit code, and that none of the run's own processes (the
+descendants of that roll-train: Ray's GCS, raylet, workers) outlive it; other Ray clusters on the machine
+are not looked at.
 """
 
 import fcntl

@@ -73,8 +73,7 @@ def command(data, output: Path, run_name: str, *extra, config: str = "configs/pp
 def run(args, env=None, fresh: bool = False) -> subprocess.CompletedProcess:
     """roll-train `args` to its end; forked from the warm driver (tests/warm_driver.py), or with `fresh` a
     process started anew: the reference runs, so that each comparison spans two processes started apart."""
-    start = subprocess.run if fresh else warm_driver.run
-    result = start(args, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    result = warm_driver.run(args, fresh=fresh, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 

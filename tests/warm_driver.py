@@ -84,6 +84,7 @@ class _Zygote:
         return int(reply) if reply.isdigit() else None
 
     def stop(self) -> None:
+        atexit.unregister(self.stop)
         self.socket.close()  # the zygote leaves when its socket closes; forked runs go on
         self.process.wait(timeout=30)
 
@@ -113,9 +114,7 @@ def _changed(env: dict[str, str], zygote_env: dict[str, str]) -> list[str]:
     return sorted(k for k in changed if not k.startswith("ROLL_LITE_TEST_") and k not in FORKABLE_CHANGES)
 
 
-def _why_not_forked(args, cwd, env, zygote: _Zygote) -> str | None:
-    if [str(a) for a in args[:3]] != [sys.executable, "-m", "roll_lite.cli"]:
-        return "not `python -m roll_lite.cli`"
+def _why_not_forked(cwd, env, zygote: _Zygote) -> str | None:
     env = dict(os.environ if env is None else env)
     if changed := _changed(env, zygote.env):
         return f"its environment differs from the zygote's in {changed}"
@@ -144,13 +143,14 @@ class WarmPopen(subprocess.Popen):
          c2pwrite, errread, errwrite, _, gid, gids, uid, umask, start_new_session, process_group) = popen_args  # fmt: skip
         plain = not shell and executable is None and preexec_fn is None and close_fds and not pass_fds
         plain = plain and gid is None and gids is None and uid is None and umask < 0 and process_group == -1
-        zygote = _the_zygote() if plain else None
         if not plain:
             self.not_forked_because = "Popen options that a fork does not take"
-        elif zygote is None:
+        elif [str(a) for a in args[:3]] != [sys.executable, "-m", "roll_lite.cli"]:
+            self.not_forked_because = "not `python -m roll_lite.cli`"
+        elif (zygote := _the_zygote()) is None:
             self.not_forked_because = f"no zygote: {_zygote.state if _zygote else 'ROLL_TEST_WARM_DRIVER=0'}"
         else:
-            self.not_forked_because = _why_not_forked(args, cwd, env, zygote)
+            self.not_forked_because = _why_not_forked(cwd, env, zygote)
         if log := os.environ.get("ROLL_TEST_WARM_DRIVER_LOG"):  # a JSON line per start: forked, or why not
             with open(log, "a") as file:
                 file.write(
@@ -201,8 +201,12 @@ class WarmPopen(subprocess.Popen):
         return self.returncode
 
 
-def run(args, *, timeout=None, check=False, input=None, capture_output=False, **kwargs) -> subprocess.CompletedProcess:
-    """subprocess.run with WarmPopen."""
+def run(
+    args, *, fresh=False, timeout=None, check=False, input=None, capture_output=False, **kwargs
+) -> subprocess.CompletedProcess:
+    """subprocess.run with WarmPopen; with `fresh`, subprocess.run itself: a process started anew."""
+    if fresh:
+        return subprocess.run(args, timeout=timeout, check=check, input=input, capture_output=capture_output, **kwargs)
     if capture_output:
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
     with WarmPopen(args, stdin=subprocess.PIPE if input is not None else None, **kwargs) as process:
@@ -219,9 +223,8 @@ def run(args, *, timeout=None, check=False, input=None, capture_output=False, **
 def roll_train(argv: list[str], cwd, fresh: bool = False) -> subprocess.CompletedProcess:
     """A docs' `roll-train ARGS` line (split) as `python -m roll_lite.cli ARGS` in `cwd`, to its end, which
     must be a success; warm, or with `fresh` a process started anew."""
-    start = subprocess.run if fresh else run
     command = [sys.executable, "-m", "roll_lite.cli", *argv[1:]]
-    result = start(command, capture_output=True, text=True, timeout=600, cwd=cwd)
+    result = run(command, fresh=fresh, capture_output=True, text=True, timeout=600, cwd=cwd)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
