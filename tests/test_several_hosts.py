@@ -4,12 +4,13 @@ module. `ray job submit` from outside the hosts (this process's namespace, over 
 with the actor's two FSDP2 ranks on two hosts and the rollout worker on the third; its metrics equal
 those of the same run on one host, bit for bit.
 
-Then a worker host is lost: every process in its namespace is killed with SIGKILL (its raylet, its
-workers, its `ray start`), in the middle of step 2, or while step 2's checkpoint is being written. The
-run stops within seconds with one line naming the lost worker and its host; resubmitted with the same
-command once the host is back, it resumes from the last complete checkpoint and ends where the
+Then worker hosts are lost, one run losing two in turn: every process in a host's namespace is killed
+with SIGKILL (its raylet, its workers, its `ray start`), first in the middle of step 2, then, in the
+run resumed once that host is back, while step 2's checkpoint is being written. Each time the run
+stops within seconds with one line naming the lost worker and its host; resubmitted with the same
+command once the host is back, it resumes from the last complete checkpoint, and ends where the
 uninterrupted three-host run ended, bit for bit. The runs time their kills with a pipeline written to
-tmp_path (`pipeline=host_loss:...`): a step, or a checkpoint's write, that waits for the test.
+tmp_path (`pipeline=host_loss:LosesTwoHosts`): a step, and a checkpoint's write, that wait for the test.
 
 Where this machine cannot make network namespaces (no root, no `ip`, the kernel refuses), or
 ROLL_TEST_HOSTS=raylets asks for it, the hosts are sessions of processes on this machine's network
@@ -71,10 +72,14 @@ from roll_lite.pipelines.ppo import PPOPipeline
 HERE = Path(__file__).parent
 
 
-class LosesAHostMidStep(PPOPipeline):
-    """In its second call (step 2) the loss_func of each actor rank on a worker node (not on the head,
-    where the driver runs) writes its node's id to rank<R>.json, then sleeps until the test has
-    killed that node. Once: the run resumed with the same command goes through."""
+class LosesTwoHosts(PPOPipeline):
+    """Two losses, each once, so that the same command run again goes through each time:
+
+    - in its second call (step 2) the loss_func of each actor rank on a worker node (not on the head,
+      where the driver runs) writes its node's id to rank<R>.json, then sleeps until the test has
+      killed that node;
+    - the write of step 2's checkpoint, its folder made and no part written yet, waits until the test
+      has killed a node and says `go` (in the run resumed after the first loss)."""
 
     def loss_func(self, batch, output):
         self.calls = getattr(self, "calls", 0) + 1
@@ -85,11 +90,6 @@ class LosesAHostMidStep(PPOPipeline):
                 mark.write_text(json.dumps({"node_id": node}))
                 time.sleep(120)
         return super().loss_func(batch, output)
-
-
-class LosesAHostInACheckpoint(PPOPipeline):
-    """The write of step 2's checkpoint, its folder made and no part written yet, waits (once) until the
-    test has killed a node and says `go`."""
 
     def checkpoint_groups(self):
         writing = layout.partial_dir(Path(self.config.output_dir) / self.config.run_name, 2).is_dir()
@@ -188,16 +188,23 @@ def test_the_hosts_have_networks_of_their_own(cluster, reference):
     assert sorted([rank_0, rank_1, rollout]) == [host.address for host in cluster.hosts]
 
 
-def test_a_host_lost_mid_step_stops_the_run_naming_it_and_the_same_command_resumes_once_it_is_back(
+def test_a_host_lost_mid_step_then_one_lost_in_a_checkpoint_each_stop_the_run_and_the_same_command_resumes(
     cluster, data, reference, tmp_path
 ):
+    """One run loses two hosts, one after the other: a worker host in the middle of step 2, then,
+    resubmitted once that host is back, a worker host while step 2's checkpoint is being written. Each
+    time the run stops naming the lost rank and its node, and the same command resumes from step 1's
+    checkpoint."""
     cluster.restart_lost()  # a test before this one that failed may have left a host down
     (tmp_path / "host_loss.py").write_text(PIPELINES)
     command = [
         "env",
         f"--chdir={tmp_path}",  # where the driver imports host_loss from
-        *roll_train(data, tmp_path, "run", *ONE_CPU_EACH, "pipeline=host_loss:LosesAHostMidStep"),
+        *roll_train(data, tmp_path, "run", *ONE_CPU_EACH, "pipeline=host_loss:LosesTwoHosts"),
     ]
+    run_dir = tmp_path / "run"
+
+    # A host lost in the middle of step 2
     with cluster.job(command, tmp_path / "killed.log") as job:
         marks = wait_for(lambda: sorted(tmp_path.glob("rank*.json")), job, tmp_path / "killed.log")
         rank, node_id = int(marks[-1].stem.removeprefix("rank")), json.loads(marks[-1].read_text())["node_id"]
@@ -206,7 +213,6 @@ def test_a_host_lost_mid_step_stops_the_run_naming_it_and_the_same_command_resum
     assert f"roll-train: worker failure: actor rank {rank} died during train_step at step 2 on node {node}\n" in log, (
         log[-4000:]
     )
-    run_dir = tmp_path / "run"
     assert layout.committed_steps(run_dir) == [1] and layout.latest(run_dir) == layout.step_dir(run_dir, 1)
     assert not list(layout.checkpoints_dir(run_dir).glob(".*.partial"))  # no write was under way
 
@@ -220,43 +226,30 @@ def test_a_host_lost_mid_step_stops_the_run_naming_it_and_the_same_command_resum
     ) in remaining.stdout, remaining.stdout[-3000:]
     assert layout.committed_steps(run_dir) == [1]  # it changed nothing
 
+    # Once the host is back, the same command resumes from step 1 and trains step 2 as the uninterrupted
+    # run did; then a host is lost while step 2's checkpoint is being written.
     cluster.restart(node)
-    resumed = cluster.submit(command, tmp_path / "resumed.log")
-    assert resumed.returncode == 0, resumed.stdout[-4000:]
-    assert f"resumed from {layout.step_dir(run_dir, 1)} (step 1)" in resumed.stdout
-    assert metrics(run_dir) == metrics(reference[1])
-
-
-def test_a_host_lost_while_a_checkpoint_is_written_leaves_it_uncommitted_and_the_previous_one_loads(
-    cluster, data, reference, tmp_path
-):
-    cluster.restart_lost()
-    (tmp_path / "host_loss.py").write_text(PIPELINES)
-    command = [
-        "env",
-        f"--chdir={tmp_path}",
-        *roll_train(data, tmp_path, "run", *ONE_CPU_EACH, "pipeline=host_loss:LosesAHostInACheckpoint"),
-    ]
-    with cluster.job(command, tmp_path / "killed.log") as job:
-        wait_for(lambda: (tmp_path / "paused").exists(), job, tmp_path / "killed.log")
+    with cluster.job(command, tmp_path / "resumed.log") as job:
+        wait_for(lambda: (tmp_path / "paused").exists(), job, tmp_path / "resumed.log")
         # The job's log comes a moment after its lines were written
         placement = wait_for(
-            lambda: PLACEMENT.search((tmp_path / "killed.log").read_text()), job, tmp_path / "killed.log"
+            lambda: PLACEMENT.search((tmp_path / "resumed.log").read_text()), job, tmp_path / "resumed.log"
         )
+        assert metrics(run_dir) == metrics(reference[1])  # step 2's records are written before its checkpoint
         driver, *actor_ranks, _ = placement.groups()
         rank = max(rank for rank, node in enumerate(actor_ranks) if node != driver)  # a rank on a worker host
-        _, log = lose_the_host(cluster, actor_ranks[rank], job, tmp_path / "killed.log", then=tmp_path / "go")
+        _, log = lose_the_host(cluster, actor_ranks[rank], job, tmp_path / "resumed.log", then=tmp_path / "go")
+    assert f"resumed from {layout.step_dir(run_dir, 1)} (step 1)" in log
     assert (
         f"roll-train: worker failure: actor rank {rank} died during save_checkpoint at the checkpoint of step 2 "
         f"on node {actor_ranks[rank]}\n"
     ) in log, log[-4000:]
-    run_dir = tmp_path / "run"
     torn = layout.partial_dir(run_dir, 2)
     assert torn.is_dir() and not layout.is_checkpoint(torn)  # begun, never committed
     assert layout.committed_steps(run_dir) == [1] and layout.latest(run_dir) == layout.step_dir(run_dir, 1)
 
     cluster.restart(actor_ranks[rank])
-    resumed = cluster.submit(command, tmp_path / "resumed.log")
+    resumed = cluster.submit(command, tmp_path / "resumed_again.log")
     assert resumed.returncode == 0, resumed.stdout[-4000:]
     assert f"resumed from {layout.step_dir(run_dir, 1)} (step 1)" in resumed.stdout
     assert (
