@@ -206,7 +206,7 @@ def two_nodes_with_two_logical_gpus_each(monkeypatch):
 
 # A driver of its own (as roll-train is): places a 2-rank actor group with each placement, prints where.
 DRIVER = """
-import json, sys
+import json, sys, time
 import ray
 from roll_lite.config import load_config
 from roll_lite.workers.group import ModelGroup
@@ -216,6 +216,13 @@ address, config_path, *overrides = sys.argv[1:]
 ray.init(address=address, logging_level="WARNING")
 found = {}
 for placement in ("spread", "pack"):
+    # Removing a placement group frees its bundles a moment later. PACK takes one node only where one
+    # node has room when it is placed, and packs as far as it can otherwise: wait until the group
+    # placed before is gone, with its actors, and every node's CPU and GPUs are free again.
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("GPU", 0) < 4 or ray.available_resources().get("CPU", 0) < 2:
+        assert time.monotonic() < deadline, ray.available_resources()
+        time.sleep(0.1)
     config = load_config(config_path, overrides + [f"workers.placement={placement}"])
     layout = Placement(config, roles_on_a_gpu=1)
     found[placement] = ModelGroup("actor", 2, layout, config).where()
