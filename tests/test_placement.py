@@ -218,10 +218,10 @@ found = {}
 for placement in ("spread", "pack"):
     # Removing a placement group frees its bundles a moment later. PACK takes one node only where one
     # node has room when it is placed, and packs as far as it can otherwise: wait until the group
-    # placed before is gone, with its actors, and every node's CPU and GPUs are free again.
-    deadline = time.monotonic() + 60
-    while ray.available_resources().get("GPU", 0) < 4 or ray.available_resources().get("CPU", 0) < 2:
-        assert time.monotonic() < deadline, ray.available_resources()
+    # placed before is gone, with its actors, and the cluster's CPUs and GPUs are all free again.
+    deadline, total = time.monotonic() + 60, ray.cluster_resources()
+    while any((free := ray.available_resources()).get(r, 0) < total[r] for r in ("CPU", "GPU")):
+        assert time.monotonic() < deadline, (free, total)
         time.sleep(0.1)
     config = load_config(config_path, overrides + [f"workers.placement={placement}"])
     layout = Placement(config, roles_on_a_gpu=1)
