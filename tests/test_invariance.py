@@ -193,3 +193,25 @@ def test_the_docs_custom_loss_snippet_passes_the_checker():
         namespace = {}
         exec(compile(block.body, block.path, "exec"), namespace)
         assert check_loss_invariance(namespace["my_loss"], ["response_mask"]).passed, block.path
+
+
+def test_the_checker_computes_on_one_thread_and_gives_the_callers_threads_back():
+    """With two intra-op threads, the float32 math inside HF's float64 model (RoPE, RMSNorm) rounded
+    otherwise in about 1 process in 12, and the docs' correct loss failed at 5.8e-05 (tolerance 1e-9)."""
+    import torch
+
+    threads_seen = []
+
+    def recording_loss(batch, output):
+        threads_seen.append(torch.get_num_threads())
+        return micro_batch_masked_mean(batch, output)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(LossInvarianceError):
+            check_loss_invariance(recording_loss, ["response_mask"])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert threads_seen and set(threads_seen) == {1}
