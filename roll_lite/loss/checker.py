@@ -20,10 +20,9 @@ import argparse
 import json
 import math
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -42,6 +41,7 @@ from roll_lite.loss.policy import POLICY_LOSSES
 from roll_lite.model.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, build_causal_lm
 from roll_lite.runtime.importing import load_object
 from roll_lite.runtime.metrics import reduce_metrics
+from roll_lite.runtime.threads import one_torch_thread
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.micro_batches import (
     LossFunc,
@@ -260,20 +260,10 @@ def _model_with_head(lm: torch.nn.Module, head: str, seed: int) -> torch.nn.Modu
     raise ValueError(f"unknown head '{head}'; choose log_probs or value")
 
 
-@contextmanager
-def one_intra_op_thread() -> Iterator[None]:
-    """torch on one intra-op thread inside, as tests/spawned_ranks.py runs the exactness matrix. HF's
-    float64 model keeps some float32 math (RoPE's cos and sin, RMSNorm's variance); on two threads it
-    rounded otherwise in some processes (about 1 in 12), and a correct loss failed at 5.8e-05."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
-@one_intra_op_thread()
+# One intra-op thread, as tests/spawned_ranks.py runs the exactness matrix: HF's float64 model keeps some
+# float32 math (RoPE's cos and sin, RMSNorm's variance), and on two threads it rounded otherwise in some
+# processes (about 1 in 12), so that a correct loss failed at 5.8e-05 against the 1e-9 tolerance.
+@one_torch_thread()
 def check_loss_invariance(
     loss_func: LossFunc,
     loss_mask_keys: Sequence[str] = ("response_mask",),

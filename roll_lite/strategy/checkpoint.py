@@ -8,7 +8,6 @@ the same on every rank: rank 0 writes them beside the shards.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -21,6 +20,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+
+from roll_lite.runtime.threads import one_torch_thread
 
 SCHEDULE_FILE = "schedule.pt"
 
@@ -47,19 +48,11 @@ def _sharded_state(strategy) -> dict:
     return {"model": model, "optimizer": optimizer}
 
 
-@contextmanager
-def one_torch_thread():
-    """torch at one thread for a while. DCP's collectives run torch ops on gloo's helper threads; at
-    more than one torch thread each of those starts an OpenMP team of its own that lives as long as
-    the process group. Once OpenMP runs more threads than the machine has cores, libgomp stops
-    spinning between parallel regions in every team, the training one included: on a 2-core box,
-    2 torch threads, every step after the first checkpoint was ~55 % slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+# Saves and loads run at one torch thread: DCP's collectives run torch ops on gloo's helper threads; at
+# more than one torch thread each of those starts an OpenMP team of its own that lives as long as the
+# process group. Once OpenMP runs more threads than the machine has cores, libgomp stops spinning
+# between parallel regions in every team, the training one included: on a 2-core box, 2 torch
+# threads, every step after the first checkpoint was ~55 % slower.
 
 
 def save_sharded(strategy, folder: Path) -> None:
