@@ -10,14 +10,7 @@ extras="${1:-dev}"
 # The code reward's sandbox (reward.code, docs/sandbox.md) runs programs under Debian's bubblewrap.
 # As root on Debian / Ubuntu it is installed here; otherwise say how, and go on (only runs that score
 # code need it, and they stop at start-up without it).
-if ! command -v bwrap >/dev/null; then
-  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap) >/dev/null \
-      || echo "setup.sh: apt-get could not install bubblewrap; the code reward's sandbox needs it (docs/sandbox.md)"
-  else
-    echo "setup.sh: bubblewrap (bwrap) is not installed; the code reward's sandbox needs it: sudo apt-get install bubblewrap"
-  fi
-fi
+bash scripts/apt_install.sh bwrap bubblewrap "the code reward's sandbox needs it (docs/sandbox.md)"
 python3 -m venv .venv
 . .venv/bin/activate
 # torch comes through pip, which reads this machine's pip configuration (where the CPU wheel lies); the

