@@ -10,8 +10,10 @@ the same for every sample of the row, so a GRPO group plays one task). The traje
 (roll_lite/environments/episodes.py) with the rollout engine; the batch holds model_mask, the
 model's sampled tokens, which is loss_mask_keys' mask, so every loss and every global denominator
 counts exactly those tokens. Rewards: each step's reward on the last token of the model turn it
-answered (+ reward.functions on the last turn with environment.final_reward). Faults and truncation
-as environment.on_fault / environment.truncated say; each is counted (env/...).
+answered (+ reward.functions on the last turn with environment.final_reward; a trajectory they
+leave unscored under reward.on_failure=drop leaves the loss and its group's baseline, counted in
+reward/dropped, as single-turn). Faults and truncation as environment.on_fault / environment.truncated
+say; each is counted (env/...). data.domain_weights draws the rows by their domain field, as single-turn.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from roll_lite.config import ConfigError, RunConfig
 from roll_lite.data import DataProto
+from roll_lite.data.domain_sampler import check_row_domains
 from roll_lite.data.files import read_table
 from roll_lite.data.sequences import response_aligned
 from roll_lite.environments.episodes import Episode, EpisodeLimits, EpisodeLoop, EpisodeStart, run_episodes
@@ -67,12 +70,11 @@ class MultiTurnPipeline(PPOPipeline):
                 "environment.final_reward: reward.models and reward.judges score a trajectory's last turn, "
                 "which needs environment.final_reward=true"
             )
-        if config.data.domain_weights:
-            raise ConfigError("data.domain_weights: MultiTurnPipeline draws its prompts without domain weights yet")
-        if config.reward.on_failure == "drop":  # turn-level credit has no baseline over the scored rows yet
+        if config.reward.on_failure == "drop" and not config.environment.final_reward:
             raise ConfigError(
-                "reward.on_failure: drop is not supported by MultiTurnPipeline yet; use zero (a faulted "
-                "trajectory is handled by environment.on_fault)"
+                "reward.on_failure: drop acts on what reward.functions, models and judges leave unscored, and a "
+                "multi-turn run scores with them only with environment.final_reward=true; the environment's "
+                "own faults are environment.on_fault's"
             )
         super().__init__(config)
         if config.rollout.fully_async:  # later batches play while a step trains (pipelines/async_episodes.py)
@@ -86,7 +88,12 @@ class MultiTurnPipeline(PPOPipeline):
     def read_data(self) -> tuple[list[dict], list[dict] | None]:
         """The rows of data.train_files and data.eval_files (None without): each seeds an environment."""
         d = self.config.data
-        train = [row for path in d.train_files for row in read_table(path, "data.train_files").rows]
+        train: list[dict] = []
+        for path in d.train_files:
+            table = read_table(path, "data.train_files")
+            if d.domain_weights:
+                check_row_domains(table, d)
+            train += table.rows
         held_out = [row for path in d.eval_files for row in read_table(path, "data.eval_files").rows]
         return train, held_out or None
 
@@ -239,7 +246,9 @@ class MultiTurnPipeline(PPOPipeline):
 
     def rewards(self, batch: DataProto) -> tuple[DataProto, torch.Tensor, torch.Tensor, dict[str, float]]:
         """(batch, returns, token rewards, metrics): each step's reward on the last token of the turn it
-        answered; a faulted trajectory gets 0 everywhere (environment.on_fault=zero_reward)."""
+        answered; a faulted trajectory gets 0 everywhere (environment.on_fault=zero_reward). With
+        reward.on_failure=drop, score() marks the rows scored (batch["scored"]); the step takes the
+        others out of the loss and of their groups' baselines, as single-turn (pipelines/unscored.py)."""
         episodes = self.kept  # the batch's rows, in order
         token_rewards = torch.zeros(batch["model_mask"].shape, dtype=torch.float32)
         final = torch.zeros(len(episodes))
@@ -260,11 +269,11 @@ class MultiTurnPipeline(PPOPipeline):
         a = self.algorithm
         if self.config.environment.credit != "turn":
             return super().compute_advantages(scores, token_rewards, batch)
-        advantages = turn_level_advantages(
-            token_rewards, batch[self.loss_mask_key], batch["group_ids"], a.advantage, a.gamma
-        )
+        mask = batch[self.loss_mask_key]
+        valid = batch["scored"] if "scored" in batch else None  # reward.on_failure=drop: the rows scored
+        advantages = turn_level_advantages(token_rewards, mask, batch["group_ids"], a.advantage, a.gamma, valid=valid)
         if self.teachers is not None:  # the teacher scores the model's own tokens only (model_mask)
-            advantages = self.teachers.advantages(advantages, batch, batch[self.loss_mask_key], self.actor)
+            advantages = self.teachers.advantages(advantages, batch, mask, self.actor)
         return advantages, None
 
     # -- evaluation ---------------------------------------------------------------------------------

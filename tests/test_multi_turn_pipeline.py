@@ -11,6 +11,7 @@ import torch
 from roll_lite.pipelines.multi_turn import MultiTurnPipeline, episode_metrics
 
 from roll_lite.config import ConfigError, load_config
+from roll_lite.data.files import DataError
 from roll_lite.environments.episodes import Episode
 from roll_lite.environments.turns import Trajectory
 from roll_lite.loss.advantages import discounted_returns, first_turn_returns, turn_level_advantages, turn_returns
@@ -205,9 +206,75 @@ def test_the_pipeline_refuses_a_run_without_an_environment():
         MultiTurnPipeline(load_config(None, ["pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline"]))
 
 
-def test_the_pipeline_refuses_to_drop_unscored_responses_for_now(rows_file):
-    with pytest.raises(ConfigError, match="reward.on_failure: drop is not supported by MultiTurnPipeline yet"):
+def test_drop_needs_the_final_reward_it_acts_on(rows_file):
+    with pytest.raises(ConfigError, match="reward.on_failure: drop acts on what reward.functions, models and judges"):
         pipeline_for(rows_file, "reward.on_failure=drop")
+
+
+@pytest.mark.parametrize("advantage, credit", [("grpo", "trajectory"), ("rloo", "trajectory"), ("grpo", "turn")])
+def test_a_trajectory_the_final_reward_left_unscored_leaves_the_loss_and_its_groups_baseline(
+    rows_file, advantage, credit
+):
+    """reward.on_failure=drop as in single-turn (pipelines/unscored.py): the kept trajectories' advantages
+    are those of a batch of them alone; a group left with one scored trajectory gets none."""
+    from roll_lite.pipelines.unscored import drop_unscored
+
+    def scored_batch(pipeline, episodes, finals, scored):
+        class Rewards:  # reward.functions on each last turn: these scores, `scored` the rows every function scored
+            def score(self, responses, answers, extras):
+                return torch.tensor(finals), torch.tensor(scored), {}
+
+        pipeline.reward, pipeline.episodes = Rewards(), episodes
+        batch = pipeline.episode_batch(episodes, step=1)
+        _, scores, token_rewards, metrics = pipeline.rewards(batch)
+        metrics = drop_unscored(batch, "model_mask", scores, {"reward/mean": scores.mean().item(), **metrics})
+        return batch, pipeline.compute_advantages(scores, token_rewards, batch)[0], metrics
+
+    overrides = ["reward.on_failure=drop", "environment.final_reward=true", f"algorithm.advantage={advantage}"]
+    pipeline = pipeline_for(rows_file, *overrides, f"environment.credit={credit}")
+    episodes = [
+        episode(0, 0, [(2, 0.5), (3, 1.0)]),
+        episode(0, 1, [(3, 0.0)]),  # unscored
+        episode(0, 2, [(1, 0.25), (2, 0.0)]),
+        episode(0, 3, [(2, 0.0)]),
+        episode(1, 0, [(2, 1.0)]),
+        episode(1, 1, [(1, 0.0), (1, 0.0)]),  # unscored: row 1 keeps one scored trajectory
+    ]
+    finals, scored = [1.0, 0.0, 0.5, 2.0, 1.0, 0.0], [True, False, True, True, True, False]
+    batch, advantages, metrics = scored_batch(pipeline, episodes, finals, scored)
+    assert metrics["reward/dropped"] == 2 and metrics["reward/mean"] == pytest.approx((2.5 + 0.75 + 2.0 + 2.0) / 4)
+    assert batch["model_mask"][[1, 5]].sum() == 0 and batch["model_mask"][[0, 2, 3, 4]].sum() == 5 + 3 + 2 + 2
+    assert advantages[[1, 4, 5]].abs().sum() == 0
+
+    kept = [0, 2, 3]
+    alone = pipeline_for(rows_file, *overrides, f"environment.credit={credit}")
+    alone_batch, expected, _ = scored_batch(alone, [episodes[i] for i in kept], [finals[i] for i in kept], [True] * 3)
+    assert expected.abs().sum() > 0 and expected.shape == advantages[kept].shape
+    assert torch.equal(advantages[kept], expected)
+
+
+def test_rows_are_drawn_by_domain_weight_and_a_row_without_a_weighed_domain_stops_the_run(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    domains = ["easy", "hard", "easy", "hard", "hard"]
+    path.write_text("".join(json.dumps({"secret": i, "domain": d}) + "\n" for i, d in enumerate(domains)))
+    weights = "data.domain_weights={easy: 1.0, hard: 0.0}"
+    pipeline = pipeline_for(str(path), weights)
+    drawn = pipeline.sampler.draw(6)
+    assert sorted(drawn) == [0, 0, 0, 2, 2, 2]  # the easy rows only, each once per pass
+    resumed = pipeline_for(str(path), weights)  # a checkpoint holds the sampler's state
+    resumed.sampler.load_state_dict(pipeline.sampler.state_dict())
+    assert resumed.sampler.draw(4) == pipeline.sampler.draw(4)
+
+    path.write_text(json.dumps({"secret": 2}) + "\n")
+    with pytest.raises(
+        DataError, match=r"data.train_files: .*rows.jsonl: row 0 \(line 1\): key 'domain' \(data.domain_key"
+    ):
+        pipeline_for(str(path), weights)
+    path.write_text(json.dumps({"secret": 1, "domain": "odd"}) + "\n")
+    with pytest.raises(
+        DataError, match=r"row 0 .*: key 'domain': domain 'odd' has no weight in data.domain_weights \(easy, hard\)"
+    ):
+        pipeline_for(str(path), weights)
 
 
 def test_the_pipeline_refuses_the_code_source_for_now(rows_file):

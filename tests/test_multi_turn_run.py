@@ -53,22 +53,27 @@ class Faulty(GuessTheNumber):
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    """(the rows' overrides, the environment variables that make the user's environment importable)."""
+    """(the rows' overrides, the environment variables that make the user's environment importable,
+    the folder of the rows' files)."""
     folder = tmp_path_factory.mktemp("multi_turn")
     (folder / "faulty_guess.py").write_text(textwrap.dedent(FAULTY))
     rows = [{"secret": s, "boom": s == 7} for s in (3, 7, 12, 16)]
     (folder / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    # the same games in two domains; 16 has no answer, so reward.functions' exact_answer fails on it
+    rows = [{**row, "domain": "low" if row["secret"] < 10 else "high"} for row in rows]
+    rows = [{**row, "answer": str(row["secret"])} if row["secret"] != 16 else row for row in rows]
+    (folder / "rows_by_domain.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
     overrides = [
         f"data.train_files={folder / 'rows.jsonl'}",
         "data.shuffle=false",
         "environment.name=faulty_guess:Faulty",
     ]
-    return overrides, env
+    return overrides, env, folder
 
 
 def command(setup, output, run_name: str, *extra) -> list[str]:
-    overrides, _ = setup
+    overrides = setup[0]
     return [
         sys.executable,
         "-m",
@@ -128,13 +133,24 @@ def test_fully_async_at_staleness_0_is_the_lockstep_run(setup, reference, tmp_pa
 
 def test_fully_async_trajectories_go_on_across_updates_and_a_kill_and_resume_repeats_the_run(setup, tmp_path):
     """max_staleness=1: step s+1's trajectories play a round of turns while step s trains; killed at step
-    3, the run resumes from step 2's checkpoint, which held them mid-game (their environments replayed)."""
+    3, the run resumes from step 2's checkpoint, which held them mid-game (their environments replayed).
+    Its rows are drawn by domain weight (the sampler's position is in the checkpoint) and the games of
+    the row without an answer are unscored by the final reward and dropped (reward.on_failure=drop)."""
     fully_async = ["rollout.fully_async=true", "rollout.max_staleness=1", "algorithm.rollout_is=token"]
+    fully_async += [
+        f"data.train_files={setup[2] / 'rows_by_domain.jsonl'}",
+        "data.domain_weights={low: 1.0, high: 3.0}",
+        "environment.final_reward=true",
+        "reward.on_failure=drop",
+    ]
     run(command(setup, tmp_path, "ref", *fully_async), env=setup[1])
     reference = metrics(tmp_path / "ref")
     steps = [r for r in reference if r["step"] > 1]
     assert all(r["rollout/staleness"] == 1 and 0 < r["rollout/staleness_token_mean"] < 1 for r in steps)
     assert all(r["rollout/mixed_version_share"] > 0 for r in steps)  # turns of two weight versions
+    # the 4 games of row 16 (no answer) are dropped, those of the others scored
+    dropped = [r["reward/dropped"] for r in reference if r["step"] > 0]
+    assert all(n % 4 == 0 for n in dropped) and 0 < sum(dropped) < 4 * 2 * 4, dropped
 
     run_until(command(setup, tmp_path, "killed", *fully_async), "step 3/4", env=setup[1])
     log = run(command(setup, tmp_path, "killed", *fully_async), env=setup[1]).stderr

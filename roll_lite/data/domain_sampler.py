@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from roll_lite.data.files import DataError
+from roll_lite.data.files import DataError, Table
+from roll_lite.data.prompts import PromptData
 from roll_lite.data.sampler import PromptSampler
 
 _DOMAIN_STREAM = 7919  # keeps the domain draws' generator apart from the domains' own permutations
@@ -81,11 +82,30 @@ class DomainSampler:
             self.samplers[domain].load_state_dict(sampler_state)
 
 
-def training_sampler(data, prompts, seed: int) -> PromptSampler | DomainSampler:
-    """The RL pipeline's sampler of `prompts` (a PromptData): by data.domain_weights when set (each
-    row's domain is its data.domain_key field), else every row once per epoch."""
+def training_sampler(data, rows: PromptData | list[dict], seed: int) -> PromptSampler | DomainSampler:
+    """The RL pipeline's sampler of the training rows: `rows` is a PromptData, or the rows' dicts of a
+    multi-turn run (each seeds an environment). By data.domain_weights when set (each row's domain is
+    its data.domain_key field), else every row once per epoch."""
     if not data.domain_weights:
-        return PromptSampler(len(prompts), seed, data.shuffle, data.epochs)
-    return DomainSampler(
-        [extra[data.domain_key] for extra in prompts.extras], dict(data.domain_weights), seed, data.shuffle
-    )
+        return PromptSampler(len(rows), seed, data.shuffle, data.epochs)
+    fields = rows.extras if isinstance(rows, PromptData) else rows
+    return DomainSampler([row[data.domain_key] for row in fields], dict(data.domain_weights), seed, data.shuffle)
+
+
+def check_row_domains(table: Table, data) -> None:
+    """Every row of `table` names its domain (data.domain_key), one that data.domain_weights weighs:
+    the check of a multi-turn run's training rows (PromptData's rows are checked as they are read,
+    roll_lite/data/prompts.py). A DataError names the file, the row and the domain."""
+    key = data.domain_key
+    for i, row in enumerate(table.rows):
+        domain = row.get(key)
+        if domain is None:
+            raise DataError(
+                f"{table.where(i)}: key '{key}' (data.domain_key: data.domain_weights draws each row by it) "
+                "is missing or null"
+            )
+        if domain not in list(data.domain_weights):  # a list: a row's value may be unhashable
+            raise DataError(
+                f"{table.where(i)}: key '{key}': domain {domain!r} has no weight in data.domain_weights "
+                f"({', '.join(data.domain_weights)}); give it one (0 leaves it out) or leave its rows out"
+            )

@@ -160,12 +160,20 @@ def turn_level_advantages(
     estimator: str,
     gamma: float = 1.0,
     eps: float = 1e-6,
+    valid: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-turn credit for the group estimators (grpo, dr_grpo, rloo): on turn k of trajectory i,
     A_ik = (G_ik - b_i) / s, where G_ik is its return-to-go (turn_returns), b_i the group baseline of
     the estimator computed from the group's whole-trajectory returns G_j1 (grpo / dr_grpo: their mean;
     rloo: the mean of the others'), and s the group's std of G_j1 + eps for grpo, else 1. A turn is
-    credited with what followed it, never with the rewards of turns before it."""
+    credited with what followed it, never with the rewards of turns before it. `valid`: as in
+    grpo_advantages (reward.on_failure=drop)."""
+    if valid is not None:
+
+        def on_rows(rows_rewards: torch.Tensor, rows_groups: torch.Tensor, rows_mask: torch.Tensor) -> torch.Tensor:
+            return turn_level_advantages(rows_rewards, rows_mask, rows_groups, estimator, gamma, eps)
+
+        return _over_valid_rows(on_rows, rewards, group_ids, mask, valid)
     returns = turn_returns(rewards, mask, gamma)
     g_first = _at_first_masked_token(returns, mask)
     inverse, counts, sums, means, stds = _group_statistics(g_first, group_ids)
