@@ -1,6 +1,9 @@
 """LLM judges (roll_lite/rewards/judge.py): a template per row, greedy replies from our hf engine, and a
 strict parser: the last well-formed verdict, or `unparseable` with the reply's start, never a guess."""
 
+import os
+import time
+
 import pytest
 import torch
 from roll_lite.workers.reward_worker import RewardWorker
@@ -135,3 +138,131 @@ def test_a_judge_past_its_timeout_gives_timed_out_rows_not_a_frozen_step(tmp_pat
     assert slow.describe().endswith("at most 64 new tokens, at most 1e-06 s a call, hf engine")
     unlimited = Judge(folder, template="correctness", max_new_tokens=16)
     assert [o.kind for o in unlimited.score(*rows)] == ["unparseable"] * 4
+
+
+USER_PARSER = """
+import os, time
+
+def parse(reply):
+    if reply == "hang":
+        while True:
+            time.sleep(1)
+    if reply == "raise":
+        raise ValueError("cannot read " + reply)
+    if reply == "text":
+        return "1.0"
+    if reply == "crash":
+        os._exit(3)
+    return {"yes": 1.0, "no": 0.0}.get(reply)
+"""
+# rendered in the judge's guarded process: a row whose response is "hang" never ends, one without extra.topic raises
+USER_TEMPLATE = "{% if response == 'hang' %}{% for i in range(10 ** 12) %}{% endfor %}{% endif %}{{ response }} on {{ extra.topic }}"
+
+
+@pytest.fixture
+def user_parser(tmp_path, monkeypatch):
+    (tmp_path / "judge_parser_for_test.py").write_text(USER_PARSER)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the guarded process gets this process's sys.path
+    yield "judge_parser_for_test:parse"
+
+
+def fixed_replies(judge, texts, seen=None):
+    """judge.engine.generate's stand-in: `texts` as the replies, the prompts it got appended to `seen`."""
+
+    def generate(prompts, params, max_time_s=None):
+        if seen is not None:
+            seen.extend(judge.tokenizer.decode(ids, skip_special_tokens=True) for ids in prompts)
+        return Completions([judge.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts[: len(prompts)]])
+
+    return generate
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_parser_of_your_own_that_hangs_raises_or_returns_garbage_costs_its_row_not_the_step(
+    tmp_path, monkeypatch, user_parser
+):
+    """reward.judge_parser runs in a guarded process, a batch's rows at once: 11 rows that never return cost
+    one reward.timeout_s (not 11), and the process that held them is killed, so nothing of them is left."""
+    judge = Judge(save_judge(tmp_path / "judge"), "correctness", user_parser, max_new_tokens=8, user_code_timeout_s=1.0)
+    try:
+        replies = ["yes", "hang", "raise", "text", "no", "maybe", "", *["hang"] * 10]
+        monkeypatch.setattr(judge.engine, "generate", fixed_replies(judge, replies))
+        assert judge.code is not None and judge.describe().endswith(
+            "your parser in a guarded process, at most 1 s a batch"
+        )
+        first = judge.code.process.pid
+        start = time.monotonic()
+        outcomes = judge.score(["p"] * 17, ["r"] * 17, ["a"] * 17, [{}] * 17)
+        elapsed = time.monotonic() - start
+        assert [(o.kind, o.value) for o in outcomes] == [
+            ("ok", 1.0),
+            ("timed_out", 0.0),
+            ("failed", 0.0),
+            ("failed", 0.0),
+            ("ok", 0.0),
+            ("unparseable", 0.0),
+            ("unparseable", 0.0),
+            *[("timed_out", 0.0)] * 10,
+        ]
+        assert [o.reason for o in outcomes[1:4]] == [
+            "judge parser: no result within reward.timeout_s=1 s",
+            "judge parser: ValueError: cannot read raise",
+            "judge parser: TypeError: returned a str, not a number",
+        ]
+        # one after another, the hangs alone would take 11 s; the margin is for restarting on a busy machine
+        assert 1.0 <= elapsed < 8.0, elapsed
+        assert judge.code.starts == 2 and gone(first)  # the hanging calls died with their process
+
+        monkeypatch.setattr(judge.engine, "generate", fixed_replies(judge, ["crash"]))
+        (crashed,) = judge.score(["p"], ["r"], ["a"], [{}])
+        assert (crashed.kind, crashed.reason) == ("failed", "judge parser: its process died with exit code 3")
+        monkeypatch.setattr(judge.engine, "generate", fixed_replies(judge, ["no", "yes"]))
+        assert [o.value for o in judge.score(["p"] * 2, ["r"] * 2, ["a"] * 2, [{}] * 2)] == [0.0, 1.0]  # restarted
+        last = judge.code.process.pid
+    finally:
+        judge.close()
+    assert gone(last)
+
+
+def test_a_template_of_your_own_that_hangs_or_raises_costs_its_row_and_is_not_generated(tmp_path, monkeypatch):
+    judge = Judge(save_judge(tmp_path / "judge"), USER_TEMPLATE, max_new_tokens=8, user_code_timeout_s=0.5)
+    try:
+        seen: list[str] = []
+        monkeypatch.setattr(judge.engine, "generate", fixed_replies(judge, ["Score: 7"] * 2, seen))
+        outcomes = judge.score(["p"] * 4, ["hang", "fine", "hang", "good"], ["a"] * 4, [{"topic": "x"}] * 3 + [{}])
+        assert [o.kind for o in outcomes] == ["timed_out", "ok", "timed_out", "failed"]
+        assert outcomes[0].reason == "judge template: no result within reward.timeout_s=0.5 s"
+        assert outcomes[3].reason == "judge template: UndefinedError: 'dict object' has no attribute 'topic'"
+        assert outcomes[1].value == 0.7 and seen == ["fine on x"]  # the built-in pointwise parser, here
+    finally:
+        judge.close()
+
+
+def test_the_worker_bounds_a_hanging_parser_by_reward_timeout_s_and_counts_it(tmp_path, monkeypatch, user_parser):
+    folder = save_judge(tmp_path / "judge")
+    worker = RewardWorker(
+        RewardConfig(
+            functions={"exact_answer": 1.0},
+            judges={folder: 1.0},
+            judge_template="correctness",
+            judge_parser=user_parser,
+            timeout_s=0.5,
+        )
+    )
+    try:
+        judge = worker.judges[folder]
+        monkeypatch.setattr(judge.engine, "generate", fixed_replies(judge, ["hang", "hang", "yes"]))
+        scores, scored, metrics = worker.score(["7", "8", "7"], ["7"] * 3, None, ["3+4="] * 3, [[1]] * 3)
+        assert scored.tolist() == [False, False, True] and scores.tolist() == [1.0, 0.0, 2.0]
+        assert metrics["reward/judge:judge/timed_out"] == 2.0 and metrics["reward/unscored"] == 2.0
+        child = judge.code.process.pid
+    finally:
+        worker.close()
+    assert gone(child)

@@ -8,8 +8,10 @@ out of the loss (pipelines/unscored.py). The metrics count each kind per source
 (`reward/<name>/failed`, `/timed_out`, `/unparseable`) and the unscored responses (`reward/unscored`);
 one warning per batch names the first reason. With reward.domains each row goes to its domain's
 sources only (roll_lite/rewards/routing.py) and the metrics are per domain (`reward/<domain>/...`).
-Reward models and judges run in this process, each loaded once whatever domains share it; the code
-source runs each program in a sandbox of its own (roll_lite/sandbox/), a bounded pool of them at once.
+Reward models and judges run in this process, each loaded once whatever domains share it (a judge's
+parser and template of your own in a guarded child process of its own, roll_lite/rewards/judge_code.py);
+the code source runs each program in a sandbox of its own (roll_lite/sandbox/), a bounded pool of them
+at once.
 
 The sources score concurrently, one thread per scorer (the functions' runner, each reward model, each
 judge, the code pool) going through the domains in order, so a source that waits (the sandbox's
@@ -99,19 +101,18 @@ class RewardWorker:
             }
         if judges := all_sources(reward, "judges"):
             from roll_lite.rewards.judge import Judge
-            from roll_lite.runtime.importing import load_object
 
-            parser = load_object(reward.judge_parser) if reward.judge_parser else None
             self.judges = {
                 path: Judge(
                     path,
                     reward.judge_template,
-                    parser,
+                    reward.judge_parser,  # imported and called in the judge's guarded process
                     reward.judge_max_new_tokens,
                     timeout_s=reward.judge_timeout_s,
                     device=self.device,
                     engine=reward.judge_engine,
                     gpu_memory_utilization=reward.judge_gpu_memory_utilization,
+                    user_code_timeout_s=reward.timeout_s,
                 )
                 for path in judges
             }
@@ -313,5 +314,7 @@ class RewardWorker:
 
     def close(self) -> None:
         self.runner.close()
+        for judge in self.judges.values():
+            judge.close()
         if self.code is not None:
             self.code.close()

@@ -50,12 +50,19 @@ def run_name(arguments: list[str]) -> str:
 
 def judge_accuracy(folder: str) -> float:
     """The judge's verdicts on its held-out rows (right and wrong decrement answers), against the truth."""
-    from roll_lite.data.digit_domains import JUDGE_TEMPLATE, VERDICTS, parse_verdict
+    from roll_lite.data.digit_domains import JUDGE_TEMPLATE, VERDICTS
     from roll_lite.rewards.judge import Judge
 
     rows = [json.loads(line) for line in Path("data/digit_domains/judge_eval.jsonl").read_text().splitlines()]
-    judge = Judge(folder, template=JUDGE_TEMPLATE, parser=parse_verdict, max_new_tokens=4)
-    outcomes = judge.score([""] * len(rows), [r["judged"] for r in rows], [r["answer"] for r in rows], [{}] * len(rows))
+    judge = Judge(
+        folder, template=JUDGE_TEMPLATE, parser="roll_lite.data.digit_domains:parse_verdict", max_new_tokens=4
+    )
+    try:
+        outcomes = judge.score(
+            [""] * len(rows), [r["judged"] for r in rows], [r["answer"] for r in rows], [{}] * len(rows)
+        )
+    finally:
+        judge.close()
     truth = [row["response"] == VERDICTS[True] for row in rows]
     return sum(o.kind == "ok" and (o.value == 1.0) == right for o, right in zip(outcomes, truth)) / len(rows)
 

@@ -10,6 +10,8 @@ The parser takes the last well-formed verdict of the reply: `Score: N` (N an int
 `Verdict: correct|incorrect`; with a template of your own, `reward.judge_parser` (an import path of
 fn(reply) -> float | None) or the pointwise parser. A reply without one is `unparseable`, with the
 reply's start as the reason: never a guess (a reply that says "yes" somewhere is not a verdict).
+A parser and a template of your own run in a guarded child process, each row's call bounded by
+reward.timeout_s (judge_code.py); ours run here.
 The judge decodes greedily with our hf engine, or with reward.judge_engine=vllm a vLLM engine in the
 reward worker (roll_lite/rollout/vllm_engine.py serve_model), so the same inputs give the same scores.
 """
@@ -18,10 +20,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, cast
 
-from roll_lite.rewards.calls import as_score, describe
-from roll_lite.rewards.outcomes import Score, failed, scored, timed_out, unparseable
+from roll_lite.rewards.calls import describe
+from roll_lite.rewards.judge_code import JudgeCode, Row, compile_template, render, verdict
+from roll_lite.rewards.outcomes import Score, failed, timed_out
 
 TEMPLATES = {
     "pointwise": (
@@ -99,35 +102,52 @@ class Judge:
         self,
         path: str,
         template: str = "pointwise",
-        parser: Callable[[str], float | None] | None = None,
+        parser: str | None = None,
         max_new_tokens: int = 32,
         seed: int = 0,
         timeout_s: float | None = None,
         device: str = "cpu",
         engine: str = "hf",
         gpu_memory_utilization: float = 0.2,
+        user_code_timeout_s: float = 5.0,
     ):
-        """`engine`: hf (transformers' generate) or vllm (a vLLM engine in this process, on `device`'s GPU
-        or vLLM's CPU build; `gpu_memory_utilization` its share of the GPU); `timeout_s` needs hf."""
-        import jinja2
+        """`parser`: an import path (reward.judge_parser); `engine`: hf (transformers' generate) or vllm (a
+        vLLM engine in this process, on `device`'s GPU or vLLM's CPU build; `gpu_memory_utilization` its
+        share of the GPU); `timeout_s` (reward.judge_timeout_s) bounds the generation and needs hf;
+        `user_code_timeout_s` (reward.timeout_s) each row's call of a parser or template of your own."""
+        if engine == "vllm" and timeout_s is not None:
+            raise ValueError(
+                "reward.judge_timeout_s: a vLLM judge's generation has no time limit; set it to null "
+                "or use reward.judge_engine=hf"
+            )
+        self.path, self.max_new_tokens, self.timeout_s, self.engine_name = path, max_new_tokens, timeout_s, engine
+        source = template_source(template)
+        own_template = template not in TEMPLATES
+        self.template = None if own_template else compile_template(source)  # None: rendered in self.code
+        self.parse = None if parser else PARSERS.get(template, parse_pointwise)  # None: called in self.code
+        # started first, so that the child's imports (the parser's module) overlap loading the model here
+        self.code = (
+            JudgeCode(parser, source if own_template else None, user_code_timeout_s) if parser or own_template else None
+        )
+        try:
+            self._load(Path(path).expanduser(), seed, device, gpu_memory_utilization)
+            if self.code is not None:
+                self.code.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, folder: Path, seed: int, device: str, gpu_memory_utilization: float) -> None:
+        """The tokenizer and the engine that generates the replies."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        folder = Path(path).expanduser()
-        self.path, self.max_new_tokens, self.timeout_s, self.engine_name = path, max_new_tokens, timeout_s, engine
-        self.template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(template_source(template))
-        self.parse = parser or PARSERS.get(template, parse_pointwise)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         model = AutoModelForCausalLM.from_pretrained(folder).eval()
         self.engine: Any
-        if engine == "vllm":
+        if self.engine_name == "vllm":
             from roll_lite.rollout.vllm_engine import serve_model
 
-            if timeout_s is not None:
-                raise ValueError(
-                    "reward.judge_timeout_s: a vLLM judge's generation has no time limit; set it to null "
-                    "or use reward.judge_engine=hf"
-                )
             self.engine = serve_model(
                 model, self.tokenizer.eos_token_id, seed, device.startswith("cuda"), gpu_memory_utilization
             )
@@ -138,7 +158,14 @@ class Judge:
 
     def describe(self) -> str:
         limit = f", at most {self.timeout_s:g} s a call" if self.timeout_s is not None else ""
-        return f"judge {self.path}: greedy, at most {self.max_new_tokens} new tokens{limit}, {self.engine_name} engine"
+        guarded = ""
+        if self.code is not None:
+            yours = [name for name, ours in (("template", self.template), ("parser", self.parse)) if ours is None]
+            guarded = f"; your {' and '.join(yours)} in a guarded process, at most {self.code.timeout_s:g} s a batch"
+        return (
+            f"judge {self.path}: greedy, at most {self.max_new_tokens} new tokens{limit}, "
+            f"{self.engine_name} engine{guarded}"
+        )
 
     def _generate(self, inputs: list[list[int]]) -> list[list[int]]:
         from roll_lite.rollout.engine import SamplingParams
@@ -149,14 +176,42 @@ class Judge:
         return self.engine.generate(inputs, params, self.timeout_s).token_ids
 
     def score(self, prompts: list[Any], responses: list[str], answers: list[str], extras: list[dict]) -> list[Score]:
+        rows = [(_as_text(p), r, a, e) for p, r, a, e in zip(prompts, responses, answers, extras)]
+        texts = self._rendered(rows)
+        results: list[Score | None] = [text if isinstance(text, Score) else None for text in texts]
+        judged = [i for i, text in enumerate(texts) if isinstance(text, str)]
         try:
-            inputs = [self._input_ids(*row) for row in zip(prompts, responses, answers, extras)]
-            replies = self._generate(inputs)
+            replies = self._generate([self._input_ids(cast(str, texts[i])) for i in judged]) if judged else []
         except Exception as error:  # the judge's rows fail; the other sources and the run go on
-            return [failed(f"judge {self.path}: {describe(error)}")] * len(responses)
-        return [
-            self._cut(ids) or self._verdict(self.tokenizer.decode(ids, skip_special_tokens=True)) for ids in replies
-        ]
+            reason = failed(f"judge {self.path}: {describe(error)}")
+            return [reason if result is None else result for result in results]
+        for i, reply in zip(judged, replies):
+            results[i] = self._cut(reply)
+        uncut = {
+            i: self.tokenizer.decode(reply, skip_special_tokens=True)
+            for i, reply in zip(judged, replies)
+            if results[i] is None
+        }
+        for i, outcome in zip(uncut, self._verdicts(list(uncut.values()))):
+            results[i] = outcome
+        return cast("list[Score]", results)  # cast: each row has its outcome by now
+
+    def _rendered(self, rows: list[Row]) -> list[str | Score]:
+        if self.template is not None:
+            return [render(self.template, row) for row in rows]
+        assert self.code is not None  # a template of your own: rendered in the guarded process
+        return self.code.render(rows)
+
+    def _verdicts(self, replies: list[str]) -> list[Score]:
+        if self.parse is not None:
+            return [verdict(self.parse, reply) for reply in replies]
+        assert self.code is not None  # a parser of your own: called in the guarded process
+        return self.code.parse(replies)
+
+    def close(self) -> None:
+        """Stops the guarded process of a parser or template of your own."""
+        if self.code is not None:
+            self.code.close()
 
     def _cut(self, reply: list[int]) -> Score | None:
         """`timed_out` for a reply that reward.judge_timeout_s stopped: no EOS, and shorter than the
@@ -172,10 +227,7 @@ class Judge:
             f"after {len(reply)} tokens"
         )
 
-    def _input_ids(self, prompt: Any, response: str, answer: str, extra: dict) -> list[int]:
-        if isinstance(prompt, list):  # chat messages: the conversation's text
-            prompt = "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
-        text = self.template.render(prompt=prompt, response=response, answer=answer, extra=extra)
+    def _input_ids(self, text: str) -> list[int]:
         if self.tokenizer.chat_template:
             return list(
                 self.tokenizer.apply_chat_template(
@@ -184,14 +236,9 @@ class Judge:
             )
         return self.tokenizer(text)["input_ids"]
 
-    def _verdict(self, reply: str) -> Score:
-        if not reply.strip():
-            return unparseable("the judge's reply is empty")
-        try:
-            value = self.parse(reply)
-            if value is None:
-                start = reply.strip()[:80].replace("\n", " ")
-                return unparseable(f"no verdict in the judge's reply '{start}'")
-            return scored(as_score(value))
-        except Exception as error:  # a parser of one's own that raised or gave no finite number
-            return failed(f"judge parser: {describe(error)}")
+
+def _as_text(prompt: Any) -> str:
+    """A prompt as the template's `prompt` field: chat messages become the conversation's text."""
+    if isinstance(prompt, list):
+        return "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+    return prompt
