@@ -122,9 +122,109 @@ def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):
     assert not (tmp_path / "out").exists()
 
 
-def test_the_command_itself_exits_2(tmp_path):
-    result = run_cli("--config", "nope.yaml", cwd=tmp_path)
-    assert result.returncode == 2 and "--config: no such file 'nope.yaml'" in result.stderr
+# Each pipeline class with a key that only it (its constructor, or its code before the first step) refuses.
+PIPELINES_OWN_ERRORS = {
+    "PPOPipeline": (
+        "ppo.yaml",
+        ["model.max_position_embeddings=16", "rollout.max_new_tokens=8"],  # checked against the data's prompts
+        "rollout.max_new_tokens: the longest prompt (9 tokens, data.train_files / data.eval_files) + "
+        "rollout.max_new_tokens=8 = 17 exceeds model.max_position_embeddings=16",
+    ),
+    "PPOPipeline, distill": (
+        "distill.yaml",
+        ["distill.teacher=/nonexistent/teacher"],  # the teacher's tokenizer, loaded before Ray
+        "distill.teacher: no such folder '/nonexistent/teacher'",
+    ),
+    "MultiTurnPipeline": (
+        "multiturn.yaml",
+        ["environment.name=null"],  # its constructor
+        "environment.name: MultiTurnPipeline needs an environment",
+    ),
+    "SFTPipeline": ("sft.yaml", ["sft.steps=0"], "sft.steps: the SFT pipeline trains sft.steps steps; set it >= 1"),
+    "DPOPipeline": (
+        "dpo.yaml",
+        ["model.pretrained_path=null", "critic.lora.rank=4"],
+        "critic.lora.rank: the DPO pipeline has no critic",
+    ),
+    "RewardModelPipeline": (
+        "reward_model.yaml",
+        ["actor.lora.rank=4"],
+        "actor.lora.rank: the reward-model pipeline trains the whole model and its score head",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PIPELINES_OWN_ERRORS)
+def test_a_pipelines_own_config_error_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, case):
+    config_file, overrides, expected = PIPELINES_OWN_ERRORS[case]
+    monkeypatch.chdir(REPO)  # the configs' data paths are relative to the repository
+    small = ["data.train_files=data/reverse_digits/eval.jsonl", "sft.steps=0"] if case.startswith("PPO") else []
+    args = [*small, *overrides, f"output_dir={tmp_path}/out"]
+    assert load_config(f"configs/{config_file}", args).pipeline.endswith(case.split(",")[0])  # valid as a config
+    code = main(["--config", f"configs/{config_file}", *args])
+    err = capsys.readouterr().err
+    ours = [line for line in err.splitlines() if line.startswith("roll-train")]  # the others: the log's lines
+    assert code == 2 and len(ours) == 1 and ours[0].startswith(f"roll-train: config error: {expected}"), err[-2000:]
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_every_pipeline_class_has_a_case_above():
+    import importlib
+    import pkgutil
+
+    import roll_lite.pipelines
+
+    bases = {"SupervisedPipeline", "PairPipeline"}  # what the SFT, DPO and reward-model pipelines share
+
+    def module_name(module) -> str:
+        return f"roll_lite.pipelines.{module.name}"
+
+    shipped = {
+        name
+        for module in pkgutil.iter_modules(roll_lite.pipelines.__path__)
+        for name, value in vars(importlib.import_module(module_name(module))).items()
+        if name.endswith("Pipeline") and isinstance(value, type) and value.__module__ == module_name(module)
+    }
+    assert shipped - bases == {case.split(",")[0] for case in PIPELINES_OWN_ERRORS}
+
+
+def test_the_command_itself_exits_2_with_one_line(tmp_path):
+    """The process, not main(): a pipeline's constructor refusing a key ends in one line, no traceback."""
+    result = run_cli("--config", str(REPO / "configs/multiturn.yaml"), "environment.name=null", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("roll-train: config error: environment.name: ")
+    assert result.stderr.count("\n") == 1 and not result.stdout and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["configs/ppo.yaml", "steps=5"],
+            "'configs/ppo.yaml' is not a key=value override: give a config file with --config, "
+            "e.g. roll-train --config configs/ppo.yaml steps=5 output_dir={out}",
+        ),
+        (
+            ["--config", "configs/grpo.yaml", "configs/ppo.yaml"],
+            "'configs/ppo.yaml' is not a key=value override, and --config already names 'configs/grpo.yaml': "
+            "one config file per run",
+        ),
+        (["--config", "configs/ppo.yml"], "--config: no such file 'configs/ppo.yml'; did you mean 'configs/ppo.yaml'?"),
+        (
+            ["--config", "configs/grpo_asyn.yaml"],
+            "--config: no such file 'configs/grpo_asyn.yaml'; did you mean 'configs/grpo_async.yaml'?",
+        ),
+        (["--config", "nope.yaml"], "--config: no such file 'nope.yaml'"),  # nothing close: no guess
+    ],
+)
+def test_a_config_file_misplaced_or_misspelt_is_one_line_saying_what_was_meant(
+    tmp_path, capsys, monkeypatch, argv, expected
+):
+    monkeypatch.chdir(REPO)
+    assert main([*argv, f"output_dir={tmp_path / 'out'}"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"roll-train: config error: {expected.format(out=tmp_path / 'out')}"
+    ]
+    assert not (tmp_path / "out").exists()
 
 
 def test_yaml_and_overrides_merge_over_defaults(tmp_path):
