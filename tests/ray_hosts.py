@@ -4,9 +4,10 @@ from this process (outside the cluster: over the bridge, or on this machine's ne
 can be killed (every process in its namespace or sessions, SIGKILL: its raylet, its workers, the `ray
 start` that started them) and started again. Nodes go by the names roll-train's log gives them
 (workers/cluster.py node_names): their addresses, with the start of their ids where they share one.
+`labels` gives each host's node its Ray node labels (`ray start --labels`), again when it restarts.
 
     with hosts_or_raylets(3) as hosts:
-        cluster = RayCluster(hosts, folder)   # up, three nodes alive
+        cluster = RayCluster(hosts, folder, labels=[{"zone": "a"}, {}, {}])   # up, three nodes alive
         ...
     cluster.remove_temp_dirs()
     assert not cluster.processes_left()       # after the hosts closed: no process of its nodes is left
@@ -40,8 +41,9 @@ NODE_OPTIONS = ["--block", "--num-cpus=1", "--object-store-memory=100000000", "-
 
 
 class RayCluster:
-    def __init__(self, hosts: Hosts | Raylets, folder: Path):
+    def __init__(self, hosts: Hosts | Raylets, folder: Path, labels: list[dict[str, str]] | None = None):
         self.hosts, self.folder = hosts, folder
+        self.labels = labels or [{} for _ in hosts.hosts]  # host i's node labels
         token = folder / "ray_auth_token"
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
@@ -76,6 +78,8 @@ class RayCluster:
             role += [f"--dashboard-host={host.address}"]
         else:
             role = [f"--address={self.head.address}:{self.gcs_port}"]
+        if self.labels[number - 1]:
+            role += ["--labels=" + ",".join(f"{key}={value}" for key, value in self.labels[number - 1].items())]
         if self.hosts.shared_network:  # Ray's other default ports: free ones (0: any)
             role += [f"--dashboard-agent-listen-port={free_port()}", "--min-worker-port=0", "--max-worker-port=0"]
             role += [f"--ray-client-server-port={free_port()}"] if host is self.head else []
@@ -137,6 +141,11 @@ class RayCluster:
 
     def head_node(self) -> dict:
         return next(node for node in self.nodes() if node["head"])
+
+    def node_of_host(self, number: int) -> dict:
+        """The alive node of host `number` (1: the head's)."""
+        host = self.hosts.hosts[number - 1]
+        return next(node for node in self.nodes() if self.host_of.get(node["temp_dir"]) is host)
 
     def kill(self, name: str) -> float:
         """SIGKILL every process of the worker host of the node `name` (its raylet, its workers, its `ray

@@ -5,6 +5,7 @@ GPU, ranks spread over two nodes when asked; too few GPUs is one line before any
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,6 +100,19 @@ def test_the_capacity_checks_count_what_the_placement_reserves(tmp_path):
         "workers.gpus_per_rank × workers.actor_dp + workers.reward_gpus",
     )
     assert reservation(load_config(REPO / "configs/ppo.yaml", GPUS + [scorer])).gpus == 2  # colocated: a share
+    # workers.node_labels: what each pinned role reserves of its own on the nodes it is pinned to
+    pins = "workers.node_labels={actor: {zone: a}, rollout: {zone: b}, reward: {zone: c}, critic: {zone: a}}"
+    pinned = reservation(
+        load_config(REPO / "configs/ppo.yaml", GPUS + [scorer, pins, "workers.rollout_gpus=1", "workers.reward_gpus=1"])
+    )
+    assert {pin.role: (pin.labels, pin.bundle, pin.count) for pin in pinned.pins} == {
+        "actor": ({"zone": "a"}, {"CPU": 0.5, "GPU": 1}, 2),
+        "rollout": ({"zone": "b"}, {"GPU": 1}, 1),
+        "reward": ({"zone": "c"}, {"GPU": 1}, 1),
+        "critic": ({"zone": "a"}, {}, 1),  # on the actor's bundles: the actor's own check covers them
+    }
+    with pytest.raises(ConfigError, match=r"^workers.node_labels.reward: the reward worker's reward models and judges"):
+        load_config(REPO / "configs/ppo.yaml", GPUS + [scorer, "workers.node_labels.reward.zone=c"])
 
 
 def test_too_few_gpus_stops_roll_train_in_one_line_before_any_worker(tmp_path, monkeypatch, capsys):
@@ -120,6 +134,7 @@ def four_logical_gpus():
         address="local",
         num_cpus=2,
         num_gpus=4,
+        labels={"zone": "a"},  # for the pinned groups of GPUs below (workers.node_labels)
         include_dashboard=False,
         object_store_memory=256 * 1024**2,
         logging_level="WARNING",
@@ -149,25 +164,25 @@ def test_each_actor_rank_gets_its_own_gpu_and_the_other_roles_share_it(tmp_path,
     metrics = pipeline.step(1)
     assert metrics["actor/grad_norm"] > 0 and metrics["critic/grad_norm"] > 0
     assert metrics["reward/model:rm/failed"] == 0 and "reward/model:rm" in metrics
-    # workers.reward_gpus=1: a GPU of its own, apart from the actor's (one actor rank, so the 4 GPUs suffice)
-    apart = load_config(
-        REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + ["workers.actor_dp=1", "workers.reward_gpus=1", scorer]
-    )
+    # workers.reward_gpus=1: a GPU of its own, apart from the actor's (one actor rank, so the 4 GPUs suffice),
+    # here pinned to the node's label (its group's bundle label selector)
+    own_gpu = ["workers.actor_dp=1", "workers.reward_gpus=1", scorer, "workers.node_labels.reward.zone=a"]
+    apart = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + own_gpu)
     own = RewardClient(apart, Placement(apart, roles_on_a_gpu=1)).where()["gpu_ids"]
     assert len(own) == 1 and own not in gpu, (own, gpu)
 
 
 @pytest.fixture
 def two_nodes_with_two_logical_gpus_each(monkeypatch):
-    """A head and a second node (a second raylet on this machine), each with 2 logical GPUs; yields
-    the head's address."""
+    """A head and a second node (a second raylet on this machine), each with 2 logical GPUs and a node
+    label, zone=a and zone=b; yields the head's address."""
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     ray_cli, port = str(Path(sys.executable).parent / "ray"), free_port()
     address = f"127.0.0.1:{port}"
     common = ["--block", "--num-cpus=1", "--num-gpus=2", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
     nodes = [
         subprocess.Popen(
-            [ray_cli, "start", "--head", f"--port={port}", "--include-dashboard=false", *common],
+            [ray_cli, "start", "--head", f"--port={port}", "--include-dashboard=false", "--labels=zone=a", *common],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -180,7 +195,7 @@ def two_nodes_with_two_logical_gpus_each(monkeypatch):
             time.sleep(1)
         nodes.append(
             subprocess.Popen(
-                [ray_cli, "start", f"--address={address}", *common],
+                [ray_cli, "start", f"--address={address}", "--labels=zone=b", *common],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
@@ -204,17 +219,26 @@ def two_nodes_with_two_logical_gpus_each(monkeypatch):
                 os.killpg(node.pid, signal.SIGKILL)
 
 
-# A driver of its own (as roll-train is): places a 2-rank actor group with each placement, prints where.
+# A driver of its own (as roll-train is): places a 2-rank actor group with each placement (pack pinned to
+# the node labelled zone=b), and the bundles of a spread group pinned there, prints where; then joins as
+# roll-train does with a label no node has.
 DRIVER = """
 import json, sys, time
 import ray
-from roll_lite.config import load_config
+from roll_lite.config import ConfigError, load_config
+from roll_lite.workers.cluster import start_ray
 from roll_lite.workers.group import ModelGroup
-from roll_lite.workers.placement import Placement
+from roll_lite.workers.placement import Placement, reservation
 
 address, config_path, *overrides = sys.argv[1:]
 ray.init(address=address, logging_level="WARNING")
 found = {}
+# spread, pinned: both bundles on the one node labelled zone=b (without the pin, one per node)
+config = load_config(config_path, overrides + ["workers.placement=spread", "workers.node_labels.actor.zone=b"])
+layout = Placement(config, roles_on_a_gpu=1)
+ray.get(layout.group.ready(), timeout=60)
+found["spread pinned"] = ray.util.placement_group_table(layout.group)["bundles_to_node_id"]
+layout.remove()
 for placement in ("spread", "pack"):
     # Removing a placement group frees its bundles a moment later. PACK takes one node only where one
     # node has room when it is placed, and packs as far as it can otherwise: wait until the group
@@ -223,10 +247,18 @@ for placement in ("spread", "pack"):
     while any((free := ray.available_resources()).get(r, 0) < total[r] for r in ("CPU", "GPU")):
         assert time.monotonic() < deadline, (free, total)
         time.sleep(0.1)
-    config = load_config(config_path, overrides + [f"workers.placement={placement}"])
+    pin = ["workers.node_labels.actor.zone=b"] if placement == "pack" else []
+    config = load_config(config_path, overrides + [f"workers.placement={placement}", *pin])
     layout = Placement(config, roles_on_a_gpu=1)
     found[placement] = ModelGroup("actor", 2, layout, config).where()
     layout.remove()
+found["zone b"] = [node["NodeID"] for node in ray.nodes() if node["Labels"].get("zone") == "b"]
+ray.shutdown()
+try:
+    start_ray(address, reservation(load_config(config_path, overrides + ["workers.node_labels.actor.zone=c"])))
+except ConfigError as error:
+    found["unknown"] = str(error)
+found["connected"] = ray.is_initialized()
 print(json.dumps(found))
 """
 
@@ -236,7 +268,10 @@ def test_a_rollout_with_gpus_of_its_own_gets_them_apart_from_the_actors(tmp_path
 
     config = load_config(
         REPO / "configs/ppo.yaml",
-        small(tmp_path) + GPUS + ["rollout.engine=vllm", "workers.rollout_gpus=2", "rollout.tensor_parallel_size=2"],
+        small(tmp_path)
+        + GPUS
+        + ["rollout.engine=vllm", "workers.rollout_gpus=2", "rollout.tensor_parallel_size=2"]
+        + ["workers.node_labels={actor: {zone: a}, rollout: {zone: a}}"],  # bundle label selectors: the one node's
     )
 
     @ray.remote
@@ -274,6 +309,15 @@ def test_spread_puts_the_actor_ranks_on_two_nodes_and_pack_on_one(tmp_path, two_
     spread, pack = found["spread"], found["pack"]
     assert spread[0]["node_id"] != spread[1]["node_id"]
     assert pack[0]["node_id"] == pack[1]["node_id"] and pack[0]["gpu_ids"] != pack[1]["gpu_ids"]
+    assert [pack[0]["node_id"]] == found["zone b"]  # pinned to the node labelled zone=b
+    assert list(found["spread pinned"].values()) == found["zone b"] * 2
+    # A label no node has: one line at start-up naming the key and every node's labels, and disconnected
+    unknown = found["unknown"]
+    assert unknown.startswith("workers.node_labels.actor: no node of the cluster has zone=c; its nodes: "), unknown
+    assert unknown.endswith(" (a node's labels: `ray start --labels key=value`)"), unknown
+    listed = {label: node for node, label in re.findall(r"\S+ \(node (\w{8})\) \((zone=\w)\)", unknown)}
+    assert listed.keys() == {"zone=a", "zone=b"} and listed["zone=b"] == found["zone b"][0][:8], unknown
+    assert not found["connected"]
 
 
 def test_one_process_per_rank_where_the_dps_allow_and_another_dp_is_refused():

@@ -6,8 +6,10 @@ those of the same run on one host, bit for bit.
 
 Then worker hosts are lost, one run losing two in turn: every process in a host's namespace is killed
 with SIGKILL (its raylet, its workers, its `ray start`), first in the middle of step 2, then, in the
-run resumed once that host is back, while step 2's checkpoint is being written. Each time the run
-stops within seconds with one line naming the lost worker and its host; resubmitted with the same
+run resumed once that host is back, while step 2's checkpoint is being written. That run pins its roles
+by node label (workers.node_labels; each host's node has labels of its own): the actor to hosts 2 and
+3, the rollout worker to host 1, where they land, checked by node id. Each time the run
+stops within seconds with one line naming the lost (pinned) worker and its host; resubmitted with the same
 command once the host is back, it resumes from the last complete checkpoint, and ends where the
 uninterrupted three-host run ended, bit for bit. The runs time their kills with a pipeline written to
 tmp_path (`pipeline=host_loss:LosesTwoHosts`): a step, and a checkpoint's write, that wait for the test.
@@ -51,6 +53,12 @@ GRPO = [
     "workers.actor_dp=2",
     "workers.placement=spread",
 ]
+# Each host's node labels (`ray start --labels`), and the run that loses hosts pinned by them: the actor's
+# ranks to hosts 2 and 3, the rollout worker to host 1 (the head; where it would go anyway, as one CPU is
+# left there, but Ray places it by its label: without the pin it could be scheduled before the actor's
+# group and take a CPU of host 2 or 3, and the pinned ranks would then wait for it)
+HOST_LABELS = [{"host": "h1"}, {"host": "h2", "pool": "trainers"}, {"host": "h3", "pool": "trainers"}]
+PINNED = ["workers.node_labels.actor.pool=trainers", "workers.node_labels.rollout.host=h1"]
 # Timings and memory figures: they follow the machine's load, and no two runs share them.
 TIMING = re.compile(r"^perf/|_per_s$|_s$|memory")
 NODE = r"(\S+(?: \(node \w+\))?)"  # an address, and the start of the node id where nodes share it
@@ -121,7 +129,7 @@ def cluster(tmp_path_factory):
     """Three hosts and a Ray cluster on them, for every test of the module; afterwards no namespace,
     veth, bridge or process of theirs is left."""
     with hosts_or_raylets(3) as hosts:
-        cluster = RayCluster(hosts, tmp_path_factory.mktemp("cluster"))
+        cluster = RayCluster(hosts, tmp_path_factory.mktemp("cluster"), labels=HOST_LABELS)
         yield cluster
     cluster.remove_temp_dirs()
     assert hosts.leftovers() == []
@@ -192,15 +200,15 @@ def test_a_host_lost_mid_step_then_one_lost_in_a_checkpoint_each_stop_the_run_an
     cluster, data, reference, tmp_path
 ):
     """One run loses two hosts, one after the other: a worker host in the middle of step 2, then,
-    resubmitted once that host is back, a worker host while step 2's checkpoint is being written. Each
-    time the run stops naming the lost rank and its node, and the same command resumes from step 1's
-    checkpoint."""
+    resubmitted once that host is back, a worker host while step 2's checkpoint is being written. Its
+    actor is pinned to hosts 2 and 3 and its rollout worker to host 1 (PINNED). Each time the run stops
+    naming the lost rank and its node, and the same command resumes from step 1's checkpoint."""
     cluster.restart_lost()  # a test before this one that failed may have left a host down
     (tmp_path / "host_loss.py").write_text(PIPELINES)
     command = [
         "env",
         f"--chdir={tmp_path}",  # where the driver imports host_loss from
-        *roll_train(data, tmp_path, "run", *ONE_CPU_EACH, "pipeline=host_loss:LosesTwoHosts"),
+        *roll_train(data, tmp_path, "run", *ONE_CPU_EACH, *PINNED, "pipeline=host_loss:LosesTwoHosts"),
     ]
     run_dir = tmp_path / "run"
 
@@ -209,7 +217,17 @@ def test_a_host_lost_mid_step_then_one_lost_in_a_checkpoint_each_stop_the_run_an
         marks = wait_for(lambda: sorted(tmp_path.glob("rank*.json")), job, tmp_path / "killed.log")
         rank, node_id = int(marks[-1].stem.removeprefix("rank")), json.loads(marks[-1].read_text())["node_id"]
         node = next(node["name"] for node in cluster.nodes() if node["id"] == node_id)
+        # logged before step 1; the job's log comes a moment after its lines were written
+        placement = wait_for(
+            lambda: PLACEMENT.search((tmp_path / "killed.log").read_text()), job, tmp_path / "killed.log"
+        )
+        hosts = [cluster.node_of_host(number)["id"] for number in (1, 2, 3)]
+        ids = cluster.alive_nodes()
         killed, log = lose_the_host(cluster, node, job, tmp_path / "killed.log")
+    # Where the labels pinned them, by node id: the actor's ranks on hosts 2 and 3, the rollout on host 1
+    _, rank_0, rank_1, rollout = placement.groups()
+    assert sorted([ids[rank_0], ids[rank_1]]) == sorted(hosts[1:]) and ids[rollout] == hosts[0]
+    assert node_id in hosts[1:]  # the lost host is one the actor is pinned to
     assert f"roll-train: worker failure: actor rank {rank} died during train_step at step 2 on node {node}\n" in log, (
         log[-4000:]
     )

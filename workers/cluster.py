@@ -20,7 +20,7 @@ from .leftovers import stop_watching, watch_local_cluster
 from .process_setup import HOOK
 
 if TYPE_CHECKING:
-    from .placement import Reservation
+    from .placement import Pin, Reservation
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,55 @@ def start_ray(
             f"workers.gpus_per_rank: the workers need {needed.gpus:g} GPUs ({needed.gpus_from}) "
             f"but the cluster has {gpus:g}; lower workers.actor_dp, or set workers.gpus_per_rank=0 to run on CPU"
         )
+    try:
+        check_pins(needed.pins, ray.nodes())
+    except ConfigError:
+        stop_ray()
+        raise
     return f"{where} ({available:g} CPUs, {gpus:g} GPUs)"
+
+
+def check_pins(pins: tuple[Pin, ...], nodes: list[dict]) -> None:
+    """Every pinned role (workers.node_labels) has an alive node with all its labels, and those nodes
+    have room for what the role reserves of its own (each role counted alone): else a ConfigError that
+    names the key and what the cluster's nodes offer. Ray would otherwise wait, without end, for a node
+    that will not come. `nodes`: ray.nodes()."""
+    alive = [node for node in nodes if node["Alive"]]
+    names = node_names([(node["NodeID"], node["NodeManagerAddress"]) for node in alive])
+
+    def with_labels(labels: dict[str, str]) -> list[dict]:
+        return [node for node in alive if all(node["Labels"].get(k) == v for k, v in labels.items())]
+
+    for pin in pins:
+        if not with_labels(pin.labels):
+            offered = ", ".join(f"{names[node['NodeID']]} ({_labels_text(node['Labels'])})" for node in alive)
+            raise ConfigError(
+                f"workers.node_labels.{pin.role}: no node of the cluster has {_labels_text(pin.labels)}; its "
+                f"node{'s' if len(alive) != 1 else ''}: {offered} (a node's labels: `ray start --labels key=value`)"
+            )
+    for pin in pins:
+        found = with_labels(pin.labels)
+        if sum(_room(pin.bundle, node["Resources"]) for node in found) < pin.count:
+            have = ", ".join(
+                f"{names[node['NodeID']]} ({node['Resources'].get('CPU', 0):g} CPUs, "
+                f"{node['Resources'].get('GPU', 0):g} GPUs)"
+                for node in found
+            )
+            raise ConfigError(
+                f"workers.node_labels.{pin.role}: the {pin.role} reserves {pin.reserves}, more than the nodes with "
+                f"{_labels_text(pin.labels)} have: {have}; label more nodes, or reserve less"
+            )
+
+
+def _labels_text(labels: dict[str, str]) -> str:
+    """key=value, ..., without the node id label that Ray gives every node; "no labels" for none."""
+    shown = [f"{key}={value}" for key, value in sorted(labels.items()) if key != "ray.io/node-id"]
+    return ", ".join(shown) or "no labels"
+
+
+def _room(bundle: dict[str, float], resources: dict[str, float]) -> float:
+    """How many `bundle`s a node with `resources` holds (any number of an empty one)."""
+    return min((int(resources.get(name, 0) / amount + 1e-9) for name, amount in bundle.items()), default=float("inf"))
 
 
 def where_the_roles_run(roles: dict[str, Any]) -> str | None:

@@ -9,6 +9,7 @@ validation_rollout.py    rollout.* and environment.*; rollout_dtype, in_actor_bl
 validation_rewards.py    reward.*; rewards_needing_a_worker
 validation_algorithm.py  algorithm.*
 validation_beyond_rl.py  sft.*, preference.*, distill.*
+node_labels.py           workers.node_labels (roles pinned to Ray nodes by label); pinned_apart
 key_checks.py            check, one_of, file_list: each failure a ConfigError naming the key
 loading.py               load_config (file, overrides), to_yaml
 """

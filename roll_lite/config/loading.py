@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -10,6 +11,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from roll_lite.config.node_labels import labels_of, pinned_apart
 from roll_lite.config.schema import RunConfig
 from roll_lite.config.validation import validate
 from roll_lite.config.validation_rewards import rewards_needing_a_worker
@@ -68,7 +70,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         if path is not None:
             path = Path(path)
             if not path.is_file():
-                raise ConfigError(f"--config: no such file '{path}'")
+                raise ConfigError(f"--config: no such file '{path}'{_near_miss(path)}")
             layer = _load_yaml(path)
             _check_reward_weights(layer, path)
             merged.merge_with(layer)
@@ -93,7 +95,11 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             setattr(config.workers, key, config.workers.actor_dp if config.workers.gpus_per_rank else 1)
     if config.workers.one_process_per_rank is None:
         w = config.workers
-        config.workers.one_process_per_rank = w.reference_dp == w.actor_dp and w.critic_dp == w.actor_dp
+        config.workers.one_process_per_rank = (
+            w.reference_dp == w.actor_dp
+            and w.critic_dp == w.actor_dp
+            and not any(pinned_apart(config, role) for role in ("reference", "critic"))
+        )
     if config.rollout.release_memory is None:
         config.rollout.release_memory = config.workers.rollout_gpus == 0 and config.workers.gpus_per_rank > 0
     if config.rollout.in_actor is None:
@@ -103,7 +109,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 
         functions = all_sources(config.reward, "functions")
         config.reward.in_driver = not (
-            rewards_needing_a_worker(functions) or reads_text(config.reward) or uses_code(config.reward)
+            rewards_needing_a_worker(functions)
+            or reads_text(config.reward)
+            or uses_code(config.reward)
+            or bool(labels_of(config, "reward"))  # pinned to nodes: a reward worker there
         )
     validate(config)
     if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
@@ -134,6 +143,16 @@ def _expand_home(config: RunConfig) -> None:
     config.distill.teacher = expand(config.distill.teacher)
     config.distill.teachers = {domain: expand(folder) for domain, folder in config.distill.teachers.items()}
     config.output_dir, config.resume = expand(config.output_dir), expand(config.resume)
+
+
+def _near_miss(path: Path) -> str:
+    """The end of --config's "no such file": the YAML file in `path`'s folder whose name, less its
+    extension, is closest to `path`'s (configs/ppo.yml, configs/ppo, configs/grpo_asyn.yaml: "; did you
+    mean 'configs/ppo.yaml'?"), or "" when none is close."""
+    folder = path.parent
+    files = sorted(p for p in folder.glob("*") if p.suffix in (".yaml", ".yml")) if folder.is_dir() else []
+    close = difflib.get_close_matches(path.stem, [file.stem for file in files], 1)
+    return f"; did you mean '{folder / next(f.name for f in files if f.stem == close[0])}'?" if close else ""
 
 
 def _load_yaml(path: Path) -> Any:

@@ -173,7 +173,11 @@ class RewardConfig:
     # name -> weight: registered names or package.module:function import paths (roll_lite/rewards/).
     # A YAML file's or a `reward.functions={...}` override's dict replaces this one (no merging).
     functions: dict[str, float] = field(default_factory=lambda: {"exact_answer": 1.0})
-    timeout_s: float = 5.0  # per call, for functions run in the guarded process (math, the user's)
+    # seconds for each call of code run in a guarded process, past which that row is timed_out and the
+    # process is killed and restarted: a reward function's (math, the user's; one call after another, so N
+    # rows that hang cost N times this) and a judge's judge_parser or Jinja judge_template of your own (a
+    # batch's rows at once, sharing one deadline: at most this per batch, however many rows hang)
+    timeout_s: float = 5.0
     # a response some function did not score (it raised, returned no finite number, crashed or timed out:
     # reward/<name>/failed, /timed_out; reward/unscored): zero = that function adds 0 and the response
     # trains on the rest; drop = the response leaves the loss and its group's baseline (GRPO, RLOO, ...
@@ -195,12 +199,16 @@ class RewardConfig:
     # reward/judge:<folder name>
     judges: dict[str, float] = field(default_factory=dict)
     # pointwise (0-10 against a rubric, scored N/10) | correctness (against the row's answer: 1 or 0) |
-    # Jinja of your own with the fields prompt, response, answer, extra
+    # Jinja of your own with the fields prompt, response, answer, extra, rendered in the judge's guarded
+    # process (bounded by timeout_s; raised, e.g. a field a row lacks: failed)
     judge_template: str = "pointwise"
-    judge_parser: Optional[str] = None  # package.module:function, reply -> float or None; null: the template's
+    # package.module:function, reply -> float or None, called in the judge's guarded process (bounded by
+    # timeout_s; raised or no finite number: failed; None: unparseable); null: the template's own parser
+    judge_parser: Optional[str] = None
     judge_max_new_tokens: int = 32  # the judge's reply, at most
     # each judge's generation per scoring call stops after this many seconds: rows whose reply it cut
-    # are timed_out (reward.on_failure decides), the rest are scored; null: no limit
+    # are timed_out (reward.on_failure decides), the rest are scored; null: no limit. The generation
+    # only: a judge_parser or judge_template of your own is bounded by timeout_s
     judge_timeout_s: Optional[float] = None
     # what generates a judge's replies, in the reward worker: hf (transformers' generate) | vllm (a vLLM
     # engine, on the reward worker's GPU or with vLLM's CPU build; judge_timeout_s must then be null)
@@ -328,6 +336,10 @@ class WorkersConfig:
     # 0 = a share of actor rank 0's GPU (colocated, the default); 1 = a GPU of its own
     reward_gpus: int = 0
     placement: str = "pack"  # the actor's bundles: pack (fill a node first) | spread (one per node where possible)
+    # Roles pinned to Ray nodes by node label (`ray start --labels key=value`): role -> {label: value}, a worker
+    # of the role only on a node with all of them. Roles: actor, reference, critic, rollout, reward (its reward
+    # models and judges too), teacher. A label no node has stops the run at start (docs/gpus-and-clusters.md).
+    node_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     # A worker call (a step's generate, train_step, ...) that has not answered after call_timeout_s stops
     # the run (a worker that is alive but stuck); a warning names the waiting ranks every stall_warning_s.
     call_timeout_s: float = 1800.0

@@ -3,14 +3,15 @@
 validate(config) checks the run's own keys, data.* and workers.* here, and every other section with the
 checks of its own module, in this order: validation_beyond_rl.py (sft.*, preference.*, distill.*),
 validation_rollout.py (rollout.*; environment.*, the multi-turn rollouts), validation_rewards.py
-(reward.*) and validation_algorithm.py (algorithm.*). The derived values live beside their section's
-checks (rollout_dtype and in_actor_blockers in validation_rollout.py, rewards_needing_a_worker in
-validation_rewards.py).
+(reward.*) and validation_algorithm.py (algorithm.*); workers.node_labels in node_labels.py. The derived
+values live beside their section's checks (rollout_dtype and in_actor_blockers in validation_rollout.py,
+rewards_needing_a_worker in validation_rewards.py, pinned_apart in node_labels.py).
 """
 
 from __future__ import annotations
 
 from roll_lite.config.key_checks import check, file_list, one_of
+from roll_lite.config.node_labels import validate_node_labels
 from roll_lite.config.schema import DataConfig, RunConfig
 from roll_lite.config.validation_algorithm import validate_algorithm
 from roll_lite.config.validation_beyond_rl import validate_distill, validate_preference, validate_sft
@@ -124,6 +125,7 @@ def _validate_workers(config: RunConfig) -> None:
     for key in ("actor_cpus", "rollout_cpus"):
         check(getattr(config.workers, key) >= 0, f"workers.{key}", f"must be >= 0, got {getattr(config.workers, key)}")
     check(w.object_store_mb >= 64, "workers.object_store_mb", f"must be >= 64, got {w.object_store_mb}")
+    validate_node_labels(config)
 
 
 def _validate_data(data: DataConfig) -> None:

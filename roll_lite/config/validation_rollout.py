@@ -4,6 +4,7 @@ the values derived from them: rollout_dtype, in_actor_blockers, in_actor_by_defa
 from __future__ import annotations
 
 from roll_lite.config.key_checks import check, one_of
+from roll_lite.config.node_labels import pinned_apart
 from roll_lite.config.schema import RolloutConfig, RunConfig, WorkersConfig
 from roll_lite.environments.config import check_environment_config
 from roll_lite.errors import ConfigError
@@ -127,6 +128,11 @@ def in_actor_blockers(config: RunConfig) -> list[tuple[str, str]]:
         ),
         ("workers.offload", not config.workers.offload, "false (offload moves the parameters)"),
         ("workers.rollout_gpus", config.workers.rollout_gpus == 0, "0 (the engine generates on the actor's GPU)"),
+        (
+            "workers.node_labels.rollout",
+            not pinned_apart(config, "rollout"),
+            "the actor's labels or none (the engine runs in the actor's process, on its node)",
+        ),
     ]
     return [(key, value) for key, ok, value in needs if not ok]
 
