@@ -6,9 +6,10 @@
         ... session.end_step(step, metrics, last=...) after each step (log, then a due checkpoint)
 
 Entering claims the run directory (roll_lite/checkpoint/run_dir.py: the lock; fresh, resumed or
-refused before anything in it changes) and starts Ray. Leaving, whatever happened: a WorkerError is
-given the pipeline's stage and logged; on SIGINT / SIGTERM a checkpoint that was due is written; the
-tracker is finished (plots, wandb), Ray stopped and the lock released.
+refused before anything in it changes; a resume that changes keys it may not is refused, its other
+changes are logged and recorded: roll_lite/checkpoint/compat.py) and starts Ray. Leaving, whatever
+happened: a WorkerError is given the pipeline's stage and logged; on SIGINT / SIGTERM a checkpoint
+that was due is written; the tracker is finished (plots, wandb), Ray stopped and the lock released.
 
 A pipeline provides: `config`, `stage` (a phrase: where run() is), `sampler` (its position is saved),
 `total_steps` (and `total_steps_key`, the config key that sets it), `data_used_up` (its data.epochs / sft.epochs ended), and for its checkpoints
@@ -25,13 +26,14 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from roll_lite.config import to_yaml
+from roll_lite.checkpoint.config_changes import config_yaml as recorded_config
 from roll_lite.runtime.failures import WorkerError
 
 if TYPE_CHECKING:
     from roll_lite.workers.placement import Reservation
 
     from roll_lite.checkpoint import Checkpointer, RunDirClaim
+    from roll_lite.checkpoint.config_changes import ConfigChange
     from roll_lite.runtime.tracking import RunLogger
 
 logger = logging.getLogger("roll_lite")
@@ -42,18 +44,27 @@ LAST_WORKER_LINES_S = 0.5  # before Ray stops: time for its log monitor to forwa
 
 def finished_run(pipeline) -> str | None:
     """The line to print instead of running, when `resume` would continue a run that already reached
-    the pipeline's total steps (and wrote final/ when save_model): nothing is started or changed."""
-    from roll_lite.checkpoint.run_dir import finished_at
+    the pipeline's total steps (and wrote final/ when save_model): nothing is started or changed. It
+    names the keys this run sets otherwise than the run's config.yaml: none of them was applied."""
+    from roll_lite.checkpoint.config_changes import changed_keys, saved_config
+    from roll_lite.checkpoint.pipeline_state import read_manifest
+    from roll_lite.checkpoint.run_dir import finished_checkpoint
 
     c = pipeline.config
     run_dir = Path(c.output_dir) / c.run_name
-    step = finished_at(run_dir, c.resume, pipeline.total_steps, c.save_model)
-    if step is None:
+    checkpoint = finished_checkpoint(run_dir, c.resume, pipeline.total_steps, c.save_model)
+    if checkpoint is None:
         return None
-    key = pipeline.total_steps_key
+    step, key = read_manifest(checkpoint).get("step", 0), pipeline.total_steps_key
+    changes = changed_keys(saved_config(checkpoint), c)
+    not_applied = (
+        f"; these keys differ from the run's config.yaml and were not applied: {', '.join(map(str, changes))}"
+        if changes
+        else ""
+    )
     return (
-        f"{run_dir} is finished at step {step} ({key}={pipeline.total_steps}); nothing was started or changed. "
-        f"To train it further, raise {key}= above {step}"
+        f"{run_dir} is finished at step {step} ({key}={pipeline.total_steps}); nothing was started or changed"
+        f"{not_applied}. To train it further, raise {key}= above {step}"
     )
 
 
@@ -68,6 +79,7 @@ class RunSession:
         self.run_dir = Path(self.config.output_dir) / self.config.run_name
         self.claim = self.tracker = self.checkpointer = None
         self.completed = 0  # the last step whose metrics were logged
+        self.config_changes: list[ConfigChange] = []  # what this run changes against the checkpoint it resumes
 
     # -- entering and leaving -----------------------------------------------------------------------
 
@@ -130,7 +142,7 @@ class RunSession:
         claim = claim_run_dir(self.run_dir, self.config.resume)
         if claim.resume_from is not None:
             try:
-                check_compatible(
+                self.config_changes = check_compatible(
                     claim.resume_from, self.config, self.pipeline.checkpoint_kind, self.pipeline.checkpoint_compat_keys
                 )
             except BaseException:
@@ -155,14 +167,18 @@ class RunSession:
         }
         if (placement := where_the_roles_run(roles)) is not None:
             logger.info(placement)
-        c, resumed_step, history = self.config, 0, None
+        c, resumed_step, history, config_history = self.config, 0, None, []
         assert self.claim is not None  # __enter__ claimed it
         if self.claim.resume_from is not None:
             self.pipeline.stage = f"resuming from {self.claim.resume_from}"
             resumed_step, history = self.resume(self.claim.resume_from)
             self.completed = resumed_step
-        self.tracker = RunLogger(self.run_dir, to_yaml(c), c.wandb_mode, c.wandb_project, c.run_name, history)
-        self.checkpointer = Checkpointer(self.run_dir, c.checkpoint, to_yaml(c), self.pipeline, self.tracker)
+            config_history = self.config_history(self.claim.resume_from, resumed_step)
+        config_yaml = recorded_config(c, config_history)
+        self.tracker = RunLogger(self.run_dir, config_yaml, c.wandb_mode, c.wandb_project, c.run_name, history)
+        self.checkpointer = Checkpointer(
+            self.run_dir, c.checkpoint, config_yaml, self.pipeline, self.tracker, config_history
+        )
         return resumed_step
 
     def resume(self, checkpoint: Path) -> tuple[int, list[dict]]:
@@ -181,6 +197,22 @@ class RunSession:
             f"; removed what came after it: {', '.join(removed)}" if removed else "",
         )
         return step, history
+
+    def config_history(self, checkpoint: Path, step: int) -> list[dict]:
+        """The config changes of the resumes that led to `checkpoint`, and this one's (logged)."""
+        from roll_lite.checkpoint.config_changes import history_entry
+        from roll_lite.checkpoint.pipeline_state import read_manifest
+
+        earlier = read_manifest(checkpoint).get("config_changes", [])
+        if not self.config_changes:
+            return earlier
+        logger.info(
+            "resume: changed since %s, applied from step %d on and recorded in config.yaml: %s",
+            checkpoint.name,
+            step + 1,
+            ", ".join(map(str, self.config_changes)),
+        )
+        return [*earlier, history_entry(step, self.config_changes)]
 
     def log(self, step: int, metrics: dict[str, float], eval_samples: list[dict] | None = None) -> None:
         assert self.tracker is not None  # begin() opened it

@@ -147,8 +147,21 @@ def test_killed_at_a_random_step_and_resumed_the_metrics_equal_an_uninterrupted_
     assert saved and max(saved) <= kill_after
     logged_after = [json.loads(line)["step"] for line in lines_of(run_dir / "metrics.jsonl")]
     logged_after = [step for step in logged_after if step > max(saved)]
-    resumed = run(command(data, tmp_path, "killed"))  # resume=auto, the default
+    # resume=auto, the default; with a key a resume may change (the driver's stall warnings: not the trajectory)
+    resumed = run(command(data, tmp_path, "killed", "workers.stall_warning_s=299"))
     assert f"resumed from {run_dir / 'checkpoints' / f'step_{max(saved)}'}" in resumed.stderr
+    change = "workers.stall_warning_s: 300.0 -> 299.0"
+    assert (
+        f"resume: changed since step_{max(saved)}, applied from step {max(saved) + 1} on and recorded in "
+        f"config.yaml: {change}"
+    ) in resumed.stderr
+    recorded = (run_dir / "config.yaml").read_text()
+    assert recorded.splitlines()[1] == f"# Steps after {max(saved)}: {change}" and "stall_warning_s: 299.0" in recorded
+    assert (layout.step_dir(run_dir, STEPS) / "config.yaml").read_text() == recorded
+    assert not (layout.step_dir(run_dir, max(saved)) / "config.yaml").read_text().startswith("#")  # the first segment's
+    assert json.loads((layout.step_dir(run_dir, STEPS) / layout.MARKER).read_text())["config_changes"] == [
+        {"step": max(saved), "changed": {"workers.stall_warning_s": [300.0, 299.0]}}
+    ]
     dropped = [
         line.split(" ", 1)[1] for line in resumed.stderr.splitlines() if "resume: dropped the records of" in line
     ]

@@ -8,6 +8,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Sequence
 
 from roll_lite.checkpoint import layout
 from roll_lite.checkpoint.pipeline_state import save_pipeline_state
@@ -18,8 +19,11 @@ PAUSE_BEFORE_COMMIT = "ROLL_LITE_TEST_PAUSE_BEFORE_COMMIT_AT_STEP"
 
 
 class Checkpointer:
-    def __init__(self, run_dir: Path, config, config_yaml: str, pipeline, tracker):
+    def __init__(self, run_dir: Path, config, config_yaml: str, pipeline, tracker, config_history: Sequence[dict] = ()):
+        """`config_history`: the config changes of the resumes that led here (config_changes.py), kept in
+        each checkpoint.json."""
         self.run_dir, self.config, self.config_yaml = Path(run_dir), config, config_yaml
+        self.config_history = list(config_history)
         self.pipeline, self.tracker = pipeline, tracker
         self.last_saved: int | None = None
         self.seconds: list[float] = []  # how long each save took
@@ -39,6 +43,8 @@ class Checkpointer:
         partial, target = layout.partial_dir(self.run_dir, step), layout.step_dir(self.run_dir, step)
         partial.mkdir(parents=True)
         manifest = save_pipeline_state(self.pipeline, partial, step)
+        if self.config_history:
+            manifest["config_changes"] = self.config_history
         (partial / "config.yaml").write_text(self.config_yaml)
         shutil.copyfile(self.tracker.metrics_path, partial / "metrics.jsonl")
         if os.environ.get(PAUSE_BEFORE_COMMIT) == str(step):

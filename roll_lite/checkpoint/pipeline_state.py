@@ -5,7 +5,8 @@
 ...                  whatever the pipeline's save_driver_state(folder) writes (PPO: the rollout
                      engine's sampling position and generators, the driver's generators)
 checkpoint.json      the pipeline's checkpoint_kind ("rl", "sft"), the step, the sampler's position,
-                     the groups (written last)
+                     the groups (written last); after a resume that changed keys, the changes of
+                     every resume that led to it (config_changes, roll_lite/checkpoint/config_changes.py)
 """
 
 from __future__ import annotations

@@ -25,15 +25,23 @@ LOCK = ".lock"
 class RunDirClaim:
     path: Path
     resume_from: Path | None  # the checkpoint to continue from; None: a fresh run
-    created: bool  # this claim made the directory
+    created: Path | None  # the outermost folder this claim made: the run directory, or output_dir above it
     lock_file: IO
 
     def release(self) -> None:
-        """Drop the lock; a directory this claim created and nothing was written to is removed."""
+        """Drop the lock; a directory this claim created and nothing was written to is removed, with
+        the folders above it that the claim made (output_dir) while they are empty."""
         if self.lock_file.closed:
             return
-        if self.created and not _contents(self.path):
+        if self.created is not None and not _contents(self.path):
             shutil.rmtree(self.path, ignore_errors=True)
+            folder = self.path
+            while folder != self.created:
+                folder = folder.parent
+                try:
+                    folder.rmdir()  # only an empty one: another run may have started beside this one
+                except OSError:
+                    break
         self.lock_file.close()  # closing the file drops the flock
 
 
@@ -41,7 +49,7 @@ def claim_run_dir(run_dir: Path, resume: str) -> RunDirClaim:
     """Lock `run_dir` and decide what this run does with it; raises CheckpointError (one line) when
     another run holds it, or when it holds a run that `resume` does not continue."""
     run_dir = Path(run_dir)
-    created = not run_dir.exists()
+    created = _outermost_missing(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     lock_file = open(run_dir / LOCK, "a+")
     try:
@@ -64,6 +72,16 @@ def claim_run_dir(run_dir: Path, resume: str) -> RunDirClaim:
         claim.release()
         raise
     return claim
+
+
+def _outermost_missing(path: Path) -> Path | None:
+    """The outermost of `path` and the folders above it that does not exist; None when `path` exists."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
 
 
 def _contents(run_dir: Path) -> list[str]:
@@ -97,10 +115,10 @@ def _checkpoint_to_resume(run_dir: Path, resume: str) -> Path | None:
     return checkpoint
 
 
-def finished_at(run_dir: Path, resume: str, total_steps: int, needs_final: bool) -> int | None:
-    """The step of the checkpoint `resume` would continue `run_dir` from, when that is this run's own
-    checkpoint of step >= `total_steps` and (with `needs_final`) its final/ is written: a finished run,
-    nothing to train. None otherwise, also when `resume` is refused (claim_run_dir says why). Reads only."""
+def finished_checkpoint(run_dir: Path, resume: str, total_steps: int, needs_final: bool) -> Path | None:
+    """The checkpoint `resume` would continue `run_dir` from, when that is this run's own checkpoint
+    of step >= `total_steps` and (with `needs_final`) its final/ is written: a finished run, nothing to
+    train. None otherwise, also when `resume` is refused (claim_run_dir says why). Reads only."""
     run_dir = Path(run_dir)
     if resume == "none" or not run_dir.is_dir():
         return None
@@ -115,7 +133,7 @@ def finished_at(run_dir: Path, resume: str, total_steps: int, needs_final: bool)
     step = read_manifest(checkpoint).get("step", 0)
     if step < total_steps or (needs_final and not (run_dir / "final").is_dir()):
         return None
-    return step
+    return checkpoint
 
 
 def resolve_checkpoint(path: Path) -> Path:

@@ -2,7 +2,8 @@
 
 `locate(path, key, needs)` says which, or raises ValueError with one line naming the config key: a
 missing folder (a string that is not of the hub form `name` / `org/name`, or that looks like a local
-path) is reported as such (transformers would call it a malformed repo id), and so is a folder
+path) is reported as such (transformers would call it a malformed repo id), with the command that
+writes it when a shipped config's run does (roll_lite/runtime/shipped_runs.py), and so is a folder
 without the files a model (config.json + weights) or a tokenizer (tokenizer.json) needs. Only a hub
 id goes to the network (when transformers loads it).
 """
@@ -13,6 +14,8 @@ from pathlib import Path
 
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import validate_repo_id
+
+from roll_lite.runtime.shipped_runs import written_by
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -51,7 +54,7 @@ def locate(path: str, key: str, needs: str) -> str:
     if folder.exists():
         raise ValueError(f"{key}: '{path}' is a file; give the {needs} folder (or a hub id org/name)")
     if looks_local(path) or not is_hub_id(path):
-        raise ValueError(f"{key}: no such folder '{path}' (and not a hub id of the form org/name)")
+        raise ValueError(f"{key}: no such folder '{path}' (and not a hub id of the form org/name){written_by(path)}")
     return "hub"
 
 
@@ -75,7 +78,9 @@ def local_model(path: str, key: str, what: str, auto_class: str, kind: str):
 
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        raise ValueError(f"{key}: no such folder '{path}' ({what} is a local folder saved with save_pretrained)")
+        raise ValueError(
+            f"{key}: no such folder '{path}' ({what} is a local folder saved with save_pretrained){written_by(path)}"
+        )
     for needed in ("config.json", "tokenizer.json"):
         if not (folder / needed).is_file():
             raise ValueError(f"{key}: '{path}' has no {needed} (save the model and its tokenizer with save_pretrained)")
