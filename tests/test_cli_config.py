@@ -31,6 +31,7 @@ def run_cli(*args, cwd):
             "algorithm.loss_agg_mode: 'mean' is not one of token-mean, seq-mean-token-sum",
         ),
         ("rollout.temperature=0", "rollout.temperature: must be > 0"),
+        ("workers.node_labels.actor.zone=!a", "workers.node_labels.actor.zone: YAML cannot read the value '!a'"),
         (
             "actor.max_tokens_per_micro_batch=64",
             "actor.max_tokens_per_micro_batch: token-budget micro-batches need use_packing",

@@ -79,7 +79,12 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             if "=" not in override:
                 raise ConfigError(f"override '{override}' is not of the form key=value")
         for override in overrides:  # in order: `reward.functions={...}` replaces, `reward.functions.NAME=w` sets one
-            layer = OmegaConf.from_dotlist([override])
+            try:
+                layer = OmegaConf.from_dotlist([override])
+            except yaml.YAMLError as error:  # a value YAML cannot read, e.g. a leading `!` (a tag)
+                key, _, value = override.partition("=")
+                reason = str(error).splitlines()[0]
+                raise ConfigError(f"{key.strip()}: YAML cannot read the value {value!r} ({reason}); quote it") from None
             _check_reward_weights(layer)
             merged.merge_with(layer)
             if override.partition("=")[0].strip() == "reward.functions":
