@@ -141,8 +141,9 @@ REPO_PATH = re.compile(
     r"(?<![\w~/.$-])(?:docs|examples|configs|tests|benchmarks|scripts|roll_lite|pipelines|workers|data|\.ci)/[\w./-]*[\w/]"
 )
 IN_OTHER_REPOSITORIES = {
-    "examples/data_preprocess/gsm8k.py": "verl"
-}  # a path in verl's repository, said so where named
+    "examples/data_preprocess/gsm8k.py": "verl",  # a path in verl's repository, said so where named
+    "configs/ppo.yml": "did you mean",  # the near miss that roll-train's error line corrects (troubleshooting)
+}
 
 
 def test_every_path_the_docs_configs_and_examples_name_exists():
