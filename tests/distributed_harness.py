@@ -28,6 +28,7 @@ from pair_cases import (
 )
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
+from roll_lite.data.pairs import PAIR_MASK_KEYS
 from roll_lite.loss import AGG_MODES
 from roll_lite.loss.checker import TINY_MODEL, relative_deviation
 from roll_lite.model.modeling import build_causal_lm, enable_gradient_checkpointing
@@ -36,7 +37,7 @@ DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32"}
 
 
 def mask_keys(loss: str) -> list[str]:
-    return ["chosen_mask"] if loss in PAIR_LOSSES else MASK_KEYS[loss]
+    return list(PAIR_MASK_KEYS) if loss in PAIR_LOSSES else MASK_KEYS[loss]
 
 
 def loss_for(loss: str, mode: str):

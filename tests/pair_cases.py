@@ -9,6 +9,7 @@ import math
 import torch
 
 from roll_lite.data import DataProto
+from roll_lite.data.pairs import PAIR_MASK_KEYS
 from roll_lite.loss import bradley_terry_loss_func, dpo_loss_func
 from roll_lite.loss.checker import TINY_MODEL
 
@@ -44,7 +45,7 @@ def pair_batch(dtype: torch.dtype, seq_len: int = 16, pairs: int = PAIR_ROWS // 
             + torch.randn(rows, generator=gen, dtype=dtype),
             "margin": torch.rand(rows, generator=gen, dtype=dtype),
         },
-        meta_info={"loss_mask_keys": ["chosen_mask"], "rows_together": 2},
+        meta_info={"loss_mask_keys": list(PAIR_MASK_KEYS), "rows_together": 2},  # as the pipelines declare
     )
 
 

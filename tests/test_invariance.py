@@ -1,12 +1,27 @@
 """The loss-invariance checker passes the built-in losses and catches the usual mistakes."""
 
 import functools
+import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
+import torch.nn.functional as F
 
-from roll_lite.loss import AGG_MODES, BUILTIN_LOSSES, agg_loss, mask_stats, masked_sum
+from roll_lite.data.pairs import PairData, build_pair_batch
+from roll_lite.loss import (
+    AGG_MODES,
+    BUILTIN_LOSSES,
+    agg_loss,
+    bradley_terry_loss_func,
+    dpo_loss_func,
+    mask_stats,
+    masked_sum,
+    pair_rows,
+)
 from roll_lite.loss.checker import LossInvarianceError, check_loss_invariance, main
 
 
@@ -215,3 +230,88 @@ def test_the_checker_computes_on_one_thread_and_gives_the_callers_threads_back()
     finally:
         torch.set_num_threads(before)
     assert threads_seen and set(threads_seen) == {1}
+
+
+# Pair losses as the pipelines build them (pipelines/dpo.py, reward_model.py), checked as the pipelines run
+# them: on preference pairs (--pairs), declared as build_pair_batch declares a pipeline's batches.
+pair_dpo = dpo_loss_func("dpo", beta=0.5, label_smoothing=0.1, nll_coef=0.3)
+pair_ipo = dpo_loss_func("ipo", beta=0.5)
+pair_simpo = dpo_loss_func("simpo", beta=2.0, label_smoothing=0.1, nll_coef=0.3, simpo_gamma=0.4)
+pair_bradley_terry = bradley_terry_loss_func(center_coef=0.05)
+ONE_PAIR = PairData([([1, 2], [0, 1])], [([1, 3], [0, 1])])
+PIPELINE_MASK_KEYS = ",".join(build_pair_batch(ONE_PAIR, pad_token_id=0).meta_info["loss_mask_keys"])
+
+
+def local_mean_dpo(batch, output):
+    # DPO over the micro-batch's own pair count: right for one micro-batch, wrong for a step of several.
+    chosen, rejected = pair_rows(batch)
+    response = batch["chosen_mask"].bool() | batch["rejected_mask"].bool()
+    log_ratios = torch.where(response, output["log_probs"], 0.0).sum(-1) - batch["reference_logps"]
+    return -F.logsigmoid(0.1 * (log_ratios[chosen] - log_ratios[rejected])).mean(), {}
+
+
+@pytest.mark.parametrize(
+    "name, head",
+    [
+        ("pair_dpo", "log_probs"),
+        ("pair_ipo", "log_probs"),
+        ("pair_simpo", "log_probs"),
+        ("pair_bradley_terry", "score"),
+    ],
+)
+def test_pair_losses_pass_with_the_pipelines_declaration(name, head, capsys):
+    """The pipelines once declared only chosen_mask, and the checker then failed a correct DPO with
+    "undeclared mask ... ['rejected_mask']" and "unmasked numerator ... 'log_probs'"."""
+    assert main([f"tests.test_invariance:{name}", "--pairs", "--head", head, "--mask-keys", PIPELINE_MASK_KEYS]) == 0
+    out = capsys.readouterr().out
+    assert "\nPASS: worst relative deviation" in out and "FAIL" not in out
+    assert "D=2 budget=40 packed" in out  # a pair fits the budget: it is never split
+
+
+def test_a_pair_loss_over_the_micro_batchs_own_pairs_fails_with_its_cause_first(capsys):
+    assert main(["tests.test_invariance:local_mean_dpo", "--pairs", "--mask-keys", PIPELINE_MASK_KEYS]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if line.startswith("FAIL ")] == [lines[0]]
+    assert lines[0].startswith("FAIL partitions: the step under ")
+    assert lines[1].startswith("likely cause: loss_func does not use the global stats in meta_info")
+    assert (
+        "divides by the micro-batch's own pair count" in lines[1]
+        and "'chosen_mask')['global_valid_samples']" in lines[1]
+    )
+    assert lines[-1].startswith("FAIL: worst relative deviation")
+    # a correct DPO declared with chosen_mask alone reads a mask it does not declare
+    assert main(["tests.test_invariance:pair_dpo", "--pairs", "--mask-keys", "chosen_mask"]) == 1
+    fails = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL ")]
+    assert fails[0].startswith("FAIL undeclared mask: loss_func reads ['rejected_mask'], not in loss_mask_keys")
+    assert main(["tests.test_invariance:pair_dpo", "--pairs", "--mask-keys", "response_mask"]) == 2
+    assert "a pair batch has no ['response_mask']; its masks: chosen_mask, rejected_mask, score_mask" in (
+        capsys.readouterr().err
+    )
+
+
+def test_the_docs_pair_loss_passes_the_docs_command_run_as_written(tmp_path):
+    """docs/custom-losses.md's my_pair_loss, saved where its command imports it from, and the command run
+    verbatim with the console script from that directory, as a user runs it."""
+    import doc_commands
+
+    (block,) = doc_commands.python_blocks_defining("my_pair_loss")
+    (line,) = doc_commands.commands("roll-check-loss", "--pairs")
+    argv = shlex.split(line)
+    module = argv[1].split(":")[0].split(".")
+    package = tmp_path
+    for name in module[:-1]:
+        package = package / name
+        package.mkdir()
+        (package / "__init__.py").touch()
+    (package / f"{module[-1]}.py").write_text(block.body)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / argv[0]), *argv[1:]],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "\nPASS: worst relative deviation" in result.stdout

@@ -194,7 +194,8 @@ def test_batch_layout_pairs_in_consecutive_rows_with_their_masks_and_margins(tmp
     ]
     data = load(tmp_path, rows, margin_key="m").train
     batch = build_pair_batch(data, tokenizer.pad_token_id)
-    assert batch.meta_info == {"loss_mask_keys": ["chosen_mask"], "rows_together": 2}
+    # every mask a pair loss reads is declared, so the strategy counts it and the loss checker knows it
+    assert batch.meta_info == {"loss_mask_keys": ["chosen_mask", "rejected_mask", "score_mask"], "rows_together": 2}
     assert batch["chosen_mask"].any(-1).tolist() == [True, False, True, False]
     assert batch["rejected_mask"].any(-1).tolist() == [False, True, False, True]
     assert batch["margin"].tolist() == [0.5, 0.5, 2.0, 2.0]

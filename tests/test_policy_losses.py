@@ -175,8 +175,14 @@ def test_a_users_loss_by_import_path_is_used_and_checked_first(losses_module):
     assert check_own_losses(unchecked_gap).startswith("loss check: loss_func passed")
     assert check_own_losses(PPOPipeline(load_config(None, []))) is None  # built-ins are tested, not re-checked
     bad = PPOPipeline(load_config(None, [f"algorithm.policy_loss={losses_module}:local_mean"]))
-    with pytest.raises(LossCheckFailed, match="normalises by the micro-batch's own loss_mask.sum"):
+    with pytest.raises(LossCheckFailed, match="normalises by the micro-batch's own loss_mask.sum") as failed:
         check_own_losses(bad)
+    # what failed and how to fix it first, the deviations next, the switch that skips the check last
+    lines = str(failed.value).splitlines()
+    assert lines[0] == f"PPOPipeline.loss_func ({losses_module}:local_mean) fails the loss checker:"
+    assert lines[1].startswith("FAIL partitions: the step under ") and lines[2].startswith("likely cause: ")
+    assert lines[-2].startswith("FAIL: worst relative deviation")
+    assert lines[-1].startswith("algorithm.check_loss=false skips this check: only for a loss that needs batch keys")
     raising = PPOPipeline(load_config(None, [f"algorithm.policy_loss={losses_module}:needs_a_key"]))
     with pytest.raises(
         LossCheckFailed, match="raised on the checker's synthetic batch: KeyError: .*no tensor 'my_weights'"
@@ -186,6 +192,39 @@ def test_a_users_loss_by_import_path_is_used_and_checked_first(losses_module):
         load_config(None, [f"algorithm.policy_loss={losses_module}:local_mean", "algorithm.check_loss=false"])
     )
     assert check_own_losses(skipped) == "loss check: skipped (algorithm.check_loss=false) for loss_func"
+
+
+def test_a_pair_pipelines_own_loss_is_checked_on_pairs_with_the_pipelines_declaration():
+    """A DPO or reward-model subclass's loss_func goes through the checker on preference pairs laid out and
+    declared as the pipelines lay out theirs; the built-in pair losses are tested, not re-checked."""
+    from roll_lite.pipelines.dpo import DPOPipeline
+    from roll_lite.pipelines.reward_model import RewardModelPipeline
+    from test_invariance import local_mean_dpo
+
+    class OwnDPO(DPOPipeline):
+        def loss_func(self, batch, output):  # DPO, written out as a user would
+            return super().loss_func(batch, output)
+
+    class LocalMeanDPO(DPOPipeline):
+        def loss_func(self, batch, output):
+            return local_mean_dpo(batch, output)
+
+    class OwnRewardModel(RewardModelPipeline):
+        def loss_func(self, batch, output):
+            return super().loss_func(batch, output)
+
+    dpo, reward_model = load_config(REPO / "configs/dpo.yaml", []), load_config(REPO / "configs/reward_model.yaml", [])
+    tokenizer = object()  # neither builds nor checks a batch from data
+    assert check_own_losses(DPOPipeline(dpo, tokenizer)) is None
+    assert check_own_losses(RewardModelPipeline(reward_model, tokenizer)) is None
+    assert check_own_losses(OwnDPO(dpo, tokenizer)).startswith("loss check: loss_func passed")
+    assert check_own_losses(OwnRewardModel(reward_model, tokenizer)).startswith("loss check: loss_func passed")
+    with pytest.raises(LossCheckFailed) as failed:
+        check_own_losses(LocalMeanDPO(dpo, tokenizer))
+    lines = str(failed.value).splitlines()
+    assert lines[0] == "LocalMeanDPO.loss_func (pair loss) fails the loss checker:"
+    assert lines[1].startswith("FAIL partitions:") and "the micro-batch's own pair count" in lines[2]
+    assert lines[-1].startswith("algorithm.check_loss=false skips this check")
 
 
 @pytest.fixture(scope="module")

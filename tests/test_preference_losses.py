@@ -1,7 +1,9 @@
 """The pair losses (roll_lite/loss/preference.py) against their formulas written out pair by pair in
-plain Python (TRL's definitions: DPO sigmoid with cDPO smoothing, IPO on mean log-probs, SimPO with
-γ, the chosen side's NLL); their metrics; the score head and its export as a transformers sequence
-classifier that gives the trained scores. Exactness over D, A and packing: test_exactness.py."""
+plain Python (TRL 1.16's definitions: DPOTrainer's sigmoid and IPO on mean log-probs, CPOTrainer's SimPO
+with γ and conservative smoothing; DPO's cDPO smoothing as TRL's sigmoid had it up to 0.28; the chosen
+side's NLL); their metrics with TRL 1.16's formulas (under ipo of the summed log-probs, as DPOTrainer
+logs them, not of the means the loss compares); the score head and its export as a transformers
+sequence classifier that gives the trained scores. Exactness over D, A and packing: test_exactness.py."""
 
 import math
 
@@ -55,21 +57,35 @@ def test_dpo_family_equals_the_formulas(loss_type, beta, smoothing, gamma):
     loss, metrics = dpo_loss_func(loss_type, beta, smoothing, nll_coef=0.0, simpo_gamma=gamma)(
         batch, {"log_probs": log_probs}
     )
-    expected, accuracies = [], []
+    expected, shown = [], {name: [] for name in ("chosen", "rejected", "accuracies", "margins", "logps_c", "logps_r")}
     for (pc, pr), (lc, lr), (rc, rr) in zip(SUMS, LENGTHS, REFERENCE):
-        if loss_type in ("ipo", "simpo"):
-            pc, pr, rc, rr = pc / lc, pr / lr, rc / lc, rr / lr
         if loss_type == "simpo":
             rc = rr = 0.0
+        # TRL 1.16's metrics: DPOTrainer's (dpo, ipo) of the summed log-probs, CPOTrainer's (simpo) of the means
+        shown_c, shown_r = (pc / lc, pr / lr) if loss_type == "simpo" else (pc, pr)
+        reward_c, reward_r = beta * (shown_c - rc), beta * (shown_r - rr)
+        for name, value in zip(
+            shown, (reward_c, reward_r, float(reward_c > reward_r), reward_c - reward_r, shown_c, shown_r)
+        ):
+            shown[name].append(value)
+        if loss_type in ("ipo", "simpo"):
+            pc, pr, rc, rr = pc / lc, pr / lr, rc / lc, rr / lr
         h = (pc - rc) - (pr - rr)
         if loss_type == "ipo":
             expected.append((h - 1 / (2 * beta)) ** 2)
         else:
             x = beta * h - gamma
             expected.append(-(1 - smoothing) * logsigmoid(x) - smoothing * logsigmoid(-x))
-        accuracies.append(float(beta * (pc - rc) > beta * (pr - rr)))
     assert loss.item() == pytest.approx(sum(expected) / 2, rel=1e-12)
-    assert metrics["rewards/accuracies@sum"].item() == sum(accuracies) / 2
+    for name, metric in [
+        ("chosen", "rewards/chosen"),
+        ("rejected", "rewards/rejected"),
+        ("accuracies", "rewards/accuracies"),
+        ("margins", "rewards/margins"),
+        ("logps_c", "logps/chosen"),
+        ("logps_r", "logps/rejected"),
+    ]:
+        assert metrics[f"{metric}@sum"].item() == pytest.approx(sum(shown[name]) / 2, rel=1e-12, abs=1e-15), metric
     loss.backward()
     assert log_probs.grad[batch["chosen_mask"].bool() | batch["rejected_mask"].bool()].abs().min() > 0
     assert log_probs.grad[~(batch["chosen_mask"].bool() | batch["rejected_mask"].bool())].abs().max() == 0

@@ -24,6 +24,9 @@ from roll_lite.data.sequences import build_target_batch
 from roll_lite.data.sft import conversation_sequence, plain_sequences
 
 SIDES = ("chosen", "rejected")
+# The masks of a pair batch, which the pair losses read, declared as its loss_mask_keys so that the strategy
+# counts each of them and the loss checker knows them all: chosen_mask's sample count is the step's pair count.
+PAIR_MASK_KEYS = ("chosen_mask", "rejected_mask", "score_mask")
 
 
 @dataclass
@@ -170,7 +173,7 @@ def build_pair_batch(pairs: PairData, pad_token_id: int) -> DataProto:
     """Pairs as consecutive right-padded rows, chosen then rejected (meta_info['rows_together'] = 2):
     input_ids, attention_mask, chosen_mask / rejected_mask (each side's target tokens), score_mask (the
     last token that is not padding, where transformers' sequence classifiers read the score), and
-    margin ([rows], with margins)."""
+    margin ([rows], with margins). loss_mask_keys: PAIR_MASK_KEYS."""
     sequences = [side for pair in zip(pairs.chosen, pairs.rejected) for side in pair]
     batch = build_target_batch([ids for ids, _ in sequences], [mask for _, mask in sequences], pad_token_id)
     targets = batch.batch.pop("response_mask")
@@ -180,7 +183,7 @@ def build_pair_batch(pairs: PairData, pad_token_id: int) -> DataProto:
     batch.batch["score_mask"] = score_positions(batch["input_ids"], batch["attention_mask"], pad_token_id)
     if pairs.margins is not None:
         batch.batch["margin"] = torch.tensor(pairs.margins, dtype=torch.float64).repeat_interleave(2)
-    batch.meta_info.update(loss_mask_keys=["chosen_mask"], rows_together=2)
+    batch.meta_info.update(loss_mask_keys=list(PAIR_MASK_KEYS), rows_together=2)
     return batch
 
 

@@ -3,22 +3,23 @@
 Run it on your loss_func before training:
 
     roll-check-loss my_pkg.losses:my_loss_func --mask-keys response_mask
+    roll-check-loss my_pkg.losses:my_pair_loss --pairs   # on preference pairs laid out as the pipelines do
 
-It builds a random RL batch and a tiny model (float64), computes the loss and gradient of one
-forward/backward over the whole batch, then replays the strategy's step for several partitions:
+It builds a random RL batch (or pairs; check_batches.py) and a tiny model (float64), computes the
+loss and gradient of one forward/backward over the whole batch, then replays the strategy's step for several partitions:
 D simulated ranks (token-balanced shares when packing), their micro-batches (count or token
 budget, padded or packed), the global mask stats, loss_scale = D·A, gradient accumulation and
 FSDP2's average over ranks. It is the strategy's own per-rank code (strategy/micro_batches.py),
 minus the collectives, which it replaces by sums in one process. It also runs the checks that
 partitions cannot see (roll_lite.loss.checks): undeclared masks, unmasked numerators, padded-width
-normalisers. Each failure is one line naming its cause; with raise_on_failure they raise.
+normalisers. Each failure is one line naming its cause and fix, above the table of deviations;
+with raise_on_failure they raise.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,8 @@ from typing import Any, Sequence
 import torch
 
 from roll_lite.data import DataProto
+from roll_lite.data.pairs import PAIR_MASK_KEYS
+from roll_lite.loss.check_batches import random_pair_batch, random_rl_batch
 from roll_lite.loss.checks import (
     RecordingDict,
     StepResult,
@@ -38,7 +41,12 @@ from roll_lite.loss.checks import (
     worst_grad_deviation,
 )
 from roll_lite.loss.policy import POLICY_LOSSES
-from roll_lite.model.modeling import CausalLMWithLogProbs, CausalLMWithValueHead, build_causal_lm
+from roll_lite.model.modeling import (
+    CausalLMWithLogProbs,
+    CausalLMWithScoreHead,
+    CausalLMWithValueHead,
+    build_causal_lm,
+)
 from roll_lite.runtime.importing import load_object
 from roll_lite.runtime.metrics import reduce_metrics
 from roll_lite.runtime.threads import one_torch_thread
@@ -93,56 +101,12 @@ DEFAULT_PARTITIONS = (
     Partition(4, 1, True),
     Partition(2, max_tokens_per_micro_batch=24, use_packing=True),
 )
+# A batch of preference pairs (random_pair_batch) keeps each pair in one micro-batch: the budget fits a pair.
+PAIR_PARTITIONS = DEFAULT_PARTITIONS[:-1] + (Partition(2, max_tokens_per_micro_batch=40, use_packing=True),)
 
 
 class LossInvarianceError(AssertionError):
     pass
-
-
-def random_rl_batch(
-    num_rows: int = 12,
-    seq_len: int = 24,
-    vocab_size: int = 64,
-    mask_keys: Sequence[str] = ("response_mask",),
-    seed: int = 0,
-    dtype: torch.dtype = torch.float64,
-) -> DataProto:
-    """Right-padded rows of uneven length with a prompt and a response, some rows with an all-zero
-    response mask, and the tensors RL losses read: old/ref log-probs, advantages, values, returns.
-    Every mask key other than response_mask is a random subset of it."""
-    if num_rows < 4 or seq_len < 4:
-        raise ValueError("random_rl_batch needs num_rows >= 4 and seq_len >= 4")
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(2, seq_len + 1, (num_rows,), generator=gen)
-    lengths[0], lengths[-1] = seq_len, 2
-    prompt_lengths = torch.minimum(torch.randint(1, 5, (num_rows,), generator=gen), lengths - 1)
-    positions = torch.arange(seq_len)[None, :]
-    attention_mask = (positions < lengths[:, None]).long()
-    response_mask = ((positions >= prompt_lengths[:, None]) & (positions < lengths[:, None])).long()
-    response_mask[1] = 0
-    response_mask[num_rows // 2] = 0
-    masks = {"response_mask": response_mask}
-    for key in mask_keys:
-        if key not in masks:
-            subset = (torch.rand(num_rows, seq_len, generator=gen) < 0.6).long() * response_mask
-            subset[2] = 0
-            masks[key] = subset
-    noise = lambda: torch.randn(num_rows, seq_len, generator=gen, dtype=dtype)  # noqa: E731
-    base_log_prob = -math.log(vocab_size)
-    return DataProto(
-        {
-            "input_ids": torch.randint(1, vocab_size, (num_rows, seq_len), generator=gen) * attention_mask,
-            "attention_mask": attention_mask,
-            **masks,
-            "old_log_probs": base_log_prob + 0.3 * noise(),
-            "ref_log_probs": base_log_prob + 0.3 * noise(),
-            "advantages": noise(),
-            "values": noise(),
-            "returns": noise(),
-            "rollout_log_probs": base_log_prob + 0.3 * noise(),  # the engine's: the policy losses report the gap
-        },
-        meta_info={"loss_mask_keys": list(dict.fromkeys(mask_keys))},
-    )
 
 
 def simulate_step(
@@ -207,6 +171,12 @@ def diagnose(model: torch.nn.Module, data: DataProto, loss_func: LossFunc) -> li
 
     used_stats = {"batch_num_tokens", "global_valid_samples"} & meta_read
     if not used_stats or abs(loss.item() - loss_doubled.item()) <= 1e-12 * max(1.0, abs(loss.item())):
+        if int(data.meta_info.get("rows_together", 1)) > 1:  # preference pairs
+            return [
+                "loss_func does not use the global stats in meta_info (global_valid_samples): it likely divides "
+                "by the micro-batch's own pair count (e.g. a mean over its pairs). Divide the sum over its pairs "
+                "by mask_stats(batch.meta_info, 'chosen_mask')['global_valid_samples'], the step's pair count."
+            ]
         return [
             "loss_func does not use the global stats in meta_info (batch_num_tokens / global_valid_samples): it "
             "likely normalises by the micro-batch's own loss_mask.sum() (e.g. a masked mean). Use agg_loss(..., "
@@ -236,7 +206,14 @@ class InvarianceReport:
         return self.worst <= self.tolerance and not self.failures
 
     def table(self) -> str:
-        lines = [f"{'partition':<28}{'loss rel. dev.':>16}{'grad rel. dev.':>16}"]
+        """What failed first, one line per failed check with its fix (a partition deviation: then its likely
+        cause and fix), then the deviation under each partition, then the verdict."""
+        lines = []
+        for failure in self.failures:
+            lines.append(f"FAIL {failure}")
+            if failure.startswith("partitions:"):
+                lines += [f"likely cause: {cause}" for cause in self.causes]
+        lines.append(f"{'partition':<28}{'loss rel. dev.':>16}{'grad rel. dev.':>16}")
         for label, loss_dev, grad_dev in self.rows:
             flag = "" if max(loss_dev, grad_dev) <= self.tolerance else "  FAIL"
             lines.append(f"{label:<28}{loss_dev:>16.2e}{grad_dev:>16.2e}{flag}")
@@ -245,8 +222,6 @@ class InvarianceReport:
         lines.append(
             f"{verdict}: worst relative deviation {self.worst:.2e} (tolerance {self.tolerance:.0e}); checked: {checks}"
         )
-        lines += [f"FAIL {failure}" for failure in self.failures]
-        lines += [f"likely cause: {cause}" for cause in self.causes]
         return "\n".join(lines)
 
 
@@ -257,7 +232,11 @@ def _model_with_head(lm: torch.nn.Module, head: str, seed: int) -> torch.nn.Modu
         model = CausalLMWithValueHead(lm)
         torch.nn.init.normal_(model.value_head.weight, std=0.5, generator=torch.Generator().manual_seed(seed))
         return model
-    raise ValueError(f"unknown head '{head}'; choose log_probs or value")
+    if head == "score":
+        model = CausalLMWithScoreHead(lm, seed)
+        torch.nn.init.normal_(model.score.weight, std=0.5, generator=torch.Generator().manual_seed(seed))
+        return model
+    raise ValueError(f"unknown head '{head}'; choose log_probs, value or score")
 
 
 # One intra-op thread, as tests/spawned_ranks.py runs the exactness matrix: HF's float64 model keeps some
@@ -266,11 +245,12 @@ def _model_with_head(lm: torch.nn.Module, head: str, seed: int) -> torch.nn.Modu
 @one_torch_thread()
 def check_loss_invariance(
     loss_func: LossFunc,
-    loss_mask_keys: Sequence[str] = ("response_mask",),
+    loss_mask_keys: Sequence[str] | None = None,
     *,
     model_config: dict[str, Any] | None = None,
     data: DataProto | None = None,
-    partitions: Sequence[Partition] = DEFAULT_PARTITIONS,
+    pairs: bool = False,
+    partitions: Sequence[Partition] | None = None,
     apply_loss_scale: bool = True,
     tolerance: float = 1e-9,
     seed: int = 0,
@@ -282,13 +262,24 @@ def check_loss_invariance(
     and for the mistakes partitions cannot see (roll_lite.loss.checks): reading a mask that is not
     declared, an unmasked numerator, a normaliser taken from the padded width.
 
-    head="log_probs": model_output has 'log_probs' and 'entropy' (policy losses); head="value":
-    model_output has 'values' (critic losses; the value head starts random here, not at zero)."""
+    The batch: `data`, or a random RL batch, or with `pairs` a random batch of preference pairs laid out as
+    the pair pipelines lay theirs out (two rows per pair that stay together, rows_together = 2).
+    loss_mask_keys: the masks the loss reads (None: the batch's own declaration, the pipelines' for
+    pairs; response_mask for the RL batch). partitions (None): DEFAULT_PARTITIONS, PAIR_PARTITIONS for pairs.
+    head="log_probs": model_output has 'log_probs' and 'entropy' (policy losses, DPO); head="value":
+    'values' (critic losses); head="score": 'scores' (a reward model's). The value and score heads start
+    random here, not at zero or near it."""
     model_config = dict(model_config or TINY_MODEL)
-    if data is None:
-        data = random_rl_batch(vocab_size=model_config.get("vocab_size", 64), mask_keys=loss_mask_keys, seed=seed)
-    else:
-        data = DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, "loss_mask_keys": list(loss_mask_keys)})
+    vocab_size = model_config.get("vocab_size", 64)
+    if data is None and pairs:
+        data = random_pair_batch(vocab_size=vocab_size, seed=seed)
+    elif data is None:
+        data = random_rl_batch(vocab_size=vocab_size, mask_keys=loss_mask_keys or ("response_mask",), seed=seed)
+    declared = data.meta_info.get("loss_mask_keys") or ["response_mask"]
+    keys = list(loss_mask_keys) if loss_mask_keys is not None else list(declared)
+    data = DataProto(data.batch, data.non_tensor_batch, {**data.meta_info, "loss_mask_keys": keys})
+    if partitions is None:
+        partitions = PAIR_PARTITIONS if int(data.meta_info.get("rows_together", 1)) > 1 else DEFAULT_PARTITIONS
     model = _model_with_head(build_causal_lm(model_config, dtype=torch.float64, seed=seed), head, seed)
 
     def global_step(batch: DataProto, func: LossFunc) -> StepResult:  # the whole batch at its full width, untrimmed
@@ -310,10 +301,9 @@ def check_loss_invariance(
             f"{max(loss_dev, grad_dev):.1e} (relative; tolerance {tolerance:.0e})"
         )
         report.causes = diagnose(model, data, loss_func)
-    stray = undeclared_mask_reads(data, list(loss_mask_keys), batch_read)
+    stray = undeclared_mask_reads(data, keys, batch_read)
     if stray and not allow_undeclared_masks:
-        report.failures.append(undeclared_mask_failure(stray, loss_mask_keys))
-    keys = list(loss_mask_keys)
+        report.failures.append(undeclared_mask_failure(stray, keys))
     for failure in (
         mask_discipline_failure(global_step, data, loss_func, keys, reference, tolerance),
         padding_width_failure(global_step, data, loss_func, reference, tolerance),
@@ -334,7 +324,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--loss-agg-mode", default="token-mean", help="a built-in's aggregation (default: token-mean)")
     parser.add_argument(
-        "--mask-keys", default="response_mask", help="comma-separated loss_mask_keys (default: response_mask)"
+        "--mask-keys",
+        help="comma-separated loss_mask_keys (default: response_mask; with --pairs the pair pipelines' "
+        f"{','.join(PAIR_MASK_KEYS)})",
+    )
+    parser.add_argument(
+        "--pairs",
+        action="store_true",
+        help="check on preference pairs, laid out as the DPO and reward-model pipelines lay them out",
     )
     parser.add_argument("--model-config", type=Path, help="JSON file of a HF model config (default: a tiny Qwen2)")
     parser.add_argument("--tolerance", type=float, default=1e-9)
@@ -346,14 +343,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--head",
-        choices=("log_probs", "value"),
+        choices=("log_probs", "value", "score"),
         default="log_probs",
-        help="what model_output holds: log_probs + entropy (policy losses) or values (critic)",
+        help="what model_output holds: log_probs + entropy (policy losses, DPO), values (critic) or scores "
+        "(a reward model, with --pairs)",
     )
     args = parser.parse_args(argv)
+    mask_keys = (
+        args.mask_keys.split(",") if args.mask_keys else list(PAIR_MASK_KEYS if args.pairs else ["response_mask"])
+    )
     try:
+        if args.pairs and set(mask_keys) - set(PAIR_MASK_KEYS):
+            raise ValueError(
+                f"--mask-keys {args.mask_keys}: a pair batch has no {sorted(set(mask_keys) - set(PAIR_MASK_KEYS))}; "
+                f"its masks: {', '.join(PAIR_MASK_KEYS)}"
+            )
         if args.loss_func in POLICY_LOSSES:
-            loss_func = POLICY_LOSSES[args.loss_func](args.loss_agg_mode, mask_key=args.mask_keys.split(",")[0])
+            loss_func = POLICY_LOSSES[args.loss_func](args.loss_agg_mode, mask_key=mask_keys[0])
         else:
             loss_func = load_object(args.loss_func, search_cwd=True)  # like `python -m`, after the installed packages
         if not callable(loss_func):
@@ -364,8 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     report = check_loss_invariance(
         loss_func,
-        args.mask_keys.split(","),
+        mask_keys,
         model_config=model_config,
+        pairs=args.pairs,
         apply_loss_scale=not args.no_loss_scale,
         tolerance=args.tolerance,
         raise_on_failure=False,

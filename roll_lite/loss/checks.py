@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 StepResult = tuple[float, dict[str, torch.Tensor]]  # (loss, {parameter name: gradient})
 Step = Callable[[DataProto, "LossFunc"], StepResult]  # the checker's single global forward/backward
-OUTPUT_NAMES = ("log_probs", "entropy", "values")  # what the model heads return
+OUTPUT_NAMES = ("log_probs", "entropy", "values", "scores")  # what the model heads return
 EXTRA_PADDING_COLUMNS = 7
 
 
@@ -131,7 +131,7 @@ def mask_discipline_failure(
     step: Step, data: DataProto, loss_func: LossFunc, mask_keys: Sequence[str], reference: StepResult, tolerance: float
 ) -> str | None:
     """Change every value outside the declared masks: the model's outputs (log-probs, entropy,
-    values at prompt and padding positions) and every float tensor of the batch (advantages, old /
+    values, scores at prompt and padding positions) and every float tensor of the batch (advantages, old /
     ref log-probs, values, returns there). The loss and gradient must not move. All at once first;
     on a failure, one at a time to name the tensors the loss reads there."""
     outside = _outside(data.batch, mask_keys)

@@ -1,13 +1,14 @@
 """Pair losses: a reward model's Bradley–Terry loss and the DPO family (DPO, IPO, SimPO).
 
 A preference batch holds each pair as two consecutive rows, chosen then rejected, and the strategy
-keeps them together (meta_info['rows_together'] = 2, roll_lite/strategy/micro_batches.py). Its masks:
+keeps them together (meta_info['rows_together'] = 2, roll_lite/strategy/micro_batches.py). Its masks,
+all declared in loss_mask_keys (roll_lite/data/pairs.py: PAIR_MASK_KEYS), as the losses read each:
 - chosen_mask / rejected_mask: the response tokens of the chosen / rejected rows (zero on the other
   side), so global_valid_samples['chosen_mask'] is the step's number of pairs and
   batch_num_tokens['chosen_mask'] its number of chosen tokens;
 - score_mask (reward model): the one token whose score is the sequence's, the last that is not
   padding, as transformers' *ForSequenceClassification reads it;
-- reference_logps (DPO, IPO): [rows] the reference model's summed log-prob of each response.
+and reference_logps (DPO, IPO): [rows] the reference model's summed log-prob of each response.
 
 Every loss is Σ over the micro-batch's pairs / the step's pair count: summed over micro-batches and
 ranks it is the mean over all pairs of the step, whatever D, A and packing.
@@ -98,12 +99,15 @@ def dpo_loss_func(
     nll_coef: float = 0.0,
     simpo_gamma: float = 0.5,
 ) -> LossFunc:
-    """The DPO family on a pair's response log-probs (π: the policy, ref: reference_logps), as TRL names them:
+    """The DPO family on a pair's response log-probs (π: the policy, ref: reference_logps), as TRL 1.16 computes
+    them (DPOTrainer's loss_type sigmoid and ipo, the experimental CPOTrainer's simpo):
     - dpo:   −log σ(β·h), h = (log π_c − log ref_c) − (log π_r − log ref_r)
     - ipo:   (h − 1/(2β))², on per-token mean log-probs (the IPO paper's length normalisation)
     - simpo: −log σ(β·(mean log π_c − mean log π_r) − γ), no reference (γ = simpo_gamma)
-    `label_smoothing` ε makes dpo / simpo conservative (cDPO); `nll_coef` adds the chosen responses'
-    token-mean NLL (over the step's chosen tokens; TRL's rpo_alpha)."""
+    `label_smoothing` ε makes dpo / simpo conservative (cDPO; TRL 1.16 applies it to simpo, and to dpo only up
+    to 0.28); `nll_coef` adds the chosen responses' token-mean NLL (over the step's chosen tokens; TRL's
+    rpo_alpha). The metrics are TRL's, with TRL's formulas (docs/preferences.md lists them): the implicit
+    reward β·(log π − log ref) of summed log-probs, under ipo too, and SimPO's β·mean log π."""
     if loss_type not in PAIR_LOSSES:
         raise ValueError(f"unknown pair loss '{loss_type}'; choose one of {', '.join(PAIR_LOSSES)}")
 
@@ -114,11 +118,10 @@ def dpo_loss_func(
         (log_probs,) = zero_outside(response, output["log_probs"])
         logps = log_probs.double().sum(-1)  # as the reference's sums: equal weights give h = 0 exactly
         reference = batch["reference_logps"].to(logps.dtype) if loss_type != "simpo" else torch.zeros_like(logps)
-        if loss_type in ("ipo", "simpo"):
-            lengths = response.sum(-1).to(logps.dtype)
-            logps, reference = logps / lengths, reference / lengths
-        rewards = beta * (logps - reference)  # the implicit rewards (SimPO: β·mean log π)
-        h = (logps[chosen] - reference[chosen]) - (logps[rejected] - reference[rejected])
+        log_ratios = logps - reference
+        if loss_type in ("ipo", "simpo"):  # they compare per-token means
+            log_ratios = log_ratios / response.sum(-1).to(logps.dtype)
+        h = log_ratios[chosen] - log_ratios[rejected]
         if loss_type == "ipo":
             per_pair = (h - 1.0 / (2.0 * beta)) ** 2
         else:
@@ -134,6 +137,10 @@ def dpo_loss_func(
             )
             loss = loss + nll_coef * nll
             metrics["nll_loss@sum"] = nll.detach()
+        # TRL's metrics: of the summed log-probs under dpo and ipo (DPOTrainer), of SimPO's means (CPOTrainer)
+        if loss_type == "simpo":
+            logps = log_ratios
+        rewards = beta * (logps - reference)  # the implicit rewards
         chosen_rewards, rejected_rewards = rewards[chosen].detach(), rewards[rejected].detach()
         return loss, {
             **metrics,
