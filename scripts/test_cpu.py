@@ -4,6 +4,7 @@ in a cgroup of its own and reads the group's CPU time before and after each test
 
     PYTHONPATH=scripts python -m pytest -p test_cpu -n 2 --dist loadfile --no-loadscope-reorder
     python scripts/test_cpu.py [--top N]           # the table: per file, CPU and wall seconds
+    python scripts/test_cpu.py --areas [--check]   # per area of tests/cpu_budget.py, against its budget
 
 Needs root and cgroup v1's cpuacct controller (/sys/fs/cgroup/cpuacct); where either is missing the
 plugin says so and records nothing. Results go to $TEST_CPU_DIR (default /tmp/test_cpu), one JSON file
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import warnings
 from collections import defaultdict
@@ -73,12 +75,16 @@ def pytest_unconfigure(config) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--top", type=int, default=25, help="files in the table")
+    parser.add_argument("--areas", action="store_true", help="per area of tests/cpu_budget.py, with its budget")
+    parser.add_argument("--check", action="store_true", help="with --areas: exit 1 where an area is over budget")
     args = parser.parse_args()
     tests: dict[str, list[float]] = {}
     for path in sorted(OUT.glob("*.json")):
         tests.update(json.loads(path.read_text()))
     if not tests:
         raise SystemExit(f"no recording in {OUT}: run pytest with -p test_cpu first (see this file's docstring)")
+    if args.areas:
+        raise SystemExit(print_areas(tests, args.check))
     files: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for nodeid, (cpu, wall) in tests.items():
         row = files[nodeid.split("::")[0]]
@@ -90,6 +96,25 @@ def main() -> None:
     print("| file | tests | CPU s | wall s |\n|---|---:|---:|---:|")
     for path, (count, cpu, wall) in sorted(files.items(), key=lambda kv: -kv[1][1])[: args.top]:
         print(f"| {Path(path).name} | {count} | {cpu:.0f} | {wall:.0f} |")
+
+
+def print_areas(tests: dict[str, list[float]], check: bool) -> int:
+    """The table of tests/cpu_budget.py's areas: measured CPU against budget. 1 where `check` and one is over."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from cpu_budget import AREAS, TOTAL_BUDGET_S, area_of
+
+    used: dict[str, float] = defaultdict(float)
+    for nodeid, (cpu, _) in tests.items():
+        used[area_of(nodeid.split("::")[0])] += cpu
+    print("| area | CPU s | budget s | |\n|---|---:|---:|---|")
+    over = []
+    for area, (budget, _, _) in AREAS.items():
+        if used[area] > budget:
+            over.append(area)
+        print(f"| {area} | {used[area]:.0f} | {budget} | {'over' if used[area] > budget else ''} |")
+    total = sum(used.values())
+    print(f"| **all** | **{total:.0f}** | **{TOTAL_BUDGET_S}** | {'over' if total > TOTAL_BUDGET_S else ''} |")
+    return 1 if check and (over or total > TOTAL_BUDGET_S) else 0
 
 
 if __name__ == "__main__":

@@ -58,3 +58,13 @@ def test_the_slowest_file_runs_first_and_the_measurements_name_only_files_that_e
     assert measured_order == sorted(measured_order, key=lambda path: -files[path])
     unmeasured = [path for path in order if path not in files]
     assert order[: len(unmeasured)] == unmeasured  # a new file is not known to be fast: it goes first
+
+
+def test_every_test_file_is_in_exactly_one_area_of_the_cpu_budget():
+    import cpu_budget
+
+    listed = [name for _, _, files in cpu_budget.AREAS.values() for name in files]
+    on_disk = sorted(path.name for path in (REPO / "tests").glob("test_*.py"))
+    assert len(listed) == len(set(listed)), "a file is in two areas"
+    assert sorted(listed) == on_disk, {"in no area": set(on_disk) - set(listed), "gone": set(listed) - set(on_disk)}
+    assert sum(budget for budget, _, _ in cpu_budget.AREAS.values()) == cpu_budget.TOTAL_BUDGET_S
