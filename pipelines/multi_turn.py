@@ -263,6 +263,10 @@ class MultiTurnPipeline(PPOPipeline):
             token_rewards[row, ends] = torch.tensor(episode.turn_rewards, dtype=torch.float32)
             token_rewards[row, ends[-1]] += final[row]
         metrics = {**episode_metrics(self.episodes, "env", self.config.environment.max_turns), **reward_metrics}
+        if self.config.rollout.num_samples >= 2:
+            # a row's group that left-out trajectories (faults under on_fault=drop, failed resets) cut to
+            # one: the group estimators give it advantage 0, there being no other trajectory to compare with
+            metrics["env/groups_of_one"] = float((torch.bincount(batch["group_ids"]) == 1).sum())
         return batch, token_rewards.sum(-1), token_rewards, metrics
 
     def compute_advantages(self, scores, token_rewards, batch):

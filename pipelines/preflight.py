@@ -68,8 +68,12 @@ def _check_lora_targets(config: RunConfig, model_config: ModelConfig) -> None:
     if isinstance(model_config, BuiltModel):
         model_config = causal_lm_config(config.model, model_config.vocab_size)
 
-    with torch.device("meta"):
-        lm = AutoModelForCausalLM.from_config(model_config, trust_remote_code=config.model.trust_remote_code)
+    try:
+        with torch.device("meta"):
+            lm = AutoModelForCausalLM.from_config(model_config, trust_remote_code=config.model.trust_remote_code)
+    except ValueError as error:  # a model type that is not a causal LM (e.g. t5)
+        key = "model.pretrained_path" if config.model.pretrained_path else "model.model_type"
+        raise ConfigError(f"{key}: transformers builds no causal LM from it: {first_line(error)}") from None
     for role in roles:
         target_modules(getattr(config, role).lora, lm, key=f"{role}.lora")
 

@@ -55,6 +55,15 @@ def config_file_as_override(config: str | None, overrides: Sequence[str]) -> str
     return None
 
 
+def import_pipeline(spec: str) -> type:
+    """config.pipeline's class, imported like `python -m` does (after the installed packages, the
+    current directory); what keeps it from importing is a ConfigError naming the key."""
+    try:
+        return load_object(spec, search_cwd=True)
+    except (ImportError, AttributeError, ValueError) as error:
+        raise ConfigError(f"pipeline: {error}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:  # the command itself (roll-train, python -m roll_lite.cli), not a call from Python
         start_clock(process_start())
@@ -70,13 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(misplaced)
         config = load_config(args.config, args.overrides)
         pin_kernels(config.reproducible)  # before anything below runs a torch op: the kernels are chosen then
-        pipeline_class = load_object(config.pipeline, search_cwd=True)  # like `python -m`, after the installed packages
+        pipeline_class = import_pipeline(config.pipeline)
         model_config = check_run(config)  # the model's config, the tokenizer, this machine: before Ray or any output
-    except ConfigError as error:
+    except ValueError as error:  # ConfigError, or a check's ValueError: one line that names its key
         print(f"roll-train: config error: {error}", file=sys.stderr)
-        return 2
-    except (ImportError, AttributeError, ValueError) as error:
-        print(f"roll-train: config error: pipeline: {error}", file=sys.stderr)
         return 2
     use_terminal_logging(logging.INFO, "%(asctime)s %(message)s", "%H:%M:%S")
     logging.getLogger("roll_lite").setLevel(logging.INFO)

@@ -41,8 +41,9 @@ def test_rloo_by_hand():
     adv = rloo_advantages(SCORES, GROUPS, MASK)
     # row 0: 1 - mean(0, 0.5) = 0.75; row 5: 5 - mean(2, 2) = 3
     assert adv[:, 1].tolist() == pytest.approx([0.75, -0.75, 0.0, -1.5, -1.5, 3.0])
-    with pytest.raises(ValueError, match="at least 2 samples"):
-        rloo_advantages(SCORES[:1], GROUPS[:1], MASK[:1])
+    # a group of one (its others dropped) has no baseline: 0, and the other groups are as before
+    alone = rloo_advantages(SCORES[2:], GROUPS[2:], MASK[2:])
+    assert alone[0].abs().sum() == 0 and alone[1:, 1].tolist() == pytest.approx([-1.5, -1.5, 3.0])
 
 
 def test_last_token_rewards():

@@ -38,6 +38,10 @@ def run_cli(*args, cwd):
         ),
         ("reward.functions={bleu: 1.0}", "reward.functions.bleu: 'bleu' is not one of"),
         ("pipeline=nowhere.module:Pipe", "pipeline: cannot import 'nowhere.module:Pipe'"),
+        (  # the preflight's (check_run's): it was labelled "pipeline:", and took 3 lines
+            "model.model_type=t5|actor.lora.rank=8",
+            "config error: model.model_type: transformers builds no causal LM from it: Unrecognized configuration",
+        ),
         (
             "algorithm.seq_len_norm=-4",
             "algorithm.seq_len_norm: must be > 0 or null (null: rollout.max_new_tokens), got -4",
@@ -121,6 +125,18 @@ def test_bad_config_exits_2_with_one_line(tmp_path, capsys, override, expected):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0], lines
     assert not (tmp_path / "out").exists()
+
+
+def test_only_the_pipeline_imports_errors_are_labelled_pipeline(tmp_path, capsys, monkeypatch):
+    """A check's ValueError that names its own key was printed as `config error: pipeline: <key>: ...`."""
+    import roll_lite.cli
+
+    def check_run(config):
+        raise ValueError("model.tokenizer_path: no tokenizer in '/nowhere'")
+
+    monkeypatch.setattr(roll_lite.cli, "check_run", check_run)
+    assert main(["--config", str(REPO / "configs/grpo.yaml"), f"output_dir={tmp_path}/out"]) == 2
+    assert capsys.readouterr().err == "roll-train: config error: model.tokenizer_path: no tokenizer in '/nowhere'\n"
 
 
 # Each pipeline class with a key that only it (its constructor, or its code before the first step) refuses.

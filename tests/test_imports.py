@@ -33,3 +33,16 @@ def test_the_driver_imports_no_model_classes():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_judge_parser_module_imports_no_torch():
+    """The judge's guarded child imports its parser's module (configs/mixed_domains.yaml:
+    roll_lite.data.digit_domains:parse_verdict); through roll_lite.data's DataProto that pulled torch,
+    ~1 s of CPU at every start and restart of the child instead of ~0.07 s."""
+    code = (
+        "import sys, roll_lite.rewards.judge_code, roll_lite.rewards.guarded, roll_lite.data.digit_domains;"
+        "heavy = [m for m in ('torch', 'transformers', 'datasets') if m in sys.modules]; print(heavy); assert not heavy;"
+        "from roll_lite.data import DataProto; assert DataProto.__module__ == 'roll_lite.data.proto'"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr

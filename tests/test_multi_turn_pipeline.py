@@ -89,6 +89,26 @@ def test_a_faulted_trajectory_gets_reward_0_or_is_left_out_and_is_counted(rows_f
     assert metrics["env/faults/raised"] == 1 and metrics["env/faults/crashed"] == 1
 
 
+@pytest.mark.parametrize("advantage, credit", [("rloo", "trajectory"), ("rloo", "turn"), ("grpo", "turn")])
+def test_a_group_that_faults_left_with_one_trajectory_gets_advantage_0_and_is_counted(rows_file, advantage, credit):
+    """RLOO stopped the run ("needs at least 2 samples per prompt"), and turn-level GRPO credited a
+    lone trajectory's later turns (G_k - G_1) / eps."""
+    overrides = [f"algorithm.advantage={advantage}", f"environment.credit={credit}", "environment.on_fault=drop"]
+    pipeline = pipeline_for(rows_file, *overrides)
+    episodes = [
+        episode(0, 0, [(2, 1.0), (1, 0.5)]),
+        episode(0, 1, [(2, 0.5)], end="fault", fault="raised"),
+        episode(1, 0, [(2, 1.0)]),
+        episode(1, 1, [(1, 0.0)]),
+    ]
+    pipeline.episodes = episodes
+    batch = pipeline.episode_batch(episodes, step=1)
+    _, scores, token_rewards, metrics = pipeline.rewards(batch)
+    advantages, _ = pipeline.compute_advantages(scores, token_rewards, batch)
+    assert batch["group_ids"].tolist() == [0, 1, 1] and metrics["env/groups_of_one"] == 1
+    assert advantages[0].abs().sum() == 0 and (advantages[1] > 0).any() and (advantages[2] < 0).any()
+
+
 def test_a_step_where_every_trajectory_faulted_stops_with_the_reasons(rows_file):
     pipeline = pipeline_for(rows_file)
     with pytest.raises(

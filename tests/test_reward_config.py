@@ -146,6 +146,35 @@ def test_roll_train_reports_a_reward_that_does_not_import_in_one_line(
     assert not out and not (user_dir / "out").exists()  # nothing started, nothing written
 
 
+def test_a_judge_template_jinja_cannot_parse_is_one_config_line_naming_the_file_and_lines(
+    tmp_path, monkeypatch, capsys
+):
+    """It was jinja2's TemplateSyntaxError, raw, from the config check; the template's own line, and the
+    config file's line where it is set."""
+    config = tmp_path / "judged.yaml"
+    config.write_text(
+        "reward:\n"
+        "  judges: {no_judge_here: 1.0}\n"
+        "  judge_template: |\n"
+        "    Answer: {{ answer }}\n"
+        "    Response: {{ response }\n"
+    )
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    template_error = "Jinja syntax error on line 2 of the template: unexpected '}'"
+    for args, where in (
+        ([], f"{config}:3"),
+        (["reward.judge_template='{{ response }} {% if %}'"], "its key=value override"),
+    ):
+        code = main(["--config", str(config), f"output_dir={tmp_path / 'out'}", *args])
+        out, err = capsys.readouterr()
+        expected = (
+            template_error if not args else "Jinja syntax error on line 1 of the template: Expected an expression"
+        )
+        assert code == 2 and not out and err.count("\n") == 1, err[-2000:]
+        assert err.startswith(f"roll-train: config error: reward.judge_template ({where}): {expected}"), err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     "functions, written_right",
     [

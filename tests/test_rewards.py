@@ -3,9 +3,14 @@ return no number, and the reward worker's weighted sum and metrics. No Ray here.
 
 import logging
 import math
+import os
+import signal
+import subprocess
 import sys
 import textwrap
+import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,6 +152,69 @@ def test_runner_gives_a_typed_outcome_to_calls_that_raise_hang_crash_or_return_n
     finally:
         runner.close()
     assert runner.process.process.poll() is not None  # closed: nothing left running
+
+
+def test_a_guarded_child_started_by_a_thread_that_ends_lives_on(user_rewards):
+    """The reward worker starts (and restarts) its children from pool threads that end with each batch;
+    a child's parent-death signal follows the thread that started it, so the spawner thread starts them."""
+    runners: list[RewardRunner] = []
+    thread = threading.Thread(target=lambda: runners.append(RewardRunner([f"{user_rewards}:flaky"], timeout_s=60.0)))
+    thread.start()
+    thread.join()
+    try:
+        assert [o.value for o in runners[0].score(f"{user_rewards}:flaky", ["ab"], ["x"], [{}])] == [2.0]
+        assert runners[0].process.starts == 1  # not killed with the thread and started again
+    finally:
+        runners[0].close()
+
+
+SPINNING_PARENT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from roll_lite.rewards.guarded import GuardedProcess
+guard = GuardedProcess(["spin_reward_for_test:spin"])
+print(guard.process.pid, flush=True)
+guard.score("spin_reward_for_test:spin", [("a", "b", {})], timeout_s=600)
+"""
+
+
+def test_a_guarded_child_stuck_in_c_code_holding_the_gil_dies_with_its_parent(tmp_path):
+    """sum() over a range is one C loop that never lets the GIL go: the child's exit-with-parent
+    thread cannot run, and only the kernel's parent-death signal ends it."""
+    (tmp_path / "spin_reward_for_test.py").write_text(
+        "def spin(response, answer, extra):\n    return sum(range(10**15))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", SPINNING_PARENT, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        child = int(parent.stdout.readline())
+        loaded, deadline = cpu_seconds(child) or 0.0, time.monotonic() + 60
+        while (cpu_seconds(child) or 0.0) < loaded + 0.3 and time.monotonic() < deadline:  # the call is spinning
+            time.sleep(0.05)
+        assert cpu_seconds(child) is not None, "the child died before its parent"
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 3
+        while cpu_seconds(child) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cpu_seconds(child) is None, "the child outlived its SIGKILLed parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        if child is not None and cpu_seconds(child) is not None:
+            os.kill(child, signal.SIGKILL)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The process's user + system CPU seconds; None once it is gone (or a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_a_score_is_ok_with_a_finite_value_or_names_why_it_is_not():

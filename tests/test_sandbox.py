@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -145,6 +148,56 @@ def test_the_rlimits_mode_enforces_its_limits_but_does_not_isolate():
         assert "ROLL" not in env.stdout.decode() and b"HOME" in env.stdout
     finally:
         pool.close()
+
+
+PARENT_OF_A_SLEEPER = """
+import sys
+from roll_lite.sandbox import Isolation, Limits, SandboxPool
+pool = SandboxPool(Isolation("rlimits", python="/usr/bin/python3"), Limits(wall_s=600.0), workers=1)
+pool.run({"main.py": "import time\\ntime.sleep(600)\\n"}, [*pool.python("main.py"), sys.argv[1]])
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs /usr/bin/python3, which any user may run")
+def test_the_rlimits_mode_kills_the_program_when_the_worker_dies(tmp_path):
+    """No PID namespace dies with the worker there (bwrap's --die-with-parent): a sleeping program
+    that only the worker's wall clock would have ended outlived a SIGKILLed worker by its 600 s."""
+    marker = f"sleeper-{os.getpid()}-{tmp_path.name}"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_OF_A_SLEEPER, marker])
+    program = None
+    try:
+        deadline = time.monotonic() + 60
+        while program is None and time.monotonic() < deadline:
+            program = next(iter(processes_running(os.path.realpath("/usr/bin/python3"), marker)), None)
+            time.sleep(0.05)
+        assert program is not None, "the sandboxed program did not start"
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 3
+        while processes_running(os.path.realpath("/usr/bin/python3"), marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not processes_running(os.path.realpath("/usr/bin/python3"), marker), (
+            "the program outlived its SIGKILLed worker"
+        )
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in processes_running(os.path.realpath("/usr/bin/python3"), marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def processes_running(program: str, marker: str) -> list[int]:
+    """pids (not zombies) whose command line runs `program` with `marker` among its arguments."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, NotADirectoryError, ProcessLookupError, PermissionError):
+            continue
+        if argv[0] == program.encode() and marker.encode() in argv and state not in ("Z", "X"):
+            pids.append(int(entry.name))
+    return pids
 
 
 @needs_bwrap

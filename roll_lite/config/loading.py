@@ -119,7 +119,10 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
             or uses_code(config.reward)
             or bool(labels_of(config, "reward"))  # pinned to nodes: a reward worker there
         )
-    validate(config)
+    try:
+        validate(config)
+    except ConfigError as error:
+        raise ConfigError(_where_set(str(error), None if path is None else Path(path), overrides)) from None
     if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
         config.model.tokenizer_path = config.model.pretrained_path
     return config
@@ -148,6 +151,35 @@ def _expand_home(config: RunConfig) -> None:
     config.distill.teacher = expand(config.distill.teacher)
     config.distill.teachers = {domain: expand(folder) for domain, folder in config.distill.teachers.items()}
     config.output_dir, config.resume = expand(config.output_dir), expand(config.resume)
+
+
+# Keys whose value is a text of its own (a Jinja template), whose errors name a line of that text: the
+# error also says where the value was set (the config file and its line, or an override).
+_TEXT_KEYS = ("reward.judge_template",)
+
+
+def _where_set(message: str, path: Path | None, overrides: Sequence[str]) -> str:
+    """`message` ("key: ...") with where the key's value was set after the key, for the _TEXT_KEYS."""
+    key, _, rest = message.partition(": ")
+    if key not in _TEXT_KEYS:
+        return message
+    if any(override.partition("=")[0].strip() == key for override in overrides):
+        return f"{key} (its key=value override): {rest}"
+    line = _line_of(path, key) if path is not None else None
+    return f"{key} ({path}:{line}): {rest}" if line is not None else message
+
+
+def _line_of(path: Path, key: str) -> int | None:
+    """The line of the YAML file `path` where dotted `key`'s value starts; None where it is not set."""
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, yaml.YAMLError):
+        return None
+    for part in key.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        node = next((value for name, value in node.value if name.value == part), None)
+    return None if node is None else node.start_mark.line + 1
 
 
 def _near_miss(path: Path) -> str:

@@ -82,16 +82,16 @@ def grpo_advantages(
 def rloo_advantages(
     scores: torch.Tensor, group_ids: torch.Tensor, response_mask: torch.Tensor, valid: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """RLOO: score minus the mean score of the other samples of the same prompt. `valid`: as in
-    grpo_advantages."""
+    """RLOO: score minus the mean score of the other samples of the same prompt. A group of one row
+    (the others dropped: a multi-turn run's faults) has no other samples and gets 0, as GRPO's does.
+    `valid`: as in grpo_advantages."""
     if valid is not None:
         return _over_valid_rows(rloo_advantages, scores, group_ids, response_mask, valid)
     inverse, counts, sums, _, _ = _group_statistics(scores, group_ids)
-    if bool((counts < 2).any()):
-        raise ValueError("RLOO needs at least 2 samples per prompt (rollout.num_samples >= 2)")
     n = counts[inverse].to(scores.dtype)
-    baseline = (sums[inverse] - scores) / (n - 1)
-    return (scores - baseline)[:, None] * response_mask.to(scores.dtype)
+    baseline = (sums[inverse] - scores) / (n - 1).clamp(min=1)
+    advantages = torch.where(n >= 2, scores - baseline, torch.zeros_like(scores))
+    return advantages[:, None] * response_mask.to(scores.dtype)
 
 
 def _over_valid_rows(
@@ -166,8 +166,9 @@ def turn_level_advantages(
     A_ik = (G_ik - b_i) / s, where G_ik is its return-to-go (turn_returns), b_i the group baseline of
     the estimator computed from the group's whole-trajectory returns G_j1 (grpo / dr_grpo: their mean;
     rloo: the mean of the others'), and s the group's std of G_j1 + eps for grpo, else 1. A turn is
-    credited with what followed it, never with the rewards of turns before it. `valid`: as in
-    grpo_advantages (reward.on_failure=drop)."""
+    credited with what followed it, never with the rewards of turns before it. A group of one
+    trajectory (the others dropped: environment.on_fault=drop, a failed reset) has no baseline and gets
+    0. `valid`: as in grpo_advantages (reward.on_failure=drop)."""
     if valid is not None:
 
         def on_rows(rows_rewards: torch.Tensor, rows_groups: torch.Tensor, rows_mask: torch.Tensor) -> torch.Tensor:
@@ -178,9 +179,7 @@ def turn_level_advantages(
     g_first = _at_first_masked_token(returns, mask)
     inverse, counts, sums, means, stds = _group_statistics(g_first, group_ids)
     if estimator == "rloo":
-        if bool((counts < 2).any()):
-            raise ValueError("RLOO needs at least 2 samples per prompt (rollout.num_samples >= 2)")
-        baseline = (sums[inverse] - g_first) / (counts[inverse].to(g_first.dtype) - 1)
+        baseline = (sums[inverse] - g_first) / (counts[inverse].to(g_first.dtype) - 1).clamp(min=1)
     elif estimator in ("grpo", "dr_grpo"):
         baseline = means[inverse]
     else:
@@ -188,7 +187,9 @@ def turn_level_advantages(
     advantages = returns - baseline[:, None]
     if estimator == "grpo":
         advantages = advantages / (stds[inverse] + eps)[:, None]
-    return advantages * mask.to(rewards.dtype)
+    # alone in its group, a trajectory's later turns would be credited G_k - G_1 (over eps, for grpo)
+    in_group = (counts[inverse] >= 2)[:, None]
+    return torch.where(in_group, advantages, torch.zeros_like(advantages)) * mask.to(rewards.dtype)
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:

@@ -93,12 +93,12 @@ def check_reward_models(models: dict, section: str = "reward.models") -> None:
 
 
 def check_judges(judges: dict, template: str, parser: str | None, section: str = "reward.judges") -> None:
-    """reward.judges: local folders of generative models (reward/judge:<folder>); a template whose
-    fields a row has; a parser that imports."""
+    """reward.judges: a template that parses and whose fields a row has; local folders of generative
+    models (reward/judge:<folder>); a parser that imports."""
     from roll_lite.rewards.judge import check_judge_folder, judge_metric_name, template_source
 
+    template_source(template)  # text alone: before the folders' models and tokenizers are read
     _check_model_folders(judges, section, check_judge_folder, judge_metric_name)
-    template_source(template)
     if parser is not None:
         if not is_import_path(parser):
             raise ValueError(f"reward.judge_parser: '{parser}' is not a package.module:function import path")

@@ -59,7 +59,8 @@ PARSERS = {"pointwise": parse_pointwise, "correctness": parse_correctness}
 
 
 def template_source(template: str) -> str:
-    """A built-in template's Jinja, or `template` itself (Jinja of your own); its fields checked."""
+    """A built-in template's Jinja, or `template` itself (Jinja of your own); its syntax and fields
+    checked (a ValueError naming the key, and the template's line for a syntax error)."""
     import jinja2
     from jinja2 import meta
 
@@ -69,7 +70,13 @@ def template_source(template: str) -> str:
             f"reward.judge_template: '{template}' is not one of {', '.join(TEMPLATES)}, nor Jinja with "
             f"the fields {', '.join(sorted(FIELDS))}"
         )
-    unknown = meta.find_undeclared_variables(jinja2.Environment().parse(source)) - FIELDS
+    try:
+        parsed = jinja2.Environment().parse(source)
+    except jinja2.TemplateSyntaxError as error:
+        raise ValueError(
+            f"reward.judge_template: Jinja syntax error on line {error.lineno} of the template: {error.message}"
+        ) from None
+    unknown = meta.find_undeclared_variables(parsed) - FIELDS
     if unknown:
         raise ValueError(
             f"reward.judge_template: names {', '.join(sorted(unknown))}, which a row does not have "

@@ -8,7 +8,7 @@ one that raised or returned no finite number is `failed`; a reply the parser fin
 (None) is `unparseable`. After a timeout or a crash the child is killed, its stuck threads with it, and
 started again: a batch costs at most timeout_s plus a restart however many of its rows hang, and no
 thread of the reward worker ever runs the user's code. The plumbing is guarded.py's (prints go to the
-log; the child exits when its parent does).
+log; the child dies with its parent, even while user code holds the GIL in C).
 
     parent -> child  ("load", parser spec or None, template source or None)   child -> parent  ("ready", error)
     parent -> child  ("render", [(prompt, response, answer, extra), ...])  child -> parent  (index, text or Score)

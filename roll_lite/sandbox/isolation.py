@@ -10,9 +10,10 @@ is there. The environment is emptied. As root it then drops to a user of its own
 user. `prlimit` sets the rlimits (limits.py) last, just before the program.
 
 `rlimits` (weaker, only when the user asks for it: reward.sandbox.isolation=rlimits): the same
-rlimits, timeout, output cap and emptied environment, a fresh working directory and, as root, a user
-of its own per slot whose every process is killed after each run. No namespaces: the program can
-reach the network, read whatever that user may read and write to world-writable places such as /tmp.
+rlimits, timeout, output cap and emptied environment, a fresh working directory, the program killed
+with the worker (`setpriv --pdeathsig`), and, as root, a user of its own per slot whose every
+process is killed after each run. No namespaces: the program can reach the network, read whatever
+that user may read and write to world-writable places such as /tmp.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class Isolation:
         if not os.path.isfile(self.python) or not os.access(self.python, os.X_OK):
             raise SandboxUnavailable(f"reward.sandbox.python: {self.python} is not an executable file")
         needed = ["bash", "prlimit"] + (
-            ["bwrap"] + (["setpriv"] if self.as_root else []) if self.mode == "bwrap" else []
+            ["bwrap"] + (["setpriv"] if self.as_root else []) if self.mode == "bwrap" else ["setpriv"]
         )
         if missing := [tool for tool in needed if shutil.which(tool) is None]:
             hint = (
@@ -99,7 +100,13 @@ class Isolation:
         if self.mode == "rlimits":
             if user is not None:
                 os.chown(work_dir, user, user)
-            return Command([*ready, *limited], {**_ENV, "HOME": work_dir}, work_dir, user)
+            # No namespace dies with this process here, as bwrap's does (--die-with-parent): the program
+            # gets SIGKILL when the thread that started it (and waits for it) ends, and exits at once if
+            # that process died before setpriv asked for the signal (bash's $PPID is no longer it).
+            orphan_check = f'[ "$PPID" = {os.getpid()} ] || exit 1; '
+            ready[2] = orphan_check + ready[2]
+            dies_with_parent = ["setpriv", "--pdeathsig", "KILL"]
+            return Command([*dies_with_parent, *ready, *limited], {**_ENV, "HOME": work_dir}, work_dir, user)
         disk = str(int(limits.disk_mb * MB))
         wrapper = [
             "bwrap",
