@@ -15,6 +15,8 @@ from roll_lite.loss.advantages import (
     whitens_advantages,
 )
 
+from .dapo import informative_rows
+
 
 def estimate_advantages(
     a: AlgorithmConfig, token_rewards: torch.Tensor, batch: DataProto, mask: torch.Tensor
@@ -38,3 +40,17 @@ def estimate_advantages(
     if whitens_advantages(a.advantage, a.whiten_advantages):
         advantages = masked_whiten(advantages, mask)
     return advantages, returns
+
+
+def reward_signal_metrics(
+    scores: torch.Tensor, group_ids: torch.Tensor, valid: torch.Tensor | None
+) -> dict[str, float]:
+    """advantage/groups: the batch's groups (a prompt's samples); advantage/equal_reward_groups: those
+    whose scored rows all have one reward (or that have fewer than two scored rows). The group-baseline
+    estimators (grpo, dr_grpo, rloo) give every row of such a group advantage 0: when all groups are
+    equal, the step's gradient comes from nothing but a KL loss or a teacher (0 without them)."""
+    groups = len(torch.unique(group_ids))
+    if valid is not None:
+        scores, group_ids = scores[valid], group_ids[valid]
+    informative = len(torch.unique(group_ids[informative_rows(scores, group_ids)]))
+    return {"advantage/groups": float(groups), "advantage/equal_reward_groups": float(groups - informative)}

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 
 from roll_lite.config import RunConfig
 from roll_lite.loss import RolloutCorrection
+from roll_lite.rewards.outcomes import KINDS
 
 
 def describe_fully_async(rollout, algorithm, multi_turn: bool = False) -> str:
@@ -84,10 +86,94 @@ def fmt(value) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+DOMAIN_MEAN = re.compile(r"reward/([^/]+)/mean")  # reward.domains: each domain's mean reward
+SOURCE_MEAN = re.compile(r"reward/((?:model|judge):[^/]+)")  # a reward model's or a judge's mean score
+NOT_SCORED = [kind for kind in KINDS if kind != "ok"]  # the outcomes of a row a source did not score
+CODE_VERDICT = re.compile(r"reward/(?:([^/]+)/)?code/programs/(\w+)")  # the code source's program verdicts
+
+
+def domain_means(m: dict, prefix: str = "") -> dict[str, float]:
+    """{domain: its mean reward} of a run with reward.domains (`prefix`: "eval/" for the held-out ones);
+    empty without. Its domains' sources score on different scales (a reward model's logit, a judge's
+    yes-rate, an exact-answer rate), so the log shows them apart, never one mean over them. By name: the
+    reward worker's order of the domains is a set's."""
+    means = {
+        match[1]: value
+        for key, value in m.items()
+        if key.startswith(prefix) and (match := DOMAIN_MEAN.fullmatch(key[len(prefix) :]))
+    }
+    return dict(sorted(means.items()))
+
+
+def reward_text(m: dict, prefix: str = "", overall: str = "reward/mean") -> str:
+    """'0.406', or per domain 'reverse 0.406, increment -1.200, ...'."""
+    means = domain_means(m, prefix)
+    if means:
+        return ", ".join(f"{domain} {value:.3f}" for domain, value in means.items())
+    return fmt(m.get(prefix + overall))
+
+
+def held_out(m: dict) -> str:
+    """The held-out reward of an evaluation's metrics: eval/reward_mean, or per domain."""
+    return reward_text(m, "eval/", "reward_mean")
+
+
+def held_out_change(first: dict, last: dict) -> str:
+    """The held-out reward from the run's first evaluation to its last: '0.094 at start -> 0.891 at the
+    end', or per domain 'reverse 0.031 -> 0.500, increment ... (start -> end)'."""
+    start, end = domain_means(first, "eval/"), domain_means(last, "eval/")
+    if not start or not end:
+        return f"{held_out(first)} at start -> {held_out(last)} at the end"
+    changes = [f"{domain} {fmt(start.get(domain))} -> {fmt(value)}" for domain, value in end.items()]
+    return ", ".join(changes) + " (start -> end)"
+
+
+def feature_parts(m: dict) -> list[str]:
+    """What the run's own feature does, from the metrics it logs: the reward models' and judges' scores, the
+    code verdicts, the unscored responses, DAPO's informative groups, the distillation KL, the staleness of
+    generating ahead, the turns and tool calls of multi-turn episodes."""
+    parts = []
+    for key, value in m.items():
+        if match := SOURCE_MEAN.fullmatch(key):  # its mean over the rows it scored, and the rows it did not
+            missed = ", ".join(f"{m[f'{key}/{kind}']:g} {kind}" for kind in NOT_SCORED if m.get(f"{key}/{kind}"))
+            parts.append(f"{match[1]} {value:.3f}" + (f" ({missed})" if missed else ""))
+    verdicts: dict[str | None, list[str]] = {}
+    for key, count in m.items():
+        if (match := CODE_VERDICT.fullmatch(key)) and count:
+            verdicts.setdefault(match[1], []).append(f"{count:g} {match[2]}")
+    parts += [f"{f'{domain} ' if domain else ''}programs: {', '.join(counts)}" for domain, counts in verdicts.items()]
+    if m.get("reward/unscored"):
+        parts.append(f"unscored {m['reward/unscored']:g}")
+    for key, label in (
+        ("dapo/informative_groups", "informative"),
+        ("distill/reverse_kl", "distill kl"),
+        ("actor/distill_kl", "distill kl"),
+        ("rollout/staleness_token_mean", "staleness"),  # fully async: per token
+        ("env/turns", "turns"),
+        ("env/tool_calls", "tool calls"),
+    ):
+        if key in m:
+            parts.append(f"{label} {m[key]:.3g}")
+    if "rollout/staleness_token_mean" not in m and m.get("rollout/staleness"):  # rollout.async_steps
+        parts.append(f"staleness {m['rollout/staleness']:g}")
+    return parts
+
+
+def signal_note(m: dict) -> str | None:
+    """When no group of the step had different rewards: the step's reward taught nothing (with a group
+    baseline, and no KL loss or teacher, its gradient is 0)."""
+    groups, equal = m.get("advantage/groups"), m.get("advantage/equal_reward_groups")
+    if not groups or equal != groups:
+        return None
+    note = f"all {groups:g} groups had equal rewards"
+    return note + ": no gradient this step" if m.get("actor/grad_norm") == 0 else note
+
+
 def progress_line(step: int, steps: int, m: dict) -> str:
-    parts = [f"step {step}/{steps}", f"reward {m['reward/mean']:.3f}"]
+    parts = [f"step {step}/{steps}", f"reward {reward_text(m)}"]
     if "eval/reward_mean" in m:
-        parts.append(f"held-out {m['eval/reward_mean']:.3f}")
+        parts.append(f"held-out {held_out(m)}")
+    parts += feature_parts(m)
     for key, label in (
         ("actor/kl", "kl"),
         ("actor/entropy", "entropy"),
@@ -96,4 +182,5 @@ def progress_line(step: int, steps: int, m: dict) -> str:
     ):
         if key in m:
             parts.append(f"{label} {m[key]:.3g}")
-    return " | ".join(parts)
+    note = signal_note(m)
+    return " | ".join(parts + ([note] if note else []))

@@ -157,7 +157,7 @@ def test_dapo_config_errors_name_the_key(overrides, error):
 
 def test_configs_dapo_trains_with_dynamic_sampling_and_overlong_shaping(data, tmp_path):  # noqa: F811
     tiny = [o for o in TINY if not o.startswith(("steps=", "eval_every"))]  # token_accuracy: graded scores
-    run(
+    log = run(
         [
             __import__("sys").executable,
             "-m",
@@ -171,9 +171,12 @@ def test_configs_dapo_trains_with_dynamic_sampling_and_overlong_shaping(data, tm
             f"output_dir={tmp_path}",
             "run_name=dapo",
         ]
-    )
+    ).stderr
     steps = [r for r in metrics(tmp_path / "dapo") if r["step"] > 0]
     assert len(steps) == 3
     assert all(
         "dapo/informative_groups" in r and "dapo/overlong_filtered" in r and "dapo/overlong_penalty" in r for r in steps
     )
+    lines = [line for line in log.splitlines() if " step " in line and "/3 | reward" in line]
+    for r, line in zip(steps, lines, strict=True):  # each step's line: the share of groups found informative
+        assert f"| informative {r['dapo/informative_groups']:.3g} |" in line, line

@@ -252,6 +252,9 @@ def test_readme_demo_command_runs_and_draws_its_curves(demo):
     patterns = quickstart_log_patterns()
     assert len(patterns) >= 8
     printed = [line[9:] for line in demo["text"].splitlines() if re.match(r"\d\d:\d\d:\d\d ", line)]
+    # the tiny run's model gets some steps' rewards all equal, which those lines say at their end
+    # (docs/checkpoints.md#progress); the quickstart's warm-started run had a signal in every step it shows
+    printed += [re.sub(r" \| all \d+ groups had equal rewards.*", "", line) for line in printed]
     unseen = [p.pattern for p in patterns if not any(p.fullmatch(line) for line in printed)]
     assert not unseen, f"docs/quickstart.md shows log lines the demo no longer prints: {unseen}\n" + "\n".join(printed)
 

@@ -5,6 +5,7 @@ end to end with tiny models, each domain's rows scored by its own source."""
 
 import json
 import random
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -120,6 +121,16 @@ def test_the_docs_three_commands_train_both_sources_and_route_every_domain(tmp_p
     assert not any(
         key.startswith("reward/reverse/model") or key.startswith("reward/reverse/judge") for r in steps for key in r
     )
+    # the log shows each domain's reward apart, never one mean over a logit, a yes-rate and an exact-answer rate
+    log = result.stderr
+    held_out = ", ".join(f"{d} {steps[-1][f'eval/reward/{d}/mean']:.3f}" for d in ("decrement", "increment", "reverse"))
+    assert re.search(r"step 0 \(before RL\): held-out decrement -?[0-9.]+, increment -?[0-9.]+, reverse", log), log
+    assert f"| held-out {held_out} |" in log, log
+    first_words = re.findall(r" step [12]/2 \| reward (\S+) ", log)  # a domain's name, never a number
+    assert len(first_words) == 2 and set(first_words) <= {"decrement", "increment", "reverse"}, first_words
+    assert re.search(
+        r"held-out reward: decrement -?[0-9.]+ -> -?[0-9.]+, increment .*, reverse .*\(start -> end\)", log
+    ), log
 
 
 def test_the_examples_stages_are_the_configs_header_commands(monkeypatch):

@@ -64,6 +64,10 @@ def test_a_user_reward_module_scores_a_ray_run_and_a_raising_one_is_counted_and_
     assert step["reward/my_rewards_for_ray:broken/failed"] == rows and step["reward/unscored"] == rows
     # drop: no response was scored by every function, so none is in the loss: zero loss, zero gradient
     assert step["reward/dropped"] == rows and step["reward/mean"] == 0.0 and step["actor/grad_norm"] == 0.0
+    # and the step's line says so: no group had two scored rows to compare (pipelines/run_log.py)
+    assert step["advantage/groups"] == step["advantage/equal_reward_groups"] == 4
+    assert "| unscored 32 |" in result.stderr
+    assert "| all 4 groups had equal rewards: no gradient this step" in result.stderr
     assert records[0]["eval/reward/my_rewards_for_ray:broken/failed"] == 8  # the 8 eval prompts of the SMALL data
     assert "reward/token_accuracy" not in step  # the override replaced SMALL's reward.functions
     warning = (
@@ -134,6 +138,10 @@ def test_a_reward_model_and_a_judge_score_a_ray_run_in_the_reward_worker(tmp_pat
         )
     log = result.stdout + result.stderr
     assert f"reward model {folder}: the policy's token ids go straight in (same tokenizer and chat template)" in log
+    lines = [text for text in log.splitlines() if " step " in text and "/2 | reward" in text]
+    for step, text in zip(steps, lines, strict=True):  # each step's line: what each model and judge scored
+        sources = f"model:tiny_rm {step['reward/model:tiny_rm']:.3f} | judge:tiny_judge 0.000 ({rows} unparseable)"
+        assert sources in text and "| staleness " in text, text
     assert f"judge {judge}: greedy, at most 4 new tokens, vllm engine" in log
 
 
@@ -204,3 +212,9 @@ def test_rows_of_three_domains_are_scored_by_their_own_sources_in_a_ray_run(tmp_
     log = result.stdout + result.stderr
     assert "rewards routed by data.domain: exact: exact_answer; dense: token_accuracy; code: code" in log
     assert "code reward: sandbox bwrap" in log
+    # the step line: each domain's reward apart (by name; no mean over sources of other scales), the programs' verdicts
+    (line,) = [text for text in log.splitlines() if "step 1/1 |" in text]
+    means = ", ".join(f"{domain} {step[f'reward/{domain}/mean']:.3f}" for domain in ("code", "dense", "exact"))
+    assert f"| reward {means} |" in line, line
+    verdicts = ", ".join(f"{n:g} {verdict}" for verdict, n in programs.items() if n)
+    assert f"| code programs: {verdicts} |" in line, line
