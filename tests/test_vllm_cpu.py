@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from mismatch_records import assert_mismatch_logged
 from test_resume import STEPS, assert_same_trajectory, command, data, metrics, run, run_until  # noqa: F401 (data: a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,6 +99,8 @@ def test_roll_train_generates_with_vllm_on_cpu_and_every_step_is_on_the_actors_w
     assert all(r["actor/rollout_logp_gap_max"] <= LOGP_TOLERANCE for r in steps), [
         r["actor/rollout_logp_gap_max"] for r in steps
     ]
+    assert_mismatch_logged(steps, [set()] * STEPS, prefix="rollout/mismatch/vllm-float32")
+    assert all(r["rollout/mismatch/vllm-float32/logp_gap_max"] <= LOGP_TOLERANCE for r in steps)
     assert all(r["eval/reward_mean"] is not None for r in records if r["step"] % 2 == 0)
 
 

@@ -28,6 +28,12 @@ def validate_rollout(config: RunConfig) -> None:
         "rollout.max_logp_gap",
         f"must be > 0 or null (null: log rollout/logp_gap only), got {rollout.max_logp_gap}",
     )
+    band = rollout.mismatch_band
+    check(
+        len(band) == 2 and 0 <= band[0] < 1 < band[1],
+        "rollout.mismatch_band",
+        f"must be [low, high] with 0 <= low < 1 < high, got {list(band)}",
+    )
     if rollout.fully_async:
         _validate_fully_async(config)
     if rollout.engine == "vllm":

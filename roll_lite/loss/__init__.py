@@ -13,6 +13,7 @@ sft.py          supervised fine-tuning's NLL               correction.py  rollou
 preference.py   pair losses: Bradley–Terry (reward models), DPO, IPO, SimPO
 distill.py      on-policy distillation: the teacher's reverse KL as an advantage or a loss
 advantages.py   advantage estimators and reward shaping
+mismatch.py     the engine / trainer log-prob mismatch's per-step sums and metrics (quantiles, band, KL)
 checks.py, checker.py  the loss-invariance checker (roll-check-loss); not imported here
 """
 

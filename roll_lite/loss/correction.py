@@ -25,6 +25,7 @@ import torch
 
 from roll_lite.loss.aggregation import token_mean_metric, zero_outside
 from roll_lite.loss.kl import kl_penalty
+from roll_lite.loss.mismatch import asked_mismatch_sums
 
 if TYPE_CHECKING:
     from roll_lite.data.proto import DataProto
@@ -211,6 +212,7 @@ def rollout_correction(
         # kl_penalty(π, π_ref): KL(π ‖ π_ref) from samples of π; here π = π_rollout, π_ref = π_actor
         "rollout_kl_k3@sum": token_mean_metric(kl_penalty(engine, actor, "k3"), mask, tokens),
     }
+    metrics.update(asked_mismatch_sums(batch, engine, actor, mask))  # the controller's, when it asks
     if not correction.weighted:
         return None, metrics
     weights = mask.to(actor.dtype)
