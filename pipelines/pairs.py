@@ -24,6 +24,7 @@ from roll_lite.model.tokenizer import load_tokenizer
 from roll_lite.runtime.metrics import reduce_metrics
 
 from .supervised import SupervisedPipeline
+from .traces import pair_trace
 
 logger = logging.getLogger("roll_lite")
 EVAL_PAIRS = 128  # held-out pairs per forward call
@@ -91,9 +92,11 @@ class PairPipeline(SupervisedPipeline):
         start = time.perf_counter()
         assert self.sampler is not None and self.actor is not None  # prepare_data() and start_workers() made them
         rows = self.sampler.draw(self.preference.batch_size)
-        batch = self.pair_batch(self.train_data.select(rows), rows, "train")
+        pairs = self.train_data.select(rows)
+        batch = self.pair_batch(pairs, rows, "train")
         metrics = self.actor.train_step(batch, "policy")
         elapsed = time.perf_counter() - start
+        self.step_trace = pair_trace(self.config, self.tokenizer, pairs)  # docs/traces.md
         return {
             **{f"{self.metric_prefix}/{name}": value for name, value in metrics.items()},
             f"{self.metric_prefix}/pairs": float(len(rows)),

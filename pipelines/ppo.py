@@ -34,21 +34,23 @@ from roll_lite.rollout import SamplingParams
 from roll_lite.rollout.ahead import staleness
 from roll_lite.runtime.progress import progress_bar, seconds_in_all
 
-from .advantages import estimate_advantages
+from .advantages import estimate_advantages, reward_signal_metrics
 from .async_episodes import FullyAsyncEpisodes
 from .async_schedule import FullyAsyncSchedule
 from .dapo import filter_overlong, keep_informative_groups, shape_overlong
 from .evaluation import evaluate_held_out
 from .fresh_weights import check_fresh_weights
 from .losses import check_correction_applied, policy_loss_func
+from .mismatch import measure_mismatch, step_mismatch_metrics
 from .rl_checkpoints import RLCheckpoints
 from .rl_data import RLData
 from .rl_workers import RLWorkers
 from .rollout_schedule import RolloutSchedule
-from .run_log import fmt, progress_line
+from .run_log import held_out, held_out_change, progress_line
 from .session import RunSession
 from .sft import SFTPipeline
 from .teachers import Teachers
+from .traces import mark_for_trace, rl_trace, tracing
 from .unscored import drop_unscored
 
 if TYPE_CHECKING:
@@ -153,6 +155,8 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         reward_metrics = drop_unscored(
             batch, self.loss_mask_key, scores, {"reward/mean": scores.mean().item(), **reward_metrics}
         )
+        if "group_ids" in batch:  # how many groups carry no reward signal (the step line says when none does)
+            reward_metrics.update(reward_signal_metrics(scores, batch["group_ids"], batch.batch.get("scored")))
         batch.meta_info["temperature"] = self.config.rollout.temperature  # every log-prob below at the sampling one
         mask = batch[self.loss_mask_key]
 
@@ -174,9 +178,11 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         if returns is not None:
             batch.batch["returns"] = returns
         batch.meta_info.update(loss_mask_keys=[self.loss_mask_key], on_policy=self.on_policy)
+        mismatch_sums = measure_mismatch(batch, self.loss_mask_key, self.config, step, weights_behind)
 
         prepared = time.perf_counter()
         actor_metrics = self.train(self.actor, batch, "policy")
+        mismatch = step_mismatch_metrics(self.config, mismatch_sums, actor_metrics)
         check_fresh_weights(actor_metrics, weights_behind, self.config.rollout.max_logp_gap, type(self).__name__, step)
         critic_metrics = self.train(self.critic, batch, "critic") if self.critic is not None else {}
         trained = time.perf_counter()
@@ -184,6 +190,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
 
         elapsed = time.perf_counter() - start
         tokens = int(batch["attention_mask"].sum())
+        self.step_trace = rl_trace(self, step, batch, scores, weights_behind)  # docs/traces.md
         return {
             **reward_metrics,
             **(self.teachers.metrics if self.teachers is not None else {}),
@@ -192,6 +199,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
             "response_length/mean": mask.sum(-1).float().mean().item(),
             "response_length/max": int(mask.sum(-1).max()),  # the longest answer: what a lockstep step waits for
             "rollout/staleness": weights_behind,  # steps between the sampling weights and the actor's
+            **mismatch,  # engine / trainer log-prob mismatch (pipelines/mismatch.py)
             **self.schedule.last_metrics,  # fully async: per-token staleness, samples of several versions
             "perf/step_s": elapsed,
             "perf/generate_s": generated - start,
@@ -233,6 +241,8 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         scores, scored, metrics = self.score_batches([batch])
         if self.config.reward.on_failure == "drop":
             batch.batch["scored"] = scored
+        if tracing(self.config):  # each row's sources' outcomes, for the step's trace
+            mark_for_trace(batch, self.reward)
         return scores, metrics
 
     def score_batches(self, batches: list[DataProto]) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
@@ -287,7 +297,6 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         """The whole job: workers, warm start, step-0 eval, training steps, plots. Returns the history."""
         from roll_lite.workers.placement import reservation
 
-        initial: dict[str, float] | float | None  # step 0's held-out metrics, then the held-out reward at the start
         c, start = self.config, time.monotonic()
         self.prepare_data()  # before the run directory and Ray: a bad file stops here
         with RunSession(self, reservation(c)) as session:
@@ -302,7 +311,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
                 self.sync_from_actor(version=0)
                 initial = self.evaluate()
                 session.log(0, initial, self.eval_samples)
-                logger.info("step 0 (before RL): held-out %s", fmt(initial.get("eval/reward_mean")))
+                logger.info("step 0 (before RL): held-out %s", held_out(initial))
             bar = progress_bar(c.steps - resumed_step, "RL")
             for step in range(resumed_step + 1, c.steps + 1):
                 if self.data_used_up:
@@ -325,11 +334,10 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
                 self.stage = "saving the final model"
                 self.save_final(session.run_dir / "final")
             assert session.tracker is not None  # session.begin() opened it
-            initial, final = (session.tracker.history[i].get("eval/reward_mean") for i in (0, -1))
+            change = held_out_change(session.tracker.history[0], session.tracker.history[-1])
         logger.info(
-            "held-out reward: %s at start -> %s at the end; %.1f s in all; run dir %s",
-            fmt(initial),
-            fmt(final),
+            "held-out reward: %s; %.1f s in all; run dir %s",
+            change,
             seconds_in_all(start),
             session.run_dir,
         )

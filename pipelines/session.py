@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from roll_lite.checkpoint import Checkpointer, RunDirClaim
     from roll_lite.checkpoint.config_changes import ConfigChange
+    from roll_lite.runtime.traces import TraceWriter
     from roll_lite.runtime.tracking import RunLogger
 
 logger = logging.getLogger("roll_lite")
@@ -78,6 +79,7 @@ class RunSession:
         self.pipeline, self.config, self.reserved = pipeline, pipeline.config, reserved
         self.run_dir = Path(self.config.output_dir) / self.config.run_name
         self.claim = self.tracker = self.checkpointer = None
+        self.traces: TraceWriter | None = None  # begin() opens it
         self.completed = 0  # the last step whose metrics were logged
         self.config_changes: list[ConfigChange] = []  # what this run changes against the checkpoint it resumes
 
@@ -160,6 +162,7 @@ class RunSession:
         from roll_lite.workers.cluster import where_the_roles_run
 
         from roll_lite.checkpoint import Checkpointer
+        from roll_lite.runtime.traces import TraceWriter
         from roll_lite.runtime.tracking import RunLogger
 
         roles = {
@@ -179,6 +182,8 @@ class RunSession:
         self.checkpointer = Checkpointer(
             self.run_dir, c.checkpoint, config_yaml, self.pipeline, self.tracker, config_history
         )
+        # the steps after resumed_step a killed run traced are removed: each step is traced once
+        self.traces = TraceWriter(self.run_dir / "traces", c.trace.samples_per_step != 0, resumed_step, self.tracker)
         return resumed_step
 
     def resume(self, checkpoint: Path) -> tuple[int, list[dict]]:
@@ -223,6 +228,10 @@ class RunSession:
         self, step: int, metrics: dict[str, float], eval_samples: list[dict] | None = None, last: bool = False
     ) -> None:
         """After a training step: its metrics, then its checkpoint when one is due (`last`: no step follows)."""
+        # the step's samples (pipeline.step_trace, roll_lite/runtime/traces.py) before its checkpoint
+        assert self.traces is not None  # begin() opened it
+        self.traces.write(step, getattr(self.pipeline, "step_trace", None))
+        self.pipeline.step_trace = None
         self.log(step, metrics, eval_samples)
         assert self.checkpointer is not None  # begin() opened it
         before, self.pipeline.stage = self.pipeline.stage, f"the checkpoint of step {step}"  # a failure in it says so

@@ -26,6 +26,7 @@ from roll_lite.loss import sft_loss_func
 from roll_lite.model.tokenizer import load_tokenizer
 
 from .supervised import SupervisedPipeline
+from .traces import sft_trace
 
 logger = logging.getLogger("roll_lite")
 EVAL_CHUNK = 256  # eval sequences per forward call
@@ -90,6 +91,8 @@ class SFTPipeline(SupervisedPipeline):
         batch.meta_info["loss_mask_keys"] = ["response_mask"]
         metrics = self.actor.train_step(batch, self.train_loss)
         elapsed = time.perf_counter() - start
+        if self.train_loss == "policy":  # the SFT pipeline's own steps, not a warm start's (docs/traces.md)
+            self.step_trace = sft_trace(self.config, self.tokenizer, rows)
         return {
             **{f"sft/{'loss' if name == 'sft_loss' else name}": value for name, value in metrics.items()},
             "sft/target_tokens": float(batch["response_mask"].sum()),

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import doc_commands
+import pyarrow.parquet as pq
 import pytest
 import torch
 from warm_driver import roll_train
@@ -264,6 +265,17 @@ def test_the_docs_distill_command_trains_the_student_on_its_teacher(tmp_path, si
     else:  # over the teacher's top 4 only (not renormalised), so of either sign, but never 0 here
         assert all(r["actor/distill_kl"] != 0 and r["actor/distill_loss"] != 0 for r in steps)
     assert teacher.is_dir()
+    traces = pq.read_table(tmp_path / "outputs/distill_reverse_digits/traces").to_pylist()  # docs/traces.md
+    assert len(traces) == 8 and all(
+        len(r["teacher_log_probs"]) == len(r["response_ids"]) and all(lp < 0 for lp in r["teacher_log_probs"])
+        for r in traces
+    )
+    # each step's line shows the distillation KL, and in the fully async run the staleness (pipelines/run_log.py)
+    kl = "distill/reverse_kl" if signal == "advantage" else "actor/distill_kl"
+    lines = [line for line in result.stderr.splitlines() if " step " in line and "/2 | reward" in line]
+    for r, line in zip(steps, lines, strict=True):
+        assert f"| distill kl {r[kl]:.3g} |" in line, line
+        assert ("| staleness " in line) == bool(FULLY_ASYNC[signal]), line
 
 
 def test_the_comparison_example_stages_are_valid_configs(monkeypatch):

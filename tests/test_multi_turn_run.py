@@ -11,8 +11,10 @@ import os
 import shlex
 import sys
 import textwrap
+from pathlib import Path
 
 import doc_commands
+import pyarrow.parquet as pq
 import pytest
 from test_resume import REPO, metrics, run, run_until
 
@@ -93,6 +95,14 @@ def comparable(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("perf/") and not k.endswith("env_s")} for r in records]
 
 
+def traces(run_dir: Path) -> list[dict]:
+    """The run's per-sample traces (docs/traces.md), without the environments' seconds."""
+    rows = pq.read_table(run_dir / "traces").to_pylist()
+    for turn in (turn for row in rows for turn in row["turns"]):
+        assert turn.pop("env_seconds") >= 0
+    return rows
+
+
 @pytest.fixture(scope="module")
 def reference(setup, tmp_path_factory):
     output = tmp_path_factory.mktemp("reference")
@@ -112,6 +122,15 @@ def test_a_failing_environment_costs_its_trajectories_and_the_run_trains_on(refe
     assert all("eval/terminated" in r and "eval/turns" in r for r in records if r["step"] % 2 == 0)
     assert "environment 'faulty_guess:Faulty'" not in log or "Traceback" not in log
     assert (run_dir / "eval_samples" / "step_4.jsonl").exists()
+    rows = traces(run_dir)
+    assert [(r["step"], r["sample"]) for r in rows] == [(s, i) for s in range(1, 5) for i in range(8)]
+    assert [r["fault"] for r in rows if r["step"] == 1].count("raised") == 4  # row 7's samples
+    for row in rows:  # each model turn, then the environment's reply: the whole response, sampled by the step's weights
+        pieces = [ids for turn in row["turns"] for ids in (turn["ids"], turn["reply_ids"] or [])]
+        assert [token for ids in pieces for token in ids] == row["response_ids"]
+        assert {turn["weight_version"] for turn in row["turns"]} == {row["step"] - 1}
+        if row["fault"] is None:  # the return: the turns' rewards
+            assert sum(turn["reward"] for turn in row["turns"]) == pytest.approx(row["reward"])
 
 
 def test_killed_and_resumed_the_metrics_equal_the_uninterrupted_run(setup, reference, tmp_path):
@@ -119,6 +138,7 @@ def test_killed_and_resumed_the_metrics_equal_the_uninterrupted_run(setup, refer
     log = run(command(setup, tmp_path, "killed"), env=setup[1]).stderr
     assert "resumed from" in log and "step_2" in log
     assert comparable(metrics(tmp_path / "killed")) == comparable(metrics(reference[0]))
+    assert traces(tmp_path / "killed") == traces(reference[0])  # each step once, as uninterrupted
 
 
 def test_fully_async_at_staleness_0_is_the_lockstep_run(setup, reference, tmp_path):
@@ -197,6 +217,9 @@ def test_the_docs_tools_command_runs_the_game_with_the_calculator(tmp_path):
     assert "sft_tools.jsonl: 512 sequences" in log and "environment: tools in 2 process(es)" in log
     steps = [r for r in metrics(tmp_path / "tools") if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2] and all("env/tool_calls" in r and "env/tool_errors" in r for r in steps)
+    lines = [text for text in log.splitlines() if " step " in text and "/2 | reward" in text]
+    for r, text in zip(steps, lines, strict=True):  # each step's line: the episodes' turns and tool calls
+        assert f"| turns {r['env/turns']:.3g} | tool calls {r['env/tool_calls']:.3g} |" in text, text
     sample = json.loads((tmp_path / "tools" / "eval_samples" / "step_2.jsonl").read_text().splitlines()[0])
     assert sample["prompt"].startswith("S: # Tools\n") and '"name": "calculator"' in sample["prompt"]
     assert sample["prompt"].endswith("U: Guess 1-16.\nA: ")

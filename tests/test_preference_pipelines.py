@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import doc_commands
+import pyarrow.parquet as pq
 import pytest
 import torch
 from warm_driver import roll_train
@@ -55,6 +56,9 @@ def test_reward_model_final_scores_as_trained_and_grpo_trains_against_it(workdir
     )
     assert all(records[step]["rm/pairs"] == 8 and records[step]["rm/grad_norm"] > 0 for step in (1, 2, 3, 4))
     assert records[4]["eval/rm/loss"] != records[0]["eval/rm/loss"]
+    pairs = traces(run_dir)  # each step's pairs (docs/traces.md)
+    assert [(r["step"], r["sample"]) for r in pairs] == [(s, i) for s in (1, 2, 3, 4) for i in range(8)]
+    assert all(r["chosen"] != r["rejected"] and r["prompt"] and r["chosen_ids"] != r["rejected_ids"] for r in pairs)
 
     # final/ is a plain transformers sequence classifier: the reward worker's RewardModel loads it as it is
     # and gives the held-out pairs the scores the run's last evaluation had.
@@ -129,6 +133,12 @@ def test_dpo_with_a_reference_worker_or_precomputed_log_probs_and_resumed_bit_fo
     resumed = dpo(workdir, "resumed", "preference.reference=precomputed", f"resume={checkpoint}")
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]  # the history up to step 2 comes with the checkpoint
     assert [learning(r) for r in resumed] == [learning(r) for r in precomputed]
+    # its traces: steps 3 and 4 (1 and 2 are the other run directory's), the uninterrupted run's pairs
+    assert traces(workdir / "outputs/resumed") == [r for r in traces(workdir / "outputs/precomputed") if r["step"] > 2]
+
+
+def traces(run_dir: Path) -> list[dict]:
+    return pq.read_table(run_dir / "traces").to_pylist()
 
 
 def learning(record: dict) -> dict:

@@ -16,8 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import warm_driver
+from mismatch_records import MISMATCH, assert_mismatch_logged
 
 from roll_lite.checkpoint import layout
 from roll_lite.runtime.tracking import step_span
@@ -123,12 +125,33 @@ def assert_same_trajectory(records, reference):
         assert not differing, f"step {got['step']}: {differing}"
 
 
+def traces(run_dir: Path) -> list[dict]:
+    """The run's per-sample traces (docs/traces.md), step by step: each step once, its samples in order."""
+    rows = pq.read_table(run_dir / "traces").to_pylist()
+    assert [(r["step"], r["sample"]) for r in rows] == [(s, i) for s in range(1, STEPS + 1) for i in range(8)]
+    return rows
+
+
+def assert_same_traces(run_dir: Path, reference: Path) -> None:
+    for got, expected in zip(traces(run_dir), traces(reference), strict=True):
+        assert got == expected, f"step {got['step']} sample {got['sample']}"
+
+
 @pytest.fixture(scope="module")
 def reference(data, tmp_path_factory):
     """An uninterrupted run: its run directory."""
     output = tmp_path_factory.mktemp("reference")
     (output / "driver.log").write_text(run(command(data, output, "ref"), fresh=True).stderr)
     return output / "ref"
+
+
+def test_the_engine_trainer_mismatch_is_logged_every_step_and_drawn(reference):
+    records = metrics(reference)[1:]
+    assert_mismatch_logged(records, [set()] * STEPS)  # on-policy, lockstep: no version split
+    # float32 engine and actor, the same weights: float32 noise
+    assert all(r[f"{MISMATCH}/logp_gap_max"] < 1e-4 and r[f"{MISMATCH}/ratio_out_of_band"] == 0 for r in records)
+    curves = (reference / "curves.svg").read_text()
+    assert f"{MISMATCH}/logp_gap_p99" in curves and f"{MISMATCH}/ratio_out_of_band" in curves
 
 
 def test_killed_at_a_random_step_and_resumed_the_metrics_equal_an_uninterrupted_run(data, reference, tmp_path):
@@ -175,6 +198,7 @@ def test_killed_at_a_random_step_and_resumed_the_metrics_equal_an_uninterrupted_
     ), (logged_after, dropped)
     assert_same_trajectory(metrics(run_dir), metrics(reference))  # continued: no record lost or repeated
     assert layout.committed_steps(run_dir) == [2, 4, 6]
+    assert_same_traces(run_dir, reference)  # every step traced once, as the uninterrupted run's
 
 
 # roll-train's main, exiting 99 the moment it would start Ray (or join a cluster)
@@ -269,6 +293,8 @@ def test_one_step_ahead_samples_with_the_previous_weights_and_logs_its_staleness
     assert records[0]["actor/rollout_logp_gap"] < 1e-5
     assert all(r["actor/rollout_logp_gap"] > 1e-4 for r in records[2:])
     assert all(r["actor/rollout_is_weight"] != 1.0 for r in records[2:])
+    # step 1's batch is the actor's own weights' (current), every later one a version behind (older)
+    assert_mismatch_logged(records, [{"current_weights"}] + [{"older_weights"}] * (STEPS - 1))
     ahead = json.loads((layout.step_dir(async_reference, 2) / "rollouts_ahead.json").read_text())
     assert [(item["step"], item["weight_version"]) for item in ahead] == [(3, 1)]
 
@@ -334,7 +360,11 @@ def test_fully_async_tokens_span_weight_versions_within_the_bound(fully_async_re
     assert [r["rollout/staleness"] for r in records] == [0] + [1] * (STEPS - 1)
     # from step 2 on, every sample's first tokens come from the weights before the previous step
     assert all(0 < r["rollout/staleness_token_mean"] < 1 and r["rollout/mixed_version_share"] > 0 for r in records[1:])
+    assert_mismatch_logged(records, [{"current_weights"}] + [{"current_weights", "older_weights"}] * (STEPS - 1))
     assert all(r["actor/rollout_is_weight"] != 1.0 for r in records[2:])
+    # the traces' tokens: a sample of step 3 was sampled by two weight versions, every one by 1 or 2
+    steps = [[set(r["weight_versions"]) for r in traces(fully_async_reference) if r["step"] == s] for s in (1, 3)]
+    assert steps[0] == [{0}] * 8 and {1, 2} in steps[1] and all(v <= {1, 2} for v in steps[1])
     in_flight = json.loads((layout.step_dir(fully_async_reference, 2) / "rollouts_in_flight.json").read_text())
     assert in_flight["admitted_up_to"] == 3 and list(in_flight["rows"]) == ["3"]
     rows = in_flight["partial"]["3"]["rows"]
@@ -354,3 +384,4 @@ def test_fully_async_killed_at_a_random_step_and_resumed_repeats_the_uninterrupt
     resumed = run(command(data, tmp_path, "killed", config=FULLY_ASYNC))
     assert "resumed from" in resumed.stderr
     assert_same_trajectory(metrics(tmp_path / "killed"), metrics(fully_async_reference))
+    assert_same_traces(tmp_path / "killed", fully_async_reference)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from test_resume import assert_rerun_changes_nothing, assert_same_trajectory, metrics, run, run_until
 
@@ -77,6 +78,10 @@ def test_an_sft_run_killed_at_a_random_step_and_resumed_equals_an_uninterrupted_
     assert [r["step"] for r in records] == list(range(STEPS + 1))  # step 0: the eval before training
     assert_same_trajectory(records, metrics(reference))
     assert layout.committed_steps(run_dir) == [2, 4, 6]
+    traces = pq.read_table(run_dir / "traces").to_pylist()  # each step's sequences (docs/traces.md), once
+    assert [(r["step"], r["sample"]) for r in traces] == [(s, i) for s in range(1, STEPS + 1) for i in range(4)]
+    assert traces == pq.read_table(reference / "traces").to_pylist()
+    assert all(len(r["ids"]) == len(r["loss_mask"]) and 0 < sum(r["loss_mask"]) < len(r["ids"]) for r in traces)
     checkpoint = json.loads((layout.step_dir(run_dir, 6) / layout.MARKER).read_text())
     assert checkpoint["kind"] == "sft" and checkpoint["parts"] == ["actor"]
     assert checkpoint["sampler"] == {**checkpoint["sampler"], "epoch": 1, "position": 8}  # 24 rows drawn of 16

@@ -5,6 +5,7 @@ without sending again the steps the stopped run had already logged."""
 import json
 import re
 
+from roll_lite.runtime.traces import TraceWriter
 from roll_lite.runtime.tracking import WANDB_ID_FILE, RunLogger, step_span
 
 
@@ -21,12 +22,14 @@ def test_a_resumed_run_continues_metrics_jsonl_and_its_wandb_run(tmp_path):
     sent = []
     real_log = resumed.wandb_run.log
     resumed.wandb_run.log = lambda metrics, step: (sent.append(step), real_log(metrics, step=step))
+    for step in (4, 5):  # a step's traced samples (roll_lite/runtime/traces.py): as its metrics
+        resumed.log_table(step, "traces", {"sample": [0], "response": ["a"]})
     for step in range(3, 7):
         resumed.log(step, {"x": 10.0 + step})
     resumed.finish()
 
     assert resumed.wandb_run.id == run_id and resumed.wandb_from_step == 5
-    assert sent == [5, 6]  # 3 and 4 are in the wandb run already (from the stopped run)
+    assert sent == [5, 5, 6]  # 3 and 4 are in the wandb run already (from the stopped run); 5's table, then metrics
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert records == [{"step": s, "x": float(s)} for s in range(3)] + [{"step": s, "x": 10.0 + s} for s in range(3, 7)]
     segments = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
@@ -38,7 +41,10 @@ def test_a_resumed_run_continues_metrics_jsonl_and_its_wandb_run(tmp_path):
 
 def test_a_fresh_run_in_another_directory_gets_its_own_wandb_run(tmp_path):
     one = RunLogger(tmp_path / "one", "seed: 1\n", "offline", "roll_lite_test", "one")
+    TraceWriter(tmp_path / "one" / "traces", True, 0, one).write(1, [{"sample": 0, "response_ids": [4, 5]}])
     one.finish()
+    (table,) = (tmp_path / "one" / "wandb").glob("offline-run-*/files/media/table/traces_*.table.json")
+    assert json.loads(table.read_text()) == {"columns": ["step", "sample", "response_ids"], "data": [[1, 0, "[4, 5]"]]}
     two = RunLogger(tmp_path / "two", "seed: 1\n", "offline", "roll_lite_test", "two")
     two.finish()
     assert one.wandb_run.id != two.wandb_run.id

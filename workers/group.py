@@ -300,3 +300,9 @@ class RewardClient:
         if self.local is not None:
             return self.local.score(responses, answers, extras)
         return self._get(self.worker.score.remote(responses, answers, extras, prompts, sequences), "score")
+
+    def outcomes(self) -> list[list[tuple[str, float, str, str | None]]]:
+        """Each row's outcome from each source in the last score() (RewardWorker.outcomes)."""
+        if self.local is not None:
+            return self.local.outcomes()
+        return self._get(self.worker.outcomes.remote(), "outcomes")

@@ -78,6 +78,7 @@ class RewardWorker:
             # cast: RewardClient passes driver_roll_lite with import_roots, its only caller that has them
             enter_import_root(root, cast(str, driver_roll_lite))
         self.on_failure, self.domain_key = reward.on_failure, domain_key
+        self.last_outcomes: list[list[tuple[str, float, str, str | None]]] = []
         self.routes = routes(reward)
         self.runner = RewardRunner(list(all_sources(reward, "functions")), reward.timeout_s)
         self.models, self.judges = {}, {}
@@ -194,7 +195,18 @@ class RewardWorker:
                 metrics[f"reward/{domain}/mean"] = part.mean().item()
             tallies.update({f"{prefix}{name}": tally for name, tally in part_tallies.items()})
         self._warn(tallies, len(responses), int((~scored).sum()))
+        self.last_outcomes = [[] for _ in responses]
+        for domain, rows in parts.items():
+            for name, _, (outcomes, _) in results[domain]:
+                for row, outcome in zip(rows, outcomes):
+                    source = name if domain is None else f"{domain}/{name}"
+                    self.last_outcomes[row].append((source, outcome.value, outcome.kind, outcome.reason))
         return total, scored, {**metrics, "reward/unscored": float((~scored).sum())}
+
+    def outcomes(self) -> list[list[tuple[str, float, str, str | None]]]:
+        """The last score() call's outcomes, per row: (source, score, kind, reason) of each of its sources
+        (the traces, roll_lite/runtime/traces.py)."""
+        return self.last_outcomes
 
     def _sources(self, sources: Sources) -> list[tuple[str, float, str, SourceCall]]:
         """(metric name, weight, scorer, a call on a column dict) of a route's sources; each call gives (a

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from roll_lite.config.beyond_rl import DistillConfig, PreferenceConfig, SFTConfig
+from roll_lite.config.trace import TraceConfig
 from roll_lite.environments.config import EnvironmentConfig
 from roll_lite.strategy.config import StrategyConfig
 
@@ -137,6 +138,8 @@ class RolloutConfig:
     # engine is then clearly not on the actor's weights (a stale or partial weight sync). float32 runs
     # see ~1e-5; bf16 ~1e-2. null: log only
     max_logp_gap: Optional[float] = 0.1
+    # [low, high]: rollout/mismatch/.../ratio_out_of_band is the share of tokens whose π_actor / π_engine is outside it
+    mismatch_band: list[float] = field(default_factory=lambda: [0.9, 1.1])
 
 
 @dataclass
@@ -381,6 +384,7 @@ class RunConfig:
     # none: start fresh (refused when the run directory already holds a run); or a checkpoint folder.
     resume: Optional[str] = "auto"
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from roll_lite.config.key_checks import check, file_list, one_of
 from roll_lite.config.node_labels import validate_node_labels
 from roll_lite.config.schema import DataConfig, RunConfig
+from roll_lite.config.trace import validate_trace
 from roll_lite.config.validation_algorithm import validate_algorithm
 from roll_lite.config.validation_beyond_rl import validate_distill, validate_preference, validate_sft
 from roll_lite.config.validation_rewards import validate_reward
@@ -45,6 +46,7 @@ def validate(config: RunConfig) -> None:
         "checkpoint.keep_last",
         f"must be >= 1 or null (keep all), got {config.checkpoint.keep_last}",
     )
+    validate_trace(config.trace)
     one_of(config.model.dtype, PARAM_DTYPES, "model.dtype")
     _validate_data(config.data)
     validate_sft(config.sft)

@@ -91,6 +91,8 @@ class Episode:
     metrics: Counter = field(default_factory=Counter)  # the steps' info["metrics"], summed
     info: dict = field(default_factory=dict)  # the last step's info
     turn_versions: list[int] = field(default_factory=list)  # the engine's weight version that sampled each turn
+    step_seconds: list[float] = field(default_factory=list)  # each environment call's: [0] the reset's
+    step_metrics: list[dict] = field(default_factory=list)  # each step's info["metrics"] (the traces)
 
     @property
     def num_turns(self) -> int:
@@ -197,6 +199,7 @@ class EpisodeLoop:
 
     def _after_environment(self, episode: Episode, result: Result) -> None:
         episode.env_seconds += result.seconds
+        episode.step_seconds.append(result.seconds)
         if result.fault is not None:
             episode.end, episode.fault, episode.error = "fault", result.fault, result.error
             return
@@ -213,6 +216,7 @@ class EpisodeLoop:
             return
         episode.turn_rewards[-1] = result.reward
         episode.info = result.info
+        episode.step_metrics.append(dict(result.info.get("metrics") or {}))
         for name, value in (result.info.get("metrics") or {}).items():
             episode.metrics[name] += value
         if result.terminated or result.truncated:

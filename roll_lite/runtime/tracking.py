@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import secrets
 from pathlib import Path
 
@@ -30,6 +31,8 @@ PLOTTED = (
     "eval/turns_to_terminate",
     "env/env_s",
 )
+# and the engine / trainer mismatch of every step, one chart each (pipelines/mismatch.py)
+PLOTTED_PATTERN = re.compile(r"rollout/mismatch/[^/]+/(logp_gap_p99|ratio_out_of_band)")
 
 
 WANDB_ID_FILE = "wandb_run_id"  # in the run directory: the wandb run a resumed run continues
@@ -119,6 +122,16 @@ class RunLogger:
         if self.wandb_run is not None and step >= self.wandb_from_step:
             self.wandb_run.log(metrics, step=step)
 
+    def log_table(self, step: int, key: str, columns: dict[str, list]) -> None:
+        """A wandb table of `step` (the step's traced samples, roll_lite/runtime/traces.py); none without wandb."""
+        if self.wandb_run is None or step < self.wandb_from_step:
+            return
+        import wandb
+
+        names = list(columns)
+        rows = [list(row) for row in zip(*columns.values())]
+        self.wandb_run.log({key: wandb.Table(columns=names, data=rows)}, step=step)
+
     def finish(self) -> list[Path]:
         paths = self.write_plots()
         if self.wandb_run is not None:
@@ -128,7 +141,9 @@ class RunLogger:
     def write_plots(self) -> list[Path]:
         from roll_lite.runtime.curves import write_curves
 
-        series = {name: [(r["step"], r[name]) for r in self.history if r.get(name) is not None] for name in PLOTTED}
+        matched = {name: None for r in self.history for name in r if PLOTTED_PATTERN.fullmatch(name)}
+        names = [*PLOTTED, *matched]
+        series = {name: [(r["step"], r[name]) for r in self.history if r.get(name) is not None] for name in names}
         path = write_curves(self.run_dir / "curves.svg", series)
         return [] if path is None else [path]
 
