@@ -1,0 +1,108 @@
+"""How fast is this box today? The tiny 6-step roll-train run (tests/test_resume.py's shapes) in a cpuacct cgroup
+of its own: its CPU seconds, every process it starts included (the driver, Ray's processes, the model worker).
+
+    python scripts/speed_probe.py [--rounds 3]
+
+On the 2-core Intel Xeon box this took 10.1-11.9 s of CPU on a fast day and up to 24 s on a slow one
+(CONTRIBUTING.md, "The CI budget"). Report it beside every suite measurement, so that a slow day shows as one.
+Needs root and cgroup v1's cpuacct controller; without them it reports wall time only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+TINY = [  # tests/test_resume.py's TINY, 6 steps
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_hidden_layers=2",
+    "model.num_attention_heads=2",
+    "model.num_key_value_heads=1",
+    "sft.steps=0",
+    "workers.torch_threads=1",
+    "reward.functions={token_accuracy: 1.0}",
+    "rollout.prompts_per_step=2",
+    "rollout.num_samples=4",
+    "steps=6",
+    "eval_every=2",
+    "checkpoint.every=2",
+    "checkpoint.keep_last=null",
+    "save_model=false",
+]
+
+
+def probe_command(folder: Path) -> list[str]:
+    for name in ("train", "eval"):
+        lines = (REPO / f"data/reverse_digits/{name}.jsonl").read_text().splitlines(keepends=True)[:8]
+        (folder / f"{name}.jsonl").write_text("".join(lines))
+    return [
+        sys.executable,
+        "-m",
+        "roll_lite.cli",
+        "--config",
+        str(REPO / "configs/ppo.yaml"),
+        *TINY,
+        f"data.train_files={folder / 'train.jsonl'}",
+        f"data.eval_files={folder / 'eval.jsonl'}",
+        f"output_dir={folder / 'out'}",
+        "run_name=probe",
+    ]
+
+
+def run_once() -> tuple[float | None, float]:
+    """(CPU s or None where no cgroup can be made, wall s) of one probe run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        command = probe_command(Path(tmp))
+        group = CPUACCT / f"speed_probe_{os.getpid()}"
+        try:
+            group.mkdir()
+        except OSError:
+            group = None
+        start = time.monotonic()
+
+        def join_group() -> None:  # in the child, before exec: it and everything it starts count
+            if group is not None:
+                (group / "cgroup.procs").write_text(str(os.getpid()))
+
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
+        result = subprocess.run(
+            command, cwd=REPO, env=env, capture_output=True, text=True, preexec_fn=join_group, timeout=600
+        )
+        wall = time.monotonic() - start
+        if result.returncode != 0:
+            raise SystemExit(f"speed_probe: the probe run failed ({result.returncode}):\n{result.stderr[-2000:]}")
+        if group is None:
+            return None, wall
+        time.sleep(0.5)  # Ray's processes of the run are gone by now; their CPU stays counted in the group
+        cpu = int((group / "cpuacct.usage").read_text()) / 1e9
+        try:
+            group.rmdir()
+        except OSError:
+            pass
+        return cpu, wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    runs = [run_once() for _ in range(args.rounds)]
+    cpus = [cpu for cpu, _ in runs if cpu is not None]
+    walls = [wall for _, wall in runs]
+    print("| probe | median | min | max |\n|---|---:|---:|---:|")
+    if cpus:
+        print(f"| CPU s | {statistics.median(cpus):.1f} | {min(cpus):.1f} | {max(cpus):.1f} |")
+    print(f"| wall s | {statistics.median(walls):.1f} | {min(walls):.1f} | {max(walls):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
