@@ -70,12 +70,11 @@ class DPOPipeline(PairPipeline):
             raise ConfigError("critic.lora.rank: the DPO pipeline has no critic")
 
     def start_workers(self) -> None:
-        from roll_lite.workers.group import ModelGroup
-        from roll_lite.workers.placement import Placement
+        from roll_lite.workers.group import ModelGroup, make_placement
 
         w = self.config.workers
         reference_worker = self.uses_reference and self.preference.reference == "worker" and not self.reference_in_actor
-        placement = Placement(self.config, roles_on_a_gpu=1 + (reference_worker and not w.one_process_per_rank))
+        placement = make_placement(self.config, roles_on_a_gpu=1 + (reference_worker and not w.one_process_per_rank))
         self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)
         host = self.actor if w.one_process_per_rank else None  # or processes of their own
         # cast: load_config sets reference_dp (None in the dataclass: "as actor_dp on GPUs, else 1")

@@ -295,7 +295,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
 
     def run(self) -> list[dict[str, Any]]:
         """The whole job: workers, warm start, step-0 eval, training steps, plots. Returns the history."""
-        from roll_lite.workers.placement import reservation
+        from roll_lite.workers.group import reservation
 
         c, start = self.config, time.monotonic()
         self.prepare_data()  # before the run directory and Ray: a bad file stops here

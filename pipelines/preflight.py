@@ -197,8 +197,9 @@ def _check_rollout_engine(config: RunConfig) -> None:
 
 def _check_cpus(config: RunConfig) -> None:
     """A local cluster gets os.cpu_count() CPUs; a cluster joined through ray_address / RAY_ADDRESS is
-    only known once connected, so start_ray checks it there (before any output is written)."""
-    if _joins_a_cluster(config):
+    only known once connected, so start_ray checks it there (before any output is written). Under
+    workers.backend=local nothing is reserved."""
+    if _joins_a_cluster(config) or config.workers.backend == "local":
         return
     from roll_lite.workers.placement import reservation
 

@@ -44,8 +44,7 @@ class RLWorkers:
     reward: RewardClient
 
     def start_workers(self) -> None:
-        from roll_lite.workers.group import ModelGroup, RewardClient, RolloutClient
-        from roll_lite.workers.placement import Placement
+        from roll_lite.workers.group import ModelGroup, RewardClient, RolloutClient, make_placement
 
         from roll_lite.rewards.routing import reads_text
 
@@ -58,7 +57,7 @@ class RLWorkers:
         reference_worker = self.use_reference and not self.reference_in_actor
         teachers = len(self.teachers.folders) if self.teachers is not None else 0
         own_processes = 0 if w.one_process_per_rank else reference_worker + self.use_critic
-        placement = Placement(
+        placement = make_placement(
             self.config, roles_on_a_gpu=1 + own_processes + colocated_rollout + colocated_reward + teachers
         )
         self.actor = ModelGroup("actor", w.actor_dp, placement, self.config)  # processes start now; wait_ready builds

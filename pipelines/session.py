@@ -7,9 +7,10 @@
 
 Entering claims the run directory (roll_lite/checkpoint/run_dir.py: the lock; fresh, resumed or
 refused before anything in it changes; a resume that changes keys it may not is refused, its other
-changes are logged and recorded: roll_lite/checkpoint/compat.py) and starts Ray. Leaving, whatever
-happened: a WorkerError is given the pipeline's stage and logged; on SIGINT / SIGTERM a checkpoint
-that was due is written; the tracker is finished (plots, wandb), Ray stopped and the lock released.
+changes are logged and recorded: roll_lite/checkpoint/compat.py) and starts Ray (or, under
+workers.backend=local, nothing: workers/local.py). Leaving, whatever happened: a WorkerError is given
+the pipeline's stage and logged; on SIGINT / SIGTERM a checkpoint that was due is written; the tracker
+is finished (plots, wandb), Ray stopped (or the local workers closed) and the lock released.
 
 A pipeline provides: `config`, `stage` (a phrase: where run() is), `sampler` (its position is saved),
 `total_steps` (and `total_steps_key`, the config key that sets it), `data_used_up` (its data.epochs / sft.epochs ended), and for its checkpoints
@@ -75,7 +76,8 @@ class RunSession:
     tracker: RunLogger | None
     checkpointer: Checkpointer | None
 
-    def __init__(self, pipeline, reserved: Reservation):
+    def __init__(self, pipeline, reserved: Reservation | None):
+        """`reserved`: what the workers ask Ray for (None under workers.backend=local, workers/group.py)."""
         self.pipeline, self.config, self.reserved = pipeline, pipeline.config, reserved
         self.run_dir = Path(self.config.output_dir) / self.config.run_name
         self.claim = self.tracker = self.checkpointer = None
@@ -86,8 +88,6 @@ class RunSession:
     # -- entering and leaving -----------------------------------------------------------------------
 
     def __enter__(self) -> RunSession:
-        from roll_lite.workers.cluster import start_ray
-
         from roll_lite.runtime.reproducibility import kernel_env, pin_kernels
 
         # Before Ray starts: a local cluster's workers inherit this process's environment.
@@ -98,23 +98,29 @@ class RunSession:
         torch.set_num_threads(DRIVER_TORCH_THREADS)
         self.claim = self.claim_run_dir()
         try:
-            # Ray first: a joined cluster too small for the workers is reported before anything is written.
-            logger.info(
-                start_ray(
-                    self.config.ray_address,
-                    self.reserved,
-                    self.config.workers.object_store_mb,
-                    kernel_env(self.config.reproducible),
+            if self.config.workers.backend == "local":  # every worker in this process, no Ray (workers/local.py)
+                from roll_lite.workers.local import start_local
+
+                logger.info(start_local())
+            else:
+                from roll_lite.workers.cluster import start_ray
+
+                assert self.reserved is not None  # workers/group.py reservation: None only under local
+                # Ray first: a joined cluster too small for the workers is reported before anything is written.
+                logger.info(
+                    start_ray(
+                        self.config.ray_address,
+                        self.reserved,
+                        self.config.workers.object_store_mb,
+                        kernel_env(self.config.reproducible),
+                    )
                 )
-            )
         except BaseException:
             self.claim.release()
             raise
         return self
 
     def __exit__(self, kind, error, traceback) -> Literal[False]:
-        from roll_lite.workers.cluster import stop_ray
-
         stage = self.pipeline.stage
         try:
             if isinstance(error, WorkerError):
@@ -126,14 +132,24 @@ class RunSession:
         finally:
             if self.tracker is not None:
                 self.tracker.finish()
-            # Ray's log monitor forwards the workers' output from their log files, polling every 0.1 s:
-            # their last lines (the final model's save, a failing worker's own message) reach this log
-            # before Ray stops only with a moment for it (matplotlib's plotting once gave it a second)
-            time.sleep(LAST_WORKER_LINES_S)
-            stop_ray()
+            self.stop_workers()
             assert self.claim is not None  # __enter__ claimed it before anything could fail
             self.claim.release()
         return False
+
+    def stop_workers(self) -> None:
+        if self.config.workers.backend == "local":
+            from roll_lite.workers.local import stop_local
+
+            stop_local()
+            return
+        from roll_lite.workers.cluster import stop_ray
+
+        # Ray's log monitor forwards the workers' output from their log files, polling every 0.1 s:
+        # their last lines (the final model's save, a failing worker's own message) reach this log
+        # before Ray stops only with a moment for it (matplotlib's plotting once gave it a second)
+        time.sleep(LAST_WORKER_LINES_S)
+        stop_ray()
 
     def claim_run_dir(self) -> RunDirClaim:
         """Lock the run directory and pick the checkpoint to resume (config `resume`), checked against
@@ -159,17 +175,19 @@ class RunSession:
         put the workers back as the claimed checkpoint left them (if any), open the tracker
         (metrics.jsonl continued from the checkpoint's records) and the checkpointer. Returns the
         checkpoint's step, 0 for a fresh run."""
-        from roll_lite.workers.cluster import where_the_roles_run
-
         from roll_lite.checkpoint import Checkpointer
         from roll_lite.runtime.traces import TraceWriter
         from roll_lite.runtime.tracking import RunLogger
 
-        roles = {
-            name: getattr(self.pipeline, name, None) for name in ("actor", "reference", "critic", "rollout", "reward")
-        }
-        if (placement := where_the_roles_run(roles)) is not None:
-            logger.info(placement)
+        if self.config.workers.backend == "ray":  # local: every role in this process
+            from roll_lite.workers.cluster import where_the_roles_run
+
+            roles = {
+                name: getattr(self.pipeline, name, None)
+                for name in ("actor", "reference", "critic", "rollout", "reward")
+            }
+            if (placement := where_the_roles_run(roles)) is not None:
+                logger.info(placement)
         c, resumed_step, history, config_history = self.config, 0, None, []
         assert self.claim is not None  # __enter__ claimed it
         if self.claim.resume_from is not None:

@@ -66,10 +66,9 @@ class SupervisedPipeline:
         self.stage = "start-up"  # where run() is: named by a worker failure and by a stop on a signal
 
     def start_workers(self) -> None:
-        from roll_lite.workers.group import ModelGroup
-        from roll_lite.workers.placement import Placement
+        from roll_lite.workers.group import ModelGroup, make_placement
 
-        placement = Placement(self.config, roles_on_a_gpu=1)
+        placement = make_placement(self.config, roles_on_a_gpu=1)
         self.actor = ModelGroup("actor", self.config.workers.actor_dp, placement, self.config).wait_ready()
 
     def before_training(self, resumed_step: int) -> None:
@@ -138,7 +137,7 @@ class SupervisedPipeline:
     def run(self) -> list[dict[str, Any]]:
         """Workers, step-0 eval, settings.steps steps (checkpoints as configured; resumed as `resume`
         says), final/. Returns the metrics history."""
-        from roll_lite.workers.placement import reservation
+        from roll_lite.workers.group import reservation
 
         c, start = self.config, time.monotonic()
         self.prepare_data()  # before the run directory and Ray: a bad file stops here

@@ -1,7 +1,11 @@
 """How fast is this box today? The tiny 6-step roll-train run (tests/test_resume.py's shapes) in a cpuacct cgroup
 of its own: its CPU seconds, every process it starts included (the driver, Ray's processes, the model worker).
 
-    python scripts/speed_probe.py [--rounds 3]
+    python scripts/speed_probe.py [--rounds 3] [--override KEY=VALUE ...]
+
+`--override` (repeatable) adds a key=value to the probe's command, e.g. `--override workers.backend=local`
+(every worker in roll-train's process, no Ray). Besides the CPU seconds and the wall time it reports the
+time from the launch to the first step's log line (`step 1/6 |`): the start-up a user waits through.
 
 On the 2-core Intel Xeon box this took 10.1-11.9 s of CPU on a fast day and up to 24 s on a slow one
 (CONTRIBUTING.md, "The CI budget"). Report it beside every suite measurement, so that a slow day shows as one.
@@ -21,6 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+FIRST_STEP = " step 1/6 |"  # the first step's log line
 TINY = [  # tests/test_resume.py's TINY, 6 steps
     "model.hidden_size=32",
     "model.intermediate_size=64",
@@ -40,7 +45,7 @@ TINY = [  # tests/test_resume.py's TINY, 6 steps
 ]
 
 
-def probe_command(folder: Path) -> list[str]:
+def probe_command(folder: Path, overrides: list[str]) -> list[str]:
     for name in ("train", "eval"):
         lines = (REPO / f"data/reverse_digits/{name}.jsonl").read_text().splitlines(keepends=True)[:8]
         (folder / f"{name}.jsonl").write_text("".join(lines))
@@ -55,13 +60,14 @@ def probe_command(folder: Path) -> list[str]:
         f"data.eval_files={folder / 'eval.jsonl'}",
         f"output_dir={folder / 'out'}",
         "run_name=probe",
+        *overrides,
     ]
 
 
-def run_once() -> tuple[float | None, float]:
-    """(CPU s or None where no cgroup can be made, wall s) of one probe run."""
+def run_once(overrides: list[str]) -> tuple[float | None, float, float]:
+    """(CPU s or None where no cgroup can be made, wall s, s to the first step's log line) of one probe run."""
     with tempfile.TemporaryDirectory() as tmp:
-        command = probe_command(Path(tmp))
+        command = probe_command(Path(tmp), overrides)
         group = CPUACCT / f"speed_probe_{os.getpid()}"
         try:
             group.mkdir()
@@ -74,34 +80,53 @@ def run_once() -> tuple[float | None, float]:
                 (group / "cgroup.procs").write_text(str(os.getpid()))
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
-        result = subprocess.run(
-            command, cwd=REPO, env=env, capture_output=True, text=True, preexec_fn=join_group, timeout=600
+        process = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=join_group,
         )
+        assert process.stdout is not None  # stdout=PIPE
+        output, first_step = [], None
+        for line in process.stdout:  # the log, as it comes: the first step's line is timed on arrival
+            output.append(line)
+            if first_step is None and FIRST_STEP in line:
+                first_step = time.monotonic() - start
+        returncode = process.wait(timeout=600)
         wall = time.monotonic() - start
-        if result.returncode != 0:
-            raise SystemExit(f"speed_probe: the probe run failed ({result.returncode}):\n{result.stderr[-2000:]}")
+        if returncode != 0 or first_step is None:
+            raise SystemExit(f"speed_probe: the probe run failed ({returncode}):\n{''.join(output)[-2000:]}")
         if group is None:
-            return None, wall
+            return None, wall, first_step
         time.sleep(0.5)  # Ray's processes of the run are gone by now; their CPU stays counted in the group
         cpu = int((group / "cpuacct.usage").read_text()) / 1e9
         try:
             group.rmdir()
         except OSError:
             pass
-        return cpu, wall
+        return cpu, wall, first_step
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--override", action="append", default=[], metavar="KEY=VALUE", help="added to the probe's command"
+    )
     args = parser.parse_args()
-    runs = [run_once() for _ in range(args.rounds)]
-    cpus = [cpu for cpu, _ in runs if cpu is not None]
-    walls = [wall for _, wall in runs]
-    print("| probe | median | min | max |\n|---|---:|---:|---:|")
+    if bad := [item for item in args.override if "=" not in item]:
+        parser.error(f"--override takes KEY=VALUE, got {bad[0]!r}")
+    runs = [run_once(args.override) for _ in range(args.rounds)]
+    cpus = [cpu for cpu, _, _ in runs if cpu is not None]
+    print(f"| probe{' ' + ' '.join(args.override) if args.override else ''} | median | min | max |")
+    print("|---|---:|---:|---:|")
     if cpus:
         print(f"| CPU s | {statistics.median(cpus):.1f} | {min(cpus):.1f} | {max(cpus):.1f} |")
-    print(f"| wall s | {statistics.median(walls):.1f} | {min(walls):.1f} | {max(walls):.1f} |")
+    for name, values in (("wall s", [run[1] for run in runs]), ("s to step 1", [run[2] for run in runs])):
+        print(f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} | {max(values):.1f} |")
 
 
 if __name__ == "__main__":

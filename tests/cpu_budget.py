@@ -52,6 +52,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
             "test_distill.py",
             "test_eval.py",
             "test_failures.py",
+            "test_local_backend.py",
             "test_lora_run.py",
             "test_policy_losses.py",
             "test_preference_pipelines.py",

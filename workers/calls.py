@@ -1,18 +1,20 @@
 """Waiting for workers' answers: WorkerCalls gets a call's results with a timeout and a stall warning,
 and worker_error turns what Ray raised into a WorkerError naming the role, the rank and what happened
-(raised, died, out of memory, stopped), the death of a peer preferred over the error it caused."""
+(raised, died, out of memory, stopped), the death of a peer preferred over the error it caused. Under
+workers.backend=local the calls have run already (workers/local.py): their values, or the first error."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-import ray
 import torch
 
 from roll_lite.config import WorkersConfig
 from roll_lite.runtime.failures import WorkerError
 from roll_lite.strategy.non_finite import NonFiniteStepsError
+
+from .local import LocalCallError, is_finished
 
 logger = logging.getLogger("roll_lite")
 
@@ -38,6 +40,10 @@ class WorkerCalls:
         self.nodes: dict[str, str] = {}
 
     def get(self, refs, method: str):
+        if is_finished(refs):  # workers.backend=local: the calls have run (workers/local.py)
+            return self._finished(refs, method)
+        import ray
+
         single = isinstance(refs, ray.ObjectRef)
         ranks = {ref: (None if single else rank) for rank, ref in enumerate([refs] if single else refs)}
         answered: dict[ray.ObjectRef, float]  # ref -> when it answered
@@ -84,6 +90,14 @@ class WorkerCalls:
                     raise self._on_node(failure) from None
         return values[refs] if single else [values[ref] for ref in refs]
 
+    def _finished(self, refs, method: str):
+        """The values of local calls (workers/local.py Finished), or the first one's error as WorkerError."""
+        single = not isinstance(refs, list)
+        for rank, ref in enumerate([refs] if single else refs):
+            if ref.error is not None:
+                raise worker_error(ref.error, self.role, None if single else rank, method) from None
+        return refs.value if single else [ref.value for ref in refs]
+
     def _on_node(self, failure: WorkerError) -> WorkerError:
         """The failed worker's node, and the workers of every role that ran there too (a node that is
         gone took them all), where the run knows them (a cluster of several nodes)."""
@@ -99,6 +113,8 @@ class WorkerCalls:
         and name the death, the error to look at, instead."""
         if failure.kind != "raised" or not pending:
             return failure
+        import ray
+
         ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
         for ref in ready:
             try:
@@ -127,11 +143,15 @@ CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory"
 
 
 def worker_error(error: Exception, role: str, rank: int | None, method: str) -> WorkerError:
+    """What Ray raised for a call (or workers/local.py's LocalCallError for a local one) as WorkerError."""
     cause, text = getattr(error, "cause", None), str(error)
     if isinstance(cause, NonFiniteStepsError):  # a stop on purpose: its reason, no traceback
         return WorkerError(role, rank, method, "stopped", cause.describe(f"{role}."))
+    on_ray = not isinstance(error, LocalCallError)
+    if on_ray:
+        import ray
     if (
-        isinstance(error, ray.exceptions.OutOfMemoryError)
+        (on_ray and isinstance(error, ray.exceptions.OutOfMemoryError))
         or isinstance(cause, (torch.OutOfMemoryError, MemoryError))
         or "memory usage threshold" in text  # Ray's memory monitor killed it (its message on an actor's death)
         or CPU_ALLOCATION_FAILED in text
@@ -139,7 +159,7 @@ def worker_error(error: Exception, role: str, rank: int | None, method: str) -> 
         kind = "out of memory"
     elif getattr(error, "actor_init_failed", False):  # raised in its constructor; Ray reports the actor dead
         kind, method = "raised", "__init__"
-    elif isinstance(error, ray.exceptions.RayActorError):
+    elif on_ray and isinstance(error, ray.exceptions.RayActorError):
         kind = "died"
     else:
         kind = "raised"

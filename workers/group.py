@@ -1,4 +1,5 @@
-"""Ray actors for the controller: a D-rank FSDP2 model group, and single rollout / reward workers.
+"""Ray actors for the controller: a D-rank FSDP2 model group, and single rollout / reward workers (under
+workers.backend=local the same workers as objects in the driver's process, called alike: workers/local.py).
 
 The controller calls plain methods; dispatch (token-balanced shares per rank) and reassembly in the
 original row order happen here, waiting for the results in workers/calls.py (a worker that raises or
@@ -8,9 +9,8 @@ dies: WorkerError naming its role and rank).
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
-import ray
 import torch
 
 from roll_lite.config import RunConfig
@@ -21,12 +21,36 @@ from roll_lite.runtime.importing import import_root, roll_lite_dir
 from roll_lite.strategy.micro_batches import data_parallel_groups
 
 from .calls import WorkerCalls
+from .local import is_local, start_worker
 from .model_worker import ModelWorker
-from .placement import Placement
 from .reward_worker import RewardWorker
 from .rollout_worker import RolloutWorker
 
+if TYPE_CHECKING:
+    import ray
+
+    from .placement import Placement, Reservation
+
 logger = logging.getLogger("roll_lite")
+
+
+def reservation(config: RunConfig, with_rollout: bool = True) -> Reservation | None:
+    """What the workers ask Ray for (workers/placement.py reservation); None under workers.backend=local,
+    which imports no Ray (importing it costs ~0.5 s of CPU)."""
+    if is_local(config):
+        return None
+    from .placement import reservation as on_ray
+
+    return on_ray(config, with_rollout)
+
+
+def make_placement(config: RunConfig, roles_on_a_gpu: int) -> Placement | None:
+    """Where the workers run on Ray (workers/placement.py); None under workers.backend=local: in this process."""
+    if is_local(config):
+        return None
+    from .placement import Placement
+
+    return Placement(config, roles_on_a_gpu)
 
 
 class ModelGroup:
@@ -35,10 +59,16 @@ class ModelGroup:
     model of its own on that process's group: no processes of its own."""
 
     def __init__(
-        self, role: str, world_size: int, placement: Placement, config: RunConfig, host: "ModelGroup | None" = None
+        self,
+        role: str,
+        world_size: int,
+        placement: Placement | None,
+        config: RunConfig,
+        host: "ModelGroup | None" = None,
     ):
         self.role, self.world_size, self.hosted = role, world_size, host is not None
-        self.workers: list[Any]  # Ray actor handles of ModelWorker, rank order
+        self.local = is_local(config)  # its one rank in this process (workers/local.py)
+        self.workers: list[Any]  # Ray actor handles of ModelWorker (or LocalActors), rank order
         self.calls = WorkerCalls(role, config.workers)  # its failures name their node (where_the_roles_run)
         self._get = self.calls.get
         self.balance_tokens = (config.critic if role == "critic" else config.actor).use_packing
@@ -46,15 +76,20 @@ class ModelGroup:
             assert host.world_size == world_size, "validated: workers.one_process_per_rank needs equal dp"
             self.workers = host.workers
             return
-        remote = ray.remote(ModelWorker)
-        pipeline_root, driver_roll_lite = import_root(config.pipeline), roll_lite_dir()
+        # a local worker imports as the driver does: its sys.path is the driver's
+        pipeline_root, driver_roll_lite = None if self.local else import_root(config.pipeline), roll_lite_dir()
+
+        def options(rank: int) -> Callable[[], dict]:  # on Ray: where rank `rank` runs
+            return lambda: cast("Placement", placement).model_rank(role, rank)
+
         self.workers = [
-            remote.options(**placement.model_rank(role, rank)).remote(
-                role, rank, world_size, config, pipeline_root, driver_roll_lite
+            start_worker(
+                config, ModelWorker, options(rank), *(role, rank, world_size, config, pipeline_root, driver_roll_lite)
             )
             for rank in range(world_size)
         ]
-        self._address = self.workers[0].address.remote()  # worker processes start in the background
+        if not self.local:
+            self._address = self.workers[0].address.remote()  # worker processes start in the background
 
     def wait_ready(self) -> "ModelGroup":
         """Form the torch.distributed group and build the models (blocks). A hosted role builds its
@@ -67,9 +102,14 @@ class ModelGroup:
                 self.role,
             )
             return self
-        master_addr, master_port = self._get([self._address], "address")[0]
-        self._get([worker.setup.remote(master_addr, master_port) for worker in self.workers], "setup")
-        if self.role in ("reference", "critic"):
+        if self.local:
+            self._get([worker.setup_alone.remote() for worker in self.workers], "setup")
+        else:
+            master_addr, master_port = self._get([self._address], "address")[0]
+            self._get([worker.setup.remote(master_addr, master_port) for worker in self.workers], "setup")
+        if self.role in ("reference", "critic") and self.local:
+            logger.info("%s: a worker of its own in this process (workers.backend=local)", self.role)
+        elif self.role in ("reference", "critic"):
             logger.info(
                 "%s: %d process%s of its own (workers.one_process_per_rank=false)",
                 self.role,
@@ -122,12 +162,17 @@ class ModelGroup:
         )[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
+        if self.local:  # the weights themselves (workers/local.py)
+            return unflatten_state_dict(self.state_dict_ref())
+        import ray
+
         return unflatten_state_dict(ray.get(self.state_dict_ref()))
 
     def state_dict_ref(self, dtype: str | None = None, part: str = "full") -> ray.ObjectRef:
         """Rank 0's full state dict as FlatWeights (cast to `dtype` if given), left in the object
-        store: a worker can take it from there without a hop through the controller. Every rank
-        takes part in the gather. With LoRA, `part`: full, adapters or merged (ModelWorker.state_dict)."""
+        store: a worker can take it from there without a hop through the controller (workers.backend=local:
+        the FlatWeights themselves). Every rank takes part in the gather. With LoRA, `part`: full, adapters
+        or merged (ModelWorker.state_dict)."""
         # Rank 0 puts the weights into the object store and returns the small ref to them, so a
         # failed gather is reported here, naming its rank, without fetching the weights.
         return self._get([self._call(w, "state_dict", dtype, part) for w in self.workers], "state_dict")[0]
@@ -165,7 +210,7 @@ class RolloutClient:
     """The rollout engine's calls: on a RolloutWorker of its own, or (rollout.in_actor, `actor` given)
     on the actor's only rank, which generates with its own parameters."""
 
-    def __init__(self, config: RunConfig, placement: Placement, actor: ModelGroup | None = None):
+    def __init__(self, config: RunConfig, placement: Placement | None, actor: ModelGroup | None = None):
         self.calls = WorkerCalls("rollout", config.workers)  # its failures name their node (where_the_roles_run)
         self._get = self.calls.get
         # LoRA: the first sync (and the first after a resume) sends the base too, every later one only
@@ -177,7 +222,7 @@ class RolloutClient:
             self.worker = actor.workers[0]
             self._get(self.worker.start_rollout.remote(), "setup")
         else:
-            self.worker = ray.remote(RolloutWorker).options(**placement.rollout()).remote(config)
+            self.worker = start_worker(config, RolloutWorker, lambda: cast("Placement", placement).rollout(), config)
 
     def _call(self, method: str, *args) -> ray.ObjectRef:
         if self.in_actor:
@@ -257,17 +302,13 @@ class RewardClient:
         roots = sorted(cast("set[str]", {import_root(spec) for spec in specs if is_import_path(spec)} - {None}))
         self.local = None
         options = placement.reward() if placement is not None else {"num_cpus": 0}
-        self.worker = (
-            ray.remote(RewardWorker)
-            .options(**options)
-            .remote(
-                reward,
-                config.data.domain_key,
-                (config.model.tokenizer_path, config.model.chat_template),
-                roots,
-                roll_lite_dir(),
-                on_gpu="num_gpus" in options,
-            )
+        policy_tokenizer = (config.model.tokenizer_path, config.model.chat_template)
+        roots = [] if is_local(config) else roots  # a local worker imports as the driver does: its sys.path
+        self.worker = start_worker(
+            config,
+            RewardWorker,
+            lambda: options,
+            *(reward, config.data.domain_key, policy_tokenizer, roots, roll_lite_dir(), "num_gpus" in options),
         )
 
     def where(self) -> dict:

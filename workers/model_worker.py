@@ -1,6 +1,7 @@
-"""One rank of a FSDP2 model group on Ray: the actor (trains, log-probs), the reference
-(log-probs, no optimizer) or the critic (values, value loss). Plain class; `WorkerGroup` wraps it
-with ray.remote and forms the D ranks into one torch.distributed group."""
+"""One rank of a FSDP2 model group on Ray: the actor (trains, log-probs), the reference (log-probs, no
+optimizer) or the critic (values, value loss). Plain class; `ModelGroup` wraps it with ray.remote and
+forms the D ranks into one torch.distributed group (or with workers.backend=local holds its one rank
+in the driver's process: workers/local.py)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,12 @@ from roll_lite.model.weights import FlatWeights, flatten_state_dict, unflatten_s
 from roll_lite.runtime.importing import enter_import_root, load_object
 from roll_lite.runtime.reproducibility import check_kernels
 from roll_lite.strategy.config import StrategyConfig
-from roll_lite.strategy.distributed import init_distributed, join_group_store, open_group_store
-
-from .placement import local_gpu_index, where_am_i
+from roll_lite.strategy.distributed import (
+    init_distributed,
+    init_one_process_group,
+    join_group_store,
+    open_group_store,
+)
 
 if TYPE_CHECKING:
     from roll_lite.strategy.fsdp2 import FSDP2Strategy
@@ -105,9 +109,13 @@ class ModelWorker:
         return host, self.group_store.port
 
     def where(self) -> dict:
+        from .placement import where_am_i  # Ray's: imported on Ray only (workers.backend=local imports no Ray)
+
         return where_am_i()
 
     def setup(self, master_addr: str, master_port: int) -> None:
+        from .placement import local_gpu_index
+
         os.environ.update(
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
@@ -120,6 +128,14 @@ class ModelWorker:
         bind_gloo_to_the_node_address()
         store = self.group_store if self.rank == 0 else join_group_store(master_addr, master_port, self.world_size)
         init_distributed(store=store)
+        self.build()
+
+    def setup_alone(self) -> None:
+        """workers.backend=local: the only rank, in the driver's process, on CPU, in the one-process group
+        that every model worker there shares (workers/local.py destroys it when the run ends)."""
+        torch.set_num_threads(self.config.workers.torch_threads)
+        check_kernels(self.config.reproducible)
+        init_one_process_group(torch.device("cpu"))
         self.build()
 
     def build(self) -> None:
@@ -143,8 +159,15 @@ class ModelWorker:
             enable_gradient_checkpointing(lm)
         if self.config.model.compile_layers:
             compile_decoder_layers(lm)
+        # workers.backend=local: on CPU, as a Ray worker without a GPU, also where the driver sees CUDA
+        device = torch.device("cpu") if self.config.workers.backend == "local" else None
         self.strategy = FSDP2Strategy(
-            lm, strategy_config(self.config, self.role), head=head, trainable=trainable, head_seed=self.config.seed
+            lm,
+            strategy_config(self.config, self.role),
+            head=head,
+            trainable=trainable,
+            device=device,
+            head_seed=self.config.seed,
         )
         if self.config.workers.offload:
             self.strategy.offload()
@@ -206,8 +229,6 @@ class ModelWorker:
         picks: full (base_layer and adapter tensors, the model's own names), adapters (only them) or
         merged (a plain HF state dict of base + adapters)."""
         assert self.strategy is not None  # setup() made it
-        import ray
-
         with self.on_device():
             state = self.strategy.full_state_dict(
                 trainable_only=part == "adapters"
@@ -220,6 +241,10 @@ class ModelWorker:
         if dtype is not None:
             cast = getattr(torch, dtype)
             state = {name: value.to(cast) if value.is_floating_point() else value for name, value in state.items()}
+        if self.config.workers.backend == "local":  # in the caller's process already: the weights themselves
+            return flatten_state_dict(state)
+        import ray
+
         return ray.put(flatten_state_dict(state))
 
     def start_rollout(self) -> str:

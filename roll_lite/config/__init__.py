@@ -10,6 +10,7 @@ validation_rewards.py    reward.*; rewards_needing_a_worker
 validation_algorithm.py  algorithm.*
 validation_beyond_rl.py  sft.*, preference.*, distill.*
 node_labels.py           workers.node_labels (roles pinned to Ray nodes by label); pinned_apart
+backend.py               workers.backend: what `local` (every worker in roll-train's process, no Ray) can run
 key_checks.py            check, one_of, file_list: each failure a ConfigError naming the key
 loading.py               load_config (file, overrides), to_yaml
 """

@@ -316,6 +316,7 @@ class AlgorithmConfig:
 
 @dataclass
 class WorkersConfig:
+    backend: str = "ray"  # ray | local: every worker in roll-train's own process, no Ray (docs/gpus-and-clusters.md)
     actor_dp: int = 1  # D: actor ranks (one torch.distributed group)
     # critic_dp, reference_dp: the critic's and the reference's ranks; null: workers.actor_dp on GPUs (rank i
     # of each role shares the actor rank i's GPU, so they must be equal), 1 on CPU

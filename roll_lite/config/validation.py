@@ -10,6 +10,7 @@ rewards_needing_a_worker in validation_rewards.py, pinned_apart in node_labels.p
 
 from __future__ import annotations
 
+from roll_lite.config.backend import validate_backend
 from roll_lite.config.key_checks import check, file_list, one_of
 from roll_lite.config.node_labels import validate_node_labels
 from roll_lite.config.schema import DataConfig, RunConfig
@@ -58,6 +59,7 @@ def validate(config: RunConfig) -> None:
     validate_algorithm(config)
     _validate_roles(config)
     _validate_workers(config)
+    validate_backend(config)
 
 
 def _validate_roles(config: RunConfig) -> None:

@@ -67,6 +67,26 @@ def init_distributed(device: torch.device | None = None, store: dist.Store | Non
     return dist.get_rank(), dist.get_world_size()
 
 
+def init_one_process_group(device: torch.device) -> None:
+    """The default group of this one process on `device`'s backend (an in-memory store, no port), unless
+    there is one already: workers.backend=local, whose model workers all share it (workers/local.py)."""
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1
+        )
+
+
+def process_group() -> tuple[int, str] | None:
+    """(world size, backend) of this process's default group; None when it has none."""
+    return (dist.get_world_size(), str(dist.get_backend())) if dist.is_initialized() else None
+
+
+def close_one_process_group() -> None:
+    """Destroy this process's default group (init_one_process_group), if any."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 BROADCAST_BUCKET_BYTES = 64 * 2**20
 
 
