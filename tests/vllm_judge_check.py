@@ -35,7 +35,7 @@ def main(folder: str) -> dict:
     save_judge(folder)
     hf = Judge(folder, template="correctness", max_new_tokens=12)
     vllm = Judge(folder, template="correctness", max_new_tokens=12, engine="vllm")
-    inputs = [hf._input_ids(*row) for row in zip(*ROWS)]
+    inputs = [hf._input_ids(text) for text in hf._rendered(list(zip(*ROWS)))]  # the built-in template: text
     hf_replies, vllm_replies = hf._generate(inputs), vllm._generate(inputs)
     again = vllm._generate(inputs)
     outcomes = [(s.kind, s.value, s.reason) for s in vllm.score(*ROWS)]
