@@ -67,7 +67,7 @@ class ModelGroup:
         host: "ModelGroup | None" = None,
     ):
         self.role, self.world_size, self.hosted = role, world_size, host is not None
-        self.local = is_local(config)  # its one rank in this process (workers/local.py)
+        self.in_process = is_local(config)  # its one rank in this process (workers/local.py)
         self.workers: list[Any]  # Ray actor handles of ModelWorker (or LocalActors), rank order
         self.calls = WorkerCalls(role, config.workers)  # its failures name their node (where_the_roles_run)
         self._get = self.calls.get
@@ -77,7 +77,7 @@ class ModelGroup:
             self.workers = host.workers
             return
         # a local worker imports as the driver does: its sys.path is the driver's
-        pipeline_root, driver_roll_lite = None if self.local else import_root(config.pipeline), roll_lite_dir()
+        pipeline_root, driver_roll_lite = None if self.in_process else import_root(config.pipeline), roll_lite_dir()
 
         def options(rank: int) -> Callable[[], dict]:  # on Ray: where rank `rank` runs
             return lambda: cast("Placement", placement).model_rank(role, rank)
@@ -88,7 +88,7 @@ class ModelGroup:
             )
             for rank in range(world_size)
         ]
-        if not self.local:
+        if not self.in_process:
             self._address = self.workers[0].address.remote()  # worker processes start in the background
 
     def wait_ready(self) -> "ModelGroup":
@@ -102,12 +102,12 @@ class ModelGroup:
                 self.role,
             )
             return self
-        if self.local:
+        if self.in_process:
             self._get([worker.setup_alone.remote() for worker in self.workers], "setup")
         else:
             master_addr, master_port = self._get([self._address], "address")[0]
             self._get([worker.setup.remote(master_addr, master_port) for worker in self.workers], "setup")
-        if self.role in ("reference", "critic") and self.local:
+        if self.role in ("reference", "critic") and self.in_process:
             logger.info("%s: a worker of its own in this process (workers.backend=local)", self.role)
         elif self.role in ("reference", "critic"):
             logger.info(
@@ -162,7 +162,7 @@ class ModelGroup:
         )[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        if self.local:  # the weights themselves (workers/local.py)
+        if self.in_process:  # the weights themselves (workers/local.py)
             return unflatten_state_dict(self.state_dict_ref())
         import ray
 
