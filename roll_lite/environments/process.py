@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from roll_lite.rewards.guarded import STARTUP_TIMEOUT_S, Reader, send, start_child
+from roll_lite.rewards.guarded import STARTUP_TIMEOUT_S, Reader, send, start_child, stop_child
 
 
 class CallTimedOut(Exception):
@@ -91,15 +91,9 @@ class EnvironmentProcess:
         self.close()
 
     def close(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        for pipe in (self.process.stdin, self.process.stdout):
-            assert pipe is not None  # start_child's pipes
-            pipe.close()
-        self.process = None
+        if self.process is not None:
+            stop_child(self.process)
+            self.process = None
 
     def _death(self) -> str:
         assert self.process is not None  # call() found it dead: still there until close()

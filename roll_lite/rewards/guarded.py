@@ -77,6 +77,16 @@ def start_child(module: str) -> subprocess.Popen:
     return _spawner.start(argv)
 
 
+def stop_child(process: subprocess.Popen) -> None:
+    """Kill a child of start_child if it still runs, reap it and close its message pipes."""
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+    for pipe in (process.stdin, process.stdout):
+        assert pipe is not None  # start_child's pipes
+        pipe.close()
+
+
 class _Spawner:
     """Starts the children from one thread that lives as long as this process. Linux sends a child its
     parent-death signal when the thread that started it ends, not when the process does, and the reward
@@ -255,10 +265,5 @@ class GuardedProcess:
         self._start()
 
     def close(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
         if self.process is not None:
-            self.process.wait()
-            for pipe in (self.process.stdin, self.process.stdout):
-                assert pipe is not None  # start_child's pipes
-                pipe.close()
+            stop_child(self.process)

@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any, Callable
 
 from roll_lite.rewards.calls import as_score, describe
-from roll_lite.rewards.guarded import STARTUP_TIMEOUT_S, Reader, child_pipes, send, start_child
+from roll_lite.rewards.guarded import STARTUP_TIMEOUT_S, Reader, child_pipes, send, start_child, stop_child
 from roll_lite.rewards.outcomes import Score, failed, scored, timed_out, unparseable
 
 Row = tuple[str, str, str, dict]  # (prompt as text, response, answer, extra): a template's fields
@@ -181,12 +181,6 @@ class JudgeCode:
         self.wait_ready()
 
     def close(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        for pipe in (self.process.stdin, self.process.stdout):
-            assert pipe is not None  # start_child's pipes
-            pipe.close()
-        self.process = None
+        if self.process is not None:
+            stop_child(self.process)
+            self.process = None
