@@ -18,7 +18,7 @@ import pytest
 from roll_lite.workers.reward_worker import RewardWorker
 
 from roll_lite.config import ConfigError, RewardConfig, load_config
-from roll_lite.config.schema import DomainRewardConfig
+from roll_lite.config.reward import DomainRewardConfig
 from roll_lite.data.files import DataError
 from roll_lite.data.prompts import prepare_datasets
 from roll_lite.model.tokenizer import build_char_tokenizer
