@@ -2,13 +2,17 @@
 (vs_trl.py makes it); imports nothing from roll_lite.
 
     python trl_grpo.py --model DIR --train train.jsonl --eval eval.jsonl --steps 200 [--threads 2]
+                       [--eval-every N] [--reward-delay-s S]
 
 One optimizer step = 2 prompts × 8 completions generated for it by the current policy (strictly
 on-policy: one generation per step, one pass over it), at most 16 new tokens, temperature 1, no
 top-k / top-p, lr 1e-4 constant, β = 0 (no reference model), token-mean loss (TRL's `dapo`), group
 advantages (r - mean) / (std + eps), clip 0.2, grad-norm clip 1.0, float32, no gradient checkpointing.
-The reward is roll_lite's `exact_answer`: 1 if the stripped response equals the answer. Held-out:
-greedy decoding on the eval prompts before and after training, scored the same way.
+The reward is roll_lite's `exact_answer`: 1 if the stripped response equals the answer; with
+--reward-delay-s S scoring waits S seconds per response first (a slow judge), as roll_lite's
+`benchmarks.slow_reward:exact_answer_slow` does. Held-out: greedy decoding
+on the eval prompts before training, every --eval-every steps and after training, scored the same way,
+each with the seconds since this process started (as roll_lite's perf/since_launch_s).
 
 Prints one JSON line: per-step seconds (on_step_begin -> on_step_end: generation, reward, forward,
 backward, optimizer) and their split (sampling; sampling with rewards and advantages; the rest trains), held-out reward before / after, the mean completion length, versions.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -32,8 +37,20 @@ def read_jsonl(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+REWARD_DELAY_S = 0.0  # --reward-delay-s: a slow scorer's wait per response
+
+
 def exact_answer(prompts, completions, answer, **kwargs) -> list[float]:
+    if REWARD_DELAY_S:
+        time.sleep(REWARD_DELAY_S * len(completions))
     return [float(c.strip() == str(a).strip()) for c, a in zip(completions, answer)]
+
+
+def since_launch_s() -> float:
+    """Seconds since this process started (Linux: its start time in /proc/self/stat, in clock ticks since boot)."""
+    start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+    uptime_s = float(open("/proc/uptime").read().split()[0])
+    return uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def time_calls(obj, name: str, seconds: list) -> None:
@@ -48,6 +65,19 @@ def time_calls(obj, name: str, seconds: list) -> None:
             seconds.append(time.perf_counter() - start)
 
     setattr(obj, name, timed)
+
+
+class HeldOutEvery(TrainerCallback):
+    """The held-out reward every `every` optimizer steps: (step, seconds since launch, reward)."""
+
+    def __init__(self, every: int, tokenizer, rows: list[dict], max_new_tokens: int, evaluations: list):
+        self.every, self.tokenizer, self.rows, self.max_new_tokens = every, tokenizer, rows, max_new_tokens
+        self.evaluations = evaluations
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.every and state.global_step % self.every == 0 and state.global_step < args.max_steps:
+            reward = held_out_reward(model, self.tokenizer, self.rows, self.max_new_tokens)
+            self.evaluations.append((state.global_step, since_launch_s(), reward))
 
 
 class StepTimer(TrainerCallback):
@@ -101,8 +131,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--eval-every", type=int, default=0, help="held-out evaluations between start and end")
+    parser.add_argument("--reward-delay-s", type=float, default=0.0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    global REWARD_DELAY_S
+    REWARD_DELAY_S = args.reward_delay_s
 
     # Not AutoTokenizer: for a qwen2 folder transformers 5 builds Qwen2Tokenizer, not the saved one.
     tokenizer = PreTrainedTokenizerFast.from_pretrained(args.model)
@@ -110,6 +144,7 @@ def main() -> None:
     train = Dataset.from_list([{"prompt": r["prompt"], "answer": str(r["answer"])} for r in read_jsonl(args.train)])
     eval_rows = read_jsonl(args.eval)
     before = held_out_reward(model, tokenizer, eval_rows, args.max_new_tokens)
+    evaluations = [(0, since_launch_s(), before)]
 
     completions = args.prompts * args.samples
     config = GRPOConfig(
@@ -149,14 +184,15 @@ def main() -> None:
         report_to="none",
         disable_tqdm=True,
     )
-    timer = StepTimer()
+    timer = StepTimer()  # first: the step's time leaves out the evaluation of HeldOutEvery
+    held_out_every = HeldOutEvery(args.eval_every, tokenizer, eval_rows, args.max_new_tokens, evaluations)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=exact_answer,
         args=config,
         train_dataset=train,
         processing_class=tokenizer,
-        callbacks=[timer],
+        callbacks=[timer, held_out_every],
     )
     # the step's split: sampling (_generate), then rewards, advantages and any old log-probs (the rest of
     # _generate_and_score_completions), then the loss's forward, backward and the optimizer (the rest)
@@ -167,6 +203,7 @@ def main() -> None:
     trainer.train()
     train_s = time.perf_counter() - start
     after = held_out_reward(trainer.model, tokenizer, eval_rows, args.max_new_tokens)
+    evaluations.append((args.steps, since_launch_s(), after))
     rewards = [log["reward"] for log in trainer.state.log_history if "reward" in log]
     lengths = [log["completions/mean_length"] for log in trainer.state.log_history if "completions/mean_length" in log]
     import trl
@@ -180,6 +217,8 @@ def main() -> None:
                 "train_s": train_s,
                 "held_out_before": before,
                 "held_out_after": after,
+                "evaluations": evaluations,
+                "end_s": since_launch_s(),
                 "reward_mean": statistics.mean(rewards) if rewards else None,
                 "response_length_mean": statistics.mean(lengths) if lengths else None,
                 "trl": trl.__version__,

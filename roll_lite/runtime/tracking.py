@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import secrets
 from pathlib import Path
@@ -33,6 +34,14 @@ PLOTTED = (
 )
 # and the engine / trainer mismatch of every step, one chart each (pipelines/mismatch.py)
 PLOTTED_PATTERN = re.compile(r"rollout/mismatch/[^/]+/(logp_gap_p99|ratio_out_of_band)")
+
+
+def since_launch_s() -> float:
+    """Seconds since this process started: the wall time from launch (roll-train's own start, imports
+    included) that a record was written at (Linux: the start time in /proc/self/stat, in clock ticks since boot)."""
+    start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 WANDB_ID_FILE = "wandb_run_id"  # in the run directory: the wandb run a resumed run continues
@@ -110,6 +119,7 @@ class RunLogger:
     def log(self, step: int, metrics: dict[str, float], eval_samples: list[dict] | None = None) -> None:
         """A metrics.jsonl record; with `eval_samples` (one dict per held-out prompt: prompt,
         response, answer, score) also eval_samples/step_<step>.jsonl."""
+        metrics = {**metrics, "perf/since_launch_s": round(since_launch_s(), 3)}
         record = {"step": step, **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
         self.history.append(record)
         with self.metrics_path.open("a") as f:
