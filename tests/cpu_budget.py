@@ -58,6 +58,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
             "test_preference_pipelines.py",
             "test_progress.py",
             "test_resume.py",
+            "test_roll_view.py",
             "test_rollout_in_actor.py",
             "test_run_dir.py",
             "test_run_log.py",
@@ -74,6 +75,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
         140,
         "the hf and vLLM engines, weight sync, vLLM runs and judges",
         (
+            "test_exact_rollout.py",
             "test_hf_engine.py",
             "test_mismatch.py",
             "test_sampler.py",

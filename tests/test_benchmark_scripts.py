@@ -354,3 +354,18 @@ def test_async_long_tail_smoke_runs_lockstep_and_the_fully_async_mode_on_long_ta
 def test_async_multi_turn_smoke_runs_lockstep_and_the_fully_async_mode():
     rows = _async_smoke_rows("async_multi_turn.py")
     assert float(rows["async"][4]) > 0, rows  # the environments' seconds per trajectory
+
+
+def test_mismatch_benchmark_smoke_shows_the_exact_mode_at_zero(capsys):  # in this process: no vLLM, ~1 s
+    spec = importlib.util.spec_from_file_location("mismatch_benchmark", REPO / "benchmarks/mismatch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--smoke"]) == 0
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [(row[1].strip(), row[3].strip()) for row in rows[1:]] == [
+        ("hf", "1"),
+        ("hf", "4"),
+        ("exact", "1"),
+        ("exact", "4"),
+    ]
+    assert all(float(row[7]) == 0.0 for row in rows[1:] if row[1].strip() == "exact")  # |Δ| max

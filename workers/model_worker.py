@@ -57,9 +57,12 @@ ROLES = {
 
 
 def strategy_config(config: RunConfig, role: str) -> StrategyConfig:
-    """The role's strategy settings; under reproducible=portable with AdamW's fused kernel, whose sqrt
-    is exact on every CPU (roll_lite/runtime/reproducibility.py)."""
+    """The role's strategy settings; the actor's with the batch-invariant kernels under rollout.exact;
+    under reproducible=portable with AdamW's fused kernel, whose sqrt is exact on every CPU
+    (roll_lite/runtime/reproducibility.py)."""
     chosen = config.critic if role == "critic" else config.actor
+    if role == "actor" and config.rollout.exact:  # the engine's batch-invariant kernels (docs/on-policy.md)
+        chosen = dataclasses.replace(chosen, batch_invariant=True)
     if config.reproducible == "portable":
         chosen = dataclasses.replace(chosen, adamw_fused=True)
     return chosen

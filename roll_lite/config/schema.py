@@ -121,6 +121,15 @@ class RolloutConfig:
     # step with CUDA graphs), false transformers' dynamic cache. Greedy outputs match on CPU; on a GPU it
     # ran (benchmarks/colocated_rollout.py) but its speed is not measured yet, so it stays off by default
     hf_static_cache: bool = False
+    # the hf engine's exact mode (docs/on-policy.md): it decodes, and the actor computes its log-probs, with
+    # batch-invariant kernels (roll_lite/model/batch_invariant.py), so the engine's log-probs equal the actor's
+    # bit for bit whatever the batch, padding, packing or micro-batches (TIS weights 1, rollout_bypass exact).
+    # Slower (docs/on-policy.md measures it); CPU only, rollout.dtype = actor.param_dtype
+    exact: bool = False
+    # rollout.engine=vllm on GPU: vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1 in the rollout
+    # worker): a request's tokens do not depend on the batch it runs in. Not the actor's kernels: the
+    # mismatch with the actor remains (docs/on-policy.md)
+    vllm_batch_invariant: bool = False
     # rollout.engine=vllm only (roll_lite/rollout/vllm_engine.py): the fraction of each GPU vLLM takes for
     # its weights and KV cache (colocated, it shares the GPU with the actor, reference and critic);
     # release_memory: after each generation the engine sleeps (weights to CPU, KV cache dropped) and

@@ -34,12 +34,46 @@ def validate_rollout(config: RunConfig) -> None:
         "rollout.mismatch_band",
         f"must be [low, high] with 0 <= low < 1 < high, got {list(band)}",
     )
+    if rollout.exact:
+        _validate_exact(config)
+    check(
+        not rollout.vllm_batch_invariant or (rollout.engine == "vllm" and config.workers.gpus_per_rank > 0),
+        "rollout.vllm_batch_invariant",
+        "vLLM's batch-invariant kernels are GPU kernels of the vllm engine: set rollout.engine=vllm and "
+        "workers.gpus_per_rank > 0, or rollout.vllm_batch_invariant=false",
+    )
     if rollout.fully_async:
         _validate_fully_async(config)
     if rollout.engine == "vllm":
         _validate_vllm(rollout, config.workers)
     if rollout.in_actor:
         _validate_in_actor(config)
+
+
+def _validate_exact(config: RunConfig) -> None:
+    """rollout.exact (roll_lite/model/exact_decoding.py): the settings under which it is exact."""
+    rollout = config.rollout
+    why = "rollout.exact decodes with the hf engine's batch-invariant loop"
+    check(rollout.engine == "hf", "rollout.exact", f"{why}; rollout.engine={rollout.engine} has no such mode (set hf)")
+    check(
+        rollout_dtype(config) == config.actor.param_dtype,
+        "rollout.dtype",
+        f"{why} on the actor's weights as the actor computes: set it to null or {config.actor.param_dtype} "
+        "(actor.param_dtype)",
+    )
+    check(not rollout.hf_static_cache, "rollout.hf_static_cache", f"{why}, which has no static cache: set false")
+    check(
+        config.workers.gpus_per_rank == 0,
+        "workers.gpus_per_rank",
+        "rollout.exact's kernels are verified batch-invariant on CPU only: set 0 (on GPU, rollout.engine=vllm "
+        "with rollout.vllm_batch_invariant=true is vLLM's own batch invariance)",
+    )
+    check(not config.model.compile_layers, "model.compile_layers", "rollout.exact runs its kernels eagerly: set false")
+    check(
+        config.actor.lora.dropout == 0,
+        "actor.lora.dropout",
+        "rollout.exact: the training forward must compute what the engine computed (no dropout): set 0",
+    )
 
 
 def _validate_fully_async(config: RunConfig) -> None:

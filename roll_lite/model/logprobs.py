@@ -194,6 +194,21 @@ def chunked_log_probs(
     return log_probs, (entropy if with_entropy else None)
 
 
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """[rows, vocab] logits / temperature of `hidden` [rows, H], computed as the chunked head computes a
+    chunk's (the hf engine's exact mode samples from them: roll_lite/model/exact_decoding.py)."""
+    compute_dtype = torch.promote_types(hidden.dtype, torch.float32)
+    weight_c = weight if _tensor_core_inputs(hidden, weight) else weight.to(compute_dtype)
+    return _chunk_logits(hidden.to(weight_c.dtype), weight_c, temperature, compute_dtype)
+
+
+def target_log_probs_(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[rows] log p(targets) of `head_logits`, reduced as the chunked head reduces them (overwrites logits)."""
+    log_probs = logits.new_empty(targets.shape)
+    _reduce_logits_(logits, targets, log_probs, logits.new_empty(logits.shape[0]), None)
+    return log_probs
+
+
 @torch.no_grad()
 def chunked_top_k(
     hidden: torch.Tensor, weight: torch.Tensor, k: int, *, chunk_size: int = 1024, temperature: float = 1.0

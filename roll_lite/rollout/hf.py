@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -24,10 +24,21 @@ class HFEngine:
     a token per step. On a GPU transformers then compiles the decoding step (torch.compile, CUDA graphs:
     "reduce-overhead") once per batch size; on CPU it decodes eagerly. The cache keeps the longest
     length any call needed, so calls of the same batch size reuse the compiled step.
+
+    `decode`: a decoding loop to run instead of generate, decode(model, prompts, params, pad_token_id,
+    eos_token_id, max_time_s) -> (token ids, log-probs) per row. rollout.exact passes
+    roll_lite.model.exact_decoding.exact_generate: batch-invariant kernels, each sampled token's
+    log-prob then the actor's own, bit for bit.
     """
 
     def __init__(
-        self, model: nn.Module, pad_token_id: int, eos_token_id: int, seed: int = 0, static_cache: bool = False
+        self,
+        model: nn.Module,
+        pad_token_id: int,
+        eos_token_id: int,
+        seed: int = 0,
+        static_cache: bool = False,
+        decode: Callable | None = None,
     ):
         from transformers import GenerationConfig
 
@@ -36,7 +47,7 @@ class HFEngine:
         # A model folder's generation_config.json (repetition_penalty, top_k, ...) would silently
         # change what is sampled: generate() fills every setting we leave unset from it.
         self.model.generation_config = GenerationConfig(pad_token_id=pad_token_id, eos_token_id=eos_token_id)
-        self.static_cache = static_cache
+        self.static_cache, self.decode = static_cache, decode
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.device = next(model.parameters()).device
         self.generator_seed = seed
@@ -50,6 +61,14 @@ class HFEngine:
         max_time; a row cut there has no EOS and fewer than max_new_tokens tokens)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
+        if params.greedy and params.num_samples != 1:
+            raise ValueError("greedy decoding gives one completion per prompt; set num_samples=1")
+        if self.decode is not None:
+            self._seed(params)
+            token_ids, log_probs = self.decode(
+                self.model, prompts, params, self.pad_token_id, self.eos_token_id, max_time_s
+            )
+            return Completions(token_ids, None if params.greedy else log_probs)
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
@@ -65,8 +84,6 @@ class HFEngine:
             options.update(cache_implementation="static")
         recorder = None
         if params.greedy:
-            if params.num_samples != 1:
-                raise ValueError("greedy decoding gives one completion per prompt; set num_samples=1")
             options.update(do_sample=False, num_return_sequences=1)
         else:
             # top_k=0 turns top-k off (transformers' default would be 50)
@@ -79,9 +96,7 @@ class HFEngine:
                 num_return_sequences=params.num_samples,
                 logits_processor=[recorder],
             )
-        # reproducible, different every call of a stream, and the streams apart
-        torch.manual_seed(self.generator_seed + SEED_OFFSETS[params.stream] + self.calls[params.stream])
-        self.calls[params.stream] += 1
+        self._seed(params)
         output = self.model.generate(
             input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **options
         )
@@ -95,6 +110,11 @@ class HFEngine:
             if log_probs is not None:
                 token_log_probs.append(log_probs[i][:length])
         return Completions(token_ids, token_log_probs if log_probs is not None else None)
+
+    def _seed(self, params: SamplingParams) -> None:
+        # reproducible, different every call of a stream, and the streams apart
+        torch.manual_seed(self.generator_seed + SEED_OFFSETS[params.stream] + self.calls[params.stream])
+        self.calls[params.stream] += 1
 
     def state_dict(self) -> dict:
         """Where sampling stands: every generate call reseeds torch with (seed + its stream's calls so far)."""

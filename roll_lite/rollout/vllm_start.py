@@ -62,9 +62,14 @@ def start_llm(
     cpu_kv_cache_gib: int,
     enforce_eager: bool,
     lora_rank: int | None = None,
+    batch_invariant: bool = False,
 ):
     """A vllm.LLM for the model `hf_config` describes, in this process, with dummy weights. Returns
-    (llm, vllm.SamplingParams). `lora_rank`: serve LoRA adapters of rank up to this (see `lora_settings`)."""
+    (llm, vllm.SamplingParams). `lora_rank`: serve LoRA adapters of rank up to this (see `lora_settings`).
+    `batch_invariant` (rollout.vllm_batch_invariant, GPU): vLLM's batch-invariant kernels, which vLLM
+    reads from VLLM_BATCH_INVARIANT when it starts; set here, in the rollout worker's process."""
+    if batch_invariant:
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
     if tensor_parallel_size == 1:
         # the engine core in this process (uniprocess executor): collective_rpc hands the weights to the
         # model without serialising them

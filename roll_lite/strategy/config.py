@@ -28,6 +28,9 @@ class StrategyConfig:
     total_steps: int = 0  # for the cosine schedule
     param_dtype: str = "float32"  # compute dtype under FSDP2 mixed precision (bfloat16 on GPU)
     logprob_chunk_size: int = 1024  # tokens per chunk of the LM head
+    # the forward runs batch-invariant kernels (roll_lite/model/batch_invariant.py): a token's log-prob does
+    # not depend on its micro-batch, padding or packing. rollout.exact turns it on for the actor
+    batch_invariant: bool = False
     max_consecutive_skipped_steps: int | None = 3  # stop after this many nan/inf steps in a row; null: never
     # AdamW's fused kernel instead of foreach: on CPU its sqrt is the exact (IEEE) one on every CPU,
     # where foreach's goes through MKL's vector math, which rounds otherwise on AVX-512 than on AVX2

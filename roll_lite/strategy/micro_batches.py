@@ -15,6 +15,7 @@ import torch
 
 from roll_lite.data import DataProto
 from roll_lite.data.masks import check_binary_mask
+from roll_lite.model.batch_invariant import batch_invariant_kernels
 from roll_lite.model.packing import (
     karmarkar_karp,
     pack_rows,
@@ -151,7 +152,13 @@ def split_for_data_parallel(data: DataProto, world_size: int, balance_tokens: bo
 def forward_micro_batch(model, micro_batch: DataProto, config: StrategyConfig, with_entropy: bool) -> dict:
     """The model's outputs for a micro-batch, packed or padded, as token-aligned [rows, seq] tensors
     (zero at position 0 and on padding). Log-probs are of softmax(logits / meta_info["temperature"]),
-    1 when the batch names none: an RL pipeline names the temperature its engine sampled at."""
+    1 when the batch names none: an RL pipeline names the temperature its engine sampled at. With
+    config.batch_invariant under the batch-invariant kernels (roll_lite/model/batch_invariant.py)."""
+    with batch_invariant_kernels(config.batch_invariant):
+        return _forward_micro_batch(model, micro_batch, config, with_entropy)
+
+
+def _forward_micro_batch(model, micro_batch: DataProto, config: StrategyConfig, with_entropy: bool) -> dict:
     input_ids, attention_mask = micro_batch["input_ids"], micro_batch["attention_mask"]
     seq_len = input_ids.shape[1]
     head_options = dict(temperature=float(micro_batch.meta_info.get("temperature", 1.0)), with_entropy=with_entropy)
