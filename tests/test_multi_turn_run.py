@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shlex
 import sys
 import textwrap
@@ -223,3 +224,75 @@ def test_the_docs_tools_command_runs_the_game_with_the_calculator(tmp_path):
     sample = json.loads((tmp_path / "tools" / "eval_samples" / "step_2.jsonl").read_text().splitlines()[0])
     assert sample["prompt"].startswith("S: # Tools\n") and '"name": "calculator"' in sample["prompt"]
     assert sample["prompt"].endswith("U: Guess 1-16.\nA: ")
+
+
+def test_roll_view_shows_the_runs_trajectories_in_a_browser(reference, tmp_path):
+    """roll-view on the run's traces in headless chromium (tests/browser.py): filter by outcome and
+    reward, open a multi-turn trajectory (every model turn and environment reply, tokens coloured by
+    advantage), follow its prompt across the steps; then a run that is still training: no trace yet,
+    a half-written step file, a step from an older roll_lite without some columns."""
+    import shutil
+
+    import browser
+
+    run_dir = reference[0]
+    rows = pq.read_table(run_dir / "traces").to_pylist()
+    with browser.page() as page, browser.served(run_dir) as url:
+        page.goto(url)
+        page.wait_for_function("document.querySelector('#count').textContent.includes('32 of 32')")
+        page.select_option("#outcome", "fault")  # row 7's samples (steps 1 and 3): the environment raised
+        faults = [str(r["step"]) for r in rows if r["end"] == "fault"]
+        page.wait_for_function(f"document.querySelector('#count').textContent.startsWith('{len(faults)} of 32')")
+        assert sorted(line.split("\t")[0] for line in page.inner_text("#rows tbody").splitlines()) == faults
+        page.select_option("#outcome", "")
+        page.fill("#reward_min", "0.5")
+        page.click("#apply")
+        rewarded = sum(r["reward"] is not None and r["reward"] >= 0.5 for r in rows)
+        page.wait_for_function(f"document.querySelector('#count').textContent.startsWith('{rewarded} of 32')")
+        page.fill("#reward_min", "")
+        page.click("#apply")
+        page.wait_for_function("document.querySelector('#count').textContent.startsWith('32 of 32')")
+
+        row = next(r for r in rows if len(r["turns"]) >= 2 and r["advantage"])
+        page.click(f"#rows tbody tr[data-step='{row['step']}'][data-sample='{row['sample']}']")
+        page.wait_for_selector("#parts .part")
+        assert page.inner_text("#title") == f"step {row['step']}, sample {row['sample']}"
+        models, replies = page.locator("#parts .part.model"), page.locator("#parts .part.environment")
+        assert models.count() == len(row["turns"])
+        assert replies.count() == sum(turn["reply"] is not None for turn in row["turns"])
+        for i, turn in enumerate(row["turns"]):
+            tokens = models.nth(i).locator(".tok")
+            assert tokens.count() == len(turn["ids"])  # their texts: the run's tokenizer's (the turn's, specials aside)
+            assert re.sub("<(pad|bos|eos|unk)>", "", "".join(tokens.all_text_contents())) == turn["text"]
+            if turn["reply"] is not None:
+                assert " ".join(turn["reply"].split()) in " ".join(replies.nth(i).inner_text().split())
+        assert page.locator("#parts .part.model .tok[style*='background']").count() > 0  # coloured by advantage
+        assert page.locator("#parts .part.environment .tok.untrained").count() == sum(
+            len(turn["reply_ids"] or []) for turn in row["turns"]
+        )
+        page.screenshot(path=tmp_path / "roll-view.png")
+        assert (tmp_path / "roll-view.png").read_bytes()[:4] == b"\x89PNG"
+
+        page.click("#follow")  # the prompt's samples across the steps
+        same = sum(r["prompt"] == row["prompt"] for r in rows)
+        page.wait_for_function(f"document.querySelector('#count').textContent.startsWith('{same} of 32')")
+
+    training = tmp_path / "training"
+    training.mkdir()
+    (training / "metrics.jsonl").write_text("")
+    with browser.page() as page, browser.served(training) as url:
+        page.goto(url)
+        page.wait_for_selector("#message:not([hidden])")
+        assert "no traces yet" in page.inner_text("#message")
+        (training / "traces").mkdir()
+        step_1 = (run_dir / "traces" / "step_000001.parquet").read_bytes()
+        (training / "traces" / "step_000001.parquet").write_bytes(step_1[: len(step_1) // 2])  # a SIGKILL mid-write
+        page.wait_for_function("document.querySelector('#problems').textContent.includes('does not read')")
+        assert "step_000001.parquet" in page.inner_text("#problems")
+        shutil.copy(run_dir / "traces" / "step_000001.parquet", training / "traces")  # now whole: read
+        table = pq.read_table(run_dir / "traces" / "step_000002.parquet")
+        pq.write_table(table.drop_columns(["token_advantages", "weight_versions"]), training / "traces" / "x.parquet")
+        (training / "traces" / "x.parquet").rename(training / "traces" / "step_000002.parquet")
+        page.wait_for_function("document.querySelector('#count').textContent.startsWith('16 of 16')")
+        assert "step 2: its trace has no column(s) token_advantages, weight_versions" in page.inner_text("#problems")
+        assert "does not read" not in page.inner_text("#problems") and page.is_hidden("#message")

@@ -48,5 +48,7 @@ def test_the_wheel_holds_every_module_under_roll_lite(tmp_path):
     assert "roll_lite/strategy/fsdp2.py" in expected
     missing = sorted(expected - names)
     assert not missing, f"not in the wheel (add their packages to [tool.setuptools] packages): {missing}"
+    page = {f"roll_lite/viewer/static/{name}" for name in ("index.html", "viewer.js", "viewer.css")}
+    assert page <= names, f"roll-view's page is not in the wheel ([tool.setuptools.package-data]): {page - names}"
     top_level = {name.split("/")[0] for name in names if not name.startswith("roll_lite-")}
     assert top_level == {"roll_lite"}, top_level
