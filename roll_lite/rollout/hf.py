@@ -55,15 +55,23 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, max_time_s: float | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        max_time_s: float | None = None,
+        images: list[dict | None] | None = None,
     ) -> Completions:
         """`max_time_s`: stop decoding every row once this many seconds have passed (transformers'
-        max_time; a row cut there has no EOS and fewer than max_new_tokens tokens)."""
+        max_time; a row cut there has no EOS and fewer than max_new_tokens tokens). `images`: per
+        prompt, its pixel_values and image_grid_thw (None: text only) for a vision-language model; the
+        prompts' ids already hold each image's tokens (roll_lite/rollout/images.py): nothing is expanded here."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
         if params.greedy and params.num_samples != 1:
             raise ValueError("greedy decoding gives one completion per prompt; set num_samples=1")
         if self.decode is not None:
+            if images is not None:
+                raise ValueError("generate: the exact decoding loop (rollout.exact) does not take images yet")
             self._seed(params)
             token_ids, log_probs = self.decode(
                 self.model, prompts, params, self.pad_token_id, self.eos_token_id, max_time_s
@@ -82,6 +90,16 @@ class HFEngine:
             options.update(max_time=max_time_s)
         if self.static_cache:
             options.update(cache_implementation="static")
+        if images is not None:
+            from roll_lite.rollout.images import generation_inputs
+
+            visual = generation_inputs(
+                input_ids,
+                images,
+                self.model.config.image_token_id,
+                self.model.config.vision_config.spatial_merge_size,
+            )
+            options.update({key: value.to(self.device) for key, value in visual.items()})
         recorder = None
         if params.greedy:
             options.update(do_sample=False, num_return_sequences=1)

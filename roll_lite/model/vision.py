@@ -1,0 +1,226 @@
+"""Vision-language models built locally: a tiny Qwen2.5-VL (vision tower + LM) from a config, and its
+processor (the character tokenizer with Qwen's image special tokens + Qwen2-VL's image processor with
+small patches), nothing from a hub.
+
+The processor is the one place an image placeholder is expanded: the chat template writes
+`<|vision_start|><|image_pad|><|vision_end|>` per image part, and the processor repeats `<|image_pad|>`
+grid_t·grid_h·grid_w / merge_size² times. Ids that already hold the expansion must never go through it
+again (peers' recurring bug: the engine expands, the trainer expands a second time).
+
+M-RoPE: Qwen2.5-VL's position ids have 3 rows (time, height, width). `mrope_position_ids` computes
+them per sequence with the model's own `get_rope_index`, so that packed sequences each start at 0 in
+all three rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerFast, Qwen2_5_VLProcessor
+from transformers.processing_utils import ProcessorMixin
+
+from roll_lite.model.tokenizer import build_char_tokenizer
+
+VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
+VISION_TOKENS = [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
+
+# compact (roll_lite/data/chat.py) with image parts: one line per message, "U: " / "A: " first.
+VISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}A: {% elif message['role'] == 'system' %}S: {% else %}U: {% endif %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}"
+    + VISION_START
+    + IMAGE_PAD
+    + VISION_END
+    + "{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{% if message['role'] == 'assistant' %}<eos>{% endif %}{{ '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}A: {% endif %}"
+)
+
+
+class ImageProcessor(Qwen2_5_VLProcessor):
+    """Qwen2.5-VL's processor for images alone: its video processor needs torchvision, which the CPU
+    install does not have (and roll_lite reads no videos)."""
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        self.image_token, self.video_token = IMAGE_PAD, VIDEO_PAD
+        self.image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+        self.video_token_id = tokenizer.convert_tokens_to_ids(VIDEO_PAD)
+        ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+
+def build_vision_tokenizer() -> PreTrainedTokenizerFast:
+    """The character tokenizer plus the four vision special tokens (ids after the characters)."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS})
+    tokenizer.chat_template = VISION_CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_vision_processor(
+    patch_size: int = 4, merge_size: int = 2, min_pixels: int = 64, max_pixels: int = 1024
+) -> ImageProcessor:
+    """A processor made here: images are resized so that their pixels lie in [min_pixels, max_pixels]
+    with sides multiples of patch_size·merge_size (Qwen's smart_resize)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    if min_pixels > max_pixels:
+        raise ValueError(f"min_pixels {min_pixels} is over max_pixels {max_pixels}")
+    images = Qwen2VLImageProcessorPil(
+        patch_size=patch_size,
+        merge_size=merge_size,
+        temporal_patch_size=2,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+    )
+    tokenizer = build_vision_tokenizer()
+    return ImageProcessor(image_processor=images, tokenizer=tokenizer, chat_template=tokenizer.chat_template)
+
+
+def tiny_vision_config(processor: ImageProcessor, hidden_size: int = 32, layers: int = 2, vision_layers: int = 2):
+    """A Qwen2.5-VL config of a few layers and tiny widths, matched to the processor's patches and tokens."""
+    from transformers import Qwen2_5_VLConfig
+
+    tokenizer, images = processor.tokenizer, processor.image_processor
+    ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
+    head_dim = hidden_size // 4
+    # M-RoPE splits each head's rotary half (head_dim / 2) into time, height and width sections
+    section = [head_dim // 4, head_dim // 8, head_dim // 2 - head_dim // 4 - head_dim // 8]
+    return Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=True,
+        ),
+        vision_config=dict(
+            depth=vision_layers,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            out_hidden_size=hidden_size,
+            patch_size=images.patch_size,
+            spatial_merge_size=images.merge_size,
+            temporal_patch_size=images.temporal_patch_size,
+            window_size=images.patch_size * images.merge_size * 2,
+            fullatt_block_indexes=[vision_layers - 1],
+        ),
+        image_token_id=ids[IMAGE_PAD],
+        video_token_id=ids[VIDEO_PAD],
+        vision_start_token_id=ids[VISION_START],
+        vision_end_token_id=ids[VISION_END],
+        tie_word_embeddings=True,
+    )
+
+
+def build_vision_model(config, dtype: torch.dtype = torch.float32, seed: int = 0, freeze_vision: bool = False):
+    """A randomly initialised Qwen2.5-VL; `freeze_vision`: the vision tower (and its merger) is not trained."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype)
+    if freeze_vision:
+        vision_tower(model).requires_grad_(False)
+    return model
+
+
+def vision_tower(model: nn.Module) -> nn.Module:
+    visual = getattr(getattr(model, "model", None), "visual", None)
+    if not isinstance(visual, nn.Module):
+        raise TypeError(f"{type(model).__name__}: no vision tower (expected model.model.visual)")
+    return visual
+
+
+def encode_conversation(processor: ImageProcessor, messages: list[dict], images: Sequence[Any]) -> dict:
+    """One conversation through the chat template and the processor: input_ids [L] (each image's
+    placeholder expanded once), pixel_values [patches, C·t·p·p], image_grid_thw [images, 3]."""
+    text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    encoded = processor(text=[text], images=list(images) or None, return_tensors="pt")
+    out = {"input_ids": encoded["input_ids"][0]}
+    if images:
+        out.update(pixel_values=encoded["pixel_values"], image_grid_thw=encoded["image_grid_thw"])
+    return out
+
+
+def mrope_position_ids(model: nn.Module, sequences: Sequence[torch.Tensor], grids: Sequence[torch.Tensor | None]):
+    """M-RoPE position ids [3, sum of lengths] of sequences laid end to end (packing): each computed
+    alone by the model's get_rope_index, so each restarts at 0 in all three rows. `grids[i]`: the
+    image_grid_thw of sequence i's images (None: text only)."""
+    image_token_id = model.config.image_token_id
+    parts = []
+    for ids, grid in zip(sequences, grids):
+        row = ids.reshape(1, -1)
+        token_types = (row == image_token_id).int()
+        positions, _ = model.model.get_rope_index(row, token_types, image_grid_thw=grid)
+        parts.append(positions[:, 0])
+    return torch.cat(parts, dim=1)
+
+
+class VisionLMWithLogProbs(nn.Module):
+    """The policy head of a Qwen2.5-VL, as CausalLMWithLogProbs is for a text LM: {'log_probs',
+    'entropy' (if asked)}, next-token aligned. The image features of `pixel_values` replace the image
+    tokens' embeddings (the model's own merge; the ids are never expanded again), then the decoder
+    runs with the 3-row M-RoPE `position_ids` [3, rows, seq] (mrope_position_ids, per sequence) and,
+    for a packed row, `cu_seqlens`."""
+
+    def __init__(self, lm: nn.Module, chunk_size: int = 1024):
+        super().__init__()
+        self.lm, self.chunk_size = lm, chunk_size
+
+    def forward(
+        self,
+        input_ids,
+        position_ids,
+        attention_mask=None,
+        cu_seqlens=None,
+        max_seqlen=None,
+        pixel_values=None,
+        image_grid_thw=None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        from roll_lite.model.logprobs import chunked_log_probs
+
+        if position_ids.dim() != 3 or position_ids.shape[0] != 3:
+            raise ValueError(f"position_ids: M-RoPE needs [3, rows, seq], got {list(position_ids.shape)}")
+        packed = {}
+        if cu_seqlens is not None:
+            packed = dict(
+                cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_seqlen, max_length_k=max_seqlen
+            )
+        hidden = self.lm.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            pixel_values=pixel_values,
+            image_grid_thw=image_grid_thw,
+            use_cache=False,
+            **packed,
+        ).last_hidden_state
+        targets = torch.roll(input_ids, shifts=-1, dims=1).reshape(-1)  # the last column is never used
+        log_probs, entropy = chunked_log_probs(
+            hidden.reshape(-1, hidden.shape[-1]),
+            self.lm.get_output_embeddings().weight,
+            targets,
+            chunk_size=self.chunk_size,
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )
+        outputs = {"log_probs": log_probs.reshape(input_ids.shape).clone()}
+        if entropy is not None:
+            outputs["entropy"] = entropy.reshape(input_ids.shape).clone()
+        return outputs
