@@ -144,10 +144,11 @@ def _check_positions(
     new = config.rollout.max_new_tokens
     prompt_tokens = longest_prompt or 1
     if prompt_tokens + new > limit:
+        where_prompts = "data.source" if config.data.source is not None else "data.train_files / data.eval_files"
         prompt = (
             "a prompt of at least 1 token"
             if longest_prompt is None
-            else f"the longest prompt ({_tokens(longest_prompt)}, data.train_files / data.eval_files)"
+            else f"the longest prompt ({_tokens(longest_prompt)}, {where_prompts})"
         )
         raise ConfigError(
             f"rollout.max_new_tokens: {prompt} + rollout.max_new_tokens={new} = {prompt_tokens + new} "

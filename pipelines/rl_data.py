@@ -61,7 +61,11 @@ class RLData:
         teachers = self.teachers.domains if self.teachers is not None else None
         domains = list(reward.domains) or list(data.domain_weights) or teachers
         prepared = prepare_datasets(
-            data, self.tokenizer, domains=domains, row_check=code_row_check(reward, data.domain_key)
+            data,
+            self.tokenizer,
+            domains=domains,
+            row_check=code_row_check(reward, data.domain_key),
+            seed=self.data_seed,
         )
         for note in prepared.notes:
             logger.info(note)

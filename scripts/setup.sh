@@ -55,10 +55,12 @@ import sys
 try:
     import gem
     gem.make("game:GuessTheNumber-v0-easy").reset(seed=0)
+    import reasoning_gym
+    reasoning_gym.create_dataset("basic_arithmetic", seed=0, size=1)[0]
 except Exception as e:
-    sys.exit(f"setup.sh: the envs (gem-llm) install is broken: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+    sys.exit(f"setup.sh: the envs (gem-llm, reasoning-gym) install is broken: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
 from importlib.metadata import version
-print(f"envs ok: gem-llm {version('gem-llm')}, msgspec {version('msgspec')}")
+print(f"envs ok: gem-llm {version('gem-llm')}, reasoning-gym {version('reasoning-gym')}, msgspec {version('msgspec')}")
 PY
 fi
 python -c "import torch, transformers; print(f'roll_lite env ready: torch {torch.__version__}, transformers {transformers.__version__}')"

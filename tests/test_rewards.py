@@ -40,8 +40,9 @@ def test_format_rewards():
 
 
 def test_the_registry_and_which_built_ins_run_inline():
-    assert set(REWARD_FUNCTIONS) == {"exact_answer", "token_accuracy", "format", "digits_only", "math"}
-    assert CHEAP_REWARDS == {"exact_answer", "token_accuracy", "format", "digits_only"}  # math runs guarded
+    assert set(REWARD_FUNCTIONS) == {"exact_answer", "token_accuracy", "format", "digits_only", "math", "reasoning_gym"}
+    # math and reasoning_gym (a task's scorer may parse with sympy) run guarded
+    assert CHEAP_REWARDS == {"exact_answer", "token_accuracy", "format", "digits_only"}
     assert resolve_reward("roll_lite.rewards.rules:exact_answer") is get_reward("exact_answer")
 
 

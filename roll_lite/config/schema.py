@@ -60,6 +60,15 @@ class DataConfig:
     # domain of the data named (0 leaves one out); deterministic and resumed exactly
     # (roll_lite/data/domain_sampler.py). Empty: every row once per epoch. Needs data.epochs null
     domain_weights: dict[str, float] = field(default_factory=dict)
+    # Rows from a package instead of files (roll_lite/data/sources.py, docs/ecosystem-environments.md):
+    # reasoning_gym (its procedural tasks, graded by reward.functions' reasoning_gym). null: the files
+    source: Optional[str] = None
+    source_task: Optional[str] = None  # the package's own task id, e.g. basic_arithmetic
+    source_args: dict[str, Any] = field(default_factory=dict)  # the package's own arguments for that task
+    # training rows generated (seeded by data.seed, else the run's seed); each row's domain is the task id
+    source_size: int = 1000
+    # held-out rows, from another seed, minus any whose question is a training question; 0: no eval
+    source_eval_size: int = 0
     apply_chat_template: bool = False  # render string prompts with the tokenizer's chat template (messages always are)
     # longer prompts (in tokens) are left out, counted and logged; null: no limit
     max_prompt_length: Optional[int] = 1024

@@ -19,6 +19,7 @@ from roll_lite.config.validation_algorithm import validate_algorithm
 from roll_lite.config.validation_beyond_rl import validate_distill, validate_preference, validate_sft
 from roll_lite.config.validation_rewards import validate_reward
 from roll_lite.config.validation_rollout import validate_environment, validate_rollout
+from roll_lite.config.validation_sources import validate_source
 from roll_lite.errors import ConfigError
 from roll_lite.rewards.routing import reads_text
 from roll_lite.runtime.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
@@ -161,6 +162,7 @@ def _validate_data(data: DataConfig) -> None:
         "data.epochs",
         "must be null with data.domain_weights (each domain is drawn by its weight, without end)",
     )
+    validate_source(data)
     check(
         data.eval_num_samples >= 0,
         "data.eval_num_samples",

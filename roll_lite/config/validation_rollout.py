@@ -211,6 +211,12 @@ def validate_environment(config: RunConfig) -> None:
         "multi-turn rollouts (environment.name) are on-policy for now: set rollout.async_steps=0",
     )
     check(
+        config.data.source is None,
+        "data.source",
+        "multi-turn rollouts (environment.name) read their rows from data.train_files; a data.source's rows are "
+        "single-turn for now (docs/ecosystem-environments.md)",
+    )
+    check(
         bool(config.data.train_files),
         "data.train_files",
         "multi-turn rollouts seed one environment per row: name a file of rows (a row's fields go to reset)",

@@ -22,7 +22,7 @@ Rows = TypeVar("Rows", bound="SelectableRows")  # PromptData or SFTData: len(), 
 
 
 def load_within_limit(
-    files: Sequence[str],
+    files: Sequence[str | Table],
     config_key: str,
     to_rows: Callable[[Table], Rows],
     lengths: Callable[[Rows], list[int]],
@@ -32,12 +32,13 @@ def load_within_limit(
     concat: Callable[[list[Rows]], Rows],
     error_prefix: str = "",
 ) -> tuple[Rows, list[str]]:
-    """The rows of `files` (read_table, then `to_rows`), concatenated in order, minus those with more
+    """The rows of `files` (read_table unless already a Table, then `to_rows`), concatenated in order, minus those with more
     than `limit` tokens; and the notes to log. `noun`: a row, singular and plural ('prompt', 'prompts')."""
     one, what = noun
     parts, notes, shortest = [], [], None
-    for path in files:
-        table = read_table(path, config_key)
+    for file in files:  # a path, or a table of rows from a package (roll_lite.data.sources)
+        table = file if isinstance(file, Table) else read_table(file, config_key)
+        path = table.path
         rows = to_rows(table)
         sizes = lengths(rows)
         kept = [i for i, size in enumerate(sizes) if limit is None or size <= limit]

@@ -56,11 +56,26 @@ class PreparedData:
 
 
 def prepare_datasets(
-    data, tokenizer, domains: Sequence[str] | None = None, row_check: Callable[[dict], None] | None = None
+    data,
+    tokenizer,
+    domains: Sequence[str] | None = None,
+    row_check: Callable[[dict], None] | None = None,
+    seed: int = 0,
 ) -> PreparedData:
     """Train and eval prompts of a `DataConfig`; raises DataError (one line) on any bad input. With
     `domains` (reward.domains' names) every row's data.domain_key field must name one of them;
-    `row_check(extra)` raises ValueError on a row a reward source cannot score (the code source's tests)."""
+    `row_check(extra)` raises ValueError on a row a reward source cannot score (the code source's tests).
+    With data.source the rows come from that package (roll_lite.data.sources), seeded by `seed`."""
+    if getattr(data, "source", None) is not None:
+        from roll_lite.data.sources import source_tables
+
+        train_table, eval_table = source_tables(data, seed)
+        train, notes = load_prompts([train_table], "data.source", data, tokenizer, domains, row_check)
+        evaluation = None
+        if eval_table is not None:
+            evaluation, eval_notes = load_prompts([eval_table], "data.source", data, tokenizer, domains, row_check)
+            notes += eval_notes
+        return PreparedData(train, evaluation, notes)
     if not data.train_files:
         raise DataError(
             "data.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)"
@@ -74,7 +89,7 @@ def prepare_datasets(
 
 
 def load_prompts(
-    files: Sequence[str],
+    files: Sequence[str | Table],
     config_key: str,
     data,
     tokenizer,

@@ -5,7 +5,7 @@ on a batch so that one raising or hanging call gives that response 0 and the run
 called as fn(response, ground_truth, extra) -> float (registry.py).
 """
 
-from roll_lite.rewards import math_verify_reward, rules  # noqa: F401  (they register the built-ins)
+from roll_lite.rewards import math_verify_reward, reasoning_gym_reward, rules  # noqa: F401  (they register the built-ins)
 from roll_lite.rewards.registry import (
     CHEAP_REWARDS,
     REWARD_FUNCTIONS,
