@@ -83,12 +83,14 @@ class HeldOutEvery(TrainerCallback):
 class StepTimer(TrainerCallback):
     def __init__(self):
         self.seconds, self._begin = [], None
+        self.first_end_s = None  # seconds since launch at the first step's end (benchmarks/startup.py)
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._begin = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.seconds.append(time.perf_counter() - self._begin)
+        self.first_end_s = self.first_end_s or since_launch_s()
 
 
 @torch.no_grad()
@@ -119,6 +121,7 @@ def held_out_reward(model, tokenizer, rows: list[dict], max_new_tokens: int) -> 
 
 
 def main() -> None:
+    imported_s = since_launch_s()  # the interpreter's start and the imports above
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--train", required=True)
@@ -219,6 +222,8 @@ def main() -> None:
                 "held_out_after": after,
                 "evaluations": evaluations,
                 "end_s": since_launch_s(),
+                "imported_s": imported_s,
+                "first_step_end_s": timer.first_end_s,
                 "reward_mean": statistics.mean(rewards) if rewards else None,
                 "response_length_mean": statistics.mean(lengths) if lengths else None,
                 "trl": trl.__version__,

@@ -29,9 +29,19 @@ def test_every_benchmark_the_docs_name_exists():
 def test_vs_trl_and_its_trl_side_parse_their_arguments_without_trl_installed():
     result = run("benchmarks/vs_trl.py", "--help")
     assert result.returncode == 0 and "--trl-threads" in result.stdout, result.stderr[-2000:]
-    assert "trl, worker, in_actor, ahead, vllm" in " ".join(result.stdout.split()), result.stdout
+    assert "trl, worker, in_actor, local, ahead, vllm" in " ".join(result.stdout.split()), result.stdout
+    assert (
+        "--eval-every" in result.stdout and "--reward-delay-s" in result.stdout and "--seed-each-round" in result.stdout
+    )
     compiled = run("-m", "py_compile", "benchmarks/trl_grpo.py")  # it runs in TRL's own venv only
     assert compiled.returncode == 0, compiled.stderr
+
+
+def test_startup_benchmark_parses_its_arguments():  # a real run starts Ray: too dear for the suite
+    result = run("benchmarks/startup.py", "--help")
+    assert result.returncode == 0 and "--backends" in result.stdout, result.stderr[-2000:]
+    wrong = run("benchmarks/startup.py", "--backends", "ray,tpu")
+    assert wrong.returncode == 1 and "unknown ['tpu']" in wrong.stderr, wrong.stderr[-2000:]
 
 
 def test_engines_benchmark_parses_its_arguments():
