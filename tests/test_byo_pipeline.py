@@ -40,7 +40,7 @@ def test_build_then_sft_then_grpo_with_the_math_reward(tmp_path):
     (tmp_path / "examples").symlink_to(REPO / "examples")
     assets, out = tmp_path / "outputs/byo", tmp_path / "outputs"
     run(readme_command(BUILD) + ["--size", "tiny", "--train-rows", "200", "--eval-rows", "8"], tmp_path)
-    common = ["workers.torch_threads=1"]
+    common = ["workers.torch_threads=1", "workers.backend=local"]  # one process, no Ray: the same run
     run(readme_command(SFT) + common + ["sft.steps=3", "sft.batch_size=8", "sft.eval_every=3"], tmp_path)
     sft = metrics(out / "byo_sft")
     assert [m["step"] for m in sft if "eval/sft_loss" in m] == [0, 3]

@@ -14,7 +14,7 @@ from roll_lite.pipelines.dapo import (
     overlong_penalty,
     truncated_responses,
 )
-from test_resume import REPO, TINY, data, metrics, run  # noqa: F401 (data: a fixture)
+from test_resume import LOCAL, REPO, TINY, data, metrics, run  # noqa: F401 (data: a fixture)
 
 from roll_lite.config import ConfigError, load_config
 from roll_lite.data import DataProto
@@ -170,6 +170,7 @@ def test_configs_dapo_trains_with_dynamic_sampling_and_overlong_shaping(data, tm
             "eval_every=3",
             f"output_dir={tmp_path}",
             "run_name=dapo",
+            LOCAL,
         ]
     ).stderr
     steps = [r for r in metrics(tmp_path / "dapo") if r["step"] > 0]

@@ -216,10 +216,12 @@ def test_distill_config_errors_name_the_key(overrides, message):
         load_config(REPO / "configs/grpo.yaml", overrides)
 
 
-# one signal's run in the fully async mode: the teacher scores a batch whose rows began under older weights
-FULLY_ASYNC = {
-    "advantage": [],
-    "reverse_kl": [],
+# each signal's overrides: one run in the fully async mode (the teacher scores a batch whose rows began under
+# older weights), on Ray; the others in one process (workers.backend=local: no Ray, bit for bit the same run)
+LOCAL = "workers.backend=local"
+OVERRIDES = {
+    "advantage": [LOCAL],
+    "reverse_kl": [LOCAL],
     "top_k_forward_kl": ["rollout.fully_async=true", "rollout.max_staleness=1", "algorithm.rollout_is=token"],
 }
 
@@ -242,7 +244,7 @@ def test_the_docs_distill_command_trains_the_student_on_its_teacher(tmp_path, si
             f"distill.signal={signal}",
             "distill.kl_estimator=k3",
             "distill.top_k=4",
-            *FULLY_ASYNC[signal],
+            *OVERRIDES[signal],
         ],
         tmp_path,
     )
@@ -254,7 +256,8 @@ def test_the_docs_distill_command_trains_the_student_on_its_teacher(tmp_path, si
     steps = [r for r in records if r["step"] >= 1]
     assert len(steps) == 2 and all(r["actor/grad_norm"] > 0 for r in steps)
     # the fully async run's second batch began under the first step's weights, and its teacher scored it all
-    assert [r["rollout/staleness"] for r in steps] == ([0, 1] if FULLY_ASYNC[signal] else [0, 0])
+    fully_async = "rollout.fully_async=true" in OVERRIDES[signal]
+    assert [r["rollout/staleness"] for r in steps] == ([0, 1] if fully_async else [0, 0])
     for r in steps:  # the teacher's cost: its pass is part of preparing the step; a CPU process holds > 0.1 GiB
         assert 0 < r["perf/teacher_s"] < r["perf/prepare_s"] and r["teacher/tokens_per_s"] > 0
         assert r["teacher/peak_memory_gib"] > 0.1
@@ -275,7 +278,7 @@ def test_the_docs_distill_command_trains_the_student_on_its_teacher(tmp_path, si
     lines = [line for line in result.stderr.splitlines() if " step " in line and "/2 | reward" in line]
     for r, line in zip(steps, lines, strict=True):
         assert f"| distill kl {r[kl]:.3g} |" in line, line
-        assert ("| staleness " in line) == bool(FULLY_ASYNC[signal]), line
+        assert ("| staleness " in line) == fully_async, line
 
 
 def test_the_comparison_example_stages_are_valid_configs(monkeypatch):
@@ -308,6 +311,7 @@ def test_a_multi_turn_run_distils_on_the_models_own_tokens(tmp_path):
             "sft.steps=0",
             "eval_every=100",
             *TINY,
+            LOCAL,
         ],
         tmp_path,
     )

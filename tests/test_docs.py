@@ -291,6 +291,8 @@ def test_the_docs_custom_loss_trains_through_roll_train_at_another_temperature(t
         "wandb_mode=disabled",
         f"output_dir={tmp_path}",
         "run_name=readme_loss",
+        # one process, no Ray: the same run (Ray's workers importing from the cwd: tests/test_user_imports.py)
+        "workers.backend=local",
     ]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     result = subprocess.run(

@@ -231,7 +231,8 @@ def test_a_worker_out_of_memory_names_the_config_keys_to_lower(tmp_path):
 
 
 def test_a_run_stopped_by_nan_steps_says_why_in_one_line_with_the_drivers_step(tmp_path):
-    process = start(tmp_path, "NaNFromStep2", "actor.max_consecutive_skipped_steps=2")
+    # the pipeline's own stop, not Ray's: in one process (workers.backend=local, the same message as on Ray)
+    process = start(tmp_path, "NaNFromStep2", "actor.max_consecutive_skipped_steps=2", "workers.backend=local")
     code, output, _ = finish(process, descendants(process.pid), timeout=300)
     assert code == 1, output[-3000:]
     assert "step 2/50 | reward" in output and "step 3/50" not in output  # steps 2 and 3 skipped: it stops in step 3

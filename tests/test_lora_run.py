@@ -1,7 +1,9 @@
 """LoRA in real roll-train runs (tiny model, PPO with a critic and a KL to the reference): a warm start
 merged into the base, the reference as the actor's adapters off, the rollout engine in a process of
 its own fed the adapters alone after the first sync (every step checked against the actor's
-log-probs with rollout.max_logp_gap), the final folder, and SIGKILL + resume bit for bit."""
+log-probs with rollout.max_logp_gap), the final folder, and SIGKILL + resume bit for bit. The first run is
+on Ray; the hf runs after it with workers.backend=local (one process, no Ray: the same calls, bit for bit),
+the killed and resumed one compared with the Ray run."""
 
 import importlib.util
 import json
@@ -11,7 +13,7 @@ import shlex
 import doc_commands
 import pytest
 import torch
-from test_resume import assert_same_trajectory, command, data, metrics, run, run_until  # noqa: F401 (data: a fixture)
+from test_resume import LOCAL, assert_same_trajectory, command, data, metrics, run, run_until  # noqa: F401 (data: a fixture)
 
 from roll_lite.checkpoint import layout
 
@@ -75,10 +77,10 @@ def test_the_final_folder_loads_with_peft_and_its_merged_model_is_the_same_polic
 def test_killed_and_resumed_with_lora_the_metrics_equal_an_uninterrupted_run(lora_data, lora_run, tmp_path):
     kill_after = random.randint(3, STEPS - 1)
     print(f"SIGKILL after step {kill_after}")
-    run_until(command(lora_data, tmp_path, "killed", *LORA), f"step {kill_after}/{STEPS} |")
+    run_until(command(lora_data, tmp_path, "killed", *LORA, LOCAL), f"step {kill_after}/{STEPS} |")
     run_dir = tmp_path / "killed"
     assert layout.committed_steps(run_dir)
-    run(command(lora_data, tmp_path, "killed", *LORA))
+    run(command(lora_data, tmp_path, "killed", *LORA, LOCAL))
     assert_same_trajectory(metrics(run_dir), metrics(lora_run[0]))
 
 
@@ -105,7 +107,7 @@ def test_with_the_vllm_engine_every_step_samples_with_the_actors_adapters(lora_d
 
 def test_generating_in_the_actors_process_samples_with_its_adapters(lora_data, tmp_path):
     """rollout.in_actor: the engine's model is the actor's own parameters, adapters included."""
-    run(command(lora_data, tmp_path, "in_actor", *LORA, "rollout.in_actor=true", "steps=2", "save_model=false"))
+    run(command(lora_data, tmp_path, "in_actor", *LORA, "rollout.in_actor=true", "steps=2", "save_model=false", LOCAL))
     steps = [r for r in metrics(tmp_path / "in_actor") if "actor/rollout_logp_gap" in r]
     assert len(steps) == 2 and all(r["actor/rollout_logp_gap_max"] <= 1e-5 for r in steps), steps
 
@@ -113,7 +115,7 @@ def test_generating_in_the_actors_process_samples_with_its_adapters(lora_data, t
 def test_fully_async_the_engine_gets_the_adapters_at_every_weight_update(lora_data, tmp_path):
     """rollout.fully_async with max_staleness=0 (the lockstep schedule through the async path): the
     adapters alone reach the rollout worker at each update, and every step samples with the actor's."""
-    extra = ["rollout.fully_async=true", "rollout.max_staleness=0", "steps=3", "save_model=false"]
+    extra = ["rollout.fully_async=true", "rollout.max_staleness=0", "steps=3", "save_model=false", LOCAL]
     log = run(command(lora_data, tmp_path, "fully_async", *LORA, *extra)).stderr
     assert "rollout.fully_async: batches up to 0 step(s) ahead" in log
     steps = [r for r in metrics(tmp_path / "fully_async") if "actor/rollout_logp_gap" in r]

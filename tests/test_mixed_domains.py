@@ -105,9 +105,11 @@ def test_the_docs_three_commands_train_both_sources_and_route_every_domain(tmp_p
     (reward_model,) = doc_commands.commands("roll-train", "run_name=rm_increment")
     (judge,) = doc_commands.commands("roll-train", "run_name=judge_decrement")
     (grpo,) = doc_commands.commands("roll-train", "configs/mixed_domains.yaml")
-    roll_train(shlex.split(reward_model) + TINY + ["preference.steps=2", "preference.eval_every=2"], tmp_path)
-    roll_train(shlex.split(judge) + TINY + ["sft.steps=2", "sft.eval_every=2"], tmp_path)
-    result = roll_train(shlex.split(grpo) + TINY + ["steps=2", "eval_every=2", "sft.steps=2"], tmp_path)
+    # small, and in one process (workers.backend=local: no Ray, bit for bit the same runs)
+    small = [*TINY, "workers.backend=local"]
+    roll_train(shlex.split(reward_model) + small + ["preference.steps=2", "preference.eval_every=2"], tmp_path)
+    roll_train(shlex.split(judge) + small + ["sft.steps=2", "sft.eval_every=2"], tmp_path)
+    result = roll_train(shlex.split(grpo) + small + ["steps=2", "eval_every=2", "sft.steps=2"], tmp_path)
     assert "reverse: exact_answer; increment: model:rm_increment; decrement: judge:judge_decrement" in result.stderr
     records = [
         json.loads(line) for line in (tmp_path / "outputs/grpo_mixed_domains/metrics.jsonl").read_text().splitlines()

@@ -1,7 +1,9 @@
 """roll-train on configs/multiturn.yaml, tiny: trajectories with an environment that fails on some
 rows train to the end (a fault costs its trajectory), a SIGKILL and resume give the uninterrupted
 run's metrics exactly, and the vllm engine (CPU build) plays the same game; docs/multi-turn.md's
-command for configs/multiturn_tools.yaml (the game with a calculator tool) runs as written."""
+command for configs/multiturn_tools.yaml (the game with a calculator tool) runs as written. The reference and
+the fully async runs are on Ray; the killed and resumed run and the tools run with workers.backend=local (one
+process, no Ray, bit for bit the same: the killed run is compared with the Ray reference)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 import doc_commands
 import pyarrow.parquet as pq
 import pytest
-from test_resume import REPO, metrics, run, run_until
+from test_resume import LOCAL, REPO, metrics, run, run_until
 
 SMALL = [
     "model.hidden_size=64",
@@ -135,8 +137,8 @@ def test_a_failing_environment_costs_its_trajectories_and_the_run_trains_on(refe
 
 
 def test_killed_and_resumed_the_metrics_equal_the_uninterrupted_run(setup, reference, tmp_path):
-    run_until(command(setup, tmp_path, "killed"), "step 3/4", env=setup[1])
-    log = run(command(setup, tmp_path, "killed"), env=setup[1]).stderr
+    run_until(command(setup, tmp_path, "killed", LOCAL), "step 3/4", env=setup[1])
+    log = run(command(setup, tmp_path, "killed", LOCAL), env=setup[1]).stderr
     assert "resumed from" in log and "step_2" in log
     assert comparable(metrics(tmp_path / "killed")) == comparable(metrics(reference[0]))
     assert traces(tmp_path / "killed") == traces(reference[0])  # each step once, as uninterrupted
@@ -203,6 +205,7 @@ def test_the_docs_tools_command_runs_the_game_with_the_calculator(tmp_path):
         "steps=2",
         "eval_every=2",
         "save_model=false",
+        LOCAL,
     ]
     log = run(
         [

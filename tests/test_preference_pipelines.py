@@ -1,7 +1,9 @@
 """The preference pipelines end to end, from the docs' commands (docs/preferences.md) with small
 overrides: a reward model whose final/ the reward worker loads as it is and GRPO trains against; DPO
 with a reference worker and with precomputed reference log-probs (the same steps), resumed from a
-checkpoint bit for bit; LoRA DPO with the actor as its own reference."""
+checkpoint bit for bit; LoRA DPO with the actor as its own reference. The reward model's run and DPO's
+precomputed run are on Ray; the others with workers.backend=local (one process, no Ray, bit for bit the same:
+the resumed DPO run is compared with the Ray one)."""
 
 import json
 import re
@@ -25,6 +27,7 @@ TINY = [
     "workers.torch_threads=1",
 ]
 SHORT = ["preference.steps=4", "preference.eval_every=2", "preference.batch_size=8"]
+LOCAL = "workers.backend=local"
 
 
 def docs_command(contains: str) -> list[str]:
@@ -90,7 +93,7 @@ def test_reward_model_final_scores_as_trained_and_grpo_trains_against_it(workdir
     roll_train(
         docs_command("outputs/rm_reverse_digits/final: 1.0")
         + TINY
-        + ["steps=1", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.num_samples=2", "eval_every=100"],
+        + ["steps=1", "sft.steps=0", "rollout.prompts_per_step=2", "rollout.num_samples=2", "eval_every=100", LOCAL],
         workdir,
     )
     (step,) = [r for r in history(workdir / "outputs/grpo_from_rm") if r["step"] == 1]
@@ -114,7 +117,7 @@ def dpo(workdir, run_name, *overrides, fresh=False):
 
 
 def test_dpo_with_a_reference_worker_or_precomputed_log_probs_and_resumed_bit_for_bit(workdir):
-    worker = dpo(workdir, "worker")
+    worker = dpo(workdir, "worker", LOCAL)
     precomputed = dpo(workdir, "precomputed", "preference.reference=precomputed", "checkpoint.every=2", fresh=True)
     # Step 0: the policy is the reference, so every implicit reward is 0 and no pair is won.
     for records in (worker, precomputed):
@@ -130,7 +133,7 @@ def test_dpo_with_a_reference_worker_or_precomputed_log_probs_and_resumed_bit_fo
     # checkpoint, and steps 3 and 4 are the uninterrupted run's, bit for bit.
     checkpoint = workdir / "outputs/precomputed/checkpoints/step_2"
     assert (checkpoint / "reference_logps.pt").is_file()
-    resumed = dpo(workdir, "resumed", "preference.reference=precomputed", f"resume={checkpoint}")
+    resumed = dpo(workdir, "resumed", "preference.reference=precomputed", f"resume={checkpoint}", LOCAL)
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]  # the history up to step 2 comes with the checkpoint
     assert [learning(r) for r in resumed] == [learning(r) for r in precomputed]
     # its traces: steps 3 and 4 (1 and 2 are the other run directory's), the uninterrupted run's pairs
@@ -148,7 +151,13 @@ def learning(record: dict) -> dict:
 
 def test_lora_dpo_uses_the_actor_without_adapters_as_reference(workdir):
     records = dpo(
-        workdir, "lora", "actor.lora.rank=4", "preference.loss=ipo", "preference.nll_coef=0.1", "preference.steps=2"
+        workdir,
+        "lora",
+        "actor.lora.rank=4",
+        "preference.loss=ipo",
+        "preference.nll_coef=0.1",
+        "preference.steps=2",
+        LOCAL,
     )
     assert records[0]["eval/dpo/rewards/margins"] == 0  # lora_B starts at zero: adapters off = on
     assert records[2]["eval/dpo/rewards/margins"] != 0 and records[2]["dpo/nll_loss"] > 0

@@ -2,7 +2,9 @@
 checkpoint, run twice, resumed on another D, generating one step ahead (rollout.async_steps=1), fully
 async (rollout.fully_async: max_staleness 0 equal to the lockstep run, configs/grpo_async.yaml). The
 metrics trajectory of a run is compared, key by key and bit for bit, with an uninterrupted run's
-(perf/* timings aside: they are wall-clock times).
+(perf/* timings aside: they are wall-clock times). The references of the lockstep and the fully async runs
+run on Ray; the killed and resumed runs run with workers.backend=local (no Ray, bit for bit the same), so each
+comparison is also one of Ray and local through a SIGKILL and a resume.
 
 The training file has 8 prompts and a step draws 2: steps 4 and 8 end an epoch, so the checkpoint
 of step 4 sits on an epoch boundary (sampler epoch 1, position 0)."""
@@ -44,6 +46,9 @@ TINY = [
     "save_model=false",
 ]
 ASYNC = ["rollout.async_steps=1", "algorithm.rollout_is=token"]
+# one process, no Ray (workers/local.py), bit for bit the Ray run: for the runs that test the pipeline and its
+# checkpoints, not Ray; compared with a Ray reference, each such run is a Ray/local comparison too
+LOCAL = "workers.backend=local"
 # the fully async mode's own metrics (pipelines/async_schedule.py)
 FULLY_ASYNC_ONLY = ("rollout/staleness_token_mean", "rollout/mixed_version_share", "rollout/dropped_tokens")
 
@@ -158,7 +163,7 @@ def test_killed_at_a_random_step_and_resumed_the_metrics_equal_an_uninterrupted_
     kill_after = random.randint(3, STEPS - 1)
     print(f"SIGKILL after step {kill_after}")
     run_dir = tmp_path / "killed"
-    run_until(command(data, tmp_path, "killed"), f"step {kill_after}/{STEPS} |")
+    run_until(command(data, tmp_path, "killed", LOCAL), f"step {kill_after}/{STEPS} |")
     # Determinism: a second run of the same config, in a process of its own, gives the same metrics
     # bit for bit, evals included: steps 0 .. kill_after - 1, all written before step kill_after ended.
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()[:kill_after]
@@ -171,7 +176,7 @@ def test_killed_at_a_random_step_and_resumed_the_metrics_equal_an_uninterrupted_
     logged_after = [json.loads(line)["step"] for line in lines_of(run_dir / "metrics.jsonl")]
     logged_after = [step for step in logged_after if step > max(saved)]
     # resume=auto, the default; with a key a resume may change (the driver's stall warnings: not the trajectory)
-    resumed = run(command(data, tmp_path, "killed", "workers.stall_warning_s=299"))
+    resumed = run(command(data, tmp_path, "killed", LOCAL, "workers.stall_warning_s=299"))
     assert f"resumed from {run_dir / 'checkpoints' / f'step_{max(saved)}'}" in resumed.stderr
     change = "workers.stall_warning_s: 300.0 -> 299.0"
     assert (
@@ -278,9 +283,10 @@ def test_rollout_and_reward_workers_of_their_own_give_the_same_run_as_the_actor_
 
 @pytest.fixture(scope="module")
 def async_reference(data, tmp_path_factory):
-    """An uninterrupted run that generates one step ahead: its run directory."""
+    """An uninterrupted run that generates one step ahead: its run directory (local: tests/test_local_backend.py
+    runs this config on Ray and locally and compares the two)."""
     output = tmp_path_factory.mktemp("async")
-    run(command(data, output, "ref", *ASYNC), fresh=True)
+    run(command(data, output, "ref", *ASYNC, LOCAL), fresh=True)
     return output / "ref"
 
 
@@ -305,10 +311,10 @@ def test_killed_while_writing_a_checkpoint_the_previous_one_loads(data, async_re
     uninterrupted async run bit for bit."""
     run_dir = tmp_path / "torn"
     env = {**os.environ, "ROLL_LITE_TEST_PAUSE_BEFORE_COMMIT_AT_STEP": "4"}
-    run_until(command(data, tmp_path, "torn", *ASYNC), "checkpoint step_4: parts written, pausing", env=env)
+    run_until(command(data, tmp_path, "torn", *ASYNC, LOCAL), "checkpoint step_4: parts written, pausing", env=env)
     assert layout.partial_dir(run_dir, 4).is_dir() and (layout.partial_dir(run_dir, 4) / "actor" / ".metadata").exists()
     assert layout.latest(run_dir) == layout.step_dir(run_dir, 2) and layout.committed_steps(run_dir) == [2]
-    resumed = run(command(data, tmp_path, "torn", *ASYNC))
+    resumed = run(command(data, tmp_path, "torn", *ASYNC, LOCAL))
     assert "resumed from" in resumed.stderr and "step_2 (step 2)" in resumed.stderr
     assert_same_trajectory(metrics(run_dir), metrics(async_reference))
     assert not list(layout.checkpoints_dir(run_dir).glob(".*.partial"))
@@ -378,10 +384,10 @@ def test_fully_async_killed_at_a_random_step_and_resumed_repeats_the_uninterrupt
     holds the next batch half generated with weights that are gone, continues the uninterrupted run."""
     kill_after = random.randint(3, STEPS - 1)
     print(f"SIGKILL after step {kill_after}")
-    run_until(command(data, tmp_path, "killed", config=FULLY_ASYNC), f"step {kill_after}/{STEPS} |")
+    run_until(command(data, tmp_path, "killed", LOCAL, config=FULLY_ASYNC), f"step {kill_after}/{STEPS} |")
     lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()[:kill_after]
     assert_same_trajectory([json.loads(line) for line in lines], metrics(fully_async_reference)[:kill_after])
-    resumed = run(command(data, tmp_path, "killed", config=FULLY_ASYNC))
+    resumed = run(command(data, tmp_path, "killed", LOCAL, config=FULLY_ASYNC))
     assert "resumed from" in resumed.stderr
     assert_same_trajectory(metrics(tmp_path / "killed"), metrics(fully_async_reference))
     assert_same_traces(tmp_path / "killed", fully_async_reference)

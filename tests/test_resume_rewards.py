@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 from test_judge import save_judge
-from test_resume import REPO, TINY, assert_same_trajectory, metrics, run, run_until
+from test_resume import LOCAL, REPO, TINY, assert_same_trajectory, metrics, run, run_until
 from test_reward_model import save_reward_model
 
 from roll_lite.checkpoint import layout
@@ -39,7 +39,7 @@ def setup(tmp_path_factory):
     ]
 
 
-def command(setup, output, run_name: str) -> list[str]:
+def command(setup, output, run_name: str, *extra: str) -> list[str]:
     import sys
 
     return [
@@ -53,6 +53,7 @@ def command(setup, output, run_name: str) -> list[str]:
         f"steps={STEPS}",
         f"output_dir={output}",
         f"run_name={run_name}",
+        *extra,
     ]
 
 
@@ -61,8 +62,9 @@ def test_a_judged_and_sandboxed_run_killed_and_resumed_equals_the_uninterrupted_
     reference = metrics(tmp_path / "ref")
     steps = [r for r in reference if "reward/mean" in r]
     assert any("reward/code/code" in r for r in steps) and any("reward/digits/judge:judge" in r for r in steps)
-    run_until(command(setup, tmp_path, "killed"), f"step 3/{STEPS} |")
+    # the uninterrupted run on Ray, the killed and resumed one in one process (workers.backend=local)
+    run_until(command(setup, tmp_path, "killed", LOCAL), f"step 3/{STEPS} |")
     assert layout.committed_steps(tmp_path / "killed") == [2]
-    resumed = run(command(setup, tmp_path, "killed"))
+    resumed = run(command(setup, tmp_path, "killed", LOCAL))
     assert "resumed from" in resumed.stderr
     assert_same_trajectory(metrics(tmp_path / "killed"), reference)

@@ -19,6 +19,7 @@ TINY = [
     "model.num_attention_heads=2",
     "model.num_key_value_heads=1",
     "workers.torch_threads=1",
+    "workers.backend=local",  # one process, no Ray: bit for bit the same run
 ]
 
 
@@ -54,7 +55,9 @@ def test_readme_sft_then_rl_commands_and_plain_transformers_reproduce_the_answer
 
     # GRPO starts from the SFT folder (model and tokenizer), no warm start.
     roll_train(
-        rl_command + ["workers.torch_threads=1", "steps=1", "rollout.prompts_per_step=2", "rollout.num_samples=2"],
+        rl_command
+        + ["workers.torch_threads=1", "workers.backend=local", "steps=1"]
+        + ["rollout.prompts_per_step=2", "rollout.num_samples=2"],
         tmp_path,
     )
     run_dir = tmp_path / "outputs/grpo_from_sft"  # the run_name the command gives

@@ -1,6 +1,7 @@
 """The SFT pipeline's checkpoints, with real roll-train processes and a tiny model: killed with SIGKILL
 at a random step and resumed, its metrics equal an uninterrupted run's bit for bit (perf/* timings
-aside); a finished run with more sft.steps trains on; an RL run refuses an SFT checkpoint.
+aside); a finished run with more sft.steps trains on; an RL run refuses an SFT checkpoint. The reference
+runs on Ray, the runs compared with it with workers.backend=local (one process, no Ray, bit for bit the same).
 
 16 training rows, 4 per step: step 4 ends epoch 0, so training runs across an epoch boundary."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_resume import assert_rerun_changes_nothing, assert_same_trajectory, metrics, run, run_until
+from test_resume import LOCAL, assert_rerun_changes_nothing, assert_same_trajectory, metrics, run, run_until
 
 from roll_lite.checkpoint import layout
 
@@ -69,10 +70,10 @@ def test_an_sft_run_killed_at_a_random_step_and_resumed_equals_an_uninterrupted_
     kill_after = random.randint(3, STEPS - 1)
     print(f"SIGKILL after SFT step {kill_after}")
     run_dir = tmp_path / "killed"
-    run_until(command(data, tmp_path, "killed"), f"sft step {kill_after}/{STEPS} |")
+    run_until(command(data, tmp_path, "killed", LOCAL), f"sft step {kill_after}/{STEPS} |")
     saved = layout.committed_steps(run_dir)
     assert saved and max(saved) <= kill_after and not (run_dir / "final").exists()
-    resumed = run(command(data, tmp_path, "killed"))  # resume=auto, the default
+    resumed = run(command(data, tmp_path, "killed", LOCAL))  # resume=auto, the default
     assert f"resumed from {layout.step_dir(run_dir, max(saved))} (step {max(saved)})" in resumed.stderr
     records = metrics(run_dir)
     assert [r["step"] for r in records] == list(range(STEPS + 1))  # step 0: the eval before training
@@ -101,9 +102,9 @@ def test_a_finished_sft_run_run_again_says_so_and_leaves_final_as_it_is(data, re
 def test_a_finished_sft_run_given_more_steps_trains_on_from_its_last_checkpoint(data, reference, tmp_path):
     """4 steps, then the same run_name with sft.steps=6: steps 0-4 equal the 6-step run's (a constant
     learning rate: the schedule does not depend on sft.steps), and steps 5-6 are trained."""
-    run(command(data, tmp_path, "longer", steps=4))
+    run(command(data, tmp_path, "longer", LOCAL, steps=4))
     assert (tmp_path / "longer" / "final").exists()
-    resumed = run(command(data, tmp_path, "longer"))
+    resumed = run(command(data, tmp_path, "longer", LOCAL))
     assert "resumed from" in resumed.stderr and "removed what came after it: final/" in resumed.stderr
     assert_same_trajectory(metrics(tmp_path / "longer"), metrics(reference))
 

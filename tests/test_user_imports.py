@@ -71,11 +71,13 @@ def test_readme_check_loss_command_passes_from_the_repo_root():
 
 
 def test_readme_training_command_runs_from_the_repo_root(tmp_path):
-    # The README's command verbatim, plus overrides that keep it to one tiny step (see one_step).
+    # The README's command verbatim, plus overrides that keep it to one tiny step (see one_step), in one process
+    # (workers.backend=local: the loss_func runs as on Ray; Ray's workers importing the user's code from its
+    # directory are the next tests')
     command = (
         readme_command("roll-train", "examples/custom_loss")
         + one_step(tmp_path)
-        + [f"output_dir={tmp_path}", "run_name=readme"]
+        + [f"output_dir={tmp_path}", "run_name=readme", "workers.backend=local"]
     )
     result = run(command, cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
