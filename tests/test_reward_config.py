@@ -116,8 +116,8 @@ def test_cheap_built_in_rules_are_scored_in_the_driver_unless_told_otherwise(use
         ),
         (
             "{exact_answer: 1.0, bleu: 0.5}",
-            "reward.functions.bleu: 'bleu' is not one of digits_only, exact_answer, format, math, token_accuracy, "
-            "nor a package.module:function import path",
+            "reward.functions.bleu: 'bleu' is not one of digits_only, exact_answer, format, math, reasoning_gym, "
+            "token_accuracy, nor a package.module:function import path",
         ),
     ],
 )

@@ -33,7 +33,7 @@ def test_a_resumed_run_continues_metrics_jsonl_and_its_wandb_run(tmp_path):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     launched = [record.pop("perf/since_launch_s") for record in records]  # every record: its wall time from launch
     assert records == [{"step": s, "x": float(s)} for s in range(3)] + [{"step": s, "x": 10.0 + s} for s in range(3, 7)]
-    assert all(0 < t < 600 for t in launched) and launched[3:] == sorted(launched[3:])
+    assert all(t > 0 for t in launched) and launched[3:] == sorted(launched[3:])  # this process's age: any size
     segments = sorted(p.name for p in (run_dir / "wandb").glob("offline-run-*"))
     # wandb names a segment offline-run-<time>-<id>, with "-1" added when both start in the same second
     assert len(segments) == 2 and all(
