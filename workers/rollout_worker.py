@@ -52,14 +52,7 @@ class RolloutWorker:
             if not self.shares_actor_tensors:
                 device = next(iter(actor_weights().values())).device
                 model = _in_rollout_dtype(model.to(device), config)
-            self.engine = HFEngine(
-                model,
-                tokenizer.pad_token_id,
-                tokenizer.eos_token_id,
-                seed=config.seed,
-                static_cache=static_cache,
-                decode=exact_generate if config.rollout.exact else None,
-            )
+            self.engine = _hf_engine(model, tokenizer, config, static_cache)
             self._follow_actor()
             how = (
                 "on the actor's own parameters, no weight copies"
@@ -79,14 +72,7 @@ class RolloutWorker:
                 config.workers.gpus_per_rank and torch.cuda.is_available()
             ):  # the GPU Ray assigned (workers/placement.py)
                 model.to(torch.device("cuda", local_gpu_index(config.workers.gpus_per_rank)))
-            self.engine = HFEngine(
-                model,
-                tokenizer.pad_token_id,
-                tokenizer.eos_token_id,
-                seed=config.seed,
-                static_cache=static_cache,
-                decode=exact_generate if config.rollout.exact else None,
-            )
+            self.engine = _hf_engine(model, tokenizer, config, static_cache)
         if engine == "hf" and config.rollout.exact:
             why += "; exact mode: batch-invariant decoding, log-probs bit for bit the actor's (rollout.exact)"
         if engine == "hf" and static_cache:
@@ -199,6 +185,19 @@ def _architecture(config: RunConfig, vocab_size: int) -> torch.nn.Module:
         causal_lm_config(config.model, vocab_size),
         dtype=getattr(torch, config.model.dtype),
         trust_remote_code=config.model.trust_remote_code,
+    )
+
+
+def _hf_engine(model: torch.nn.Module, tokenizer, config: RunConfig, static_cache: bool) -> HFEngine:
+    """transformers' generate, or the exact mode's batch-invariant decoding (rollout.exact)."""
+    decode = exact_generate if config.rollout.exact else None
+    return HFEngine(
+        model,
+        tokenizer.pad_token_id,
+        tokenizer.eos_token_id,
+        seed=config.seed,
+        static_cache=static_cache,
+        decode=decode,
     )
 
 
