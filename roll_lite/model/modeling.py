@@ -58,6 +58,13 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
+def packed_attention_kwargs(cu_seqlens, max_seqlen) -> dict:
+    """A packed row's forward kwargs (roll_lite/model/attention.py reads them); none for a padded batch."""
+    if cu_seqlens is None:
+        return {}
+    return dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_seqlen, max_length_k=max_seqlen)
+
+
 class _HeadOnDecoder(nn.Module):
     """A head on the decoder of a HF causal LM (`self.lm`); `hidden_states` handles packing."""
 
@@ -70,11 +77,7 @@ class _HeadOnDecoder(nn.Module):
         return self.lm.get_decoder()
 
     def hidden_states(self, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen) -> torch.Tensor:
-        packed = {}
-        if cu_seqlens is not None:
-            packed = dict(
-                cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_seqlen, max_length_k=max_seqlen
-            )
+        packed = packed_attention_kwargs(cu_seqlens, max_seqlen)
         return self.decoder(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **packed
         ).last_hidden_state

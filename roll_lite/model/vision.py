@@ -21,6 +21,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerFast, Qwen2_5_VLProcessor
 from transformers.processing_utils import ProcessorMixin
 
+from roll_lite.model.modeling import packed_attention_kwargs
 from roll_lite.model.tokenizer import build_char_tokenizer
 
 VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"
@@ -197,11 +198,7 @@ class VisionLMWithLogProbs(nn.Module):
 
         if position_ids.dim() != 3 or position_ids.shape[0] != 3:
             raise ValueError(f"position_ids: M-RoPE needs [3, rows, seq], got {list(position_ids.shape)}")
-        packed = {}
-        if cu_seqlens is not None:
-            packed = dict(
-                cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_seqlen, max_length_k=max_seqlen
-            )
+        packed = packed_attention_kwargs(cu_seqlens, max_seqlen)
         hidden = self.lm.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
