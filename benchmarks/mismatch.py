@@ -33,20 +33,11 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))  # engines.py beside it, also when the suite loads this file
+from engines import MODELS, VOCAB_48M  # noqa: E402  (the 48m model: hidden 512, 8 layers, 8 / 4 heads)
+
 RESULT = "RESULT "
 ENGINES = ("hf", "exact", "vllm")
-
-
-# benchmarks/engines.py's 48m model: hidden 512, 8 layers, 8 / 4 heads, MLP 2048, vocabulary 32,000
-MODEL_48M = dict(
-    hidden_size=512,
-    intermediate_size=2048,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=4,
-    max_position_embeddings=512,
-    tie_word_embeddings=True,
-)
 
 
 def model_config(name: str):
@@ -56,7 +47,7 @@ def model_config(name: str):
 
     if name == "demo":
         return causal_lm_config(ModelConfig(), len(build_char_tokenizer()))
-    return causal_lm_config(dataclasses.replace(ModelConfig(), **MODEL_48M), 32_000)
+    return causal_lm_config(dataclasses.replace(ModelConfig(), **MODELS["48m"]), VOCAB_48M)
 
 
 def start_vllm(config, dtype: str, model):
