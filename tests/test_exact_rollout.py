@@ -172,23 +172,27 @@ def test_vllm_batch_invariance_needs_the_vllm_engine_on_a_gpu():
         load_config(None, ["rollout.vllm_batch_invariant=true", "rollout.engine=vllm"])
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_run_in_exact_mode_logs_no_mismatch(tmp_path, dtype):
-    """The wiring: roll-train (in this process, workers.backend=local) with rollout.exact=true gives the
-    actor the batch-invariant kernels and the engine its loop; every step's mismatch is 0, TIS weights 1.
-    bfloat16: float32 master weights, the engine a bfloat16 copy of the parameters (its rotary buffers
-    kept in float32, as the actor's)."""
+def _run_exact(tmp_path, config: str, overrides: list[str]) -> list[dict]:
+    """roll-train in this process (workers.backend=local), tiny, with rollout.exact=true: its metrics records."""
     for name in ("train", "eval"):
         lines = (REPO / f"data/reverse_digits/{name}.jsonl").read_text().splitlines(keepends=True)[:4]
         (tmp_path / f"{name}.jsonl").write_text("".join(lines))
     tiny = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_hidden_layers=2"]
     tiny += ["model.num_attention_heads=2", "model.num_key_value_heads=1", "sft.steps=0", "workers.torch_threads=1"]
     run = ["reward.functions={token_accuracy: 1.0}", "rollout.prompts_per_step=2", "rollout.num_samples=4"]
-    run += ["steps=2", "eval_every=100", "workers.backend=local", "rollout.exact=true", "algorithm.rollout_is=token"]
+    run += ["eval_every=100", "workers.backend=local", "rollout.exact=true", "algorithm.rollout_is=token"]
     data = [f"data.train_files={tmp_path / 'train.jsonl'}", f"data.eval_files={tmp_path / 'eval.jsonl'}"]
-    where = [f"output_dir={tmp_path}", "run_name=exact", f"actor.param_dtype={dtype}"]
-    assert main(["--config", str(REPO / "configs/grpo.yaml"), *tiny, *run, *data, *where]) == 0
-    records = [json.loads(line) for line in (tmp_path / "exact/metrics.jsonl").read_text().splitlines()]
+    where = [f"output_dir={tmp_path}", "run_name=exact"]
+    assert main(["--config", str(REPO / config), *tiny, *run, *data, *where, *overrides]) == 0
+    return [json.loads(line) for line in (tmp_path / "exact/metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_run_in_exact_mode_logs_no_mismatch(tmp_path, dtype):
+    """The wiring: roll-train with rollout.exact=true gives the actor the batch-invariant kernels and the
+    engine its loop; every step's mismatch is 0, TIS weights 1. bfloat16: float32 master weights, the
+    engine a bfloat16 copy of the parameters (its rotary buffers kept in float32, as the actor's)."""
+    records = _run_exact(tmp_path, "configs/grpo.yaml", ["steps=2", f"actor.param_dtype={dtype}"])
     steps = [record for record in records if f"rollout/mismatch/hf-{dtype}/tokens" in record]
     assert len(steps) == 2
     for record in steps:
@@ -196,3 +200,19 @@ def test_a_run_in_exact_mode_logs_no_mismatch(tmp_path, dtype):
         assert record[f"rollout/mismatch/hf-{dtype}/logp_gap_max"] == 0.0
         assert record[f"rollout/mismatch/hf-{dtype}/ratio_out_of_band"] == 0.0
         assert record["actor/rollout_is_weight"] == 1.0 and record["actor/rollout_logp_gap_max"] == 0.0
+
+
+def test_the_fully_async_mode_is_exact_for_the_current_weights_tokens(tmp_path):
+    """Fully async (configs/grpo_async.yaml): a row started under the previous weights is resumed under the
+    new ones from its prefix, decoded like a later turn. The tokens the current weights sampled agree with
+    the actor's old log-probs bit for bit; the older tokens differ by what the update changed."""
+    records = _run_exact(tmp_path, "configs/grpo_async.yaml", ["steps=4", "rollout.segment_tokens=3"])
+    prefix = "rollout/mismatch/hf-float32"
+    steps = [record for record in records if f"{prefix}/tokens" in record]
+    assert len(steps) == 4
+    for record in steps:
+        assert record[f"{prefix}/current_weights/tokens"] > 0
+        assert record[f"{prefix}/current_weights/logp_gap_max"] == 0.0
+    older = [record for record in steps if record.get(f"{prefix}/older_weights/tokens", 0) > 0]
+    assert older, "no step trained tokens of older weights: the test does not reach the async case"
+    assert all(record[f"{prefix}/older_weights/logp_gap_max"] > 0 for record in older)
