@@ -146,7 +146,13 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
     "docs and benchmarks": (
         140,
         "the docs' commands, every benchmark's smoke run, the examples",
-        ("test_benchmark_scripts.py", "test_byo_example.py", "test_docs.py", "test_vs_trl_report.py"),
+        (
+            "test_benchmark_scripts.py",
+            "test_byo_example.py",
+            "test_docs.py",
+            "test_short_forms.py",
+            "test_vs_trl_report.py",
+        ),
     ),
     "config, data and tooling": (
         65,

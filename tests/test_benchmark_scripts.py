@@ -379,3 +379,8 @@ def test_mismatch_benchmark_smoke_shows_the_exact_mode_at_zero(capsys):  # in th
         ("exact", "4"),
     ]
     assert all(float(row[7]) == 0.0 for row in rows[1:] if row[1].strip() == "exact")  # |Δ| max
+
+
+def test_exact_learning_benchmark_names_an_unknown_variant():  # a real run trains 9 times: docs/on-policy.md
+    result = run("benchmarks/exact_learning.py", "--variants", "default,nope")
+    assert result.returncode == 2 and "--variants: unknown ['nope']" in result.stderr, result.stderr
