@@ -21,6 +21,7 @@ from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from roll_lite.model.logprobs import chunked_log_probs, chunked_top_k
+from roll_lite.model.moe import is_moe
 
 
 def build_causal_lm(
@@ -39,6 +40,8 @@ def build_causal_lm(
     if seed is not None:
         torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(model_config, attn_implementation=register_attention(), dtype=dtype)
+    if dtype == torch.float64 and is_moe(model):
+        model.set_experts_implementation("eager")  # transformers' default grouped_mm does not take float64
     return model
 
 

@@ -64,6 +64,9 @@ class Completions:
     token_versions: list[list[int]] | None = None
     dropped_tokens: int = 0
     engine_s: float = 0.0  # partial rollouts: seconds the engine generated since the previous batch was taken
+    # MoE policies, when the engine records routing (router replay): per row, the experts each MoE layer chose
+    # for its prompt and response tokens, [prompt + response tokens, layers, top_k] (roll_lite/model/moe.py)
+    routed_experts: list[torch.Tensor] | None = None
 
 
 class RolloutEngine(Protocol):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
@@ -39,6 +40,7 @@ class HFEngine:
         seed: int = 0,
         static_cache: bool = False,
         decode: Callable | None = None,
+        record_experts: Callable[[nn.Module], Any] | None = None,
     ):
         from transformers import GenerationConfig
 
@@ -48,6 +50,8 @@ class HFEngine:
         # change what is sampled: generate() fills every setting we leave unset from it.
         self.model.generation_config = GenerationConfig(pad_token_id=pad_token_id, eos_token_id=eos_token_id)
         self.static_cache, self.decode = static_cache, decode
+        # an MoE policy's routing per token (Completions.routed_experts): roll_lite.model.moe.GenerationRouting
+        self.record_experts = record_experts
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.device = next(model.parameters()).device
         self.generator_seed = seed
@@ -72,6 +76,8 @@ class HFEngine:
         if self.decode is not None:
             if images is not None:
                 raise ValueError("generate: the exact decoding loop (rollout.exact) does not take images yet")
+            if self.record_experts is not None:
+                raise ValueError("generate: the exact decoding loop (rollout.exact) does not record MoE routing yet")
             self._seed(params)
             token_ids, log_probs = self.decode(
                 self.model, prompts, params, self.pad_token_id, self.eos_token_id, max_time_s
@@ -115,9 +121,11 @@ class HFEngine:
                 logits_processor=[recorder],
             )
         self._seed(params)
-        output = self.model.generate(
-            input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **options
-        )
+        recording = self.record_experts(self.model) if self.record_experts is not None else None
+        with recording if recording is not None else nullcontext():
+            output = self.model.generate(
+                input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), **options
+            )
         new_tokens = output[:, width:]
         log_probs = recorder.finish(new_tokens).tolist() if recorder is not None else None
         token_ids, token_log_probs = [], []
@@ -127,7 +135,12 @@ class HFEngine:
             token_ids.append(row[:length])
             if log_probs is not None:
                 token_log_probs.append(log_probs[i][:length])
-        return Completions(token_ids, token_log_probs if log_probs is not None else None)
+        completions = Completions(token_ids, token_log_probs if log_probs is not None else None)
+        if recording is not None:
+            copies = len(token_ids) // len(prompts)
+            prompt_lengths = [len(prompt) for prompt in prompts for _ in range(copies)]
+            completions.routed_experts = recording.rows(width, prompt_lengths, [len(row) for row in token_ids])
+        return completions
 
     def _seed(self, params: SamplingParams) -> None:
         # reproducible, different every call of a stream, and the streams apart

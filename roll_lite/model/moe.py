@@ -1,0 +1,137 @@
+"""Mixture-of-experts routing as data: capture each token's router logits and experts, and replay recorded experts.
+
+transformers 5.19's Qwen3-MoE, Qwen2-MoE and Mixtral blocks share one router contract: `block.gate(hidden)` takes
+the block's tokens flattened to [rows * seq, hidden] and returns (router logits [N, E], routing weights [N, k],
+expert indices [N, k]); `block.experts(hidden, indices, weights)` then runs the chosen experts. A forward hook on
+the router reads that triple (capture) or rewrites it (replay), so no model code is patched.
+
+Replay forces the indices and recomputes the weights from the *current* router logits over the forced experts
+(the router's own softmax → gather → renormalise), so gradients still reach the router. Replaying the routing a
+forward chose gives bit-identical outputs. The routers take their softmax in float32 even in a float64 model, so
+routing weights carry float32 rounding there (deterministic; the aux losses in roll_lite/loss/aux.py take their
+probabilities from the float64 logits instead).
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+def moe_routers(model: nn.Module) -> list[nn.Module]:
+    """The routers of a model's sparse MoE blocks, in layer order (empty for a dense model)."""
+    return [
+        module.gate
+        for module in model.modules()
+        if hasattr(module, "experts") and hasattr(getattr(module, "gate", None), "top_k")
+    ]
+
+
+def is_moe(model: nn.Module) -> bool:
+    return bool(moe_routers(model))
+
+
+@dataclass
+class Routing:
+    """What one forward's routers did: per MoE layer, logits [N, E] (in the graph) and experts [N, k]."""
+
+    logits: list[torch.Tensor] = field(default_factory=list)
+    experts: list[torch.Tensor] = field(default_factory=list)
+
+    def expert_ids(self, token_shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
+        """[*token_shape, layers, k]: e.g. [rows, seq, layers, k] for input_ids of shape [rows, seq]."""
+        stacked = torch.stack(self.experts, dim=1)  # [N, layers, k]
+        return stacked.reshape(*token_shape, *stacked.shape[1:])
+
+    def router_logits(self) -> torch.Tensor:
+        """[layers, N, E]."""
+        return torch.stack(self.logits)
+
+
+def replayed_weights(router: nn.Module, logits: torch.Tensor, experts: torch.Tensor, dtype: torch.dtype):
+    """The router's weights for given experts: its softmax (float32, as transformers' routers take it), gathered
+    at `experts`, renormalised where the router renormalises (Qwen: norm_topk_prob; Mixtral: always)."""
+    weights = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, experts)
+    if getattr(router, "norm_topk_prob", True):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(dtype)
+
+
+@contextmanager
+def routing(model: nn.Module, replay: torch.Tensor | None = None, keep_logits: bool = True) -> Iterator[Routing]:
+    """Record every MoE layer's routing during the forwards run inside the block (layer after layer, forward
+    after forward: a generate call records its prefill, then each decoding step). keep_logits=False: experts only.
+
+    `replay` [*token_shape, layers, k] (the input_ids' shape, e.g. [rows, seq] or a packed [1, total]): force
+    these experts. Entries < 0 keep the router's own choice (padding, or tokens nobody recorded)."""
+    routers = moe_routers(model)
+    if not routers:
+        raise ValueError(f"{type(model).__name__} has no MoE router (expected blocks with .gate and .experts)")
+    if replay is not None and replay.shape[-2] != len(routers):
+        raise ValueError(f"replay has {replay.shape[-2]} layers of experts; the model has {len(routers)} MoE layers")
+    record = Routing()
+    forced = None if replay is None else replay.reshape(-1, *replay.shape[-2:])
+
+    def hook_for(layer: int, router: nn.Module):
+        def hook(_module, _inputs, output):
+            logits, weights, experts = output
+            if forced is not None:
+                wanted = forced[:, layer].to(experts.device)
+                if wanted.shape != experts.shape:
+                    raise ValueError(
+                        f"replay: {tuple(wanted.shape)} experts for a layer routing {tuple(experts.shape)}"
+                    )
+                experts = torch.where(wanted >= 0, wanted, experts)
+                weights = replayed_weights(router, logits, experts, weights.dtype)
+            if keep_logits:
+                record.logits.append(logits)
+            record.experts.append(experts.detach())
+            return logits, weights, experts
+
+        return hook
+
+    handles = [router.register_forward_hook(hook_for(i, router)) for i, router in enumerate(routers)]
+    try:
+        yield record
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def generated_routing(
+    record: Routing, layers: int, width: int, prompt_lengths: list[int], lengths: list[int]
+) -> list[torch.Tensor]:
+    """Per row of a left-padded `generate` call, the experts of its prompt and response tokens [tokens, layers, k].
+
+    The prefill routes the [rows, width] prompts; decoding step j routes response token j - 1 (the token it
+    reads). The last response token is never read, so a row that ran to the end gets -1 there (replay then keeps
+    the trainer's own choice; that position predicts nothing the loss uses)."""
+    steps = [torch.stack(record.experts[i : i + layers], dim=1) for i in range(0, len(record.experts), layers)]
+    rows = len(prompt_lengths)
+    prefill = steps[0].reshape(rows, width, layers, -1)
+    decoded = [step.reshape(rows, 1, layers, -1) for step in steps[1:]]
+    routed = torch.cat([prefill, *decoded], dim=1).cpu()
+    missing = torch.full((rows, 1, *routed.shape[2:]), -1, dtype=routed.dtype)
+    routed = torch.cat([routed, missing], dim=1)
+    return [routed[i, width - p : width + n].clone() for i, (p, n) in enumerate(zip(prompt_lengths, lengths))]
+
+
+class GenerationRouting:
+    """The hf engine's recorder (HFEngine(record_experts=GenerationRouting)): wraps one generate call, then
+    `rows` gives each row's experts (generated_routing)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self._recording = routing(model, keep_logits=False)
+
+    def __enter__(self) -> "GenerationRouting":
+        self.record = self._recording.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._recording.__exit__(*exc)
+
+    def rows(self, width: int, prompt_lengths: list[int], lengths: list[int]) -> list[torch.Tensor]:
+        return generated_routing(self.record, len(moe_routers(self.model)), width, prompt_lengths, lengths)

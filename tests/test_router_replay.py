@@ -1,0 +1,94 @@
+"""Router replay from the hf engine: the engine records each token's experts per MoE layer
+(Completions.routed_experts); the trainer's forward replays them (roll_lite/model/moe.py).
+
+The engine (float32) is made to route differently from the trainer (float64, the same weights), as a different
+kernel would near a tie: a hook on its routers moves every other token's first expert. Without replay the
+trainer's log-probs then miss the engine's; with replay the experts equal the recorded ones token by token, and
+the gap falls to the float32 / float64 noise of a dense model."""
+
+import copy
+
+import torch
+
+from roll_lite.model.modeling import CausalLMWithLogProbs, build_causal_lm
+from roll_lite.model.moe import GenerationRouting, moe_routers, replayed_weights, routing
+from roll_lite.rollout.engine import SamplingParams
+from roll_lite.rollout.hf import HFEngine
+
+MODEL = dict(model_type="qwen3_moe", vocab_size=48, hidden_size=32, intermediate_size=64, moe_intermediate_size=16)
+MODEL.update(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4)
+MODEL.update(num_experts_per_tok=2, norm_topk_prob=True)
+PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+
+
+def other_kernel(router, _inputs, output):
+    logits, weights, experts = output
+    moved = experts.clone()
+    moved[::2, 0] = (experts[::2, 1] + 1 + torch.arange(len(experts[::2])) % 2) % 4
+    clash = moved[:, 0] == moved[:, 1]
+    moved[clash, 0] = (moved[clash, 0] + 1) % 4
+    return logits, replayed_weights(router, logits, moved, weights.dtype), moved
+
+
+def engine_and_trainer():
+    lm = build_causal_lm(MODEL, dtype=torch.float64, seed=0)
+    with torch.no_grad():
+        for router in moe_routers(lm):
+            router.weight.normal_(0, 1.0)
+    trainer = CausalLMWithLogProbs(copy.deepcopy(lm))
+    engine_lm = copy.deepcopy(lm).to(torch.float32)
+    engine_lm.set_experts_implementation("eager")
+    return HFEngine(engine_lm, pad_token_id=0, eos_token_id=1, seed=3, record_experts=GenerationRouting), trainer
+
+
+def trainer_forward(trainer, prompts, completions, replay: bool):
+    """Per row (prompt + response): the trainer's log-probs of the response tokens and its experts."""
+    copies = len(completions.token_ids) // len(prompts)
+    rows = [prompts[i // copies] + tokens for i, tokens in enumerate(completions.token_ids)]
+    width = max(map(len, rows))
+    ids = torch.tensor([row + [0] * (width - len(row)) for row in rows])
+    attention = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    recorded = None
+    if replay:
+        recorded = torch.full((len(rows), width, 2, 2), -1, dtype=torch.long)
+        for i, experts in enumerate(completions.routed_experts):
+            recorded[i, : len(experts)] = experts
+    with torch.no_grad(), routing(trainer, replay=recorded) as record:
+        out = trainer(ids, (attention.cumsum(1) - 1).clamp(min=0), attention)
+    experts = record.expert_ids(ids.shape)
+    log_probs, routed = [], []
+    for i, row in enumerate(rows):
+        start = len(prompts[i // copies])
+        log_probs.append(out["log_probs"][i, start - 1 : len(row) - 1])
+        routed.append(experts[i, : len(row)])
+    return log_probs, routed
+
+
+def test_replay_matches_engine_routing_and_log_probs():
+    engine, trainer = engine_and_trainer()
+    handles = [router.register_forward_hook(other_kernel) for router in moe_routers(engine.model)]
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=6, num_samples=2))
+    for handle in handles:
+        handle.remove()
+    assert len(completions.routed_experts) == len(completions.token_ids)
+    gaps = {}
+    for replay in (False, True):
+        log_probs, routed = trainer_forward(trainer, PROMPTS, completions, replay)
+        pairs = zip(log_probs, completions.log_probs)
+        gap = max((a - torch.tensor(b, dtype=a.dtype)).abs().max().item() for a, b in pairs)
+        gaps[replay] = gap
+        same = [torch.equal(r[e >= 0], e[e >= 0]) for r, e in zip(routed, completions.routed_experts)]
+        assert all(same) == replay
+    assert gaps[True] <= 1e-5 and gaps[False] >= 1e3 * gaps[True], gaps  # float32 noise vs routing drift
+
+
+def test_recorded_routing_is_the_engines_own():
+    """Without interference, the engine's recorded experts are the trainer's own routing at the same weights."""
+    engine, trainer = engine_and_trainer()
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=5, greedy=True))
+    _, routed = trainer_forward(trainer, PROMPTS, completions, replay=False)
+    for own, recorded, prompt, tokens in zip(routed, completions.routed_experts, PROMPTS, completions.token_ids):
+        assert recorded.shape == (len(prompt) + len(tokens), 2, 2)
+        assert (recorded[:-1] >= 0).all()
+        known = recorded >= 0
+        assert torch.equal(own[known], recorded[known])
