@@ -47,10 +47,25 @@ def check_run(config: RunConfig) -> ModelConfig:
             "on have no embedding: use the model's own tokenizer"
         )
     _check_positions(config, model_config, longest_prompt=None)
+    _check_sequence_parallel(config, model_config)
     _check_lora_targets(config, model_config)
     _check_rollout_engine(config)
     _check_cpus(config)
     return model_config
+
+
+def _check_sequence_parallel(config: RunConfig, model_config: ModelConfig) -> None:
+    """actor / critic.sequence_parallel against a pretrained model's heads (a built model's: validation.py)."""
+    if not isinstance(model_config, PretrainedConfig):
+        return
+    from roll_lite.strategy.config import sequence_parallel_problem
+
+    heads = getattr(model_config, "num_attention_heads", None)
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    for role in ("actor", "critic"):
+        degree, ranks = getattr(config, role).sequence_parallel, getattr(config.workers, f"{role}_dp")
+        if problem := sequence_parallel_problem(degree, ranks, heads, kv_heads):
+            raise ConfigError(f"{role}.sequence_parallel: {problem} (model.pretrained_path's config.json)")
 
 
 def _check_lora_targets(config: RunConfig, model_config: ModelConfig) -> None:

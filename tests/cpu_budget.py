@@ -27,6 +27,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
             "test_cuda_check_smoke.py",
             "test_exactness.py",
             "test_exactness_moe.py",
+            "test_exactness_sp.py",
             "test_invariance.py",
             "test_logprobs.py",
             "test_lora.py",

@@ -15,7 +15,16 @@ import tempfile
 from dataclasses import dataclass
 
 import torch
-from loss_cases import BUDGET, CRITIC_LOSSES, MASK_KEYS, global_batch, lora_model, make_loss, value_head_weights
+from loss_cases import (
+    BUDGET,
+    CRITIC_LOSSES,
+    MASK_KEYS,
+    USER_MASK_KEYS,
+    global_batch,
+    lora_model,
+    make_loss,
+    value_head_weights,
+)
 from pair_cases import (
     PAIR_BUDGET,
     PAIR_LOSSES,
@@ -37,7 +46,7 @@ DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32"}
 
 
 def mask_keys(loss: str) -> list[str]:
-    return list(PAIR_MASK_KEYS) if loss in PAIR_LOSSES else MASK_KEYS[loss]
+    return list(PAIR_MASK_KEYS) if loss in PAIR_LOSSES else {**MASK_KEYS, **USER_MASK_KEYS}[loss]
 
 
 def loss_for(loss: str, mode: str):
@@ -54,13 +63,19 @@ class Case:
     rows: int = 7  # rows of the global batch: 1 leaves the second rank with an empty share
     lora: bool = False  # LoRA adapters on a frozen base: only they train (lora_model)
     checkpointing: bool = False  # model.gradient_checkpointing: each decoder layer recomputed in backward
+    sequence_parallel: int = 1  # S: each of the world_size (D) shares runs on S ranks, 1/S of every sequence each
+
+    @property
+    def ranks(self) -> int:
+        return self.world_size * self.sequence_parallel
 
     @property
     def id(self) -> str:
         a = "budget" if self.micro_batching == "budget" else f"A{self.grad_accum_steps}"
         suffix = ("" if self.rows == 7 else f"-{self.rows}row") + ("-lora" if self.lora else "")
         suffix += "-checkpointing" if self.checkpointing else ""
-        return f"{self.loss}-{self.mode}-D{self.world_size}-{a}-{self.micro_batching}{suffix}"
+        d = f"D{self.world_size}" + (f"-S{self.sequence_parallel}" if self.sequence_parallel > 1 else "")
+        return f"{self.loss}-{self.mode}-{d}-{a}-{self.micro_batching}{suffix}"
 
 
 def case_model(case: Case, dtype: torch.dtype) -> torch.nn.Module:
@@ -157,6 +172,7 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
             max_grad_norm=None,
             param_dtype=DTYPE_NAMES[dtype],
             logprob_chunk_size=8,
+            sequence_parallel=case.sequence_parallel,
         )
         critic = case.loss in CRITIC_LOSSES
         head = "value" if critic else "score" if case.loss == "bt" else "log_probs"
@@ -167,7 +183,10 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
             strategies[key] = _case_strategy(case, config, head, dtype)
         strategy = strategies[key]
         data.meta_info["loss_mask_keys"] = mask_keys(case.loss)
-        share = split_for_data_parallel(data, world_size, balance_tokens=config.use_packing)[rank]
+        # the S ranks of data-parallel rank rank // S share its rows (roll_lite/strategy/sequence_parallel.py)
+        assert case.ranks == world_size, (case.id, world_size)
+        dp_rank = rank // case.sequence_parallel
+        share = split_for_data_parallel(data, case.world_size, balance_tokens=config.use_packing)[dp_rank]
         metrics = strategy.train_step(share, loss_for(case.loss, case.mode))
         # The critic never uses the LM head: its weight gets no gradient (deviations() checks the names).
         grads = whole_gradients(strategy.model)
@@ -194,10 +213,11 @@ def _case_strategy(case: Case, config, head: str, dtype: torch.dtype):
 
 
 def run_strategy(cases: list[Case], dtype: torch.dtype) -> dict:
-    """{case: (loss, grads, micro-batches per rank)} from real FSDP2 runs, grouped by world size."""
+    """{case: (loss, grads, micro-batches per rank)} from real FSDP2 runs, grouped by their count of ranks
+    (D·S processes)."""
     results = {}
-    for world_size in sorted({c.world_size for c in cases}):
-        group = [c for c in cases if c.world_size == world_size]
+    for world_size in sorted({c.ranks for c in cases}):
+        group = [c for c in cases if c.ranks == world_size]
         with tempfile.TemporaryDirectory() as tmp:
             out_path = os.path.join(tmp, "results.pt")
             spawn_ranks(_rank_main, world_size, group, dtype, out_path)

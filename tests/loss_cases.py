@@ -14,6 +14,7 @@ from roll_lite.loss import (
     cispo_policy_loss_func,
     gspo_token_policy_loss_func,
     kl_regularized_loss_func,
+    mask_stats,
     ppo_policy_loss_func,
     reverse_kl_loss_func,
     sequence_policy_loss_func,
@@ -46,9 +47,29 @@ MASK_KEYS = {
     "distill_topk": ["response_mask"],  # and the forward KL over the teacher's top k (the student's chunked gather)
 }
 CRITIC_LOSSES = {"value", "multiturn_value"}
+# A user's own loss_func (user_loss_func), in the sequence-parallel rows (test_exactness_sp.py)
+USER_MASK_KEYS = {"user": ["response_mask"]}
+
+
+def user_loss_func(batch, output):
+    """A loss written as a user would, with the global counts (mask_stats) and no roll_lite aggregation:
+    per sequence the square of its mean log-ratio to the old policy (a whole row's value, not a sum of
+    its tokens'), a token-mean policy gradient term, and an entropy bonus."""
+    mask = batch["response_mask"].bool()
+    stats = mask_stats(batch.meta_info, "response_mask")
+    zero = torch.zeros((), dtype=output["log_probs"].dtype)
+    log_ratio = torch.where(mask, output["log_probs"] - batch["old_log_probs"], zero)
+    per_sequence = (log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)) ** 2
+    tokens = stats["batch_num_tokens"].clamp(min=1)
+    policy = torch.where(mask, -batch["advantages"] * output["log_probs"], zero).sum() / tokens
+    entropy = torch.where(mask, output["entropy"], zero).sum() / tokens
+    loss = per_sequence.sum() / stats["global_valid_samples"].clamp(min=1) + policy - 0.01 * entropy
+    return loss, {"user_loss@sum": loss.detach()}
 
 
 def make_loss(name: str, mode: str):
+    if name == "user":
+        return user_loss_func
     if name == "ppo":
         # truncated importance sampling on: a token's weight depends on that token alone
         return ppo_policy_loss_func(

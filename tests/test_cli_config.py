@@ -282,3 +282,23 @@ def test_rollout_in_actor_null_is_chosen_exactly_when_it_can_run(overrides, in_a
 def test_rollout_in_actor_true_runs_with_a_copy_of_its_own(overrides):
     """A rollout dtype of its own or a GPU: the engine copies the actor's parameters on the device."""
     assert load_config(REPO / "configs/ppo.yaml", ["rollout.in_actor=true", *overrides]).rollout.in_actor is True
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["actor.sequence_parallel=0"], "actor.sequence_parallel: must be >= 1"),
+        (["critic.sequence_parallel=3"], "critic.sequence_parallel: 3 does not divide workers.critic_dp: 1 ranks"),
+        (["actor.sequence_parallel=8", "workers.actor_dp=8"], "does not divide the model's 4 attention heads"),
+        (
+            ["actor.sequence_parallel=4", "workers.actor_dp=4", "model.num_attention_heads=12"]
+            + ["model.num_key_value_heads=6", "model.hidden_size=96"],
+            "actor.sequence_parallel: the model's 6 key / value heads are neither a multiple of 4 nor a divisor",
+        ),
+        # a valid degree (2 KV heads repeated at S = 4) still stops: the workers do not run it yet (issue 62)
+        (["actor.sequence_parallel=4", "workers.actor_dp=4"], "the pipelines' workers do not run sequence"),
+    ],
+)
+def test_sequence_parallel_degree_is_checked_before_anything_starts(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)

@@ -23,7 +23,7 @@ from roll_lite.config.validation_sources import validate_source
 from roll_lite.errors import ConfigError
 from roll_lite.rewards.routing import reads_text
 from roll_lite.runtime.reproducibility import SETTINGS as REPRODUCIBLE_SETTINGS
-from roll_lite.strategy.config import PARAM_DTYPES
+from roll_lite.strategy.config import PARAM_DTYPES, sequence_parallel_problem
 
 
 def validate(config: RunConfig) -> None:
@@ -71,6 +71,26 @@ def _validate_roles(config: RunConfig) -> None:
             getattr(config, name).validate(f"{name}.")
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        _validate_sequence_parallel(config, name)
+
+
+def _validate_sequence_parallel(config: RunConfig, role: str) -> None:
+    """<role>.sequence_parallel against the role's ranks and, for a model built from the `model` keys, its
+    heads (a pretrained model's heads are checked by pipelines/preflight.py, which reads its config.json)."""
+    degree = getattr(config, role).sequence_parallel
+    built = config.model.pretrained_path is None
+    ranks = getattr(config.workers, f"{role}_dp")
+    heads = config.model.num_attention_heads if built else None
+    kv_heads = config.model.num_key_value_heads if built else None
+    problem = sequence_parallel_problem(degree, ranks, heads, kv_heads)
+    check(problem is None, f"{role}.sequence_parallel", f"{problem}".replace("the role's", f"workers.{role}_dp:"))
+    # The strategy splits sequences (roll_lite/strategy/sequence_parallel.py); the workers do not yet hand
+    # the S ranks of a group the same rows, so a pipeline cannot use it (issue 62).
+    check(
+        degree == 1,
+        f"{role}.sequence_parallel",
+        f"{degree}: the pipelines' workers do not run sequence parallelism yet (the training strategy does); use 1",
+    )
 
 
 def _validate_workers(config: RunConfig) -> None:

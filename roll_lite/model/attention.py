@@ -11,6 +11,12 @@ first path that can run (`packed_attention_path` says which and why; the strateg
 Without `cu_seq_lens_q` (a padded batch) it is transformers' own sdpa with the usual padding mask.
 All give the numbers of attending each sequence alone (tests/test_packing.py; the CUDA kernels in
 benchmarks/cuda_check.py). Set ROLL_LITE_PACKED_ATTENTION to one of the paths to force it.
+
+Under Ulysses sequence parallelism the forward kwargs carry `sequence_parallel`, the strategy's exchange
+(roll_lite/strategy/sequence_parallel.py: this module has no collectives). Each rank then holds 1/S of the
+sequence and every head; an all-to-all turns that into the whole sequence and 1/S of the heads, attention
+runs as above on the whole sequence (the full cu_seqlens of a packed row, or the full-sequence 4-D mask
+the strategy passes for a padded batch), and a second all-to-all turns it back.
 """
 
 from __future__ import annotations
@@ -146,6 +152,9 @@ def _torch_varlen(query, key, value, cu_seqlens, max_seqlen, scaling):
 
 
 def varlen_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    sequence_parallel = kwargs.pop("sequence_parallel", None)
+    if sequence_parallel is not None:
+        return _ulysses_attention(sequence_parallel, query, key, value, attention_mask, dropout, scaling, kwargs), None
     cu_seqlens = kwargs.get("cu_seq_lens_q")
     if cu_seqlens is None:
         return sdpa_attention_forward(
@@ -156,6 +165,27 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout=
     if kwargs.get("sliding_window") is not None:
         raise NotImplementedError("packed attention does not implement sliding-window attention")
     return _packed_attention(query, key, value, cu_seqlens, kwargs["max_length_q"], scaling, float(dropout)), None
+
+
+def _ulysses_attention(exchange, query, key, value, attention_mask, dropout, scaling, kwargs):
+    """query / key / value [rows, heads, tokens / S, dim] -> attention output [rows, tokens / S, heads, dim]."""
+    if kwargs.get("sliding_window") is not None:
+        raise NotImplementedError("sequence parallelism does not implement sliding-window attention")
+    degree = exchange.degree
+    if key.shape[1] < degree:  # fewer KV heads than ranks: repeat each so that every rank gets one
+        key, value = (t.repeat_interleave(degree // t.shape[1], dim=1) for t in (key, value))
+    # sequence-sharded -> head-sharded: [rows, heads / S, tokens, dim]
+    query, key, value = (exchange.all_to_all(t, scatter_dim=1, gather_dim=2) for t in (query, key, value))
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    if cu_seqlens is not None:
+        output = _packed_attention(query, key, value, cu_seqlens, kwargs["max_length_q"], scaling, float(dropout))
+    else:  # attention_mask: the whole sequence's [rows, 1, tokens, tokens] (True: attend)
+        gqa = query.shape[1] != key.shape[1]
+        output = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=float(dropout), scale=scaling, enable_gqa=gqa
+        ).transpose(1, 2)
+    # [rows, tokens, heads / S, dim] -> [rows, tokens / S, heads, dim]
+    return exchange.all_to_all(output, scatter_dim=1, gather_dim=2)
 
 
 # Compiled decoder layers (model.compile_layers) run this eagerly, between two compiled regions: each

@@ -79,8 +79,14 @@ class _HeadOnDecoder(nn.Module):
     def decoder(self) -> nn.Module:
         return self.lm.get_decoder()
 
-    def hidden_states(self, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen) -> torch.Tensor:
+    def hidden_states(
+        self, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen, sequence_parallel=None
+    ) -> torch.Tensor:
+        """`sequence_parallel`: the strategy's Ulysses exchange (attention.py); the inputs are then this
+        rank's slice of the sequence, and cu_seqlens / attention_mask the whole sequence's."""
         packed = packed_attention_kwargs(cu_seqlens, max_seqlen)
+        if sequence_parallel is not None:
+            packed["sequence_parallel"] = sequence_parallel
         return self.decoder(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **packed
         ).last_hidden_state
@@ -106,14 +112,20 @@ class CausalLMWithLogProbs(_HeadOnDecoder):
         with_entropy: bool = False,
         top_k: int = 0,
         gather_ids: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+        sequence_parallel=None,
     ) -> dict[str, torch.Tensor]:
         """top_k > 0 (a teacher, no grad) adds 'top_k_ids' and 'top_k_log_probs' [.., k], the k most
         likely next tokens; `gather_ids` [rows, seq, k] (next-token aligned ids, a student) adds
-        'top_k_log_probs', the log-probs of those ids, from the same chunked pass as the sampled token's."""
-        hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
+        'top_k_log_probs', the log-probs of those ids, from the same chunked pass as the sampled token's.
+        `targets` [rows, seq]: the next token of each position, when input_ids are a slice of the sequence
+        (sequence parallelism: a slice's last next token is the next slice's first); None: input_ids shifted."""
+        hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen, sequence_parallel)
         hidden = hidden.reshape(-1, hidden.shape[-1])
         weight = self.lm.get_output_embeddings().weight
-        targets = torch.roll(input_ids, shifts=-1, dims=1).reshape(-1, 1)  # the last column is never used
+        if targets is None:
+            targets = torch.roll(input_ids, shifts=-1, dims=1)  # the last column is never used
+        targets = targets.reshape(-1, 1)
         if gather_ids is not None:
             targets = torch.cat([targets, gather_ids.reshape(len(targets), -1)], dim=1)
         log_probs, entropy = chunked_log_probs(
@@ -158,8 +170,9 @@ class CausalLMWithValueHead(_HeadOnDecoder):
         max_seqlen=None,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        sequence_parallel=None,
     ) -> dict[str, torch.Tensor]:
-        hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
+        hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen, sequence_parallel)
         # squeeze(-1) alone returns a view, and FSDP2 warns on view outputs (see CausalLMWithLogProbs).
         return {"values": self.value_head(hidden).squeeze(-1).clone()}
 

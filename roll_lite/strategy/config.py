@@ -36,6 +36,11 @@ class StrategyConfig:
     # where foreach's goes through MKL's vector math, which rounds otherwise on AVX-512 than on AVX2
     # CPUs; reproducible=portable turns it on for the actor and the critic
     adamw_fused: bool = False
+    # S: Ulysses sequence parallelism (roll_lite/strategy/sequence_parallel.py). The role's ranks form D = ranks / S
+    # data-parallel groups of S ranks; the S ranks of a group share its rows, each holding 1/S of every sequence.
+    # S must divide the role's ranks and the model's attention heads, and the KV heads must be a multiple or a
+    # divisor of S (fewer KV heads than S are repeated). Not yet used by the pipelines' workers: only 1 there
+    sequence_parallel: int = 1
     lora: LoraSettings = field(default_factory=LoraSettings)
 
     def validate(self, prefix: str = "") -> None:
@@ -63,4 +68,25 @@ class StrategyConfig:
             fail("logprob_chunk_size", f"must be >= 1, got {self.logprob_chunk_size}")
         if self.max_consecutive_skipped_steps is not None and self.max_consecutive_skipped_steps < 1:
             fail("max_consecutive_skipped_steps", f"must be >= 1 or null, got {self.max_consecutive_skipped_steps}")
+        if self.sequence_parallel < 1:
+            fail("sequence_parallel", f"must be >= 1, got {self.sequence_parallel}")
         self.lora.validate(f"{prefix}lora.")
+
+
+def sequence_parallel_problem(degree: int, ranks: int, heads: int | None, kv_heads: int | None) -> str | None:
+    """Why a sequence-parallel degree cannot run on `ranks` ranks with a model of `heads` query and
+    `kv_heads` key / value heads (None: unknown, not checked), or None when it can. Ulysses gives each of
+    the S ranks 1/S of the query heads; key / value heads go the same way when S divides them, and when
+    there are fewer of them than S, each is repeated S / kv_heads times (then S must be a multiple of them)."""
+    if degree == 1:
+        return None
+    if ranks % degree:
+        return f"{degree} does not divide the role's {ranks} ranks (D = ranks / S data-parallel groups)"
+    if heads is not None and heads % degree:
+        return f"{degree} does not divide the model's {heads} attention heads (each rank attends with heads / S)"
+    if kv_heads is not None and kv_heads % degree and degree % kv_heads:
+        return (
+            f"the model's {kv_heads} key / value heads are neither a multiple of {degree} nor a divisor of it "
+            "(fewer than S are repeated to S, which needs S to be a multiple of them)"
+        )
+    return None

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -50,6 +50,7 @@ from roll_lite.strategy.micro_batches import (
     train_micro_batches,
 )
 from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite, skipped_step_message
+from roll_lite.strategy.sequence_parallel import SequenceParallel, sequence_parallel_mesh
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -71,10 +72,23 @@ def _lr_lambda(config: StrategyConfig):
     return factor
 
 
+def _check_sequence_parallel(lm: nn.Module, head: str, degree: int, world_size: int) -> None:
+    from roll_lite.strategy.config import sequence_parallel_problem
+
+    heads = getattr(lm.config, "num_attention_heads", None)
+    problem = sequence_parallel_problem(degree, world_size, heads, getattr(lm.config, "num_key_value_heads", heads))
+    if problem is not None:
+        raise ValueError(f"strategy.sequence_parallel: {problem}")
+    if head == "score":
+        raise NotImplementedError("strategy.sequence_parallel: the score head (a reward model) is not sharded yet")
+
+
 class FSDP2Strategy:
     """FSDP2 over the default process group. `head` picks what the model returns: 'log_probs'
     (policy, reference), 'value' (critic) or 'score' (a reward model in training, its new head drawn
-    from `head_seed`); `trainable=False` builds no optimizer (reference)."""
+    from `head_seed`); `trainable=False` builds no optimizer (reference). With config.sequence_parallel
+    = S > 1 the ranks form D = ranks / S groups of S (sequence_parallel.py): give the S ranks of data-parallel
+    rank `dp_rank` the same share of the global batch."""
 
     def __init__(
         self,
@@ -91,6 +105,17 @@ class FSDP2Strategy:
         self.config = config
         self.device = resolve_device(device)
         self.rank, self.world_size = init_distributed(self.device)
+        # S = 1: no mesh of its own, FSDP2 on the default group's one-dimensional mesh (_shard)
+        self.mesh: DeviceMesh | None = None
+        self.sequence_parallel: SequenceParallel | None = None
+        if config.sequence_parallel > 1:
+            _check_sequence_parallel(lm, head, config.sequence_parallel, self.world_size)
+            self.mesh, self.sequence_parallel = sequence_parallel_mesh(
+                self.device.type, self.world_size, config.sequence_parallel
+            )
+        sp = self.sequence_parallel
+        self.dp_size: int = sp.dp_size if sp else self.world_size  # D, and this rank's place among them
+        self.dp_rank: int = sp.dp_rank if sp else self.rank
         if head == "log_probs":
             model = CausalLMWithLogProbs(lm.to(self.device), config.logprob_chunk_size)
         elif head == "value":
@@ -187,7 +212,7 @@ class FSDP2Strategy:
         mp_policy = MixedPrecisionPolicy()
         if compute_dtype != model_dtype:
             mp_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        mesh = self.mesh if self.mesh is not None else init_device_mesh(self.device.type, (self.world_size,))
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
         fully_shard(model, mesh=mesh, mp_policy=mp_policy)
@@ -195,11 +220,11 @@ class FSDP2Strategy:
 
     # -- collectives --------------------------------------------------------------------------
 
-    def _all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    def _all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM, group=None) -> torch.Tensor:
         if self.world_size == 1:
             return tensor
         on_device = tensor.to(self.device)
-        dist.all_reduce(on_device, op=op)
+        dist.all_reduce(on_device, op=op, group=group)
         return on_device.cpu()
 
     def _same_count_on_all_ranks(self, count: int) -> int:
@@ -207,6 +232,8 @@ class FSDP2Strategy:
 
     def _gather_records(self, records: list[dict]) -> list[dict]:
         local = [{name: to_float(value) for name, value in record.items()} for record in records]
+        if self.sequence_parallel is not None and self.sequence_parallel.rank:
+            local = []  # the group's first rank reports; the others hold the same values
         if self.world_size == 1:
             return local
         gathered: list = [None] * self.world_size
@@ -220,7 +247,10 @@ class FSDP2Strategy:
         if self.optimizer is None:
             raise RuntimeError("this strategy was built with trainable=False (e.g. a reference model)")
         keys = loss_mask_keys(data)
-        stats_meta = global_stats_meta(self._all_reduce(local_mask_sums(data, keys)), keys)
+        sums, sp = local_mask_sums(data, keys), self.sequence_parallel
+        if sp is not None:  # counted over the D groups only: a token once, not once per rank of its group
+            sp.check_same_rows(sums, len(data), self.device)
+        stats_meta = global_stats_meta(self._all_reduce(sums, group=sp.dp_group if sp else None), keys)
         micro_batches = split_micro_batches(data, self.config)
         num_micro_batches = self._same_count_on_all_ranks(len(micro_batches))
 
@@ -232,8 +262,9 @@ class FSDP2Strategy:
             loss_func,
             stats_meta,
             self.config,
-            self.world_size,
+            self.dp_size,
             self.device,
+            self.sequence_parallel,
         )
         grad_norm = self._clip_grad_norm()
         skipped = not math.isfinite(grad_norm)
@@ -297,7 +328,7 @@ class FSDP2Strategy:
                 forward_placeholder(self.model, self.device)
                 continue
             micro_batch = select_micro_batch(data, group, self.config).to(self.device)
-            output = forward_micro_batch(self.model, micro_batch, self.config, with_entropy)
+            output = forward_micro_batch(self.model, micro_batch, self.config, with_entropy, self.sequence_parallel)
             width = data["input_ids"].shape[1]  # back to the batch's width: zeros on padding, as untrimmed
             outputs.append(DataProto({name: pad_columns(value.cpu(), width) for name, value in output.items()}))
             order.extend(group)

@@ -9,6 +9,7 @@ with the loss scaled by D·A and divided by A, as gradient accumulation does.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import torch
@@ -149,11 +150,17 @@ def split_for_data_parallel(data: DataProto, world_size: int, balance_tokens: bo
     return [data.index_select(group) for group in data_parallel_groups(data, world_size, balance_tokens)]
 
 
-def forward_micro_batch(model, micro_batch: DataProto, config: StrategyConfig, with_entropy: bool) -> dict:
+def forward_micro_batch(
+    model, micro_batch: DataProto, config: StrategyConfig, with_entropy: bool, sequence_parallel=None
+) -> dict:
     """The model's outputs for a micro-batch, packed or padded, as token-aligned [rows, seq] tensors
     (zero at position 0 and on padding). Log-probs are of softmax(logits / meta_info["temperature"]),
     1 when the batch names none: an RL pipeline names the temperature its engine sampled at. With
-    config.batch_invariant under the batch-invariant kernels (roll_lite/model/batch_invariant.py)."""
+    config.batch_invariant under the batch-invariant kernels (roll_lite/model/batch_invariant.py).
+    `sequence_parallel` (roll_lite/strategy/sequence_parallel.py) runs the model on this rank's slice of
+    the sequence and hands back the whole sequence's outputs, as the model alone would."""
+    if sequence_parallel is not None:
+        model = functools.partial(sequence_parallel.run, model)
     with batch_invariant_kernels(config.batch_invariant):
         return _forward_micro_batch(model, micro_batch, config, with_entropy)
 
@@ -232,14 +239,21 @@ def train_micro_batches(
     config: StrategyConfig,
     world_size: int,
     device: torch.device,
+    sequence_parallel=None,
 ) -> list[dict]:
     """Forward / loss_func / backward for each micro-batch (None or empty: a placeholder pass).
 
     Gradients accumulate in the parameters' .grad; returns the metrics of each real micro-batch,
-    plus 'loss@sum': the micro-batch's share of the loss whose gradient was applied.
+    plus 'loss@sum': the micro-batch's share of the loss whose gradient was applied. `world_size` is D,
+    the data-parallel ranks; under sequence parallelism (`sequence_parallel`, S ranks per group) FSDP2
+    averages over D·S ranks, each of which holds the gradient of its slice of the sequences only, so the
+    backward multiplies by S too (roll_lite/strategy/sequence_parallel.py derives it).
     """
     num_micro_batches = len(micro_batches)
     loss_scale = world_size * num_micro_batches if config.apply_loss_scale else 1.0
+    grad_scale = loss_scale / num_micro_batches
+    if sequence_parallel is not None:
+        grad_scale *= sequence_parallel.degree
     records = []
     for index, micro_batch in enumerate(micro_batches):
         if micro_batch is None or len(micro_batch) == 0:
@@ -250,12 +264,12 @@ def train_micro_batches(
         micro_batch.meta_info.update(
             loss_scale=loss_scale, micro_batch_index=index, num_micro_batches=num_micro_batches
         )
-        output = forward_micro_batch(model, micro_batch, config, with_entropy=True)
+        output = forward_micro_batch(model, micro_batch, config, with_entropy=True, sequence_parallel=sequence_parallel)
         loss, metrics = call_loss_func(loss_func, micro_batch, output)
         if not loss.requires_grad:
             raise ValueError(f"loss_func's loss for micro-batch {index} does not depend on the model output")
         # Gradient accumulation divides by A and FSDP2 averages over D; loss_scale = D·A undoes both.
-        (loss * (loss_scale / num_micro_batches)).backward()
+        (loss * grad_scale).backward()
         record = metrics
         record["loss@sum"] = loss.detach() * loss_scale / (num_micro_batches * world_size)
         records.append(record)
