@@ -72,6 +72,12 @@ def _validate_roles(config: RunConfig) -> None:
         except ValueError as error:
             raise ConfigError(str(error)) from None
         _validate_sequence_parallel(config, name)
+        for key in ("moe_aux_loss_coef", "moe_z_loss_coef"):  # the strategy has them (moe_stats.py); issue 63
+            check(
+                getattr(getattr(config, name), key) == 0,
+                f"{name}.{key}",
+                "the pipelines do not train with the MoE auxiliary losses yet (the training strategy does); use 0",
+            )
 
 
 def _validate_sequence_parallel(config: RunConfig, role: str) -> None:

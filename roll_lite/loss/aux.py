@@ -17,9 +17,22 @@ Both are sums over tokens divided by global constants (c, T), so a micro-batch's
 the injected global c and T — adds up over micro-batches and data-parallel ranks to the global batch's value, and so
 do the gradients. Which tokens count is the caller's `mask` (roll_lite counts every non-pad token: prompt and
 response, since the experts process both; padding never counts).
+
+In training (moe_aux_loss_func) c and T come from the strategy: a caller that sets meta_info["moe_aux_losses"]
+gets `moe_expert_counts` and `moe_num_tokens` injected into every micro-batch, from a no-grad counting forward
+at the step's weights, summed over all micro-batches and data-parallel ranks (roll_lite/strategy/moe_stats.py),
+and the model output's `router_logits` [rows, seq, layers, E].
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from roll_lite.data.proto import DataProto
+    from roll_lite.strategy.micro_batches import LossFunc
 
 
 def expert_counts(experts: torch.Tensor, mask: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -57,3 +70,27 @@ def router_z_loss(router_logits: torch.Tensor, mask: torch.Tensor, global_tokens
         return router_logits.sum() * 0.0
     squares = torch.logsumexp(router_logits, dim=-1) ** 2  # [layers, N]
     return (squares * mask.reshape(1, -1).to(router_logits.dtype)).sum() / (layers * global_tokens)
+
+
+def micro_batch_aux_losses(batch: DataProto, output: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(load balancing, z-loss): this micro-batch's shares, from output['router_logits'] [rows, seq, layers, E]
+    over its real tokens (attention_mask) and the injected global counts."""
+    logits = output["router_logits"]
+    flat = logits.permute(2, 0, 1, 3).reshape(logits.shape[2], -1, logits.shape[3])  # [layers, rows * seq, E]
+    mask = batch["attention_mask"]
+    counts, tokens = batch.meta_info["moe_expert_counts"], float(batch.meta_info["moe_num_tokens"])
+    return load_balancing_loss(flat, mask, counts.to(flat.device), tokens), router_z_loss(flat, mask, tokens)
+
+
+def moe_aux_loss_func(loss_func: LossFunc, aux_coef: float, z_coef: float) -> LossFunc:
+    """`loss_func` + aux_coef · load balancing + z_coef · router z-loss (the module docstring's global forms)."""
+
+    def with_aux_losses(
+        batch: DataProto, output: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss, metrics = loss_func(batch, output)
+        balance, z = micro_batch_aux_losses(batch, output)
+        metrics = {**metrics, "moe_load_balancing_loss@sum": balance.detach(), "moe_z_loss@sum": z.detach()}
+        return loss + aux_coef * balance + z_coef * z, metrics
+
+    return with_aux_losses

@@ -41,6 +41,15 @@ class StrategyConfig:
     # S must divide the role's ranks and the model's attention heads, and the KV heads must be a multiple or a
     # divisor of S (fewer KV heads than S are repeated). Not yet used by the pipelines' workers: only 1 there
     sequence_parallel: int = 1
+    # MoE policies (roll_lite/loss/aux.py), the actor's: weight of the load-balancing loss E/L · Σ_l Σ_e f_le · P_le
+    # (Switch Transformer's, with f_le from the expert counts of the whole step over every rank and micro-batch,
+    # as in Qwen's global-batch balancing), over every real token (prompt and response). 0: off; above 0 (or
+    # moe_z_loss_coef above 0) the strategy counts the step's experts in a no-grad forward first. Not yet used
+    # by the pipelines (roll_lite.loss.aux.moe_aux_loss_func with the strategy, issue 63): only 0 there
+    moe_aux_loss_coef: float = 0.0
+    # MoE policies, the actor's: weight of the router z-loss, the mean over real tokens and layers of
+    # logsumexp(router logits)² (ST-MoE). 0: off
+    moe_z_loss_coef: float = 0.0
     lora: LoraSettings = field(default_factory=LoraSettings)
 
     def validate(self, prefix: str = "") -> None:
@@ -70,6 +79,9 @@ class StrategyConfig:
             fail("max_consecutive_skipped_steps", f"must be >= 1 or null, got {self.max_consecutive_skipped_steps}")
         if self.sequence_parallel < 1:
             fail("sequence_parallel", f"must be >= 1, got {self.sequence_parallel}")
+        for key in ("moe_aux_loss_coef", "moe_z_loss_coef"):
+            if not getattr(self, key) >= 0:  # also catches nan
+                fail(key, f"must be >= 0, got {getattr(self, key)}")
         self.lora.validate(f"{prefix}lora.")
 
 

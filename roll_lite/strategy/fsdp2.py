@@ -16,6 +16,7 @@ checks that the two agree bit for bit.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import warnings
@@ -49,6 +50,7 @@ from roll_lite.strategy.micro_batches import (
     split_micro_batches,
     train_micro_batches,
 )
+from roll_lite.strategy.moe_stats import global_expert_meta, routed_forward, wants_expert_counts
 from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite, skipped_step_message
 from roll_lite.strategy.sequence_parallel import SequenceParallel, sequence_parallel_mesh
 
@@ -256,15 +258,21 @@ class FSDP2Strategy:
 
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        padded, forward = pad_to_count(micro_batches, num_micro_batches), None
+        if wants_expert_counts(data):  # the MoE aux losses' global expert counts (roll_lite/strategy/moe_stats.py)
+            reduce = functools.partial(self._all_reduce, group=sp.dp_group if sp else None)
+            stats_meta.update(global_expert_meta(self.model, padded, self.config, self.device, reduce))
+            forward = routed_forward
         records = train_micro_batches(
             self.model,
-            pad_to_count(micro_batches, num_micro_batches),
+            padded,
             loss_func,
             stats_meta,
             self.config,
             self.dp_size,
             self.device,
             self.sequence_parallel,
+            forward=forward,
         )
         grad_norm = self._clip_grad_norm()
         skipped = not math.isfinite(grad_norm)

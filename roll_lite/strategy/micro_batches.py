@@ -240,8 +240,10 @@ def train_micro_batches(
     world_size: int,
     device: torch.device,
     sequence_parallel=None,
+    forward=None,
 ) -> list[dict]:
-    """Forward / loss_func / backward for each micro-batch (None or empty: a placeholder pass).
+    """Forward / loss_func / backward for each micro-batch (None or empty: a placeholder pass); `forward`
+    replaces forward_micro_batch (an MoE step's routed_forward, roll_lite/strategy/moe_stats.py).
 
     Gradients accumulate in the parameters' .grad; returns the metrics of each real micro-batch,
     plus 'loss@sum': the micro-batch's share of the loss whose gradient was applied. `world_size` is D,
@@ -264,7 +266,9 @@ def train_micro_batches(
         micro_batch.meta_info.update(
             loss_scale=loss_scale, micro_batch_index=index, num_micro_batches=num_micro_batches
         )
-        output = forward_micro_batch(model, micro_batch, config, with_entropy=True, sequence_parallel=sequence_parallel)
+        output = (forward or forward_micro_batch)(
+            model, micro_batch, config, with_entropy=True, sequence_parallel=sequence_parallel
+        )
         loss, metrics = call_loss_func(loss_func, micro_batch, output)
         if not loss.requires_grad:
             raise ValueError(f"loss_func's loss for micro-batch {index} does not depend on the model output")
