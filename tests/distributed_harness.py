@@ -212,15 +212,15 @@ def _case_strategy(case: Case, config, head: str, dtype: torch.dtype):
     return strategy
 
 
-def run_strategy(cases: list[Case], dtype: torch.dtype) -> dict:
+def run_strategy(cases: list[Case], dtype: torch.dtype, start_method: str = "spawn") -> dict:
     """{case: (loss, grads, micro-batches per rank)} from real FSDP2 runs, grouped by their count of ranks
-    (D·S processes)."""
+    (D·S processes); start_method: spawned_ranks.spawn_ranks's."""
     results = {}
     for world_size in sorted({c.ranks for c in cases}):
         group = [c for c in cases if c.ranks == world_size]
         with tempfile.TemporaryDirectory() as tmp:
             out_path = os.path.join(tmp, "results.pt")
-            spawn_ranks(_rank_main, world_size, group, dtype, out_path)
+            spawn_ranks(_rank_main, world_size, group, dtype, out_path, start_method=start_method)
             results.update(torch.load(out_path, weights_only=False))
     return results
 

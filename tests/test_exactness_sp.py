@@ -39,9 +39,10 @@ def sp_cases() -> list[Case]:
     cases += _rows(1, 2, "distill_topk", ("token-mean",), grad_accum=(1,))
     cases += _rows(1, 2, "ppo_kl", ("token-mean",), grad_accum=(1,), micro_batchings=("budget",))
     cases += _rows(1, 2, "ppo_kl", ("token-mean",), grad_accum=(2,), micro_batchings=("packed",), checkpointing=True)
-    # D2-S2 and D1-S4 (one run of 4 processes on 2 cores, ~0.4 CPU s a case): each agg mode, A = 1 and 2,
-    # padded and packed, the critic and the user's loss, on two strategy configurations (padded A1, packed A2).
+    # D2-S2 and D1-S4 (one run of 4 processes on 2 cores, ~0.4 CPU s a case): each agg mode, the critic and
+    # the user's loss, on two strategy configurations (padded A1, packed A2).
     for d, s in ((2, 2), (1, 4)):
+        cases += _rows(d, s, "ppo", AGG_MODES, grad_accum=(1,), micro_batchings=("padded",))
         cases += _rows(d, s, "ppo", AGG_MODES, grad_accum=(2,), micro_batchings=("packed",))
         cases += _rows(d, s, "ppo_kl", ("seq-mean-token-mean",), grad_accum=(1,), micro_batchings=("padded",))
         cases += _rows(d, s, "user", ("token-mean",), grad_accum=(1,), micro_batchings=("padded",))
@@ -55,7 +56,7 @@ CASES = sp_cases()
 
 @pytest.fixture(scope="module")
 def strategy_results():
-    return run_strategy(CASES, torch.float64)
+    return run_strategy(CASES, torch.float64, start_method="forkserver")  # 6 ranks, imports paid once
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ Attention. Before attention, an all-to-all turns [rows, heads, tokens / S] into 
 each rank attends over the whole sequence with 1/S of the heads, with the whole sequence's cu_seqlens (a
 packed row) or 4-D mask (a padded one); a second all-to-all turns the output back. Rotary position ids are
 each slice's part of the whole sequence's (they restart per sequence of a packed row, never per slice).
-Fewer key / value heads than S are repeated to S first (roll_lite/model/attention.py).
+Fewer key / value heads than S are repeated to S first (roll_lite/model/attention.py). On CPU the
+exchange is gloo's all_to_all, which torch 2.13 implements: the tests run the real collective, not an
+emulation.
 
 The head and the loss. The LM head runs on each rank's slice: its targets are the next tokens of the whole
 sequence, shifted before slicing, so a slice's last position predicts the next slice's first token; no rank
@@ -27,8 +29,8 @@ token is counted once, not S times.
 The scale. Each of the S ranks computes the same micro-batch loss L from the gathered outputs, and its
 backward sends dL/d(its slice's outputs) through its slice's graph (the all-to-alls carry each gradient
 to the rank whose tokens produced it), so a rank's gradient g_{d,s} is the part of ∇L that flows through
-its slice, and Σ_s g_{d,s} = ∇L_d. FSDP2 averages over all D·S ranks, so the backward of L · D·A/A · S
-(loss_scale = D·A as at S = 1, times S) gives (1/(D·S)) Σ_{d,s} D·S · g_{d,s} = Σ_d ∇L_d: the gradient of
+its slice, and Σ_s g_{d,s} = ∇L_d. FSDP2 averages over all D·S ranks, so the backward of L · (D·A / A) · S
+(loss_scale = D·A as at S = 1, over A, times S) gives (1/(D·S)) Σ_{d,s} D·S · g_{d,s} = Σ_d ∇L_d: the gradient of
 one forward/backward over the global batch (tests/test_exactness_sp.py, float64, ≤ 1e-10). Metrics are
 reported by the group's first rank only (its S ranks hold the same values).
 """
