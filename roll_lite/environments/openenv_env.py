@@ -1,0 +1,166 @@
+"""`openenv`: an environment served by OpenEnv (openenv-core 0.3.0, installed by scripts/setup.sh's envs set-up
+without its web UI's gradio: pyproject.toml says why), played over its WebSocket session protocol with openenv's GenericEnvClient (one server-side session per trajectory).
+
+    environment: {name: openenv, kwargs: {url: "http://127.0.0.1:8000"}}          # a running server
+    environment: {name: openenv, kwargs: {app: "roll_lite.environments.openenv_guess:make_app"}}
+
+`app` names a `package.module:factory` returning the server's FastAPI app (openenv's create_app), or the
+app itself: each environment process serves it on 127.0.0.1, on a free port, in a thread that ends with
+the process. The action goes to the server as {action_key: text}; the observation's `observation_key`
+field is the text the model sees, its `truncated` (when present) tells a cut from an end, and its other
+fields are the step's info. reset sends the seed and the row's fields as reset's keyword arguments.
+
+A server that is down, closes the connection, passes `message_timeout_s` or answers without the text
+raises, which ends that trajectory as the fault "raised" (env/faults/raised), never the run; the
+runner's step_timeout_s is the backstop. After a failure the next reset opens a fresh session.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+
+from roll_lite.environments.registry import register_environment
+from roll_lite.errors import ConfigError
+
+KWARGS = ("url", "app", "connect_timeout_s", "message_timeout_s", "action_key", "observation_key")
+_SERVED: dict[str, str] = {}  # app spec -> its url, in this process
+_LOCK = threading.Lock()
+
+
+class OpenEnvServerError(RuntimeError):
+    """The server failed a reset or step: down, closed, too slow, or an answer without the text."""
+
+
+def check_openenv_kwargs(kwargs, section: str = "environment", step_timeout_s: float | None = None) -> None:
+    """ConfigError naming the first bad key of environment.kwargs for `name: openenv`; a reset opens a session
+    and waits for its answer, so both timeouts must fit in the runner's `step_timeout_s` (else a slow server
+    is killed as `timed_out` before the adapter can name it)."""
+    unknown = sorted(set(kwargs) - set(KWARGS))
+    if unknown:
+        raise ConfigError(f"{section}.kwargs.{unknown[0]}: not a key of openenv; the keys are {', '.join(KWARGS)}")
+    if ("url" in kwargs) == ("app" in kwargs):
+        raise ConfigError(f"{section}.kwargs.url: openenv needs exactly one of url (a running server) or app")
+    url = kwargs.get("url")
+    if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://", "ws://", "wss://"))):
+        raise ConfigError(f"{section}.kwargs.url: must be an http(s):// or ws(s):// address, got {url!r}")
+    app = kwargs.get("app")
+    if app is not None and (not isinstance(app, str) or ":" not in app):
+        raise ConfigError(f"{section}.kwargs.app: must be a package.module:factory, got {app!r}")
+    for key in ("connect_timeout_s", "message_timeout_s"):
+        value = kwargs.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ConfigError(f"{section}.kwargs.{key}: must be a number > 0, got {value!r}")
+    budget = kwargs.get("connect_timeout_s", 3.0) + kwargs.get("message_timeout_s", 5.0)
+    if isinstance(step_timeout_s, (int, float)) and budget >= step_timeout_s:
+        raise ConfigError(
+            f"{section}.kwargs.message_timeout_s: connect_timeout_s + message_timeout_s = {budget:g} s must be under "
+            f"{section}.step_timeout_s = {step_timeout_s:g} s"
+        )
+    for key in ("action_key", "observation_key"):
+        if not isinstance(kwargs.get(key, "text"), str) or not kwargs.get(key, "text"):
+            raise ConfigError(f"{section}.kwargs.{key}: must be a non-empty str, got {kwargs.get(key)!r}")
+
+
+@register_environment("openenv")
+class OpenEnvEnvironment:
+    def __init__(
+        self,
+        url: str | None = None,
+        app: str | None = None,
+        connect_timeout_s: float = 3.0,
+        message_timeout_s: float = 5.0,
+        action_key: str = "text",
+        observation_key: str = "text",
+    ):
+        check_openenv_kwargs({k: v for k, v in locals().items() if k in KWARGS and v is not None})
+        try:
+            from openenv.core import GenericEnvClient
+        except ModuleNotFoundError as error:
+            raise ModuleNotFoundError(
+                f"the 'openenv' environment needs openenv-core: pip install openenv-core==0.3.0 ({error})",
+                name=error.name,
+            ) from None
+        self.url = url if url is not None else serve_app(str(app), connect_timeout_s)
+        self.client_class = GenericEnvClient
+        self.timeouts = {"connect_timeout_s": connect_timeout_s, "message_timeout_s": message_timeout_s}
+        self.action_key, self.observation_key = action_key, observation_key
+        self.client = None
+
+    def reset(self, seed: int | None = None, **row_fields):
+        self.close()  # a fresh session per episode, also after a failed one
+        self.client = self.client_class(base_url=self.url, **self.timeouts).sync()
+        fields = {key: getattr(value, "item", lambda v=value: v)() for key, value in row_fields.items()}
+        result = self._call("reset", seed=seed, **fields)
+        text, _, info = self._read(result)
+        return text, info
+
+    def step(self, action: str):
+        result = self._call("step", {self.action_key: action})
+        text, truncated, info = self._read(result)
+        done = bool(result.done)
+        return text, float(result.reward or 0.0), done and not truncated, done and truncated, info
+
+    def close(self, failed: bool = False) -> None:
+        """`failed`: after a failed call the client closes in a thread of its own: openenv's close waits for
+        the WebSocket closing handshake (websockets' 10 s, not settable), which a frozen server never answers."""
+        if self.client is not None:
+            client, self.client = self.client, None
+            if failed:
+                threading.Thread(target=_close_quietly, args=(client,), daemon=True, name="openenv-close").start()
+            else:
+                _close_quietly(client)
+
+    def _call(self, method: str, *args, **kwargs):
+        if self.client is None:
+            raise RuntimeError("step() before reset()")
+        try:
+            return getattr(self.client, method)(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001  (websockets, asyncio and openenv errors alike)
+            self.close(failed=True)
+            kind = "timed out" if isinstance(error, TimeoutError) else type(error).__name__
+            raise OpenEnvServerError(f"openenv server {self.url}: {method} failed ({kind}: {error})") from None
+
+    def _read(self, result) -> tuple[str, bool, dict]:
+        observation = result.observation
+        if not isinstance(observation, dict) or not isinstance(observation.get(self.observation_key), str):
+            self.close()
+            raise OpenEnvServerError(
+                f"openenv server {self.url}: the observation has no str '{self.observation_key}' "
+                f"(observation_key): {str(observation)[:120]}"
+            )
+        info = {k: v for k, v in observation.items() if k not in (self.observation_key, "truncated")}
+        return observation[self.observation_key], bool(observation.get("truncated", False)), info
+
+
+def _close_quietly(client) -> None:
+    try:
+        client.close()
+    except Exception:  # noqa: BLE001  (a dead server's connection may not close cleanly)
+        pass
+
+
+def serve_app(spec: str, timeout_s: float) -> str:
+    """The url of `spec`'s app served in this process on 127.0.0.1 (started on first use)."""
+    with _LOCK:
+        if spec not in _SERVED:
+            import uvicorn
+
+            from roll_lite.runtime.importing import load_object
+
+            app = load_object(spec)
+            app = app if hasattr(app, "router") else app()
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            # critical: openenv 0.3.0 logs a traceback for every session its client closes first
+            server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
+            threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="openenv").start()
+            deadline = time.monotonic() + timeout_s
+            while not server.started:
+                if time.monotonic() > deadline:
+                    raise OpenEnvServerError(f"openenv app {spec} did not start within {timeout_s} s")
+                time.sleep(0.01)
+            _SERVED[spec] = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        return _SERVED[spec]

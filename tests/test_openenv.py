@@ -1,0 +1,165 @@
+"""environment.name: openenv (roll_lite/environments/openenv_env.py) against real OpenEnv servers on
+127.0.0.1 serving roll_lite/environments/openenv_guess.py: the same game as guess_the_number, a server
+killed mid-episode, one that never answers, an answer without the text, the config's checks, and a
+tiny roll-train run (workers.backend=local) on a server it starts itself.
+The servers are forked from this process (openenv's import is paid once)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("openenv.core", reason="needs openenv-core==0.3.0")
+
+from roll_lite.environments.config import EnvironmentConfig, check_environment_config  # noqa: E402
+from roll_lite.environments.guess_the_number import GuessTheNumber  # noqa: E402
+from roll_lite.environments.openenv_env import OpenEnvEnvironment, OpenEnvServerError  # noqa: E402
+from roll_lite.errors import ConfigError  # noqa: E402
+
+GAME = {"lo": 1, "hi": 16, "max_turns": 5, "intro": "Guess {lo}-{hi}."}
+
+
+def _serve(sock: socket.socket) -> None:
+    import uvicorn
+
+    from roll_lite.environments.openenv_guess import make_app
+
+    uvicorn.Server(uvicorn.Config(make_app(), log_level="critical", lifespan="off")).run(sockets=[sock])
+
+
+def _start_server() -> tuple[int, str]:
+    """A forked server's (pid, url), answering once this returns."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    process = multiprocessing.get_context("fork").Process(target=_serve, args=(sock,), daemon=True)
+    process.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(sock.getsockname(), timeout=1).close()
+            return process.pid, url
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("the server did not start")
+
+
+def _stop(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """(a server that stays up, one to kill mid-episode), forked before any client starts a thread."""
+    started = [_start_server(), _start_server()]
+    yield started
+    for pid, _ in started:
+        _stop(pid)
+
+
+def test_plays_the_same_game_as_guess_the_number(servers):
+    (_, url), _ = servers
+    remote, local = OpenEnvEnvironment(url=url), GuessTheNumber(**GAME)
+    for secret, guesses in ((5, ["8", "4", "x", "6", "7"]), (11, ["8", "12", "11"])):
+        assert remote.reset(seed=3, secret=secret)[0] == local.reset(seed=3, secret=secret)[0]
+        for guess in guesses:
+            got, want = remote.step(guess), local.step(guess)
+            assert got[:4] == want[:4]
+            assert got[4]["outcome"] == want[4]["outcome"]
+    assert got[1:4] == (1.0, True, False)  # solved
+    remote.close()
+
+
+def test_server_killed_mid_episode_fails_that_episode(servers):
+    _, (pid, url) = servers
+    env = OpenEnvEnvironment(url=url, message_timeout_s=2)
+    assert env.reset(secret=5)[0] == "Guess 1-16."
+    _stop(pid)
+    start = time.monotonic()
+    with pytest.raises(OpenEnvServerError, match=f"openenv server {url}: step failed"):
+        env.step("8")
+    with pytest.raises(OpenEnvServerError, match="reset failed"):  # the next episode: still down
+        env.reset(secret=5)
+    assert time.monotonic() - start < 5
+
+
+def test_a_frozen_server_fails_within_the_timeouts():
+    """SIGSTOP mid-episode: the step fails at message_timeout_s and the next reset at connect_timeout_s, not
+    after websockets' 10 s closing handshake with a server that never answers (the client closes aside)."""
+    pid, url = _start_server()
+    try:
+        env = OpenEnvEnvironment(url=url, connect_timeout_s=1, message_timeout_s=1)
+        env.reset(secret=5)
+        os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(OpenEnvServerError, match="step failed \\(timed out"):
+            env.step("8")
+        assert time.monotonic() - start < 2.5
+        start = time.monotonic()
+        with pytest.raises(OpenEnvServerError, match="reset failed"):
+            env.reset(secret=5)
+        assert time.monotonic() - start < 2.5
+    finally:
+        _stop(pid)
+
+
+def test_a_server_that_never_answers_times_out():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()  # connections queue, nobody answers the WebSocket handshake
+    env = OpenEnvEnvironment(url=f"http://127.0.0.1:{sock.getsockname()[1]}", connect_timeout_s=0.5)
+    start = time.monotonic()
+    with pytest.raises(OpenEnvServerError, match="reset failed"):
+        env.reset(secret=5)
+    assert time.monotonic() - start < 3
+    sock.close()
+
+
+def test_an_answer_without_the_text_is_an_error(servers):
+    (_, url), _ = servers
+    env = OpenEnvEnvironment(url=url, observation_key="board")
+    with pytest.raises(OpenEnvServerError, match="no str 'board' \\(observation_key\\)"):
+        env.reset(secret=5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "environment.kwargs.url: openenv needs exactly one of url"),
+        ({"url": "http://a", "app": "m:f"}, "environment.kwargs.url: openenv needs exactly one"),
+        ({"url": "localhost:8000"}, "environment.kwargs.url: must be an http"),
+        ({"app": "module_only"}, "environment.kwargs.app: must be a package.module:factory"),
+        ({"url": "http://a", "message_timeout_s": 0}, "environment.kwargs.message_timeout_s: must be a number > 0"),
+        ({"url": "http://a", "observation_key": ""}, "environment.kwargs.observation_key: must be a non-empty"),
+        ({"url": "http://a", "port": 1}, "environment.kwargs.port: not a key of openenv"),
+        ({"url": "http://a", "message_timeout_s": 8}, "= 11 s must be under environment.step_timeout_s = 10 s"),
+    ],
+)
+def test_config_errors_name_the_key(kwargs, message):
+    with pytest.raises(ConfigError, match=message.replace("(", "\\(")):
+        check_environment_config(EnvironmentConfig(name="openenv", kwargs=kwargs))
+
+
+def test_roll_train_on_an_openenv_app(tmp_path):
+    from test_multi_turn_run import SMALL
+    from test_resume import LOCAL, REPO, metrics, run
+
+    config = REPO / "examples/openenv/guess.yaml"
+    args = [sys.executable, "-m", "roll_lite.cli", "--config", str(config), *SMALL, LOCAL]
+    args += ["steps=1", "sft.steps=0", "data.eval_files=null", "checkpoint.every=0"]
+    args += ["environment.max_concurrent=1", f"output_dir={tmp_path}"]
+    log = run(args + ["run_name=openenv"]).stderr
+    assert "environment: openenv in 1 process(es)" in log
+    steps = [r for r in metrics(tmp_path / "openenv") if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1]
+    assert not any(key.startswith("env/faults") for r in steps for key in r)
