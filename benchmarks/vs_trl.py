@@ -242,6 +242,7 @@ def run_roll_lite(
         f"workers.torch_threads={threads}",
         f"output_dir={work}",
         f"run_name={name}",
+        "workers.backend=ray",  # the variants measure Ray's runs, unless theirs says local
         *VARIANTS[variant][1],
         *([f"reward.functions={{{SLOW_REWARD}: 1.0}}"] if delay_s else []),
     ]

@@ -77,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if (misplaced := config_file_as_override(args.config, args.overrides)) is not None:
             raise ConfigError(misplaced)
-        config = load_config(args.config, args.overrides)
+        notes: list[str] = []
+        config = load_config(args.config, args.overrides, notes)
         pin_kernels(config.reproducible)  # before anything below runs a torch op: the kernels are chosen then
         pipeline_class = import_pipeline(config.pipeline)
         model_config = check_run(config)  # the model's config, the tokenizer, this machine: before Ray or any output
@@ -95,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # (the pipeline's constructor refusing a key, an unreadable checkpoint `resume` would continue,
         # a teacher's tokenizer) is one line and exit code 2, like those above.
         pipeline = pipeline_class(config)
+        for note in notes:  # workers.backend=auto's choice, once the pipeline took the config
+            logging.getLogger("roll_lite").info(note)
         if (finished := finished_run(pipeline)) is not None:  # resume=auto of a run that reached its steps
             print(f"roll-train: {finished}", file=sys.stderr)
             return 0

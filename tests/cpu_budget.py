@@ -118,6 +118,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
             "test_multi_turn_pipeline.py",
             "test_multi_turn_run.py",
             "test_multiturn_masks.py",
+            "test_openenv.py",
             "test_sources.py",
             "test_tool_calls.py",
             "test_tools.py",
@@ -162,6 +163,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
         "config and data checks, preflight, the install, the house rules, the suite's own tools",
         (
             "test_cli_config.py",
+            "test_backend_auto.py",
             "test_config_reference.py",
             "test_cpu_per_test.py",
             "test_data.py",

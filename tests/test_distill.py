@@ -222,7 +222,12 @@ LOCAL = "workers.backend=local"
 OVERRIDES = {
     "advantage": [LOCAL],
     "reverse_kl": [LOCAL],
-    "top_k_forward_kl": ["rollout.fully_async=true", "rollout.max_staleness=1", "algorithm.rollout_is=token"],
+    "top_k_forward_kl": [
+        "rollout.fully_async=true",
+        "rollout.max_staleness=1",
+        "algorithm.rollout_is=token",
+        "workers.backend=ray",
+    ],
 }
 
 

@@ -260,12 +260,12 @@ def test_readme_demo_command_runs_and_draws_its_curves(demo):
 
 
 def test_the_demo_into_a_file_writes_no_ansi_codes_and_counts_all_its_time(demo):
-    """Its worker prints (transformers' "Writing model shards" when final/ is saved), which Ray forwards
-    with a coloured `(ModelWorker pid=...)` prefix unless the driver takes the colours out. "N s in all"
-    counts from the process start: at least the time until the first step, Ray's start and the workers'
-    included. (tests/test_progress.py: the bars themselves.)"""
+    """The demo runs in one process (workers.backend=auto chose local, and says so): no coloured
+    `(ModelWorker pid=...)` prefix from Ray (tests/test_progress.py: Ray's colours taken out; the bars
+    themselves). "N s in all" counts from the process start: at least the time until the first step, the
+    workers' start included."""
     text = demo["text"]
-    assert "(ModelWorker" in text  # a forwarded worker line: what Ray colours
+    assert "workers.backend=auto → local" in text and "(ModelWorker" not in text
     assert "\x1b[" not in text, [line for line in text.splitlines() if "\x1b[" in line][:3]
     in_all = float(re.search(r"; ([0-9.]+) s in all; run dir", text).group(1))
     assert demo["first_step"] is not None and in_all >= demo["first_step"], (in_all, demo["first_step"])

@@ -117,6 +117,7 @@ def start(tmp_path, pipeline: str, *overrides: str, terminal: bool = False) -> s
         "algorithm.check_loss=false",  # these loss_funcs misbehave on purpose, in the workers
         f"output_dir={tmp_path}",
         "run_name=run",
+        "workers.backend=ray",  # these test Ray workers' failures (an override may still ask for local)
         *overrides,
     ]
     options = dict(cwd=tmp_path, start_new_session=True)

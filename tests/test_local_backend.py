@@ -46,6 +46,7 @@ def args(data: list[str], output: Path, run_name: str, *extra: str) -> list[str]
         *data,
         f"output_dir={output}",
         f"run_name={run_name}",
+        "workers.backend=ray",  # the reference run; `extra` says local for the others
         *extra,
     ]
 
@@ -245,7 +246,7 @@ def test_a_callers_group_of_one_process_is_used_and_kept_a_larger_one_is_refused
 @pytest.mark.parametrize(
     "config, overrides, error",
     [
-        ("ppo", ["workers.backend=lokal"], "workers.backend: 'lokal' is not one of ray, local"),
+        ("ppo", ["workers.backend=lokal"], "workers.backend: 'lokal' is not one of auto, ray, local"),
         ("ppo", ["workers.actor_dp=2"], "workers.actor_dp: workers.backend=local runs one rank of each role"),
         ("ppo", ["workers.critic_dp=2"], "workers.critic_dp: workers.backend=local runs one rank of each role"),
         ("ppo", ["workers.gpus_per_rank=1"], "workers.gpus_per_rank: workers.backend=local runs on the CPU"),

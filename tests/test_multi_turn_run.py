@@ -89,6 +89,7 @@ def command(setup, output, run_name: str, *extra) -> list[str]:
         *overrides,
         f"output_dir={output}",
         f"run_name={run_name}",
+        "workers.backend=ray",  # the reference run on Ray; LOCAL in `extra` overrides it
         *extra,
     ]
 

@@ -130,6 +130,7 @@ def test_roll_train_writes_the_run_directory(tmp_path):
             f"output_dir={tmp_path}",
             "run_name=tiny",
             "wandb_mode=offline",
+            "workers.backend=ray",  # on real Ray actors
         ],
         capture_output=True,
         text=True,
@@ -242,6 +243,7 @@ def test_ray_job_submit_to_a_local_head_runs_the_custom_loss_example(tmp_path):
             "eval_every=1",
             f"output_dir={tmp_path}",
             "run_name=job",
+            "workers.backend=ray",
         ]
         for _ in range(12):  # a loaded box: the head's job agent can come up seconds after the head starts
             submit = subprocess.run(

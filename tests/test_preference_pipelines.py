@@ -109,7 +109,7 @@ def dpo(workdir, run_name, *overrides, fresh=False):
         docs_command("configs/dpo.yaml")
         + TINY
         + SHORT
-        + ["model.pretrained_path=null", f"run_name={run_name}", *overrides],
+        + ["model.pretrained_path=null", f"run_name={run_name}", "workers.backend=ray", *overrides],
         workdir,
         fresh,
     )

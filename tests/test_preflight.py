@@ -120,12 +120,12 @@ VALUE_CASES = [
     ),
     # one CPU actor rank generates in its own process (rollout.in_actor=null): no rollout CPUs
     (
-        "workers.actor_cpus=512",
+        "workers.actor_cpus=512 workers.backend=ray",  # the Ray reservation
         "workers.actor_cpus: the workers reserve 512 CPUs (workers.actor_cpus 512 × workers.actor_dp 1)"
         " but this machine has",
     ),
     (
-        "workers.actor_cpus=512 rollout.in_actor=false",
+        "workers.actor_cpus=512 rollout.in_actor=false workers.backend=ray",
         "workers.actor_cpus: the workers reserve 513 CPUs (workers.actor_cpus "
         "512 × workers.actor_dp 1 + workers.rollout_cpus 1) but this machine has",
     ),

@@ -245,6 +245,7 @@ def test_a_portable_run_pins_the_kernels_of_the_driver_every_worker_and_the_rewa
         f"output_dir={tmp_path / 'out'}",
         "run_name=portable",
         "reproducible=portable",
+        "workers.backend=ray",  # every worker's process checked
     ]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=clean_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

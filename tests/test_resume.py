@@ -73,6 +73,7 @@ def command(data, output: Path, run_name: str, *extra, config: str = "configs/pp
         *data,
         f"output_dir={output}",
         f"run_name={run_name}",
+        "workers.backend=ray",  # the reference runs on Ray; LOCAL in `extra` overrides it
         *extra,
     ]
 

@@ -172,6 +172,7 @@ def test_rows_of_three_domains_are_scored_by_their_own_sources_in_a_ray_run(tmp_
         "--config",
         str(REPO / "configs/grpo.yaml"),
         *overrides,
+        "workers.backend=ray",  # the reward worker on Ray
         f"data.train_files={train}",
         "data.eval_files=[]",
         "data.extra_keys=null",

@@ -120,6 +120,7 @@ def roll_train(data: list[str], output: Path, run_name: str, *extra: str) -> lis
         *data,
         f"output_dir={output}",
         f"run_name={run_name}",
+        "workers.backend=ray",
         *extra,
     ]
 

@@ -55,6 +55,7 @@ def command(data, output: Path, run_name: str, *extra, steps: int = STEPS) -> li
         f"sft.steps={steps}",
         f"output_dir={output}",
         f"run_name={run_name}",
+        "workers.backend=ray",  # the reference run on Ray; LOCAL in `extra` overrides it
         *extra,
     ]
 

@@ -161,6 +161,7 @@ def test_roll_train_and_its_ray_workers_import_a_user_pipeline_from_its_director
         *one_step(tmp_path),
         f"output_dir={output}",
         "run_name=user",
+        "workers.backend=ray",  # its Ray workers' imports are what it checks
     ]
     result = run(command, cwd=second_checkout, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

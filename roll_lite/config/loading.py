@@ -11,6 +11,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from roll_lite.config.backend import resolve_backend
 from roll_lite.config.node_labels import labels_of, pinned_apart
 from roll_lite.config.schema import RunConfig
 from roll_lite.config.validation import validate
@@ -63,8 +64,11 @@ def _replace_reward_functions(merged: Any, layer: Any) -> None:
         OmegaConf.update(merged, "reward.functions", functions, merge=False)
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
-    """Defaults <- YAML file <- key=value overrides, validated; raises ConfigError."""
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), notes: list[str] | None = None
+) -> RunConfig:
+    """Defaults <- YAML file <- key=value overrides, validated; raises ConfigError. `notes` gets the lines
+    saying what was chosen for the run (workers.backend=auto's choice), for the caller to log."""
     try:
         merged = OmegaConf.structured(RunConfig)  # each layer merges into it in place (OmegaConf.merge copies it)
         if path is not None:
@@ -123,6 +127,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
         validate(config)
     except ConfigError as error:
         raise ConfigError(_where_set(str(error), None if path is None else Path(path), overrides)) from None
+    if (chosen := resolve_backend(config)) is not None and notes is not None:
+        notes.append(chosen)
     if config.model.tokenizer_path is None:  # the tokenizer comes from the model's folder / hub id
         config.model.tokenizer_path = config.model.pretrained_path
     return config

@@ -242,7 +242,9 @@ class AlgorithmConfig:
 
 @dataclass
 class WorkersConfig:
-    backend: str = "ray"  # ray | local: every worker in roll-train's own process, no Ray (docs/gpus-and-clusters.md)
+    # auto | ray | local (every worker in roll-train's own process, no Ray); auto: local where the run allows
+    # it (one rank of each role, CPU, hf engine, no cluster), else ray (docs/gpus-and-clusters.md)
+    backend: str = "auto"
     actor_dp: int = 1  # D: actor ranks (one torch.distributed group)
     # critic_dp, reference_dp: the critic's and the reference's ranks; null: workers.actor_dp on GPUs (rank i
     # of each role shares the actor rank i's GPU, so they must be equal), 1 on CPU
