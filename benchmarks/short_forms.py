@@ -1,7 +1,7 @@
 """Runs every short form of docs/getting-started.md ("Short runs") verbatim, as a user types it, and prints
 what each showed: the steps whose reward and gradient were above 0, the feature's own metric at the first
 and the last step (the step line's feature part), the held-out reward from start to end, and the wall and
-CPU seconds of the command (every process it started: a cpuacct cgroup, where root can make one).
+CPU seconds of the command (every process it started: scripts/cpu_cgroup.py, where root can make a cgroup).
 
 The commands run in a scratch directory that links the repository's files, so `outputs/` is the scratch
 one and a user's own outputs are never touched. A command whose prerequisite folder is missing (the
@@ -25,11 +25,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+from cpu_cgroup import CpuCgroup  # noqa: E402
+
 from pipelines.run_log import feature_parts  # noqa: E402
 
 COMMAND = re.compile(r"`(roll-train [^`]+)`")
-CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 PREREQUISITES = ("docs/rewards.md", "## A mixed-domain run on a CPU")
 
 
@@ -68,29 +69,13 @@ def scratch_dir() -> Path:
 
 
 def run(command: str, cwd: Path) -> tuple[int, str, float, float | None]:
-    """(exit code, the last line it printed, wall s, CPU s of the command and every process it started, from a
-    cpuacct cgroup (root, cgroup v1: as scripts/speed_probe.py), or None where none can be made)."""
-    group: Path | None = CPUACCT / f"short_forms_{os.getpid()}"
-    try:
-        group.mkdir()
-    except OSError:
-        group = None
-
-    def join_group() -> None:  # in the child, before exec: it and everything it starts count
-        if group is not None:
-            (group / "cgroup.procs").write_text(str(os.getpid()))
-
-    start = time.monotonic()
-    done = subprocess.run(shlex.split(command), cwd=cwd, capture_output=True, text=True, preexec_fn=join_group)
-    wall = time.monotonic() - start
-    cpu = None
-    if group is not None:
-        time.sleep(0.5)  # the run's Ray processes are gone by now; their CPU stays counted in the group
-        cpu = int((group / "cpuacct.usage").read_text()) / 1e9
-        try:
-            group.rmdir()
-        except OSError:
-            pass
+    """(exit code, the last line it printed, wall s, CPU s of the command and every process it started, or
+    None where no cgroup can be made: scripts/cpu_cgroup.py)."""
+    with CpuCgroup("short_forms") as group:
+        start = time.monotonic()
+        done = subprocess.run(shlex.split(command), cwd=cwd, capture_output=True, text=True, preexec_fn=group.join)
+        wall = time.monotonic() - start
+        cpu = group.seconds()
     lines = (done.stdout + done.stderr).strip().splitlines() or [""]
     return done.returncode, lines[-1], wall, cpu
 

@@ -23,8 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from cpu_cgroup import CpuCgroup
+
 REPO = Path(__file__).resolve().parents[1]
-CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 FIRST_STEP = " step 1/6 |"  # the first step's log line
 TINY = [  # tests/test_resume.py's TINY, 6 steps
     "model.hidden_size=32",
@@ -66,19 +67,9 @@ def probe_command(folder: Path, overrides: list[str]) -> list[str]:
 
 def run_once(overrides: list[str]) -> tuple[float | None, float, float]:
     """(CPU s or None where no cgroup can be made, wall s, s to the first step's log line) of one probe run."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, CpuCgroup("speed_probe") as group:
         command = probe_command(Path(tmp), overrides)
-        group = CPUACCT / f"speed_probe_{os.getpid()}"
-        try:
-            group.mkdir()
-        except OSError:
-            group = None
         start = time.monotonic()
-
-        def join_group() -> None:  # in the child, before exec: it and everything it starts count
-            if group is not None:
-                (group / "cgroup.procs").write_text(str(os.getpid()))
-
         env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
         process = subprocess.Popen(
             command,
@@ -87,7 +78,7 @@ def run_once(overrides: list[str]) -> tuple[float | None, float, float]:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            preexec_fn=join_group,
+            preexec_fn=group.join,
         )
         assert process.stdout is not None  # stdout=PIPE
         output, first_step = [], None
@@ -99,15 +90,7 @@ def run_once(overrides: list[str]) -> tuple[float | None, float, float]:
         wall = time.monotonic() - start
         if returncode != 0 or first_step is None:
             raise SystemExit(f"speed_probe: the probe run failed ({returncode}):\n{''.join(output)[-2000:]}")
-        if group is None:
-            return None, wall, first_step
-        time.sleep(0.5)  # Ray's processes of the run are gone by now; their CPU stays counted in the group
-        cpu = int((group / "cpuacct.usage").read_text()) / 1e9
-        try:
-            group.rmdir()
-        except OSError:
-            pass
-        return cpu, wall, first_step
+        return group.seconds(), wall, first_step
 
 
 def main() -> None:
