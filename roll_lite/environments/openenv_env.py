@@ -26,6 +26,7 @@ from roll_lite.environments.registry import register_environment
 from roll_lite.errors import ConfigError
 
 KWARGS = ("url", "app", "connect_timeout_s", "message_timeout_s", "action_key", "observation_key")
+CONNECT_TIMEOUT_S, MESSAGE_TIMEOUT_S = 3.0, 5.0  # the defaults, also what the config check adds up
 _SERVED: dict[str, str] = {}  # app spec -> its url, in this process
 _LOCK = threading.Lock()
 
@@ -53,7 +54,7 @@ def check_openenv_kwargs(kwargs, section: str = "environment", step_timeout_s: f
         value = kwargs.get(key, 1.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise ConfigError(f"{section}.kwargs.{key}: must be a number > 0, got {value!r}")
-    budget = kwargs.get("connect_timeout_s", 3.0) + kwargs.get("message_timeout_s", 5.0)
+    budget = kwargs.get("connect_timeout_s", CONNECT_TIMEOUT_S) + kwargs.get("message_timeout_s", MESSAGE_TIMEOUT_S)
     if isinstance(step_timeout_s, (int, float)) and budget >= step_timeout_s:
         raise ConfigError(
             f"{section}.kwargs.message_timeout_s: connect_timeout_s + message_timeout_s = {budget:g} s must be under "
@@ -70,8 +71,8 @@ class OpenEnvEnvironment:
         self,
         url: str | None = None,
         app: str | None = None,
-        connect_timeout_s: float = 3.0,
-        message_timeout_s: float = 5.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        message_timeout_s: float = MESSAGE_TIMEOUT_S,
         action_key: str = "text",
         observation_key: str = "text",
     ):
