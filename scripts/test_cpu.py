@@ -42,7 +42,8 @@ def pytest_configure(config) -> None:
     if name == "main" and getattr(config.option, "numprocesses", None):
         return  # the controller of -n N runs no test (it sees the workers' reports, not their CPU)
     try:
-        group = CPUACCT / f"test_cpu_{name}"
+        # the pid keeps apart a pytest run under another one's plugin (tests/test_cpu_per_test.py under -p test_cpu)
+        group = CPUACCT / f"test_cpu_{name}_{os.getpid()}"
         group.mkdir(exist_ok=True)
         (group / "cgroup.procs").write_text(str(os.getpid()))  # the processes started from now on follow
         _group = group
@@ -64,7 +65,8 @@ def pytest_runtest_logfinish(nodeid, location) -> None:  # after the test's setu
 def pytest_unconfigure(config) -> None:
     if _group is not None:
         OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / f"{_group.name}.json").write_text(json.dumps(_times))
+        name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        (OUT / f"test_cpu_{name}.json").write_text(json.dumps(_times))
         (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))  # back to the root group, and the group goes
         try:
             _group.rmdir()

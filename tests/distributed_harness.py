@@ -212,7 +212,7 @@ def _case_strategy(case: Case, config, head: str, dtype: torch.dtype):
     return strategy
 
 
-def run_strategy(cases: list[Case], dtype: torch.dtype, start_method: str = "spawn") -> dict:
+def run_strategy(cases: list[Case], dtype: torch.dtype, start_method: str = "forkserver") -> dict:
     """{case: (loss, grads, micro-batches per rank)} from real FSDP2 runs, grouped by their count of ranks
     (D·S processes); start_method: spawned_ranks.spawn_ranks's."""
     results = {}

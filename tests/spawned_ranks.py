@@ -20,12 +20,13 @@ from roll_lite.strategy.distributed import close_distributed, init_distributed, 
 HOST = "127.0.0.1"
 
 
-def spawn_ranks(rank_main, world_size: int, *args, start_method: str = "spawn") -> None:
+def spawn_ranks(rank_main, world_size: int, *args, start_method: str = "forkserver") -> None:
     """Run rank_main(rank, world_size, port, *args) in world_size processes; each calls join_group first.
 
-    start_method="forkserver": the ranks fork from one server process that has imported torch, transformers
-    and rank_main's module once per pytest process, instead of ~5 CPU s of imports in every spawned rank
-    (test_exactness_sp.py's 6 ranks, 2026-11-28, test_cpu plugin: 52 -> 29 CPU s)."""
+    start_method="forkserver" (the default): the ranks fork from one server process that has imported torch,
+    transformers and the first caller's module once per pytest process, instead of ~5 CPU s of imports in
+    every spawned rank (test_exactness_sp.py's 6 ranks, 2026-11-28, test_cpu plugin: 52 -> 29 CPU s). The
+    server is started fresh, not forked from pytest, so the ranks inherit none of the test process's state."""
     store = open_group_store(HOST, world_size)
     if start_method == "forkserver":  # no effect once this process's server runs: the first call's list stays
         multiprocessing.set_forkserver_preload(

@@ -56,7 +56,7 @@ CASES = sp_cases()
 
 @pytest.fixture(scope="module")
 def strategy_results():
-    return run_strategy(CASES, torch.float64, start_method="forkserver")  # 6 ranks, imports paid once
+    return run_strategy(CASES, torch.float64)
 
 
 @pytest.fixture(scope="module")
