@@ -31,10 +31,10 @@ if ! uv pip install -q --compile-bytecode -c constraints-cpu.txt -e ".[${extras}
   python -m pip install -q -c constraints-cpu.txt -e ".[${extras}]"
 fi
 if [[ ",${extras}," == *,envs,* ]]; then
-  # openenv-core without its declared gradio / openai / CLI requirements: its client and server need only what
-  # the envs extra lists (pyproject.toml says why)
-  uv pip install -q --no-deps -c constraints-cpu.txt openenv-core==0.3.0 ||
-    python -m pip install -q --no-deps -c constraints-cpu.txt openenv-core==0.3.0
+  # openenv-core without its declared gradio / openai / CLI requirements, openreward without its sse-starlette
+  # pin: their clients and servers need only what the envs extra lists (pyproject.toml says why)
+  uv pip install -q --no-deps -c constraints-cpu.txt openenv-core==0.3.0 openreward==0.1.167 ||
+    python -m pip install -q --no-deps -c constraints-cpu.txt openenv-core==0.3.0 openreward==0.1.167
 fi
 # Whatever the extras: an install that replaced torch with a CUDA (or any other) build stops here, naming the fix.
 python scripts/cpu_torch.py check --pip-args "$torch_args"
@@ -65,10 +65,12 @@ try:
     reasoning_gym.create_dataset("basic_arithmetic", seed=0, size=1)[0]
     from openenv.core import GenericEnvClient  # noqa: F401
     from openenv.core.env_server import create_app  # noqa: F401
+    from openreward.api.environments.client import AsyncEnvironmentsAPI  # noqa: F401
+    from openreward.environments import Server  # noqa: F401
 except Exception as e:
-    sys.exit(f"setup.sh: the envs (gem-llm, reasoning-gym, openenv-core) install is broken: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+    sys.exit(f"setup.sh: the envs (gem-llm, reasoning-gym, openenv-core, openreward) install is broken: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
 from importlib.metadata import version
-print(f"envs ok: gem-llm {version('gem-llm')}, reasoning-gym {version('reasoning-gym')}, openenv-core {version('openenv-core')}, msgspec {version('msgspec')}")
+print(f"envs ok: gem-llm {version('gem-llm')}, reasoning-gym {version('reasoning-gym')}, openenv-core {version('openenv-core')}, openreward {version('openreward')}, msgspec {version('msgspec')}")
 PY
 fi
 python -c "import torch, transformers; print(f'roll_lite env ready: torch {torch.__version__}, transformers {transformers.__version__}')"

@@ -187,9 +187,10 @@ def test_guess_the_number_through_the_runner_with_row_fields(caplog):
     [
         (
             {"name": "nope"},
-            "environment.name: 'nope' is not one of gem, guess_the_number, openenv, tools, nor a package.module:Class",
+            "environment.name: 'nope' is not one of gem, guess_the_number, openenv, ors, tools, nor a package.module:Class",
         ),
         ({"name": ""}, "environment.name: name a registered environment"),
+        ({"name": "gem", "kwargs": {"max_turns": 3}}, "environment.kwargs.env_id: gem needs GEM's environment id"),
         ({"kwargs": [1]}, "environment.kwargs: must be a mapping"),
         ({"max_turns": 0}, "environment.max_turns: must be a whole number >= 1, got 0"),
         ({"max_concurrent": 2.0}, "environment.max_concurrent: must be a whole number >= 1, got 2.0"),

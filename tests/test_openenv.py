@@ -163,3 +163,76 @@ def test_roll_train_on_an_openenv_app(tmp_path):
     steps = [r for r in metrics(tmp_path / "openenv") if r["step"] > 0]
     assert [r["step"] for r in steps] == [1]
     assert not any(key.startswith("env/faults") for r in steps for key in r)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """The TCP ports `pid` listens on (its socket inodes matched in /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+            ports.add(int(fields[1].split(":")[1], 16))
+    return ports
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_killed_run_leaves_no_server_behind(tmp_path):
+    """SIGKILL to the roll-train driver alone (workers.backend=local): its environment processes, and the
+    OpenEnv servers they serve on 127.0.0.1, end with it (the guarded children's parent-death signal)."""
+    import subprocess
+
+    import warm_driver
+    from test_multi_turn_run import SMALL
+    from test_resume import LOCAL, REPO
+
+    args = [sys.executable, "-m", "roll_lite.cli", "--config", str(REPO / "examples/openenv/guess.yaml"), *SMALL]
+    args += [LOCAL, "steps=50", "sft.steps=0", "data.eval_files=null", "checkpoint.every=0"]
+    args += ["environment.max_concurrent=2", f"output_dir={tmp_path}", "run_name=killed"]
+    driver = warm_driver.WarmPopen(args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO)
+    try:
+        assert driver.stderr is not None
+        for line in driver.stderr:
+            if "environment: openenv in 2 process(es)" in line:
+                break
+        children = [pid for pid in _children(driver.pid) if "environments.child" in open(f"/proc/{pid}/cmdline").read()]
+        ports = {port for pid in children for port in _listening_ports(pid)}
+        assert len(children) == 2 and len(ports) == 2, (children, ports)
+        driver.kill()
+        driver.wait(30)
+    finally:
+        driver.kill()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not all(_gone(pid) for pid in children):
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in children), "an environment process outlived the killed driver"
+    for port in ports:
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()

@@ -21,7 +21,7 @@ class EnvironmentConfig:
     """Multi-turn rollouts (docs/multi-turn.md): each training row seeds an environment, and the model
     takes turns with it; the loss covers the model's own tokens only (model_mask)."""
 
-    # A registered environment (guess_the_number, tools, gem, openenv) or a package.module:Class import path.
+    # A registered environment (guess_the_number, tools, gem, openenv, ors) or a package.module:Class import path.
     # null: single-turn rollouts (the prompt, one completion, the reward functions).
     name: Optional[str] = None
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the class when it is built
@@ -71,10 +71,19 @@ def check_environment_config(config: EnvironmentConfig, section: str = "environm
         )
     if not isinstance(config.kwargs, Mapping) or not all(isinstance(key, str) for key in config.kwargs):
         raise ConfigError(f"{section}.kwargs: must be a mapping of argument names to values, got {config.kwargs!r}")
+    if config.name == "gem" and (not isinstance(config.kwargs.get("env_id"), str) or not config.kwargs["env_id"]):
+        raise ConfigError(
+            f"{section}.kwargs.env_id: gem needs GEM's environment id (e.g. game:GuessTheNumber-v0-easy), "
+            f"got {config.kwargs.get('env_id')!r}"
+        )
     if config.name == "openenv":
         from roll_lite.environments.openenv_env import check_openenv_kwargs
 
         check_openenv_kwargs(config.kwargs, section, config.step_timeout_s)
+    if config.name == "ors":
+        from roll_lite.environments.ors_env import check_ors_kwargs
+
+        check_ors_kwargs(config.kwargs, section, config.step_timeout_s)
     for key in ("max_turns", "max_new_tokens_per_turn", "max_concurrent"):
         _check_positive_int(section, key, getattr(config, key))
     if config.max_trajectory_tokens is not None:

@@ -18,17 +18,14 @@ runner's step_timeout_s is the backstop. After a failure the next reset opens a 
 from __future__ import annotations
 
 import math
-import socket
 import threading
-import time
 
+from roll_lite.environments.loopback import serve_app
 from roll_lite.environments.registry import register_environment
 from roll_lite.errors import ConfigError
 
 KWARGS = ("url", "app", "connect_timeout_s", "message_timeout_s", "action_key", "observation_key")
 CONNECT_TIMEOUT_S, MESSAGE_TIMEOUT_S = 3.0, 5.0  # the defaults, also what the config check adds up
-_SERVED: dict[str, str] = {}  # app spec -> its url, in this process
-_LOCK = threading.Lock()
 
 
 class OpenEnvServerError(RuntimeError):
@@ -84,7 +81,7 @@ class OpenEnvEnvironment:
                 f"the 'openenv' environment needs openenv-core: pip install openenv-core==0.3.0 ({error})",
                 name=error.name,
             ) from None
-        self.url = url if url is not None else serve_app(str(app), connect_timeout_s)
+        self.url = url if url is not None else serve_app(str(app), connect_timeout_s, "openenv")
         self.client_class = GenericEnvClient
         self.timeouts = {"connect_timeout_s": connect_timeout_s, "message_timeout_s": message_timeout_s}
         self.action_key, self.observation_key = action_key, observation_key
@@ -141,27 +138,3 @@ def _close_quietly(client) -> None:
         client.close()
     except Exception:  # noqa: BLE001  (a dead server's connection may not close cleanly)
         pass
-
-
-def serve_app(spec: str, timeout_s: float) -> str:
-    """The url of `spec`'s app served in this process on 127.0.0.1 (started on first use)."""
-    with _LOCK:
-        if spec not in _SERVED:
-            import uvicorn
-
-            from roll_lite.runtime.importing import load_object
-
-            app = load_object(spec)
-            app = app if hasattr(app, "router") else app()
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            # critical: openenv 0.3.0 logs a traceback for every session its client closes first
-            server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
-            threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="openenv").start()
-            deadline = time.monotonic() + timeout_s
-            while not server.started:
-                if time.monotonic() > deadline:
-                    raise OpenEnvServerError(f"openenv app {spec} did not start within {timeout_s} s")
-                time.sleep(0.01)
-            _SERVED[spec] = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        return _SERVED[spec]
