@@ -125,14 +125,15 @@ def keep_informative_groups(pipeline, batch: DataProto, scores: torch.Tensor, me
 
 def concat_padded(batches: list[DataProto], pad_token_id: int) -> DataProto:
     """Batches of right-padded rows, each as wide as its longest row, concatenated at the widest:
-    input_ids padded with pad_token_id, every other token-aligned tensor with 0."""
+    input_ids padded with pad_token_id, routed_experts (MoE routing) with -1, every other token-aligned tensor with 0."""
     width = max(b["input_ids"].shape[1] for b in batches)
+    fill = {"input_ids": pad_token_id, "routed_experts": -1}
     padded = []
     for b in batches:
         extra = width - b["input_ids"].shape[1]
-        tensors = {
-            key: torch.nn.functional.pad(t, (0, extra), value=pad_token_id if key == "input_ids" else 0)
-            if t.dim() == 2 and extra
+        tensors = {  # [rows, width] or [rows, width, ...] (routed_experts: [rows, width, layers, k])
+            key: torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, extra), value=fill.get(key, 0))
+            if t.dim() >= 2 and t.shape[1] == b["input_ids"].shape[1] and extra
             else t
             for key, t in b.batch.items()
         }

@@ -42,6 +42,7 @@ from .evaluation import evaluate_held_out
 from .fresh_weights import check_fresh_weights
 from .losses import check_correction_applied, policy_loss_func
 from .mismatch import measure_mismatch, step_mismatch_metrics
+from .moe_routing import check_recorded, old_log_prob_sums, routing_metrics
 from .rl_checkpoints import RLCheckpoints
 from .rl_data import RLData
 from .rl_workers import RLWorkers
@@ -148,6 +149,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         self.prepare_data()
         self.schedule.launch(step, self.total_steps, self.draw_prompts, self.sampling_params())
         batch, weights_behind = self.collect_rollout(step)
+        check_recorded(batch, self.config)  # actor.router_replay: the engine's routing travels with the tokens
         generated = time.perf_counter()
 
         batch, scores, token_rewards, reward_metrics = self.rewards(batch)
@@ -164,8 +166,10 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
             batch.batch["ref_log_probs"] = self.reference_log_probs(batch)
         if self.teachers is not None:
             batch.batch.update(self.teachers.scores(batch))  # teacher_log_probs (+ its top k)
+        drift_sums = None  # MoE routing drift at the old-log-prob forward (pipelines/moe_routing.py)
         if not self.on_policy and not a.rollout_bypass:  # bypass: the engine's log-probs are π_old
-            batch.batch["old_log_probs"] = self.actor.compute_log_probs(batch)["log_probs"]
+            old = self.actor.compute_log_probs(batch)
+            batch.batch["old_log_probs"], drift_sums = old["log_probs"], old_log_prob_sums(old, batch)
         if self.critic is not None:
             batch.batch["values"] = self.critic.compute_values(batch)["values"]
         if self.use_reference and a.kl_in_reward:
@@ -183,6 +187,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         prepared = time.perf_counter()
         actor_metrics = self.train(self.actor, batch, "policy")
         mismatch = step_mismatch_metrics(self.config, mismatch_sums, actor_metrics)
+        routing = routing_metrics(drift_sums, actor_metrics)
         check_fresh_weights(actor_metrics, weights_behind, self.config.rollout.max_logp_gap, type(self).__name__, step)
         critic_metrics = self.train(self.critic, batch, "critic") if self.critic is not None else {}
         trained = time.perf_counter()
@@ -200,6 +205,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
             "response_length/max": int(mask.sum(-1).max()),  # the longest answer: what a lockstep step waits for
             "rollout/staleness": weights_behind,  # steps between the sampling weights and the actor's
             **mismatch,  # engine / trainer log-prob mismatch (pipelines/mismatch.py)
+            **routing,  # MoE: the trainer's routing against the engine's (pipelines/moe_routing.py)
             **self.schedule.last_metrics,  # fully async: per-token staleness, samples of several versions
             "perf/step_s": elapsed,
             "perf/generate_s": generated - start,

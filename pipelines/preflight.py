@@ -49,6 +49,7 @@ def check_run(config: RunConfig) -> ModelConfig:
     _check_positions(config, model_config, longest_prompt=None)
     _check_sequence_parallel(config, model_config)
     _check_lora_targets(config, model_config)
+    _check_moe(config, model_config)
     _check_rollout_engine(config)
     _check_cpus(config)
     return model_config
@@ -66,6 +67,26 @@ def _check_sequence_parallel(config: RunConfig, model_config: ModelConfig) -> No
         degree, ranks = getattr(config, role).sequence_parallel, getattr(config.workers, f"{role}_dp")
         if problem := sequence_parallel_problem(degree, ranks, heads, kv_heads):
             raise ConfigError(f"{role}.sequence_parallel: {problem} (model.pretrained_path's config.json)")
+
+
+def _check_moe(config: RunConfig, model_config: ModelConfig) -> None:
+    """actor.router_replay and the MoE auxiliary losses need an MoE policy: a pretrained model's config.json names
+    its experts (a built model's architecture: roll_lite/config/validation_moe.py)."""
+    from roll_lite.config.validation_moe import AUX_KEYS, uses_moe
+
+    if not isinstance(model_config, PretrainedConfig) or not uses_moe(config):
+        return
+    experts = getattr(model_config, "num_experts", None) or getattr(model_config, "num_local_experts", None)
+    if not experts:
+        key = (
+            "router_replay"
+            if config.actor.router_replay is not None
+            else next(k for k in AUX_KEYS if getattr(config.actor, k) > 0)
+        )
+        raise ConfigError(
+            f"actor.{key}: model.pretrained_path's config.json names no experts (num_experts / num_local_experts): "
+            "a dense model has no routing to replay or balance"
+        )
 
 
 def _check_lora_targets(config: RunConfig, model_config: ModelConfig) -> None:

@@ -1,5 +1,7 @@
 """DCP checkpoints of the FSDP2 strategy: written by 2 gloo ranks, loaded by 1 (resharding) and by 2;
-and written by 1 rank (whose model is not wrapped: FSDP2Strategy.sharded is False) and loaded by 2.
+and written by 1 rank (whose model is not wrapped: FSDP2Strategy.sharded is False) and loaded by 2; and
+written by 2 ranks at sequence_parallel S = 2 (one data-parallel group of 2: the (D, S) mesh) and loaded at S = 2
+(a run resumed at its degree) and at S = 1 (another degree: the same flattened shards, DCP reshards).
 
 After the load, the model, the AdamW moments and the LR schedule equal the saved ones exactly, and
 the next step equals the next step of the run that wrote the checkpoint (bit for bit on the same D;
@@ -50,9 +52,10 @@ def _rank(rank: int, world_size: int, port: int, runs: list[tuple[str, str, str,
 
     data = global_batch(torch.float64)
     data.meta_info["loss_mask_keys"] = MASK_KEYS[LOSS[0]]
-    share = split_for_data_parallel(data, world_size, balance_tokens=True)[rank]
     results = {}
     for name, mode, folder, settings in runs:
+        degree = settings.get("sequence_parallel", 1)  # the S ranks of data-parallel rank rank // S share its rows
+        share = split_for_data_parallel(data, world_size // degree, balance_tokens=True)[rank // degree]
         seed = 0 if mode == "save" else 1  # a loading run starts from other weights: the load must replace them
         model = build_causal_lm(TINY_MODEL, dtype=torch.float64, seed=seed)
         strategy = FSDP2Strategy(model, StrategyConfig(**settings))
@@ -71,6 +74,7 @@ def _rank(rank: int, world_size: int, port: int, runs: list[tuple[str, str, str,
 
 
 FUSED = {**SETTINGS, "adamw_fused": True}
+SP = {**SETTINGS, "sequence_parallel": 2}
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +83,17 @@ def runs(tmp_path_factory):
     checkpoint is loaded by processes other than the ones that wrote it. Checkpoints: "two" (foreach
     AdamW) and "fused" (adamw_fused) written by 2 ranks, "one" by 1 unwrapped rank."""
     tmp = tmp_path_factory.mktemp("checkpoints")
-    folder = {name: str(tmp / name) for name in ("two", "fused", "one")}
+    folder = {name: str(tmp / name) for name in ("two", "fused", "one", "sp")}
     results = {}
     for world_size, runs in (
-        (2, [("save two", "save", folder["two"], SETTINGS), ("save fused", "save", folder["fused"], FUSED)]),
+        (
+            2,
+            [
+                ("save two", "save", folder["two"], SETTINGS),
+                ("save fused", "save", folder["fused"], FUSED),
+                ("save sp", "save", folder["sp"], SP),
+            ],
+        ),
         (
             1,
             [
@@ -97,6 +108,8 @@ def runs(tmp_path_factory):
                 ("load two on 2", "load", folder["two"], SETTINGS),
                 ("load fused on 2", "load", folder["fused"], FUSED),
                 ("load one on 2", "load", folder["one"], SETTINGS),
+                ("load sp at S2", "load", folder["sp"], SP),
+                ("load sp at S1", "load", folder["sp"], SETTINGS),
             ],
         ),
     ):
@@ -196,3 +209,20 @@ def test_a_checkpoint_starts_no_openmp_team_on_the_process_groups_threads():
     assert counts["before"] >= 1  # the group's helper threads, by the name the test looks for
     assert counts["after"] == counts["before"]
     assert counts["torch_threads"] == 2
+
+
+def test_a_checkpoint_written_at_sequence_parallel_two_resumes_at_two_and_at_one(runs):
+    saved, saved_metrics, saved_after = runs[1]["save sp"]
+    for name in ("load sp at S2", "load sp at S1"):
+        loaded, metrics, after = runs[1][name]
+        _assert_equal_states(loaded, saved)
+        assert saved["scheduler_step"] == 2
+    # at its own degree, the continued step is the same step, bit for bit
+    loaded, metrics, after = runs[1]["load sp at S2"]
+    assert metrics["loss"] == saved_metrics["loss"] and metrics["grad_norm"] == saved_metrics["grad_norm"]
+    _assert_equal_states(after, saved_after)
+    # at S = 1 on the same 2 ranks (D = 2): the same step to float64 rounding
+    loaded, metrics, after = runs[1]["load sp at S1"]
+    assert metrics["loss"] == pytest.approx(saved_metrics["loss"], rel=1e-12)
+    for name, value in saved_after["model"].items():
+        torch.testing.assert_close(after["model"][name], value, rtol=1e-10, atol=1e-13)

@@ -163,6 +163,11 @@ PIPELINES_OWN_ERRORS = {
         ["model.pretrained_path=null", "critic.lora.rank=4"],
         "critic.lora.rank: the DPO pipeline has no critic",
     ),
+    "DPOPipeline, sequence parallel": (
+        "dpo.yaml",
+        ["model.pretrained_path=null", "actor.sequence_parallel=2", "workers.actor_dp=2", "workers.actor_cpus=0.5"],
+        "actor.sequence_parallel: 2: DPOPipeline does not split sequences yet (the PPO and GRPO pipelines do)",
+    ),
     "RewardModelPipeline": (
         "reward_model.yaml",
         ["actor.lora.rank=4"],
@@ -295,10 +300,31 @@ def test_rollout_in_actor_true_runs_with_a_copy_of_its_own(overrides):
             + ["model.num_key_value_heads=6", "model.hidden_size=96"],
             "actor.sequence_parallel: the model's 6 key / value heads are neither a multiple of 4 nor a divisor",
         ),
-        # a valid degree (2 KV heads repeated at S = 4) still stops: the workers do not run it yet (issue 62)
-        (["actor.sequence_parallel=4", "workers.actor_dp=4"], "the pipelines' workers do not run sequence"),
+        # the reference runs at the actor's degree, on its own ranks
+        (
+            ["actor.sequence_parallel=2", "workers.actor_dp=2", "workers.reference_dp=1"],
+            "workers.reference_dp: 1 ranks",
+        ),
+        # the forwards that do not split sequences yet (docs/sequence-parallel.md)
+        (["actor.sequence_parallel=2", "workers.actor_dp=2", "rollout.exact=true"], r"exact rollout mode .* yet"),
+        (["actor.sequence_parallel=2", "workers.actor_dp=2", "distill.teacher=t"], "distillation teachers do not"),
+        (
+            ["actor.sequence_parallel=2", "workers.actor_dp=2", "workers.backend=local"],
+            "actor.sequence_parallel: 2 ranks",
+        ),
     ],
 )
 def test_sequence_parallel_degree_is_checked_before_anything_starts(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+def test_sequence_parallel_runs_on_ray_with_the_reference_at_the_actors_degree():
+    """A valid degree (2 KV heads repeated at S = 4): D = 1 group of 4 actor ranks; the reference's and the
+    critic's unset ranks are the actor's, in its processes (the reference runs at actor.sequence_parallel, the
+    critic at its own S = 1: 4 groups of 1); the warm start (SFT) does not split sequences yet."""
+    config = load_config(None, ["actor.sequence_parallel=4", "workers.actor_dp=4"])
+    w = config.workers
+    assert (w.backend, w.reference_dp, w.critic_dp, w.one_process_per_rank) == ("ray", 4, 4, True)
+    with pytest.raises(ConfigError, match=r"actor.sequence_parallel: 2: SFT .* use 1, or sft.steps=0 \(no warm"):
+        load_config(REPO / "configs/ppo.yaml", ["actor.sequence_parallel=2", "workers.actor_dp=2"])

@@ -69,6 +69,22 @@ CASES = {
         ["data.train_files=train.jsonl", "data.eval_files=eval.jsonl"],
         "data.eval_files: eval.jsonl: row 0 (line 1): key 'answer' (data.answer_key) is missing; the file's columns: prompt",
     ),
+    "missing image": (
+        {
+            "train.jsonl": '{"prompt": [{"role": "user", "content": [{"type": "image"}]}], "answer": "1", "im": "a.png"}\n'
+        },
+        ["data.train_files=train.jsonl", "data.image_key=im"],
+        "data.train_files: train.jsonl: row 0 (line 1): key 'im': image 0: no such image file 'a.png'",
+    ),
+    "corrupt image": (
+        {
+            "train.jsonl": '{"prompt": [{"role": "user", "content": [{"type": "image"}]}], "answer": "1", "im": "a.png"}\n',
+            "a.png": b"\x89PNG not really",
+        },
+        ["data.train_files=train.jsonl", "data.image_key=im"],
+        "data.train_files: train.jsonl: row 0 (line 1): key 'im': image 0: the image file 'a.png' cannot be read as an "
+        "image (cannot identify image file 'a.png')",
+    ),
     "no training file": (
         {},
         [],

@@ -151,5 +151,8 @@ def test_coefficients_are_checked(key):
     for bad in (-0.1, float("nan")):
         with pytest.raises(ValueError, match=f"actor.{key}: must be >= 0"):
             StrategyConfig(**{key: bad}).validate("actor.")
-    with pytest.raises(ConfigError, match=f"actor.{key}: the pipelines do not train with the MoE"):
+    with pytest.raises(ConfigError, match=f"actor.{key}: model.model_type=qwen2 is a dense architecture"):
         load_config(None, [f"actor.{key}=0.1"])
+    with pytest.raises(ConfigError, match=f"critic.{key}: the MoE auxiliary losses are the actor's"):
+        load_config(None, ["model.model_type=qwen3_moe", f"critic.{key}=0.1"])
+    assert getattr(load_config(None, ["model.model_type=qwen3_moe", f"actor.{key}=0.1"]).actor, key) == 0.1

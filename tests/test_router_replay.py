@@ -92,3 +92,51 @@ def test_recorded_routing_is_the_engines_own():
         assert (recorded[:-1] >= 0).all()
         known = recorded >= 0
         assert torch.equal(own[known], recorded[known])
+
+
+def recorded_batch():
+    """(the float64 trainer's lm, a batch of an engine made to route otherwise: tokens, its log-probs, and its
+    experts as the pipelines carry them, `routed_experts`)."""
+    from roll_lite.data.sequences import build_sequence_batch, token_aligned_experts
+
+    engine, trainer = engine_and_trainer()
+    handles = [router.register_forward_hook(other_kernel) for router in moe_routers(engine.model)]
+    completions = engine.generate(PROMPTS, SamplingParams(max_new_tokens=6, num_samples=2))
+    for handle in handles:
+        handle.remove()
+    prompts = [prompt for prompt in PROMPTS for _ in range(2)]
+    batch = build_sequence_batch(prompts, completions.token_ids, 0, completions.log_probs)
+    batch.batch["routed_experts"] = token_aligned_experts(batch["attention_mask"], completions.routed_experts)
+    return trainer.lm, batch
+
+
+def test_the_strategy_replays_the_batchs_routing_padded_packed_and_in_training():
+    """FSDP2Strategy with router_replay: its log-prob forwards (padded and packed, in micro-batches) use the
+    recorded experts of every token, the engine's log-probs then match; compare mode shows the drift instead; a
+    training step reports the sums of the same columns."""
+    from roll_lite.strategy import FSDP2Strategy, StrategyConfig
+
+    lm, batch = recorded_batch()
+    response, known = batch["response_mask"].bool(), (batch["routed_experts"] >= 0).all(-1).sum()
+    gaps = {}
+    for mode, packed in (("rollout", False), ("rollout", True), ("compare", True)):
+        config = StrategyConfig(use_packing=packed, grad_accum_steps=2, param_dtype="float64", router_replay=mode)
+        strategy = FSDP2Strategy(copy.deepcopy(lm), config)
+        out = strategy.compute_log_probs(batch)
+        assert out["routing_known"].sum() == known
+        assert out["routing_own_differs"].sum() > 0  # the engine did route otherwise
+        replayed = out["routing_differs"].sum()
+        assert replayed == 0 if mode == "rollout" else replayed == out["routing_own_differs"].sum()
+        gaps[mode, packed] = (out["log_probs"] - batch["rollout_log_probs"].double())[response].abs().max().item()
+    assert gaps["rollout", False] <= 1e-5 and gaps["rollout", True] <= 1e-5, gaps
+    assert gaps["compare", True] >= 1e3 * gaps["rollout", True], gaps
+
+    def loss_func(data, output):
+        mask = data["response_mask"]
+        return -(output["log_probs"] * mask).sum() / data.meta_info["batch_num_tokens"]["response_mask"], {}
+
+    batch.meta_info["loss_mask_keys"] = ["response_mask"]
+    config = StrategyConfig(use_packing=True, grad_accum_steps=2, param_dtype="float64", router_replay="rollout")
+    metrics = FSDP2Strategy(copy.deepcopy(lm), config).train_step(batch, loss_func)
+    assert metrics["moe_routing/known"] == known and metrics["moe_routing/differs"] == 0
+    assert metrics["moe_routing/own_differs"] > 0

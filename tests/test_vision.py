@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 import torch
@@ -303,3 +304,48 @@ def test_min_and_max_pixels_bound_each_images_tokens():
     assert large["image_grid_thw"][0].tolist() == [1, 2, 4]  # 100 × 60 keeps its aspect within 256 px
     with pytest.raises(ValueError, match="min_pixels 512 is over max_pixels 256"):
         build_vision_processor(min_pixels=512, max_pixels=256)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.min_pixels=64"], "data.min_pixels: bounds the images of data.image_key, which is not set"),
+        (["data.image_key=im", "data.max_pixels=0"], "data.max_pixels: must be >= 1 (pixels), got 0"),
+        (["data.image_key=im", "data.min_pixels=512", "data.max_pixels=256"], "data.min_pixels: 512 is over"),
+        (["model.freeze_vision=true"], "model.freeze_vision: needs a vision-language model"),
+    ],
+)
+def test_image_keys_are_checked_naming_the_key(overrides, message):
+    from roll_lite.config import ConfigError, load_config
+
+    load_config(None, ["data.image_key=im", "data.min_pixels=64", "data.max_pixels=256"])
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, overrides)
+
+
+def test_image_rows_are_read_before_ray_starts_then_refused(tmp_path, monkeypatch, capsys):
+    """roll-train with data.image_key: every image decoded and every row's image parts counted in the
+    driver (a bad row is a data error naming file, row and key); good rows then stop at the pipelines,
+    which do not train on images yet. Nothing is written, Ray never starts."""
+    import sys
+
+    from roll_lite.cli import main
+
+    (tmp_path / "red.png").write_bytes(png((255, 0, 0)))
+    good = {"prompt": MESSAGES, "answer": "red", "im": "red.png"}
+    write_jsonl(tmp_path / "train.jsonl", [good, good])
+    write_jsonl(tmp_path / "text.jsonl", [good, {"prompt": "color?", "answer": "red", "im": "red.png"}])
+    monkeypatch.chdir(tmp_path)
+    run = ["steps=1", f"output_dir={tmp_path / 'out'}", "data.image_key=im"]
+    assert main([*run, "data.train_files=train.jsonl"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "roll-train: config error: data.image_key: the rows and their images are good, but no pipeline trains on "
+        "images yet"
+    )
+    assert main([*run, "data.train_files=train.jsonl", "data.eval_files=text.jsonl"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "roll-train: data error: data.eval_files: text.jsonl: row 1 (line 2): key 'prompt': a row with images needs "
+        "its prompt as chat messages, with one {'type': 'image'} content part per image"
+    )
+    assert not (tmp_path / "out").exists()
+    assert "ray" not in sys.modules or not __import__("ray").is_initialized()

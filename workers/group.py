@@ -22,7 +22,7 @@ from roll_lite.strategy.micro_batches import data_parallel_groups
 
 from .calls import WorkerCalls
 from .local import is_local, start_worker
-from .model_worker import ModelWorker
+from .model_worker import ModelWorker, strategy_config
 from .reward_worker import RewardWorker
 from .rollout_worker import RolloutWorker
 
@@ -54,9 +54,12 @@ def make_placement(config: RunConfig, roles_on_a_gpu: int) -> Placement | None:
 
 
 class ModelGroup:
-    """D ranks of one role (actor, reference, critic) forming one torch.distributed group. With `host`
-    (workers.one_process_per_rank) the role's rank i lives in the host group's rank-i process, with a
-    model of its own on that process's group: no processes of its own."""
+    """The ranks of one role (actor, reference, critic) forming one torch.distributed group: D data-parallel
+    groups of S (the role's sequence_parallel, 1 by default) consecutive ranks, world_size = D·S. The S ranks
+    of data-parallel rank d (ranks d·S .. d·S + S - 1) get the same rows and return the same results, which are
+    taken once, from rank d·S (docs/sequence-parallel.md). With `host` (workers.one_process_per_rank) the role's
+    rank i lives in the host group's rank-i process, with a model of its own on that process's group: no
+    processes of its own."""
 
     def __init__(
         self,
@@ -72,6 +75,7 @@ class ModelGroup:
         self.calls = WorkerCalls(role, config.workers)  # its failures name their node (where_the_roles_run)
         self._get = self.calls.get
         self.balance_tokens = (config.critic if role == "critic" else config.actor).use_packing
+        self.degree = strategy_config(config, role).sequence_parallel  # S (validated: it divides world_size)
         if host is not None:
             assert host.world_size == world_size, "validated: workers.one_process_per_rank needs equal dp"
             self.workers = host.workers
@@ -95,26 +99,33 @@ class ModelGroup:
         """Form the torch.distributed group and build the models (blocks). A hosted role builds its
         model in its host's processes, after the host's setup (a process runs its calls in order)."""
         if self.hosted:
-            self._get([worker.host_role.remote(self.role) for worker in self.workers], "setup")
+            layout = self._get([worker.host_role.remote(self.role) for worker in self.workers], "setup")[0]
             logger.info(
                 "%s: in the actor's processes, a model of its own (workers.one_process_per_rank; false gives "
                 "it processes of its own)",
                 self.role,
             )
-            return self
-        if self.in_process:
-            self._get([worker.setup_alone.remote() for worker in self.workers], "setup")
+        elif self.in_process:
+            layout = self._get([worker.setup_alone.remote() for worker in self.workers], "setup")[0]
         else:
             master_addr, master_port = self._get([self._address], "address")[0]
-            self._get([worker.setup.remote(master_addr, master_port) for worker in self.workers], "setup")
+            layout = self._get([worker.setup.remote(master_addr, master_port) for worker in self.workers], "setup")[0]
         if self.role in ("reference", "critic") and self.in_process:
             logger.info("%s: a worker of its own in this process (workers.backend=local)", self.role)
-        elif self.role in ("reference", "critic"):
+        elif self.role in ("reference", "critic") and not self.hosted:
             logger.info(
                 "%s: %d process%s of its own (workers.one_process_per_rank=false)",
                 self.role,
                 self.world_size,
                 "es" if self.world_size > 1 else "",
+            )
+        if layout[1] > 1:  # what the strategy built (roll_lite/strategy/sequence_parallel.py)
+            logger.info(
+                "%s: %d ranks = %d data-parallel group(s) × %d sequence-parallel ranks (each sequence split %d ways)",
+                self.role,
+                self.world_size,
+                *layout,
+                layout[1],
             )
         return self
 
@@ -125,13 +136,16 @@ class ModelGroup:
         return getattr(worker, method).remote(*args, **kwargs)
 
     def _scatter(self, data: DataProto) -> list[list[int]]:
-        return data_parallel_groups(data, self.world_size, self.balance_tokens)
+        """Each rank's rows: data-parallel rank d's share for each of its S ranks."""
+        shares = data_parallel_groups(data, self.world_size // self.degree, self.balance_tokens)
+        return [shares[rank // self.degree] for rank in range(self.world_size)]
 
     def _forward(self, method: str, data: DataProto, **kwargs) -> DataProto:
         groups = self._scatter(data)
         parts = self._get(
             [self._call(w, method, data.index_select(g), **kwargs) for w, g in zip(self.workers, groups)], method
         )
+        parts, groups = parts[:: self.degree], groups[:: self.degree]  # one answer per data-parallel group
         order = [i for group in groups for i in group]
         return undo_permutation(DataProto.concat([p for p in parts if len(p)]), order)
 
@@ -154,7 +168,8 @@ class ModelGroup:
         return self._forward("compute_values", data)
 
     def train_step(self, data: DataProto, loss: str) -> dict[str, float]:
-        """One optimizer step over `data` (the global batch of this step); metrics from rank 0."""
+        """One optimizer step over `data` (the global batch of this step); metrics from rank 0 (reduced over
+        the data-parallel groups by the strategy)."""
         groups = self._scatter(data)
         return self._get(
             [self._call(w, "train_step", data.index_select(g), loss) for w, g in zip(self.workers, groups)],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 import resource
 import shutil
@@ -61,6 +62,8 @@ def strategy_config(config: RunConfig, role: str) -> StrategyConfig:
     under reproducible=portable with AdamW's fused kernel, whose sqrt is exact on every CPU
     (roll_lite/runtime/reproducibility.py)."""
     chosen = config.critic if role == "critic" else config.actor
+    if role in ("reference", "teacher"):  # they route on their own: the engine's routing is the policy's
+        chosen = dataclasses.replace(chosen, router_replay=None)
     if role == "actor" and config.rollout.exact:  # the engine's batch-invariant kernels (docs/on-policy.md)
         chosen = dataclasses.replace(chosen, batch_invariant=True)
     if config.reproducible == "portable":
@@ -116,7 +119,7 @@ class ModelWorker:
 
         return where_am_i()
 
-    def setup(self, master_addr: str, master_port: int) -> None:
+    def setup(self, master_addr: str, master_port: int) -> tuple[int, int]:
         from .placement import local_gpu_index
 
         os.environ.update(
@@ -131,19 +134,19 @@ class ModelWorker:
         bind_gloo_to_the_node_address()
         store = self.group_store if self.rank == 0 else join_group_store(master_addr, master_port, self.world_size)
         init_distributed(store=store)
-        self.build()
+        return self.build()
 
-    def setup_alone(self) -> None:
+    def setup_alone(self) -> tuple[int, int]:
         """workers.backend=local: the only rank, in the driver's process, on CPU, in the one-process group
         that every model worker there shares (workers/local.py destroys it when the run ends)."""
         torch.set_num_threads(self.config.workers.torch_threads)
         check_kernels(self.config.reproducible)
         init_one_process_group(torch.device("cpu"))
-        self.build()
+        return self.build()
 
-    def build(self) -> None:
+    def build(self) -> tuple[int, int]:
         """The role's model and strategy, in a process whose torch.distributed group is formed: by
-        setup(), or by the actor rank that hosts this role (host_role)."""
+        setup(), or by the actor rank that hosts this role (host_role). Returns the strategy's (D, S)."""
         from roll_lite.strategy import FSDP2Strategy
 
         head, trainable = ROLES[self.role]
@@ -174,12 +177,14 @@ class ModelWorker:
         )
         if self.config.workers.offload:
             self.strategy.offload()
+        sequence_parallel = self.strategy.sequence_parallel
+        return self.strategy.dp_size, sequence_parallel.degree if sequence_parallel else 1
 
-    def host_role(self, role: str) -> None:
+    def host_role(self, role: str) -> tuple[int, int]:
         """workers.one_process_per_rank: `role`'s rank of the same number lives in this (the actor's)
         process, with a model of its own on this process's group; its calls come through role_call."""
         self.hosted[role] = ModelWorker(role, self.rank, self.world_size, self.config, *self.import_roots)
-        self.hosted[role].build()
+        return self.hosted[role].build()
 
     def role_call(self, role: str, method: str, *args, **kwargs):
         """A ModelWorker method of a role this process hosts (workers/group.py ModelGroup)."""
@@ -211,8 +216,9 @@ class ModelWorker:
     def compute_reference_log_probs(self, data: DataProto) -> DataProto:
         """With LoRA: the reference's log-probs, those of the base model (the adapters off)."""
         assert self.strategy is not None  # setup() made it
+        own_routing = {name: t for name, t in data.batch.items() if name != "routed_experts"}  # as a reference's
         with self.on_device(), adapters_disabled(self.strategy.model):
-            return self.strategy.compute_log_probs(data)
+            return self.strategy.compute_log_probs(DataProto(own_routing, data.non_tensor_batch, data.meta_info))
 
     def compute_values(self, data: DataProto) -> DataProto:
         assert self.strategy is not None  # setup() made it
@@ -223,6 +229,14 @@ class ModelWorker:
         assert self.strategy is not None  # setup() made it
         loss_funcs = {"policy": "loss_func", "critic": "critic_loss_func"}  # methods of the pipeline class
         loss_func = getattr(self.pipeline, loss_funcs[loss]) if loss in loss_funcs else sft_loss_func()
+        c = self.strategy.config
+        if c.moe_aux_loss_coef > 0 or c.moe_z_loss_coef > 0:  # the actor's, over the step's expert counts (docs/moe.md)
+            from roll_lite.loss.aux import moe_aux_loss_func
+            from roll_lite.strategy.micro_batches import call_loss_func
+
+            data.meta_info["moe_aux_losses"] = True  # the strategy counts them (roll_lite/strategy/moe_stats.py)
+            checked = functools.partial(call_loss_func, loss_func)  # a loss_func's errors name its contract
+            loss_func = moe_aux_loss_func(checked, c.moe_aux_loss_coef, c.moe_z_loss_coef)
         with self.on_device():
             return self.strategy.train_step(data, loss_func)
 

@@ -23,6 +23,7 @@ from roll_lite.lora.adapters import (
 )
 from roll_lite.model.exact_decoding import exact_generate
 from roll_lite.model.modeling import load_causal_lm
+from roll_lite.model.moe import GenerationRouting
 from roll_lite.model.tokenizer import load_tokenizer
 from roll_lite.model.weights import FlatWeights, unflatten_state_dict
 from roll_lite.rollout import Completions, HFEngine, SamplingParams, choose_engine
@@ -191,6 +192,8 @@ def _architecture(config: RunConfig, vocab_size: int) -> torch.nn.Module:
 def _hf_engine(model: torch.nn.Module, tokenizer, config: RunConfig, static_cache: bool) -> HFEngine:
     """transformers' generate, or the exact mode's batch-invariant decoding (rollout.exact)."""
     decode = exact_generate if config.rollout.exact else None
+    # actor.router_replay: each token's experts per MoE layer (Completions.routed_experts, docs/moe.md)
+    record_experts = GenerationRouting if config.actor.router_replay is not None else None
     return HFEngine(
         model,
         tokenizer.pad_token_id,
@@ -198,6 +201,7 @@ def _hf_engine(model: torch.nn.Module, tokenizer, config: RunConfig, static_cach
         seed=config.seed,
         static_cache=static_cache,
         decode=decode,
+        record_experts=record_experts,
     )
 
 

@@ -41,6 +41,15 @@ def local_problems(config: RunConfig) -> list[tuple[str, str, str]]:
         "RAY_ADDRESS is set",
         f"local joins no Ray cluster, but RAY_ADDRESS is set ({ray_address}): unset it, {INSTEAD}",
     )
+    for role in ("actor", "critic"):  # Ulysses: S ranks share each sequence (docs/sequence-parallel.md)
+        degree = getattr(config, role).sequence_parallel
+        need(
+            degree == 1,
+            f"{role}.sequence_parallel",
+            f"{role}.sequence_parallel={degree}",
+            f"{degree} ranks share each sequence, and workers.backend=local runs one rank of each role: set it to "
+            f"1, {INSTEAD}",
+        )
     for key in ("actor_dp", "reference_dp", "critic_dp"):
         need(
             getattr(w, key) == 1,

@@ -99,9 +99,11 @@ def load_config(
         message = str(error).splitlines()[0]
         raise ConfigError(f"{key}: {message}") from None
     _expand_home(config)
+    # on CPU 1, or the actor's ranks when sequences are split (then the roles share the actor's processes)
+    splits = config.actor.sequence_parallel > 1 or config.critic.sequence_parallel > 1
     for key in ("critic_dp", "reference_dp"):
         if getattr(config.workers, key) is None:
-            setattr(config.workers, key, config.workers.actor_dp if config.workers.gpus_per_rank else 1)
+            setattr(config.workers, key, config.workers.actor_dp if config.workers.gpus_per_rank or splits else 1)
     if config.workers.one_process_per_rank is None:
         w = config.workers
         config.workers.one_process_per_rank = (

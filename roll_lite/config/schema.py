@@ -30,6 +30,12 @@ class ModelConfig:
     num_key_value_heads: int = 2  # key / value heads (grouped-query attention); must divide the query heads
     max_position_embeddings: int = 64  # the longest sequence, prompt + response, in tokens
     tie_word_embeddings: bool = True  # the LM head shares the input embedding's weights
+    # MoE architectures built from config (model_type qwen3_moe or qwen2_moe; docs/moe.md): num_experts experts in
+    # every MoE layer, num_experts_per_tok of them per token (top-k routing), each an MLP of width
+    # moe_intermediate_size; qwen2_moe's shared expert takes intermediate_size. Ignored for dense architectures
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 128
     pretrained_path: Optional[str] = None  # a local model folder or a hub id; null: build from the keys above
     tokenizer_path: Optional[str] = None  # a folder or hub id; null: pretrained_path's, else the built-in characters
     # master weights and AdamW state (float32 | bfloat16 | float64); the forward and backward run in
@@ -44,6 +50,9 @@ class ModelConfig:
     # "T: ..." for tools; roll_lite/data/chat.py), for the built-in character tokenizer, which has none;
     # or a Jinja template of your own. It is saved with the tokenizer in final/.
     chat_template: Optional[str] = None
+    # a vision-language model (docs/vision.md): true leaves its vision tower and merger out of training (no
+    # gradient, no optimizer state, nothing to sync). Needs a vision-language model, which no pipeline builds yet
+    freeze_vision: bool = False
 
 
 @dataclass
@@ -72,6 +81,15 @@ class DataConfig:
     apply_chat_template: bool = False  # render string prompts with the tokenizer's chat template (messages always are)
     # longer prompts (in tokens) are left out, counted and logged; null: no limit
     max_prompt_length: Optional[int] = 1024
+    # the column holding each row's image(s) (docs/vision.md): a path (relative to the data file), the file's
+    # bytes, or a datasets Image feature, or a list of them; the prompt is then chat messages with one
+    # {"type": "image"} part per image. Every image is decoded before Ray starts (a missing or corrupt one is
+    # a data error naming file, row and key). null: text only. The pipelines do not train on images yet
+    image_key: Optional[str] = None
+    # each image is resized so that its pixel count lies in [min_pixels, max_pixels], sides multiples of the
+    # processor's patch_size x merge_size (Qwen's smart_resize); null: the processor's own bound. Needs data.image_key
+    min_pixels: Optional[int] = None
+    max_pixels: Optional[int] = None
     shuffle: bool = True  # a new seeded order every epoch
     seed: Optional[int] = None  # null: the run's seed
     epochs: Optional[int] = None  # passes over the training prompts; null: unbounded (steps decides)
@@ -245,9 +263,13 @@ class WorkersConfig:
     # auto | ray | local (every worker in roll-train's own process, no Ray); auto: local where the run allows
     # it (one rank of each role, CPU, hf engine, no cluster), else ray (docs/gpus-and-clusters.md)
     backend: str = "auto"
-    actor_dp: int = 1  # D: actor ranks (one torch.distributed group)
-    # critic_dp, reference_dp: the critic's and the reference's ranks; null: workers.actor_dp on GPUs (rank i
-    # of each role shares the actor rank i's GPU, so they must be equal), 1 on CPU
+    # the actor's ranks (one torch.distributed group): D·S, D = actor_dp / actor.sequence_parallel data-parallel
+    # groups of S ranks that share their rows (docs/sequence-parallel.md); S = 1: D = actor_dp
+    actor_dp: int = 1
+    # critic_dp, reference_dp: the critic's and the reference's ranks (D·S as for the actor, S the critic's
+    # critic.sequence_parallel, the reference's actor.sequence_parallel); null: workers.actor_dp on GPUs (rank i
+    # of each role shares the actor rank i's GPU, so they must be equal), 1 on CPU (workers.actor_dp when
+    # actor.sequence_parallel or critic.sequence_parallel is above 1)
     critic_dp: Optional[int] = None
     reference_dp: Optional[int] = None
     # Rank i of the reference and of the critic in actor rank i's process, each with a model of its own

@@ -100,3 +100,34 @@ def check_image_parts(table: Table, row: int, key: str, messages: list[dict], im
             f"{table.where(row)}: key '{key}': the messages hold {parts} image part(s) "
             f"({{'type': 'image'}}) and the row has {images} image(s); give one part per image"
         )
+
+
+def check_image_rows(table: Table, image_key: str, prompt_key: str) -> int:
+    """Every row of one file: its images decoded (row_images) and its prompt chat messages with one image
+    part per image; returns the count of images. DataError naming file, row and key on the first bad row."""
+    count = 0
+    for row in range(len(table.rows)):
+        images = row_images(table, row, image_key)
+        messages = table.rows[row].get(prompt_key)
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise DataError(
+                f"{table.where(row)}: key '{prompt_key}': a row with images needs its prompt as chat messages, "
+                "with one {'type': 'image'} content part per image"
+            )
+        for j, message in enumerate(messages):
+            if (problem := content_problem(message.get("content"))) is not None:
+                raise DataError(f"{table.where(row)}: key '{prompt_key}': message {j}: {problem}")
+        check_image_parts(table, row, prompt_key, messages, len(images))
+        count += len(images)
+    return count
+
+
+def check_image_files(data) -> None:
+    """The image rows of data.train_files and data.eval_files (check_image_rows), read in the driver before
+    Ray starts."""
+    from roll_lite.data.files import read_table
+
+    for config_key in ("data.train_files", "data.eval_files"):
+        files = getattr(data, config_key.split(".")[1]) or []
+        for path in [files] if isinstance(files, str) else files:
+            check_image_rows(read_table(path, config_key), data.image_key, data.prompt_key)

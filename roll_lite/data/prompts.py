@@ -80,6 +80,12 @@ def prepare_datasets(
         raise DataError(
             "data.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)"
         )
+    if getattr(data, "image_key", None) is not None:
+        from roll_lite.data.images import check_image_files
+        from roll_lite.errors import ConfigError
+
+        check_image_files(data)  # every image decoded: a missing or corrupt one is a DataError naming file, row, key
+        raise ConfigError("data.image_key: the rows and their images are good, but no pipeline trains on images yet")
     train, notes = load_prompts(data.train_files, "data.train_files", data, tokenizer, domains, row_check)
     evaluation = None
     if data.eval_files:

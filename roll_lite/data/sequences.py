@@ -89,7 +89,23 @@ def completion_batch(prompts: "PromptData", generated: "Completions", tokenizer)
     batch.non_tensor_batch["prompt"] = [p for p in prompts.prompts for _ in range(n)]  # a string or chat messages
     if generated.token_versions is not None:  # partial rollouts: the weight version of each response token
         batch.batch["rollout_versions"] = response_aligned(batch["response_mask"], generated.token_versions, fill=-1)
+    if generated.routed_experts is not None:  # an MoE engine's routing (actor.router_replay, docs/moe.md)
+        batch.batch["routed_experts"] = token_aligned_experts(batch["attention_mask"], generated.routed_experts)
     return DataProto(batch.batch, batch.non_tensor_batch)
+
+
+def token_aligned_experts(attention_mask: torch.Tensor, rows: list[torch.Tensor]) -> torch.Tensor:
+    """[rows, width, layers, k] int16: each row's experts per token (prompt + response, [tokens, layers, k]) from
+    position 0, -1 on padding and wherever the engine recorded none. int16: a quarter of int64's memory."""
+    if len(rows) != len(attention_mask):
+        raise ValueError(f"routed experts for {len(rows)} rows, the batch has {len(attention_mask)}")
+    layers, k = rows[0].shape[1:] if rows else (0, 0)
+    aligned = torch.full((*attention_mask.shape, layers, k), -1, dtype=torch.int16)
+    for i, (experts, length) in enumerate(zip(rows, attention_mask.sum(-1).tolist())):
+        if len(experts) != length:
+            raise ValueError(f"row {i}: routed experts for {len(experts)} tokens, the row has {length}")
+        aligned[i, :length] = experts.to(torch.int16)
+    return aligned
 
 
 def response_aligned(response_mask: torch.Tensor, values: list[list[int]], fill: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ from torch import nn
 from transformers import AutoConfig, PretrainedConfig
 
 from roll_lite.model.logprobs import chunked_log_probs, chunked_top_k
-from roll_lite.model.moe import is_moe
+from roll_lite.model.moe import MOE_MODEL_KEYS, MOE_MODEL_TYPES, is_moe
 
 
 def build_causal_lm(
@@ -248,6 +248,10 @@ def causal_lm_config(model_config, vocab_size: int) -> PretrainedConfig:
             model_config.pretrained_path, trust_remote_code=model_config.trust_remote_code
         )
     settings = {key: getattr(model_config, key) for key in BUILT_MODEL_KEYS}
+    if model_config.model_type in MOE_MODEL_TYPES:
+        settings.update({key: getattr(model_config, key) for key in MOE_MODEL_KEYS})
+        if model_config.model_type == "qwen2_moe":  # its shared expert, as wide as a dense MLP
+            settings["shared_expert_intermediate_size"] = model_config.intermediate_size
     return AutoConfig.for_model(model_config.model_type, vocab_size=vocab_size, **settings)
 
 

@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+# the MoE architectures a model is built from config as, and their keys of the `model` section (docs/moe.md)
+MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
+MOE_MODEL_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+
 
 def moe_routers(model: nn.Module) -> list[nn.Module]:
     """The routers of a model's sparse MoE blocks, in layer order (empty for a dense model)."""
@@ -35,10 +39,12 @@ def is_moe(model: nn.Module) -> bool:
 
 @dataclass
 class Routing:
-    """What one forward's routers did: per MoE layer, logits [N, E] (in the graph) and experts [N, k]."""
+    """What one forward's routers did: per MoE layer, logits [N, E] (in the graph) and the experts used [N, k];
+    `own`: the experts each router chose itself (under replay, before the recorded ones replaced them)."""
 
     logits: list[torch.Tensor] = field(default_factory=list)
     experts: list[torch.Tensor] = field(default_factory=list)
+    own: list[torch.Tensor] = field(default_factory=list)
 
     def expert_ids(self, token_shape: torch.Size | tuple[int, ...]) -> torch.Tensor:
         """[*token_shape, layers, k]: e.g. [rows, seq, layers, k] for input_ids of shape [rows, seq]."""
@@ -77,6 +83,7 @@ def routing(model: nn.Module, replay: torch.Tensor | None = None, keep_logits: b
     def hook_for(layer: int, router: nn.Module):
         def hook(_module, _inputs, output):
             logits, weights, experts = output
+            record.own.append(experts.detach())
             if forced is not None:
                 wanted = forced[:, layer].to(experts.device)
                 if wanted.shape != experts.shape:
@@ -135,3 +142,41 @@ class GenerationRouting:
 
     def rows(self, width: int, prompt_lengths: list[int], lengths: list[int]) -> list[torch.Tensor]:
         return generated_routing(self.record, len(moe_routers(self.model)), width, prompt_lengths, lengths)
+
+
+DRIFT_RAW = "moe_routing/"  # drift_sums' prefix among a training step's metrics (roll_lite/strategy/moe_stats.py)
+
+
+def routing_drift(used: torch.Tensor, own: torch.Tensor, recorded: torch.Tensor, mask: torch.Tensor) -> dict:
+    """Per token [rows, seq], float: its layers with a recorded routing ('routing_known'), those whose experts used
+    ('routing_differs') or chosen by the router itself ('routing_own_differs') are not the recorded set.
+
+    used, own, recorded: [rows, seq, layers, k] (recorded: -1 where nothing was recorded); mask: the real tokens."""
+    recorded = recorded.to(used.device).long()
+    known = (recorded >= 0).all(-1) & mask.bool().to(used.device)[..., None]  # [rows, seq, layers]
+    wanted = recorded.sort(-1).values
+
+    def differs(experts: torch.Tensor) -> torch.Tensor:
+        return ((experts.long().sort(-1).values != wanted).any(-1) & known).sum(-1).float()
+
+    return {
+        "routing_known": known.sum(-1).float(),
+        "routing_differs": differs(used),
+        "routing_own_differs": differs(own),
+    }
+
+
+def drift_sums(output: dict, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The raw sums of `routing_drift`'s columns over the tokens of `mask` (0-d float64): known / differs /
+    own_differs count (token, layer) routings; tokens / tokens_differ count tokens with a recorded routing and those
+    with a layer that used other experts. They add up over micro-batches and ranks."""
+    keep = mask.bool().to(output["routing_known"].device)
+    known, differs = output["routing_known"][keep], output["routing_differs"][keep]
+    sums = {
+        "known": known.sum(),
+        "differs": differs.sum(),
+        "own_differs": output["routing_own_differs"][keep].sum(),
+        "tokens": (known > 0).sum(),
+        "tokens_differ": (differs > 0).sum(),
+    }
+    return {name: value.detach().double().cpu() for name, value in sums.items()}

@@ -132,8 +132,12 @@ def build_vision_model(config, dtype: torch.dtype = torch.float32, seed: int = 0
     """A randomly initialised Qwen2.5-VL; `freeze_vision`: the vision tower (and its merger) is not trained."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype)
+    from roll_lite.model.attention import register_attention
+
+    torch.manual_seed(seed)  # the packing-aware attention, as build_causal_lm's
+    model = Qwen2_5_VLForConditionalGeneration._from_config(
+        config, dtype=dtype, attn_implementation=register_attention()
+    )
     if freeze_vision:
         vision_tower(model).requires_grad_(False)
     return model
@@ -171,16 +175,56 @@ def mrope_position_ids(model: nn.Module, sequences: Sequence[torch.Tensor], grid
     return torch.cat(parts, dim=1)
 
 
+def mrope_layout(lm: nn.Module, input_ids, position_ids, attention_mask, cu_seqlens, image_grid_thw):
+    """The 3-row M-RoPE position ids [3, rows, seq] of a padded batch (`attention_mask`) or a packed row
+    (`cu_seqlens`) from the strategy's 1-D ones [rows, seq] (restarting per sequence): a text sequence
+    keeps them in all three rows, a sequence with image tokens gets mrope_position_ids of its own tokens,
+    which restart at 0. `image_grid_thw` holds the grids of the images in the order their tokens come in
+    the rows (row by row, or sequence by sequence of the packed row); each sequence takes the grids its
+    image tokens need, and every grid must be used (check_expanded_once)."""
+    from roll_lite.rollout.images import check_expanded_once, image_token_count
+
+    positions = position_ids[None].expand(3, *position_ids.shape).clone()
+    image_token, merge = lm.config.image_token_id, lm.config.vision_config.spatial_merge_size
+    if cu_seqlens is not None:
+        bounds = cu_seqlens.tolist()
+        spans = [(0, start, end) for start, end in zip(bounds[:-1], bounds[1:])]
+    else:
+        lengths = [input_ids.shape[1]] * len(input_ids) if attention_mask is None else attention_mask.sum(-1).tolist()
+        spans = [(row, 0, int(length)) for row, length in enumerate(lengths)]
+    sizes = [] if image_grid_thw is None else image_token_count(image_grid_thw, merge)
+    used = 0
+    for row, start, end in spans:
+        ids = input_ids[row, start:end]
+        held, first = int((ids == image_token).sum()), used
+        while held > sum(sizes[first:used]) and used < len(sizes):
+            used += 1
+        grids = image_grid_thw[first:used] if used > first else None
+        check_expanded_once(ids, grids, image_token, merge)
+        if grids is not None:
+            positions[:, row, start:end] = mrope_position_ids(lm, [ids], [grids])
+    if used != len(sizes):
+        raise ValueError(f"{len(sizes) - used} of the {len(sizes)} images have no image tokens in the ids")
+    return positions
+
+
 class VisionLMWithLogProbs(nn.Module):
     """The policy head of a Qwen2.5-VL, as CausalLMWithLogProbs is for a text LM: {'log_probs',
     'entropy' (if asked)}, next-token aligned. The image features of `pixel_values` replace the image
     tokens' embeddings (the model's own merge; the ids are never expanded again), then the decoder
-    runs with the 3-row M-RoPE `position_ids` [3, rows, seq] (mrope_position_ids, per sequence) and,
-    for a packed row, `cu_seqlens`."""
+    runs with the 3-row M-RoPE `position_ids` [3, rows, seq] and, for a packed row, `cu_seqlens`.
+    Given the strategy's 1-D `position_ids` [rows, seq], it computes the 3-row ones per sequence
+    (mrope_layout). A forward without images runs a trainable vision tower on a blank image times 0:
+    every forward then gives every trainable parameter a gradient, so that the data-parallel ranks'
+    FSDP2 reduce-scatters hold the same tensors whichever of their micro-batches have images."""
 
     def __init__(self, lm: nn.Module, chunk_size: int = 1024):
         super().__init__()
         self.lm, self.chunk_size = lm, chunk_size
+
+    @property
+    def decoder(self) -> nn.Module:  # the language model's layers: what FSDP2 shards one by one
+        return self.lm.get_decoder()
 
     def forward(
         self,
@@ -193,9 +237,16 @@ class VisionLMWithLogProbs(nn.Module):
         image_grid_thw=None,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        top_k: int = 0,
+        gather_ids=None,
+        sequence_parallel=None,
     ) -> dict[str, torch.Tensor]:
         from roll_lite.model.logprobs import chunked_log_probs
 
+        if top_k or gather_ids is not None or sequence_parallel is not None:
+            raise NotImplementedError("a vision-language policy: no teacher top-k and no sequence parallelism yet")
+        if position_ids.dim() == 2:
+            position_ids = mrope_layout(self.lm, input_ids, position_ids, attention_mask, cu_seqlens, image_grid_thw)
         if position_ids.dim() != 3 or position_ids.shape[0] != 3:
             raise ValueError(f"position_ids: M-RoPE needs [3, rows, seq], got {list(position_ids.shape)}")
         packed = packed_attention_kwargs(cu_seqlens, max_seqlen)
@@ -208,11 +259,13 @@ class VisionLMWithLogProbs(nn.Module):
             use_cache=False,
             **packed,
         ).last_hidden_state
-        targets = torch.roll(input_ids, shifts=-1, dims=1).reshape(-1)  # the last column is never used
+        if pixel_values is None:
+            hidden = hidden + self._blank_image_times_zero()
+        targets = torch.roll(input_ids, shifts=-1, dims=1)  # the last column is never used
         log_probs, entropy = chunked_log_probs(
             hidden.reshape(-1, hidden.shape[-1]),
             self.lm.get_output_embeddings().weight,
-            targets,
+            targets.reshape(-1),
             chunk_size=self.chunk_size,
             temperature=temperature,
             with_entropy=with_entropy,
@@ -221,3 +274,15 @@ class VisionLMWithLogProbs(nn.Module):
         if entropy is not None:
             outputs["entropy"] = entropy.reshape(input_ids.shape).clone()
         return outputs
+
+    def _blank_image_times_zero(self) -> torch.Tensor | float:
+        visual = vision_tower(self.lm)
+        if not any(p.requires_grad for p in visual.parameters()) or not torch.is_grad_enabled():
+            return 0.0
+        settings, merge = self.lm.config.vision_config, self.lm.config.vision_config.spatial_merge_size
+        width = settings.in_channels * settings.temporal_patch_size * settings.patch_size**2
+        weight = next(visual.parameters())
+        grid = torch.tensor([[1, merge, merge]], device=weight.device)
+        blank = torch.zeros(merge * merge, width, dtype=weight.dtype, device=weight.device)
+        features = self.lm.model.get_image_features(blank, grid, return_dict=True).pooler_output
+        return torch.cat(features).sum() * 0.0

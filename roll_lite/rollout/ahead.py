@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from roll_lite.rollout.engine import Completions
 
 
@@ -66,6 +68,10 @@ class RolloutQueue:
                     "token_ids": result.token_ids,
                     "log_probs": result.log_probs,
                     "weight_version": result.weight_version,
+                    # an MoE engine's routing (router replay): per row [tokens, layers, k] as nested lists
+                    "routed_experts": None
+                    if result.routed_experts is None
+                    else [r.tolist() for r in result.routed_experts],
                 }
             )
         return state
@@ -74,6 +80,8 @@ class RolloutQueue:
         self.launched = {}
         for item in state:
             completions = Completions(item["token_ids"], item["log_probs"], item["weight_version"])
+            if item.get("routed_experts") is not None:
+                completions.routed_experts = [torch.tensor(r, dtype=torch.int16) for r in item["routed_experts"]]
             self.add(int(item["step"]), list(item["rows"]), completions)
 
 

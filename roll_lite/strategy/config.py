@@ -8,6 +8,7 @@ from roll_lite.lora.settings import LoraSettings
 
 LR_SCHEDULES = ("constant", "cosine")
 PARAM_DTYPES = ("float32", "bfloat16", "float64")
+ROUTER_REPLAY = ("compare", "rollout")
 
 
 @dataclass
@@ -36,20 +37,27 @@ class StrategyConfig:
     # where foreach's goes through MKL's vector math, which rounds otherwise on AVX-512 than on AVX2
     # CPUs; reproducible=portable turns it on for the actor and the critic
     adamw_fused: bool = False
-    # S: Ulysses sequence parallelism (roll_lite/strategy/sequence_parallel.py). The role's ranks form D = ranks / S
-    # data-parallel groups of S ranks; the S ranks of a group share its rows, each holding 1/S of every sequence.
-    # S must divide the role's ranks and the model's attention heads, and the KV heads must be a multiple or a
-    # divisor of S (fewer KV heads than S are repeated). Not yet used by the pipelines' workers: only 1 there
+    # S: Ulysses sequence parallelism (docs/sequence-parallel.md). The role's ranks (workers.actor_dp, critic_dp;
+    # the reference runs at the actor's S on workers.reference_dp) form D = ranks / S data-parallel groups of S
+    # ranks; the S ranks of a group share its rows, each holding 1/S of every sequence. S must divide the role's
+    # ranks and the model's attention heads, and the KV heads must be a multiple or a divisor of S (fewer KV heads
+    # than S are repeated). Above 1: the PPO / GRPO pipelines on Ray (not yet SFT, DPO, reward models, teachers)
     sequence_parallel: int = 1
     # MoE policies (roll_lite/loss/aux.py), the actor's: weight of the load-balancing loss E/L · Σ_l Σ_e f_le · P_le
     # (Switch Transformer's, with f_le from the expert counts of the whole step over every rank and micro-batch,
     # as in Qwen's global-batch balancing), over every real token (prompt and response). 0: off; above 0 (or
-    # moe_z_loss_coef above 0) the strategy counts the step's experts in a no-grad forward first. Not yet used
-    # by the pipelines (roll_lite.loss.aux.moe_aux_loss_func with the strategy, issue 63): only 0 there
+    # moe_z_loss_coef above 0) the strategy counts the step's experts in a no-grad forward first, and the actor's
+    # every training step (RL, and an SFT warm start) adds the losses to its loss; the critic's: only 0
     moe_aux_loss_coef: float = 0.0
     # MoE policies, the actor's: weight of the router z-loss, the mean over real tokens and layers of
     # logsumexp(router logits)² (ST-MoE). 0: off
     moe_z_loss_coef: float = 0.0
+    # MoE policies, the actor's (docs/moe.md): null (off) | compare | rollout. rollout (R3): the old-log-prob and
+    # training forwards use the experts the rollout engine chose for each prompt and response token, per layer (the
+    # hf engine records them); compare: the engine records them and the trainer routes on its own, logging the
+    # routing drift (moe/routing_drift) without replaying. Needs rollout.engine=hf; not yet with multi-turn
+    # environments or partial rollouts (rollout.fully_async)
+    router_replay: str | None = None
     lora: LoraSettings = field(default_factory=LoraSettings)
 
     def validate(self, prefix: str = "") -> None:
@@ -79,6 +87,8 @@ class StrategyConfig:
             fail("max_consecutive_skipped_steps", f"must be >= 1 or null, got {self.max_consecutive_skipped_steps}")
         if self.sequence_parallel < 1:
             fail("sequence_parallel", f"must be >= 1, got {self.sequence_parallel}")
+        if self.router_replay is not None and self.router_replay not in ROUTER_REPLAY:
+            fail("router_replay", f"'{self.router_replay}' is not one of null, {', '.join(ROUTER_REPLAY)}")
         for key in ("moe_aux_loss_coef", "moe_z_loss_coef"):
             if not getattr(self, key) >= 0:  # also catches nan
                 fail(key, f"must be >= 0, got {getattr(self, key)}")

@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from roll_lite.data import DataProto, undo_permutation
 from roll_lite.model.attention import packed_attention_path
-from roll_lite.model.modeling import CausalLMWithLogProbs, CausalLMWithScoreHead, CausalLMWithValueHead, decoder_layers
+from roll_lite.model.modeling import CausalLMWithScoreHead, CausalLMWithValueHead, decoder_layers
 from roll_lite.runtime.metrics import reduce_metrics, to_float
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import broadcast_from_rank0, init_distributed, resolve_device
@@ -50,9 +50,10 @@ from roll_lite.strategy.micro_batches import (
     split_micro_batches,
     train_micro_batches,
 )
-from roll_lite.strategy.moe_stats import global_expert_meta, routed_forward, wants_expert_counts
+from roll_lite.strategy.moe_stats import moe_forward, moe_step_setup, replays, uses_moe_forward
 from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite, skipped_step_message
 from roll_lite.strategy.sequence_parallel import SequenceParallel, sequence_parallel_mesh
+from roll_lite.strategy.vision_inputs import policy_head
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -119,7 +120,7 @@ class FSDP2Strategy:
         self.dp_size: int = sp.dp_size if sp else self.world_size  # D, and this rank's place among them
         self.dp_rank: int = sp.dp_rank if sp else self.rank
         if head == "log_probs":
-            model = CausalLMWithLogProbs(lm.to(self.device), config.logprob_chunk_size)
+            model = policy_head(lm.to(self.device), config.logprob_chunk_size)  # a VLM's: vision.py
         elif head == "value":
             model = CausalLMWithValueHead(lm.to(self.device)).to(self.device)
         elif head == "score":
@@ -259,10 +260,12 @@ class FSDP2Strategy:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         padded, forward = pad_to_count(micro_batches, num_micro_batches), None
-        if wants_expert_counts(data):  # the MoE aux losses' global expert counts (roll_lite/strategy/moe_stats.py)
+        if uses_moe_forward(data, self.config):  # MoE aux losses' global counts, router replay (moe_stats.py)
             reduce = functools.partial(self._all_reduce, group=sp.dp_group if sp else None)
-            stats_meta.update(global_expert_meta(self.model, padded, self.config, self.device, reduce))
-            forward = routed_forward
+            moe_meta, forward, loss_func = moe_step_setup(
+                self.model, data, padded, self.config, self.device, reduce, loss_func
+            )
+            stats_meta.update(moe_meta)
         records = train_micro_batches(
             self.model,
             padded,
@@ -336,7 +339,8 @@ class FSDP2Strategy:
                 forward_placeholder(self.model, self.device)
                 continue
             micro_batch = select_micro_batch(data, group, self.config).to(self.device)
-            output = forward_micro_batch(self.model, micro_batch, self.config, with_entropy, self.sequence_parallel)
+            forward = moe_forward if replays(data, self.config) else forward_micro_batch  # router replay
+            output = forward(self.model, micro_batch, self.config, with_entropy, self.sequence_parallel)
             width = data["input_ids"].shape[1]  # back to the batch's width: zeros on padding, as untrimmed
             outputs.append(DataProto({name: pad_columns(value.cpu(), width) for name, value in output.items()}))
             order.extend(group)

@@ -25,6 +25,7 @@ from roll_lite.model.packing import (
     unpack_next_token_values,
 )
 from roll_lite.strategy.config import StrategyConfig
+from roll_lite.strategy.vision_inputs import image_inputs
 
 # loss_func(micro_batch, model_output) -> (loss, metrics); roll_lite/loss/__init__.py says more
 LossFunc = Callable[[DataProto, dict[str, torch.Tensor]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -159,16 +160,18 @@ def forward_micro_batch(
     config.batch_invariant under the batch-invariant kernels (roll_lite/model/batch_invariant.py).
     `sequence_parallel` (roll_lite/strategy/sequence_parallel.py) runs the model on this rank's slice of
     the sequence and hands back the whole sequence's outputs, as the model alone would."""
+    images = image_inputs(model, micro_batch, sequence_parallel)  # its rows' images (vision_inputs.py)
     if sequence_parallel is not None:
         model = functools.partial(sequence_parallel.run, model)
     with batch_invariant_kernels(config.batch_invariant):
-        return _forward_micro_batch(model, micro_batch, config, with_entropy)
+        return _forward_micro_batch(model, micro_batch, config, with_entropy, images)
 
 
-def _forward_micro_batch(model, micro_batch: DataProto, config: StrategyConfig, with_entropy: bool) -> dict:
+def _forward_micro_batch(model, micro_batch: DataProto, config: StrategyConfig, with_entropy: bool, images) -> dict:
     input_ids, attention_mask = micro_batch["input_ids"], micro_batch["attention_mask"]
     seq_len = input_ids.shape[1]
     head_options = dict(temperature=float(micro_batch.meta_info.get("temperature", 1.0)), with_entropy=with_entropy)
+    head_options.update(images)
     if micro_batch.meta_info.get("teacher_top_k"):  # a teacher's pass: its top-k next tokens too
         head_options["top_k"] = int(micro_batch.meta_info["teacher_top_k"])
     top_k_ids = micro_batch.batch.get("teacher_top_k_ids")  # a student's: its log-probs of the teacher's top k
@@ -243,7 +246,7 @@ def train_micro_batches(
     forward=None,
 ) -> list[dict]:
     """Forward / loss_func / backward for each micro-batch (None or empty: a placeholder pass); `forward`
-    replaces forward_micro_batch (an MoE step's routed_forward, roll_lite/strategy/moe_stats.py).
+    replaces forward_micro_batch (an MoE step's moe_forward, roll_lite/strategy/moe_stats.py).
 
     Gradients accumulate in the parameters' .grad; returns the metrics of each real micro-batch,
     plus 'loss@sum': the micro-batch's share of the loss whose gradient was applied. `world_size` is D,

@@ -1,0 +1,56 @@
+"""The routing drift of an RL step with an MoE policy (actor.router_replay, docs/moe.md), logged as moe/...
+
+The engine records each token's experts per MoE layer; the actor's forwards compare them with the experts they used
+and with those the routers chose themselves (roll_lite.model.moe.routing_drift), where the trainer's weights are the
+engine's: at the old-log-prob forward when the step has one (its output's columns, summed here over the batch), else
+at the training forward (on-policy: the same weights; its loss reports the sums, taken out of the actor's metrics).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from roll_lite.model.moe import DRIFT_RAW, drift_sums
+
+if TYPE_CHECKING:
+    import torch
+
+    from roll_lite.config import RunConfig
+    from roll_lite.data import DataProto
+
+
+def check_recorded(batch: DataProto, config: RunConfig) -> None:
+    """A batch to replay must hold the engine's routing: never a silent fall-back to the trainer's own."""
+    if config.actor.router_replay is not None and "routed_experts" not in batch.batch:
+        raise RuntimeError(
+            f"actor.router_replay={config.actor.router_replay}: the rollout engine returned no routed experts "
+            "(an MoE policy on rollout.engine=hf records them)"
+        )
+
+
+def old_log_prob_sums(output: DataProto, batch: DataProto) -> dict[str, torch.Tensor] | None:
+    """The drift sums of an old-log-prob forward's output over the batch's real tokens (None: no recorded routing)."""
+    if "routing_known" not in output.batch:
+        return None
+    return drift_sums(output.batch, batch["attention_mask"])
+
+
+def routing_metrics(driver_sums: dict[str, torch.Tensor] | None, actor_metrics: dict[str, float]) -> dict[str, float]:
+    """moe/routing_drift: the share of recorded (token, layer) routings whose experts the trainer used are not the
+    engine's (0 under replay); moe/own_routing_drift: the share its routers would have chosen otherwise (what replay
+    overrides); moe/routing_drift_tokens: the share of tokens with such a layer; moe/routed_tokens: tokens with a
+    recorded routing. The training step's sums are taken out of `actor_metrics` either way."""
+    from_loss = {
+        name.removeprefix(DRIFT_RAW): actor_metrics.pop(name)
+        for name in list(actor_metrics)
+        if name.startswith(DRIFT_RAW)
+    }
+    sums = {name: float(value) for name, value in driver_sums.items()} if driver_sums is not None else from_loss
+    if not sums.get("known"):
+        return {}
+    return {
+        "moe/routing_drift": sums["differs"] / sums["known"],
+        "moe/own_routing_drift": sums["own_differs"] / sums["known"],
+        "moe/routing_drift_tokens": sums["tokens_differ"] / sums["tokens"],
+        "moe/routed_tokens": sums["tokens"],
+    }

@@ -1,0 +1,99 @@
+"""The image rows of the exactness matrix: a tiny float64 Qwen2.5-VL (vision tower trained, and once frozen)
+trained by the real FSDP2 strategy in D ∈ {1, 2} gloo processes × A ∈ {1, 2} × padded / packed, and token-budget
+micro-batches (at D = 2 the ranks run 2 and 1: a placeholder pass, which still runs the trainable vision tower),
+on conversations with 0, 1 or 2 images of different sizes (vision_cases.py): the PPO loss in every agg mode, the
+KL-regularised loss and a user's own loss_func give the loss and every gradient of one forward/backward of the
+plain HF model over the padded global batch (sdpa attention, transformers' own M-RoPE ids), relative error
+≤ 1e-10. Each micro-batch takes its own rows' images (roll_lite/strategy/vision_inputs.py) and the policy head
+computes M-RoPE's three rows per sequence (roll_lite/model/vision.py, mrope_layout).
+
+Negative controls: each micro-batch's pixels laid out in the wrong row order, and 1-D positions for image
+tokens (what transformers falls back to, silently), must miss. Image tokens stay out of every loss mask and
+every count: a loss mask that covers one is an error."""
+
+import pytest
+from vision_cases import MASK_KEYS, VisionCase, run_vision_strategy, vision_batch, vision_lm, vision_reference
+
+from roll_lite.loss import AGG_MODES
+from roll_lite.loss.checker import relative_deviation
+
+LOSSES = [("ppo", mode) for mode in AGG_MODES] + [("ppo_kl", "seq-mean-token-mean"), ("user", "token-mean")]
+# D = 1: every loss on every strategy configuration; D = 2 (two processes, twice the CPU a case): every loss on
+# two configurations, the KL-regularised and the user's loss on the other two.
+CASES = [VisionCase(loss, mode, 1, a, mb) for a in (1, 2) for mb in ("padded", "packed") for loss, mode in LOSSES]
+CASES += [VisionCase(loss, mode, 2, a, mb) for a, mb in ((1, "padded"), (2, "packed")) for loss, mode in LOSSES]
+CASES += [VisionCase(loss, mode, 2, a, mb) for a, mb in ((2, "padded"), (1, "packed")) for loss, mode in LOSSES[4:]]
+CASES += [VisionCase("ppo_kl", "token-mean", d, 1, "budget") for d in (1, 2)]
+CASES += [VisionCase("ppo_kl", "token-mean", 2, 2, "packed", freeze_vision=True)]
+NAIVE = [VisionCase("ppo", "token-mean", 1, 2, "packed", naive="pixels")]
+NAIVE += [VisionCase("ppo", "token-mean", 2, 1, "padded", naive="1d")]
+
+
+@pytest.fixture(scope="module")
+def strategy_results():
+    return run_vision_strategy(CASES + NAIVE)
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {}
+
+
+def errors(case, strategy_results, references) -> tuple[float, float]:
+    key = (case.loss, case.mode, case.freeze_vision)
+    if key not in references:
+        references[key] = vision_reference(*key)
+    (loss, grads, _), (ref_loss, ref_grads, _) = strategy_results[case], references[key]
+    assert set(grads) == set(ref_grads), set(grads) ^ set(ref_grads)
+    return relative_deviation(loss, ref_loss), max(relative_deviation(grads[n], ref_grads[n]) for n in ref_grads)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_step_with_images_equals_global_forward_backward(case, strategy_results, references):
+    loss_error, grad_error = errors(case, strategy_results, references)
+    assert loss_error <= 1e-10 and grad_error <= 1e-10, (loss_error, grad_error)
+    grads = strategy_results[case][1]
+    tower = [name for name in grads if name.startswith("model.visual.")]
+    assert bool(tower) != case.freeze_vision  # trained: its gradients are checked; frozen: it has none
+    if case.micro_batching == "budget" and case.world_size == 2:
+        assert strategy_results[case][2] == 2
+
+
+@pytest.mark.parametrize("case", NAIVE, ids=[c.id for c in NAIVE])
+def test_misplaced_pixels_and_1d_positions_miss(case, strategy_results, references):
+    """The check can fail: the same step with each micro-batch's pixels in the wrong order, or with 1-D
+    positions for the image tokens, misses the global batch's loss and gradient."""
+    loss_error, grad_error = errors(case, strategy_results, references)
+    assert loss_error > 1e-6 and grad_error > 1e-6, (loss_error, grad_error)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_log_probs_with_images_equal_the_global_forward(world_size, strategy_results, references):
+    """compute_log_probs (the old-policy and reference pass) on rank 0's rows, packed: the global forward's."""
+    key = ("ppo", "token-mean", False)
+    if key not in references:
+        references[key] = vision_reference(*key)
+    rows, log_probs = strategy_results[("log_probs", world_size)]
+    expected = references[key][2][rows]
+    assert log_probs.shape == expected.shape and (log_probs - expected).abs().max() <= 1e-12
+
+
+def test_image_tokens_stay_out_of_loss_masks_and_counts():
+    """No loss mask of the batch covers an image token (so no global count holds one); a mask that does
+    is refused before the forward, naming the key. Images under sequence parallelism are refused too."""
+    from roll_lite.model.vision import VisionLMWithLogProbs
+    from roll_lite.strategy import StrategyConfig
+    from roll_lite.strategy.micro_batches import forward_micro_batch
+
+    data = vision_batch()
+    lm = vision_lm()
+    image_tokens = data["input_ids"] == lm.config.image_token_id
+    assert image_tokens.sum() == 4 + 3 + 1 + 2 + 4 + 4  # each image's tokens, expanded once
+    assert not any((data[key].bool() & image_tokens).any() for key in ("response_mask", "kl_mask"))
+    data.batch["response_mask"] = data["response_mask"] | image_tokens.long()
+    data.meta_info["loss_mask_keys"] = MASK_KEYS["ppo"]
+    with pytest.raises(ValueError, match=r"loss mask 'response_mask' covers 18 image token\(s\) \(first: row 0"):
+        forward_micro_batch(VisionLMWithLogProbs(lm), data, StrategyConfig(), with_entropy=False)
+    data.batch["response_mask"] = data["response_mask"] * (1 - image_tokens.long())
+    with pytest.raises(NotImplementedError, match="strategy.sequence_parallel: batches with images"):
+        forward_micro_batch(VisionLMWithLogProbs(lm), data, StrategyConfig(), False, sequence_parallel=object())

@@ -1,0 +1,211 @@
+"""The image rows of the exactness matrix (test_exactness_vision.py): a tiny float64 Qwen2.5-VL trained by the
+real FSDP2 strategy in D gloo processes on a batch of conversations with 0, 1 or 2 images of different sizes,
+against one forward/backward of the plain HF model (sdpa attention, transformers' own M-RoPE positions) over
+the padded global batch."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from distributed_harness import _token_aligned, whole_gradients
+from loss_cases import make_loss
+from PIL import Image
+from spawned_ranks import join_group, leave_group, spawn_ranks
+
+from roll_lite.data import DataProto
+from roll_lite.model.vision import build_vision_model, build_vision_processor, encode_conversation, tiny_vision_config
+from roll_lite.strategy.vision_inputs import IMAGE_INPUTS
+
+# (image sizes, response length) per row: 0, 1 or 2 images of 1 to 4 image tokens each
+ROWS = [([(16, 16)], 6), ([(24, 8), (8, 8)], 5), ([], 7), ([(8, 16)], 4), ([(16, 16)], 5), ([], 3), ([(12, 12)], 6)]
+MASK_KEYS = {"ppo": ["response_mask"], "ppo_kl": ["response_mask", "kl_mask"], "user": ["response_mask"]}
+BUDGET = 60  # tokens per micro-batch in the token-budget case: at D = 2 the ranks need 2 and 1
+
+
+@dataclass(frozen=True)
+class VisionCase:
+    loss: str
+    mode: str
+    world_size: int
+    grad_accum_steps: int
+    micro_batching: str  # padded | packed | budget
+    freeze_vision: bool = False
+    naive: str = (
+        ""  # a negative control: "pixels" (each micro-batch's pixels in the wrong row order) or "1d" (1-D positions)
+    )
+
+    @property
+    def id(self) -> str:
+        a = "budget" if self.micro_batching == "budget" else f"A{self.grad_accum_steps}-{self.micro_batching}"
+        extra = ("-frozen" if self.freeze_vision else "") + (f"-naive-{self.naive}" if self.naive else "")
+        return f"{self.loss}-{self.mode}-D{self.world_size}-{a}{extra}"
+
+
+def processor():
+    return build_vision_processor(patch_size=4, merge_size=2, min_pixels=64, max_pixels=256)
+
+
+def vision_lm(freeze_vision: bool = False) -> torch.nn.Module:
+    return build_vision_model(tiny_vision_config(processor()), dtype=torch.float64, seed=0, freeze_vision=freeze_vision)
+
+
+def vision_batch() -> DataProto:
+    """ROWS as prompts rendered by the processor (each placeholder expanded once) plus random responses of
+    characters, right-padded; row 4's response mask is empty, kl_mask a random part of the response mask.
+    Made once per process (its tensors are never written to); each call gets its own DataProto."""
+    made = _vision_batch()
+    return DataProto(made.batch, made.non_tensor_batch)
+
+
+@functools.cache
+def _vision_batch() -> DataProto:
+    proc, generator = processor(), torch.Generator().manual_seed(3)
+    pixels = np.random.default_rng(5)
+    prompts, inputs = [], []
+    for sizes, _ in ROWS:
+        images = [Image.fromarray(pixels.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in sizes]
+        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": "n?"}]
+        encoded = encode_conversation(proc, [{"role": "user", "content": content}], images)
+        prompts.append(encoded["input_ids"])
+        inputs.append({key: encoded[key] for key in ("pixel_values", "image_grid_thw")} if images else None)
+    characters = (4, 4 + 60)  # ids of the character tokenizer's characters: no special and no vision token
+    lengths = [len(prompt) + response for prompt, (_, response) in zip(prompts, ROWS)]
+    rows, width = len(ROWS), max(lengths)
+    input_ids = torch.zeros(rows, width, dtype=torch.long)
+    attention, response_mask = torch.zeros_like(input_ids), torch.zeros_like(input_ids)
+    for row, (prompt, (_, response)) in enumerate(zip(prompts, ROWS)):
+        tokens = torch.randint(*characters, (response,), generator=generator)
+        input_ids[row, : lengths[row]] = torch.cat([prompt, tokens])
+        attention[row, : lengths[row]] = 1
+        response_mask[row, len(prompt) : lengths[row] - 1] = 1  # the last token predicts nothing
+    response_mask[4] = 0
+    kl_mask = response_mask * (torch.rand(rows, width, generator=generator) < 0.6).long()
+    noise = lambda: torch.randn(rows, width, generator=generator, dtype=torch.float64)  # noqa: E731
+    base = -torch.log(torch.tensor(64.0, dtype=torch.float64))
+    batch = dict(input_ids=input_ids, attention_mask=attention, response_mask=response_mask, kl_mask=kl_mask)
+    batch.update(old_log_probs=base + 0.3 * noise(), ref_log_probs=base + 0.3 * noise(), advantages=noise())
+    batch["rollout_log_probs"] = base + 0.3 * noise()
+    return DataProto(batch, {IMAGE_INPUTS: inputs})
+
+
+def loss_func(case: VisionCase):
+    return make_loss(case.loss, case.mode)
+
+
+@contextlib.contextmanager
+def negative_control(naive: str):
+    """The bugs the matrix must catch, patched into this rank's process."""
+    import roll_lite.model.vision as vision
+    import roll_lite.strategy.micro_batches as micro_batches
+    from roll_lite.strategy.vision_inputs import rows_images
+
+    saved = (micro_batches.image_inputs, vision.mrope_layout)
+    if naive == "pixels":
+
+        def pixels_in_reverse_row_order(model, micro_batch, sequence_parallel=None):
+            inputs = saved[0](model, micro_batch, sequence_parallel)
+            if inputs:
+                entries = rows_images(micro_batch)[::-1]
+                inputs["pixel_values"] = torch.cat([entry["pixel_values"] for entry in entries])
+            return inputs
+
+        micro_batches.image_inputs = pixels_in_reverse_row_order
+    elif naive == "1d":  # what transformers does, silently, when it is given no M-RoPE ids
+        vision.mrope_layout = lambda lm, ids, positions, *rest: positions[None].expand(3, *positions.shape)
+    try:
+        yield
+    finally:
+        micro_batches.image_inputs, vision.mrope_layout = saved
+
+
+def _rank_main(rank: int, world_size: int, port: int, cases: list[VisionCase], out_path: str):
+    join_group(rank, world_size, port)
+    from roll_lite.strategy import FSDP2Strategy, StrategyConfig
+    from roll_lite.strategy.micro_batches import data_parallel_groups, split_for_data_parallel
+
+    results, strategies = {}, {}
+    for case in cases:
+        config = StrategyConfig(
+            grad_accum_steps=case.grad_accum_steps,
+            use_packing=case.micro_batching != "padded",
+            max_tokens_per_micro_batch=BUDGET if case.micro_batching == "budget" else None,
+            lr=0.0,  # the weights stay as built: every case steps from the same ones
+            max_grad_norm=None,
+            param_dtype="float64",
+            logprob_chunk_size=8,
+        )
+        key = (repr(config), case.freeze_vision)
+        if key not in strategies:
+            strategies[key] = FSDP2Strategy(vision_lm(case.freeze_vision), config)
+        strategy = strategies[key]
+        data = vision_batch()
+        data.meta_info["loss_mask_keys"] = MASK_KEYS[case.loss]
+        share = split_for_data_parallel(data, world_size, balance_tokens=config.use_packing)[rank]
+        with negative_control(case.naive):
+            metrics = strategy.train_step(share, loss_func(case))
+        results[case] = (metrics["loss"], whole_gradients(strategy.model), metrics["num_micro_batches"])
+    # compute_log_probs (the old and reference log-probs) with images: rank 0's rows, packed in 2 micro-batches
+    packed = next((s for (_, frozen), s in strategies.items() if s.config.use_packing and not frozen), None)
+    if packed is not None:
+        rows = data_parallel_groups(data, world_size, balance_tokens=True)[rank]
+        results["log_probs"] = (rows, packed.compute_log_probs(data.index_select(rows))["log_probs"])
+    if rank == 0:
+        torch.save(results, out_path)
+    leave_group()
+
+
+def run_vision_strategy(cases: list[VisionCase]) -> dict:
+    """{case: (loss, grads, micro-batches)} and {("log_probs", D): (rank 0's rows, their log-probs)}, one spawn
+    per D."""
+    results = {}
+    for world_size in sorted({c.world_size for c in cases}):
+        with tempfile.TemporaryDirectory() as tmp:
+            out_path = os.path.join(tmp, "results.pt")
+            group = [c for c in cases if c.world_size == world_size]
+            spawn_ranks(_rank_main, world_size, group, out_path, start_method="forkserver")
+            found = torch.load(out_path, weights_only=False)
+            if "log_probs" in found:
+                found[("log_probs", world_size)] = found.pop("log_probs")
+            results.update(found)
+    return results
+
+
+def vision_reference(loss: str, mode: str, freeze_vision: bool = False) -> tuple[float, dict, torch.Tensor]:
+    """(loss, grads, token-aligned log-probs) of one forward/backward of the plain HF model over the padded global batch: eager
+    attention, all the batch's images in row order, M-RoPE positions computed by transformers itself."""
+    lm = vision_lm(freeze_vision)
+    lm.set_attn_implementation("sdpa")  # eager: softmax in float32, even for float64
+    data = vision_batch()
+    batch = dict(data.batch)
+    entries = [entry for entry in data.non_tensor_batch[IMAGE_INPUTS] if entry is not None]
+    ids, attention = batch["input_ids"], batch["attention_mask"]
+    logits = lm(
+        input_ids=ids,
+        attention_mask=attention,
+        pixel_values=torch.cat([entry["pixel_values"] for entry in entries]),
+        image_grid_thw=torch.cat([entry["image_grid_thw"] for entry in entries]),
+        mm_token_type_ids=(ids == lm.config.image_token_id).int(),
+        use_cache=False,
+    ).logits
+    log_softmax = torch.log_softmax(logits, dim=-1)
+    next_log_probs = log_softmax[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    next_entropy = -(log_softmax.exp() * log_softmax).sum(-1)[:, :-1]
+    output = {
+        "log_probs": _token_aligned(next_log_probs, attention),
+        "entropy": _token_aligned(next_entropy, attention),
+    }
+    meta = {"batch_num_tokens": {}, "global_valid_samples": {}}
+    for key in MASK_KEYS[loss]:
+        mask = batch[key].bool()
+        meta["batch_num_tokens"][key] = mask.sum().double()
+        meta["global_valid_samples"][key] = (mask.sum(-1) > 0).sum().double()
+    value, _ = make_loss(loss, mode)(DataProto(batch, meta_info=meta), output)
+    value.backward()
+    grads = {n: p.grad for n, p in lm.named_parameters() if p.requires_grad}
+    return value.item(), grads, output["log_probs"].detach()
