@@ -17,15 +17,13 @@ runner's step_timeout_s is the backstop. After a failure the next reset opens a 
 
 from __future__ import annotations
 
-import math
 import threading
 
-from roll_lite.environments.loopback import serve_app
+from roll_lite.environments.loopback import CONNECT_TIMEOUT_S, MESSAGE_TIMEOUT_S, check_server_kwargs, serve_app
 from roll_lite.environments.registry import register_environment
 from roll_lite.errors import ConfigError
 
 KWARGS = ("url", "app", "connect_timeout_s", "message_timeout_s", "action_key", "observation_key")
-CONNECT_TIMEOUT_S, MESSAGE_TIMEOUT_S = 3.0, 5.0  # the defaults, also what the config check adds up
 
 
 class OpenEnvServerError(RuntimeError):
@@ -39,24 +37,7 @@ def check_openenv_kwargs(kwargs, section: str = "environment", step_timeout_s: f
     unknown = sorted(set(kwargs) - set(KWARGS))
     if unknown:
         raise ConfigError(f"{section}.kwargs.{unknown[0]}: not a key of openenv; the keys are {', '.join(KWARGS)}")
-    if ("url" in kwargs) == ("app" in kwargs):
-        raise ConfigError(f"{section}.kwargs.url: openenv needs exactly one of url (a running server) or app")
-    url = kwargs.get("url")
-    if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://", "ws://", "wss://"))):
-        raise ConfigError(f"{section}.kwargs.url: must be an http(s):// or ws(s):// address, got {url!r}")
-    app = kwargs.get("app")
-    if app is not None and (not isinstance(app, str) or ":" not in app):
-        raise ConfigError(f"{section}.kwargs.app: must be a package.module:factory, got {app!r}")
-    for key in ("connect_timeout_s", "message_timeout_s"):
-        value = kwargs.get(key, 1.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"{section}.kwargs.{key}: must be a number > 0, got {value!r}")
-    budget = kwargs.get("connect_timeout_s", CONNECT_TIMEOUT_S) + kwargs.get("message_timeout_s", MESSAGE_TIMEOUT_S)
-    if isinstance(step_timeout_s, (int, float)) and budget >= step_timeout_s:
-        raise ConfigError(
-            f"{section}.kwargs.message_timeout_s: connect_timeout_s + message_timeout_s = {budget:g} s must be under "
-            f"{section}.step_timeout_s = {step_timeout_s:g} s"
-        )
+    check_server_kwargs(kwargs, "openenv", ("http", "ws"), section, step_timeout_s)
     for key in ("action_key", "observation_key"):
         if not isinstance(kwargs.get(key, "text"), str) or not kwargs.get(key, "text"):
             raise ConfigError(f"{section}.kwargs.{key}: must be a non-empty str, got {kwargs.get(key)!r}")

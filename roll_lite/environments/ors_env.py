@@ -23,17 +23,15 @@ raises, which ends that trajectory as the fault "raised" (env/faults/raised), ne
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import threading
 from typing import Any
 
-from roll_lite.environments.loopback import serve_app
+from roll_lite.environments.loopback import CONNECT_TIMEOUT_S, MESSAGE_TIMEOUT_S, check_server_kwargs, serve_app
 from roll_lite.environments.registry import register_environment
 from roll_lite.errors import ConfigError
 
 KWARGS = ("env_id", "url", "app", "split", "tool", "connect_timeout_s", "message_timeout_s")
-CONNECT_TIMEOUT_S, MESSAGE_TIMEOUT_S = 3.0, 5.0  # the defaults, also what the config check adds up
 _LOOP: asyncio.AbstractEventLoop | None = None  # the SDK's async client runs here, one loop per process
 _LOCK = threading.Lock()
 
@@ -53,24 +51,7 @@ def check_ors_kwargs(kwargs, section: str = "environment", step_timeout_s: float
             raise ConfigError(f"{section}.kwargs.{key}: must be a non-empty str, got {value!r}")
     if kwargs.get("env_id") is None:
         raise ConfigError(f"{section}.kwargs.env_id: ors needs the environment's name on the server")
-    if (kwargs.get("url") is None) == (kwargs.get("app") is None):
-        raise ConfigError(f"{section}.kwargs.url: ors needs exactly one of url (a running server) or app")
-    url = kwargs.get("url")
-    if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
-        raise ConfigError(f"{section}.kwargs.url: must be an http(s):// address, got {url!r}")
-    app = kwargs.get("app")
-    if app is not None and (not isinstance(app, str) or ":" not in app):
-        raise ConfigError(f"{section}.kwargs.app: must be a package.module:factory, got {app!r}")
-    for key in ("connect_timeout_s", "message_timeout_s"):
-        value = kwargs.get(key, 1.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise ConfigError(f"{section}.kwargs.{key}: must be a number > 0, got {value!r}")
-    budget = kwargs.get("connect_timeout_s", CONNECT_TIMEOUT_S) + kwargs.get("message_timeout_s", MESSAGE_TIMEOUT_S)
-    if isinstance(step_timeout_s, (int, float)) and budget >= step_timeout_s:
-        raise ConfigError(
-            f"{section}.kwargs.message_timeout_s: connect_timeout_s + message_timeout_s = {budget:g} s must be under "
-            f"{section}.step_timeout_s = {step_timeout_s:g} s"
-        )
+    check_server_kwargs(kwargs, "ors", ("http",), section, step_timeout_s)
 
 
 @register_environment("ors")
