@@ -6,7 +6,6 @@ The servers are forked from this process (openenv's import is paid once)."""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import socket
@@ -14,6 +13,7 @@ import sys
 import time
 
 import pytest
+from forked_servers import start_server, stop_server
 
 pytest.importorskip("openenv.core", reason="needs openenv-core==0.3.0")
 
@@ -25,37 +25,14 @@ from roll_lite.errors import ConfigError  # noqa: E402
 GAME = {"lo": 1, "hi": 16, "max_turns": 5, "intro": "Guess {lo}-{hi}."}
 
 
-def _serve(sock: socket.socket) -> None:
-    import uvicorn
-
+def _app():
     from roll_lite.environments.openenv_guess import make_app
 
-    uvicorn.Server(uvicorn.Config(make_app(), log_level="critical", lifespan="off")).run(sockets=[sock])
+    return make_app()
 
 
 def _start_server() -> tuple[int, str]:
-    """A forked server's (pid, url), answering once this returns."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    process = multiprocessing.get_context("fork").Process(target=_serve, args=(sock,), daemon=True)
-    process.start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(sock.getsockname(), timeout=1).close()
-            return process.pid, url
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("the server did not start")
-
-
-def _stop(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
+    return start_server(_app)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +41,7 @@ def servers():
     started = [_start_server(), _start_server()]
     yield started
     for pid, _ in started:
-        _stop(pid)
+        stop_server(pid)
 
 
 def test_plays_the_same_game_as_guess_the_number(servers):
@@ -84,7 +61,7 @@ def test_server_killed_mid_episode_fails_that_episode(servers):
     _, (pid, url) = servers
     env = OpenEnvEnvironment(url=url, message_timeout_s=2)
     assert env.reset(secret=5)[0] == "Guess 1-16."
-    _stop(pid)
+    stop_server(pid)
     start = time.monotonic()
     with pytest.raises(OpenEnvServerError, match=f"openenv server {url}: step failed"):
         env.step("8")
@@ -110,7 +87,7 @@ def test_a_frozen_server_fails_within_the_timeouts():
             env.reset(secret=5)
         assert time.monotonic() - start < 2.5
     finally:
-        _stop(pid)
+        stop_server(pid)
 
 
 def test_a_server_that_never_answers_times_out():

@@ -6,14 +6,13 @@ The servers are forked from this process before any client starts a thread (open
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
-import socket
 import sys
 import time
 
 import pytest
+from forked_servers import start_server, stop_server
 
 os.environ.setdefault("OPENREWARD_LOG_LEVEL", "WARNING")  # read as its loggers are made, at import
 os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
@@ -28,33 +27,12 @@ from roll_lite.errors import ConfigError  # noqa: E402
 ENV = "guessthenumberenv"
 
 
-def _serve(sock: socket.socket) -> None:
-    import uvicorn
-
-    uvicorn.Server(uvicorn.Config(make_server().app, log_level="critical", lifespan="off")).run(sockets=[sock])
+def _app():
+    return make_server().app
 
 
 def _start_server() -> tuple[int, str]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    process = multiprocessing.get_context("fork").Process(target=_serve, args=(sock,), daemon=True)
-    process.start()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(sock.getsockname(), timeout=1).close()
-            return process.pid, f"http://127.0.0.1:{sock.getsockname()[1]}"
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("the server did not start")
-
-
-def _stop(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-    except (ProcessLookupError, ChildProcessError):
-        pass
+    return start_server(_app)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +41,7 @@ def servers():
     started = [_start_server() for _ in range(3)]
     yield started
     for pid, _ in started:
-        _stop(pid)
+        stop_server(pid)
 
 
 def test_plays_the_same_game_as_guess_the_number(servers):
@@ -90,7 +68,7 @@ def test_server_killed_mid_episode_fails_that_episode(servers):
     _, (pid, url), _ = servers
     env = OrsEnvironment(env_id=ENV, url=url, tool="guess", connect_timeout_s=1, message_timeout_s=1)
     env.reset(secret=5)
-    _stop(pid)
+    stop_server(pid)
     start = time.monotonic()
     with pytest.raises(OrsServerError, match=f"ors server {url}: step failed"):
         env.step("8")
