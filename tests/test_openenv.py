@@ -31,14 +31,10 @@ def _app():
     return make_app()
 
 
-def _start_server() -> tuple[int, str]:
-    return start_server(_app)
-
-
 @pytest.fixture(scope="module")
 def servers():
     """(a server that stays up, one to kill mid-episode), forked before any client starts a thread."""
-    started = [_start_server(), _start_server()]
+    started = [start_server(_app), start_server(_app)]
     yield started
     for pid, _ in started:
         stop_server(pid)
@@ -73,7 +69,7 @@ def test_server_killed_mid_episode_fails_that_episode(servers):
 def test_a_frozen_server_fails_within_the_timeouts():
     """SIGSTOP mid-episode: the step fails at message_timeout_s and the next reset at connect_timeout_s, not
     after websockets' 10 s closing handshake with a server that never answers (the client closes aside)."""
-    pid, url = _start_server()
+    pid, url = start_server(_app)
     try:
         env = OpenEnvEnvironment(url=url, connect_timeout_s=1, message_timeout_s=1)
         env.reset(secret=5)

@@ -31,14 +31,10 @@ def _app():
     return make_server().app
 
 
-def _start_server() -> tuple[int, str]:
-    return start_server(_app)
-
-
 @pytest.fixture(scope="module")
 def servers():
     """(one that stays up, one to kill mid-episode, one to freeze mid-episode)."""
-    started = [_start_server() for _ in range(3)]
+    started = [start_server(_app) for _ in range(3)]
     yield started
     for pid, _ in started:
         stop_server(pid)
