@@ -15,9 +15,9 @@ from loss_cases import BUDGET, MASK_KEYS, global_batch, make_loss
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.data import DataProto
-from roll_lite.loss.aux import expert_counts, load_balancing_loss, moe_aux_loss_func, router_z_loss
+from roll_lite.loss.aux import load_balancing_loss, moe_aux_loss_func, router_z_loss
 from roll_lite.model.modeling import build_causal_lm
-from roll_lite.model.moe import moe_routers, routing
+from roll_lite.model.moe import expert_counts, moe_routers, routing
 
 MOE_MODEL = dict(model_type="qwen3_moe", vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16)
 MOE_MODEL.update(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4)

@@ -35,15 +35,6 @@ if TYPE_CHECKING:
     from roll_lite.strategy.micro_batches import LossFunc
 
 
-def expert_counts(experts: torch.Tensor, mask: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """[layers, E] token-slots routed to each expert among the tokens `mask` selects.
-
-    experts: [*token_shape, layers, k] (moe.Routing.expert_ids); mask: [*token_shape], bool or 0/1."""
-    selected = experts.reshape(-1, *experts.shape[-2:])[mask.reshape(-1).bool()]  # [T, layers, k]
-    one_hot = torch.nn.functional.one_hot(selected.long(), num_experts)  # [T, layers, k, E]
-    return one_hot.sum(dim=(0, 2)).to(torch.float64)
-
-
 def load_balancing_loss(
     router_logits: torch.Tensor, mask: torch.Tensor, global_counts: torch.Tensor, global_tokens: float
 ) -> torch.Tensor:

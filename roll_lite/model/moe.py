@@ -144,6 +144,16 @@ class GenerationRouting:
         return generated_routing(self.record, len(moe_routers(self.model)), width, prompt_lengths, lengths)
 
 
+def expert_counts(experts: torch.Tensor, mask: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """[layers, E] token-slots routed to each expert among the tokens `mask` selects.
+
+    experts: [*token_shape, layers, k] (Routing.expert_ids); mask: [*token_shape], bool or 0/1;
+    the MoE auxiliary losses' c (roll_lite/loss/aux.py) and the strategy's counting forward (moe_stats.py)."""
+    selected = experts.reshape(-1, *experts.shape[-2:])[mask.reshape(-1).bool()]  # [T, layers, k]
+    one_hot = torch.nn.functional.one_hot(selected.long(), num_experts)  # [T, layers, k, E]
+    return one_hot.sum(dim=(0, 2)).to(torch.float64)
+
+
 DRIFT_RAW = "moe_routing/"  # drift_sums' prefix among a training step's metrics (roll_lite/strategy/moe_stats.py)
 
 

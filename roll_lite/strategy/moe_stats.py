@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from roll_lite.data import DataProto
-from roll_lite.model.moe import DRIFT_RAW, drift_sums, moe_routers, routing, routing_drift
+from roll_lite.model.moe import DRIFT_RAW, drift_sums, expert_counts, moe_routers, routing, routing_drift
 from roll_lite.model.packing import row_lengths
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.micro_batches import LossFunc, call_loss_func, forward_micro_batch, forward_placeholder
@@ -158,8 +158,7 @@ def global_expert_meta(
             forward_micro_batch(model, micro_batch, config, with_entropy=False)
         mask = micro_batch["attention_mask"]
         experts = token_layout(torch.stack(record.experts), mask, config.use_packing)
-        selected = experts[mask.bool()]  # [tokens, layers, k]; roll_lite.loss.aux.expert_counts, kept below loss
-        counts += torch.nn.functional.one_hot(selected.long(), counts.shape[1]).sum(dim=(0, 2)).cpu()
+        counts += expert_counts(experts, mask, counts.shape[1]).cpu()
         tokens += mask.bool().sum().cpu()
     total = all_reduce(torch.cat([counts.reshape(-1), tokens]))
     return {"moe_expert_counts": total[:-1].reshape(counts.shape), "moe_num_tokens": total[-1].clone()}
