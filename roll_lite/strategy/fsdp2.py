@@ -332,6 +332,7 @@ class FSDP2Strategy:
         self.model.eval()
         groups = micro_batch_groups(data, self.config)
         num_micro_batches = self._same_count_on_all_ranks(len(groups))
+        forward = moe_forward if replays(data, self.config) else forward_micro_batch  # router replay
         outputs, order = [], []
         for index in range(num_micro_batches):
             group = groups[index] if index < len(groups) else []
@@ -339,7 +340,6 @@ class FSDP2Strategy:
                 forward_placeholder(self.model, self.device)
                 continue
             micro_batch = select_micro_batch(data, group, self.config).to(self.device)
-            forward = moe_forward if replays(data, self.config) else forward_micro_batch  # router replay
             output = forward(self.model, micro_batch, self.config, with_entropy, self.sequence_parallel)
             width = data["input_ids"].shape[1]  # back to the batch's width: zeros on padding, as untrimmed
             outputs.append(DataProto({name: pad_columns(value.cpu(), width) for name, value in output.items()}))
