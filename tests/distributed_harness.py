@@ -299,6 +299,15 @@ def deviations(result, ref) -> tuple[float, float]:
     )
 
 
+def case_deviations(case: Case, strategy_results: dict, references: dict) -> tuple[float, float]:
+    """deviations() of `case`'s strategy run from one forward/backward over the global batch, float64; the
+    reference is computed once per (loss, mode, rows, lora) and kept in `references`."""
+    key = (case.loss, case.mode, case.rows, case.lora)
+    if key not in references:
+        references[key] = reference(case.loss, case.mode, torch.float64, case.rows, case.lora)
+    return deviations(strategy_results[case], references[key])
+
+
 OPTIMIZER_CASE = ("ppo_kl", "token-mean")
 OPTIMIZER_SETTINGS = dict(lr=1e-2, max_grad_norm=0.05, weight_decay=0.1)
 

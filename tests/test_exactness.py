@@ -12,7 +12,7 @@ float64, relative error ≤ 1e-10."""
 
 import pytest
 import torch
-from distributed_harness import all_cases, deviations, reference, run_strategy
+from distributed_harness import all_cases, case_deviations, run_strategy
 from loss_cases import BUDGET, global_batch
 
 from roll_lite.model.packing import row_lengths, token_budget_groups
@@ -33,10 +33,7 @@ def references():
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_step_equals_global_forward_backward(case, strategy_results, references):
-    key = (case.loss, case.mode, case.rows, case.lora)
-    if key not in references:
-        references[key] = reference(case.loss, case.mode, torch.float64, case.rows, case.lora)
-    loss_error, grad_error = deviations(strategy_results[case], references[key])
+    loss_error, grad_error = case_deviations(case, strategy_results, references)
     assert loss_error <= 1e-10 and grad_error <= 1e-10, (loss_error, grad_error)
 
 

@@ -13,7 +13,7 @@ The reference and the harness are test_exactness.py's (distributed_harness.py); 
 
 import pytest
 import torch
-from distributed_harness import Case, deviations, reference, run_strategy
+from distributed_harness import Case, case_deviations, run_strategy
 
 from roll_lite.loss import AGG_MODES
 
@@ -66,8 +66,5 @@ def references():
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_sequence_parallel_step_equals_global_forward_backward(case, strategy_results, references):
-    key = (case.loss, case.mode, case.rows, case.lora)
-    if key not in references:
-        references[key] = reference(case.loss, case.mode, torch.float64, case.rows, case.lora)
-    loss_error, grad_error = deviations(strategy_results[case], references[key])
+    loss_error, grad_error = case_deviations(case, strategy_results, references)
     assert loss_error <= 1e-10 and grad_error <= 1e-10, (loss_error, grad_error)
