@@ -72,17 +72,13 @@ def _check_sequence_parallel(config: RunConfig, model_config: ModelConfig) -> No
 def _check_moe(config: RunConfig, model_config: ModelConfig) -> None:
     """actor.router_replay and the MoE auxiliary losses need an MoE policy: a pretrained model's config.json names
     its experts (a built model's architecture: roll_lite/config/validation_moe.py)."""
-    from roll_lite.config.validation_moe import AUX_KEYS, uses_moe
+    from roll_lite.config.validation_moe import moe_key
 
-    if not isinstance(model_config, PretrainedConfig) or not uses_moe(config):
+    key = moe_key(config)
+    if not isinstance(model_config, PretrainedConfig) or key is None:
         return
     experts = getattr(model_config, "num_experts", None) or getattr(model_config, "num_local_experts", None)
     if not experts:
-        key = (
-            "router_replay"
-            if config.actor.router_replay is not None
-            else next(k for k in AUX_KEYS if getattr(config.actor, k) > 0)
-        )
         raise ConfigError(
             f"actor.{key}: model.pretrained_path's config.json names no experts (num_experts / num_local_experts): "
             "a dense model has no routing to replay or balance"

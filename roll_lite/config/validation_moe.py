@@ -16,9 +16,12 @@ def builds_moe(config: RunConfig) -> bool:
     return config.model.pretrained_path is None and config.model.model_type in MOE_MODEL_TYPES
 
 
-def uses_moe(config: RunConfig) -> bool:
-    """Whether the run asks for something only an MoE policy has (router replay, the auxiliary losses)."""
-    return config.actor.router_replay is not None or any(getattr(config.actor, key) > 0 for key in AUX_KEYS)
+def moe_key(config: RunConfig) -> str | None:
+    """The first actor key that asks for something only an MoE policy has (router_replay, then the auxiliary
+    losses' coefficients), without its `actor.`; None: none does."""
+    if config.actor.router_replay is not None:
+        return "router_replay"
+    return next((key for key in AUX_KEYS if getattr(config.actor, key) > 0), None)
 
 
 def validate_moe(config: RunConfig) -> None:
@@ -34,15 +37,11 @@ def validate_moe(config: RunConfig) -> None:
     for key in AUX_KEYS:  # the critic trains values: its loss has no auxiliary terms
         check(getattr(config.critic, key) == 0, f"critic.{key}", "the MoE auxiliary losses are the actor's; use 0")
     check(config.critic.router_replay is None, "critic.router_replay", "only the actor replays routing; use null")
-    if config.model.pretrained_path is None and uses_moe(config):
-        which = (
-            "actor.router_replay"
-            if config.actor.router_replay is not None
-            else next(f"actor.{key}" for key in AUX_KEYS if getattr(config.actor, key) > 0)
-        )
+    asking = moe_key(config)
+    if config.model.pretrained_path is None and asking is not None:
         check(
             builds_moe(config),
-            which,
+            f"actor.{asking}",
             f"model.model_type={model.model_type} is a dense architecture; build one of {', '.join(MOE_MODEL_TYPES)} "
             "or load a pretrained MoE (model.pretrained_path)",
         )
