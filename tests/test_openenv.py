@@ -6,6 +6,7 @@ The servers are forked from this process (openenv's import is paid once)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -15,7 +16,8 @@ import time
 import pytest
 from forked_servers import start_server, stop_server
 
-pytest.importorskip("openenv.core", reason="needs openenv-core==0.3.0")
+# not imported here: collecting the suite would pay for openenv (~2 s of CPU) in every pytest process
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("openenv.core") is None, reason="needs openenv-core==0.3.0")
 
 from roll_lite.environments.config import EnvironmentConfig, check_environment_config  # noqa: E402
 from roll_lite.environments.guess_the_number import GuessTheNumber  # noqa: E402
@@ -31,10 +33,16 @@ def _app():
     return make_app()
 
 
+def _start_server() -> tuple[int, str]:
+    import roll_lite.environments.openenv_guess  # noqa: F401 (openenv's import: here, once, not in each fork)
+
+    return start_server(_app)
+
+
 @pytest.fixture(scope="module")
 def servers():
     """(a server that stays up, one to kill mid-episode), forked before any client starts a thread."""
-    started = [start_server(_app), start_server(_app)]
+    started = [_start_server(), _start_server()]
     yield started
     for pid, _ in started:
         stop_server(pid)
@@ -69,7 +77,7 @@ def test_server_killed_mid_episode_fails_that_episode(servers):
 def test_a_frozen_server_fails_within_the_timeouts():
     """SIGSTOP mid-episode: the step fails at message_timeout_s and the next reset at connect_timeout_s, not
     after websockets' 10 s closing handshake with a server that never answers (the client closes aside)."""
-    pid, url = start_server(_app)
+    pid, url = _start_server()
     try:
         env = OpenEnvEnvironment(url=url, connect_timeout_s=1, message_timeout_s=1)
         env.reset(secret=5)

@@ -6,6 +6,7 @@ The servers are forked from this process before any client starts a thread (open
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import sys
@@ -16,24 +17,28 @@ from forked_servers import start_server, stop_server
 
 os.environ.setdefault("OPENREWARD_LOG_LEVEL", "WARNING")  # read as its loggers are made, at import
 os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
-pytest.importorskip("openreward", reason="needs openreward==0.1.167")
+# not imported here: collecting the suite would pay for openreward (~4 s of CPU) in every pytest process
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("openreward") is None, reason="needs openreward==0.1.167")
 
 from roll_lite.environments.config import EnvironmentConfig, check_environment_config  # noqa: E402
 from roll_lite.environments.guess_the_number import GuessTheNumber  # noqa: E402
 from roll_lite.environments.ors_env import OrsEnvironment, OrsServerError  # noqa: E402
-from roll_lite.environments.ors_guess import GAME, make_server  # noqa: E402
 from roll_lite.errors import ConfigError  # noqa: E402
 
 ENV = "guessthenumberenv"
 
 
 def _app():
+    from roll_lite.environments.ors_guess import make_server
+
     return make_server().app
 
 
 @pytest.fixture(scope="module")
 def servers():
     """(one that stays up, one to kill mid-episode, one to freeze mid-episode)."""
+    import roll_lite.environments.ors_guess  # noqa: F401 (openreward's import: here, once, not in each fork)
+
     started = [start_server(_app) for _ in range(3)]
     yield started
     for pid, _ in started:
@@ -41,6 +46,8 @@ def servers():
 
 
 def test_plays_the_same_game_as_guess_the_number(servers):
+    from roll_lite.environments.ors_guess import GAME
+
     (_, url), _, _ = servers
     remote, local = OrsEnvironment(env_id=ENV, url=url, tool="guess"), GuessTheNumber(**GAME)
     for secret, guesses in ((5, ["8", "4", "x", "6", "7"]), (11, ["8", "12", "11"])):

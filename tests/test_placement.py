@@ -9,11 +9,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import ray
+from processes import wait_until_listening
 from test_pipeline_ray import REPO, small
 
 from roll_lite.cli import main
@@ -129,53 +129,10 @@ def test_too_few_gpus_stops_roll_train_in_one_line_before_any_worker(tmp_path, m
 
 
 @pytest.fixture
-def four_logical_gpus():
-    ray.init(
-        address="local",
-        num_cpus=2,
-        num_gpus=4,
-        labels={"zone": "a"},  # for the pinned groups of GPUs below (workers.node_labels)
-        include_dashboard=False,
-        object_store_memory=256 * 1024**2,
-        logging_level="WARNING",
-    )
-    yield
-    ray.shutdown()
-
-
-def test_each_actor_rank_gets_its_own_gpu_and_the_other_roles_share_it(tmp_path, four_logical_gpus):
-    from roll_lite.pipelines.ppo import PPOPipeline
-    from roll_lite.workers.group import RewardClient
-    from roll_lite.workers.placement import Placement
-    from test_reward_model import save_reward_model
-
-    scorer = f"reward.models={{{save_reward_model(tmp_path / 'rm', positions=512)}: 0.5}}"
-    config = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + [f"output_dir={tmp_path}", scorer])
-    pipeline = PPOPipeline(config)
-    pipeline.prepare_data()
-    pipeline.start_workers()  # actor, reference, critic (GAE) with 2 ranks each, the rollout and reward workers
-    actor, reference, critic = (group.where() for group in (pipeline.actor, pipeline.reference, pipeline.critic))
-    gpu = [rank["gpu_ids"] for rank in actor]
-    assert all(len(ids) == 1 for ids in gpu) and gpu[0] != gpu[1]  # no two actor ranks on one GPU
-    assert [rank["gpu_ids"] for rank in reference] == gpu and [rank["gpu_ids"] for rank in critic] == gpu
-    assert pipeline.rollout.where()["gpu_ids"] == gpu[0] and pipeline.reward.where()["gpu_ids"] == gpu[0]
-    assert "reward models and judges on cpu" in pipeline.reward.describe()  # torch sees no CUDA here
-    # The colocated layout trains (here on CPU, torch sees no CUDA): one full PPO step, the reward model scoring.
-    metrics = pipeline.step(1)
-    assert metrics["actor/grad_norm"] > 0 and metrics["critic/grad_norm"] > 0
-    assert metrics["reward/model:rm/failed"] == 0 and "reward/model:rm" in metrics
-    # workers.reward_gpus=1: a GPU of its own, apart from the actor's (one actor rank, so the 4 GPUs suffice),
-    # here pinned to the node's label (its group's bundle label selector)
-    own_gpu = ["workers.actor_dp=1", "workers.reward_gpus=1", scorer, "workers.node_labels.reward.zone=a"]
-    apart = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + own_gpu)
-    own = RewardClient(apart, Placement(apart, roles_on_a_gpu=1)).where()["gpu_ids"]
-    assert len(own) == 1 and own not in gpu, (own, gpu)
-
-
-@pytest.fixture
 def two_nodes_with_two_logical_gpus_each(monkeypatch):
     """A head and a second node (a second raylet on this machine), each with 2 logical GPUs and a node
-    label, zone=a and zone=b; yields the head's address."""
+    label, zone=a and zone=b; yields the head's address once the head is up (DRIVER waits for the second
+    node to join)."""
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     ray_cli, port = str(Path(sys.executable).parent / "ray"), free_port()
     address = f"127.0.0.1:{port}"
@@ -189,10 +146,7 @@ def two_nodes_with_two_logical_gpus_each(monkeypatch):
         )
     ]
     try:
-        deadline = time.monotonic() + 120
-        while subprocess.run([ray_cli, "status", f"--address={address}"], capture_output=True).returncode != 0:
-            assert time.monotonic() < deadline and nodes[0].poll() is None, "the head did not start"
-            time.sleep(1)
+        wait_until_listening(port, nodes[0], "the head")
         nodes.append(
             subprocess.Popen(
                 [ray_cli, "start", f"--address={address}", "--labels=zone=b", *common],
@@ -201,13 +155,6 @@ def two_nodes_with_two_logical_gpus_each(monkeypatch):
                 start_new_session=True,
             )
         )
-
-        def status() -> str:
-            return subprocess.run([ray_cli, "status", f"--address={address}"], capture_output=True, text=True).stdout
-
-        while status().count("node_") < 2:  # "Active:" lists one line per node
-            assert time.monotonic() < deadline and nodes[1].poll() is None, "the second node did not join"
-            time.sleep(1)
         yield address
     finally:
         for node in reversed(nodes):  # SIGTERM to `ray start --block` stops that node only
@@ -232,6 +179,10 @@ from roll_lite.workers.placement import Placement, reservation
 
 address, config_path, *overrides = sys.argv[1:]
 ray.init(address=address, logging_level="WARNING")
+deadline = time.monotonic() + 120
+while sum(node["Alive"] for node in ray.nodes()) < 2:
+    assert time.monotonic() < deadline, "the second node did not join"
+    time.sleep(0.2)
 found = {}
 # spread, pinned: both bundles on the one node labelled zone=b (without the pin, one per node)
 config = load_config(config_path, overrides + ["workers.placement=spread", "workers.node_labels.actor.zone=b"])
@@ -261,31 +212,6 @@ except ConfigError as error:
 found["connected"] = ray.is_initialized()
 print(json.dumps(found))
 """
-
-
-def test_a_rollout_with_gpus_of_its_own_gets_them_apart_from_the_actors(tmp_path, four_logical_gpus):
-    from roll_lite.workers.placement import Placement
-
-    config = load_config(
-        REPO / "configs/ppo.yaml",
-        small(tmp_path)
-        + GPUS
-        + ["rollout.engine=vllm", "workers.rollout_gpus=2", "rollout.tensor_parallel_size=2"]
-        + ["workers.node_labels={actor: {zone: a}, rollout: {zone: a}}"],  # bundle label selectors: the one node's
-    )
-
-    @ray.remote
-    def assigned_gpus():
-        return sorted(str(i) for i in ray.get_gpu_ids())
-
-    layout = Placement(config, roles_on_a_gpu=3)  # actor, reference, critic: the rollout is elsewhere
-    try:
-        actor = [ray.get(assigned_gpus.options(**layout.model_rank("actor", rank)).remote()) for rank in range(2)]
-        rollout = ray.get(assigned_gpus.options(**layout.rollout()).remote())
-    finally:
-        layout.remove()
-    assert len(rollout) == 2 and all(len(ids) == 1 for ids in actor)
-    assert sorted(actor[0] + actor[1] + rollout) == ["0", "1", "2", "3"]  # four different GPUs
 
 
 def test_spread_puts_the_actor_ranks_on_two_nodes_and_pack_on_one(tmp_path, two_nodes_with_two_logical_gpus_each):
@@ -331,3 +257,73 @@ def test_one_process_per_rank_where_the_dps_allow_and_another_dp_is_refused():
         r"each role in actor rank i's process: set it to workers.actor_dp=2",
     ):
         load_config(ppo, ["workers.actor_dp=2", "workers.one_process_per_rank=true"])
+
+
+# one Ray start for the module's last two tests; the first removes what it placed
+@pytest.fixture(scope="module")
+def four_logical_gpus():
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=4,
+        labels={"zone": "a"},  # for the pinned groups of GPUs below (workers.node_labels)
+        include_dashboard=False,
+        object_store_memory=256 * 1024**2,
+        logging_level="WARNING",
+    )
+    yield
+    ray.shutdown()
+
+
+def test_a_rollout_with_gpus_of_its_own_gets_them_apart_from_the_actors(tmp_path, four_logical_gpus):
+    from roll_lite.workers.placement import Placement
+
+    config = load_config(
+        REPO / "configs/ppo.yaml",
+        small(tmp_path)
+        + GPUS
+        + ["rollout.engine=vllm", "workers.rollout_gpus=2", "rollout.tensor_parallel_size=2"]
+        + ["workers.node_labels={actor: {zone: a}, rollout: {zone: a}}"],  # bundle label selectors: the one node's
+    )
+
+    @ray.remote
+    def assigned_gpus():
+        return sorted(str(i) for i in ray.get_gpu_ids())
+
+    layout = Placement(config, roles_on_a_gpu=3)  # actor, reference, critic: the rollout is elsewhere
+    try:
+        actor = [ray.get(assigned_gpus.options(**layout.model_rank("actor", rank)).remote()) for rank in range(2)]
+        rollout = ray.get(assigned_gpus.options(**layout.rollout()).remote())
+    finally:
+        layout.remove()
+    assert len(rollout) == 2 and all(len(ids) == 1 for ids in actor)
+    assert sorted(actor[0] + actor[1] + rollout) == ["0", "1", "2", "3"]  # four different GPUs
+
+
+def test_each_actor_rank_gets_its_own_gpu_and_the_other_roles_share_it(tmp_path, four_logical_gpus):
+    from roll_lite.pipelines.ppo import PPOPipeline
+    from roll_lite.workers.group import RewardClient
+    from roll_lite.workers.placement import Placement
+    from test_reward_model import save_reward_model
+
+    scorer = f"reward.models={{{save_reward_model(tmp_path / 'rm', positions=512)}: 0.5}}"
+    config = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + [f"output_dir={tmp_path}", scorer])
+    pipeline = PPOPipeline(config)
+    pipeline.prepare_data()
+    pipeline.start_workers()  # actor, reference, critic (GAE) with 2 ranks each, the rollout and reward workers
+    actor, reference, critic = (group.where() for group in (pipeline.actor, pipeline.reference, pipeline.critic))
+    gpu = [rank["gpu_ids"] for rank in actor]
+    assert all(len(ids) == 1 for ids in gpu) and gpu[0] != gpu[1]  # no two actor ranks on one GPU
+    assert [rank["gpu_ids"] for rank in reference] == gpu and [rank["gpu_ids"] for rank in critic] == gpu
+    assert pipeline.rollout.where()["gpu_ids"] == gpu[0] and pipeline.reward.where()["gpu_ids"] == gpu[0]
+    assert "reward models and judges on cpu" in pipeline.reward.describe()  # torch sees no CUDA here
+    # The colocated layout trains (here on CPU, torch sees no CUDA): one full PPO step, the reward model scoring.
+    metrics = pipeline.step(1)
+    assert metrics["actor/grad_norm"] > 0 and metrics["critic/grad_norm"] > 0
+    assert metrics["reward/model:rm/failed"] == 0 and "reward/model:rm" in metrics
+    # workers.reward_gpus=1: a GPU of its own, apart from the actor's (one actor rank, so the 4 GPUs suffice),
+    # here pinned to the node's label (its group's bundle label selector)
+    own_gpu = ["workers.actor_dp=1", "workers.reward_gpus=1", scorer, "workers.node_labels.reward.zone=a"]
+    apart = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + own_gpu)
+    own = RewardClient(apart, Placement(apart, roles_on_a_gpu=1)).where()["gpu_ids"]
+    assert len(own) == 1 and own not in gpu, (own, gpu)

@@ -18,10 +18,10 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+from processes import wait_until_listening
 from test_pipeline_ray import small
 
 from roll_lite.config import ConfigError, load_config
@@ -314,10 +314,7 @@ def test_a_joined_clusters_workers_get_the_variables_from_the_jobs_runtime_env(m
         }
 
     try:
-        deadline = time.monotonic() + 120
-        while subprocess.run([ray_cli, "status", f"--address=127.0.0.1:{port}"], capture_output=True).returncode != 0:
-            assert time.monotonic() < deadline and head.poll() is None, "the head did not start"
-            time.sleep(1)
+        wait_until_listening(port, head, "the head")
         start_ray(f"127.0.0.1:{port}", Reservation(cpus=0, gpus=0, cpus_from="none"), env_vars=kernel_env("portable"))
         try:
             found = ray.get(ray.remote(num_cpus=0)(kernels_here).remote(), timeout=180)

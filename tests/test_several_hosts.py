@@ -25,6 +25,7 @@ each" means one node id each."""
 import json
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ import pytest
 from ray_hosts import BIN, RayCluster
 from raylets import Raylets, hosts_or_raylets
 from test_pipeline_ray import REPO, SMALL
+from warm_driver import WarmPopen
 
 from roll_lite.checkpoint import layout
 
@@ -153,10 +155,15 @@ def reference(cluster, data, tmp_path_factory):
     """The run on the three hosts, uninterrupted, and the same run on one host (its own local Ray
     cluster, in this namespace, meanwhile): their run directories and the three-host job's output."""
     output = tmp_path_factory.mktemp("reference")
+    # roll-train as `python -m roll_lite.cli`: forked from the warm driver (tests/warm_driver.py), its imports done
+    one_host_command = [
+        sys.executable,
+        "-m",
+        "roll_lite.cli",
+        *roll_train(data, output, "one_host", *HALF_A_CPU_EACH)[1:],
+    ]
     with (output / "one_host.log").open("w") as log:
-        one_host = subprocess.Popen(
-            roll_train(data, output, "one_host", *HALF_A_CPU_EACH), stdout=subprocess.DEVNULL, stderr=log, cwd=output
-        )
+        one_host = WarmPopen(one_host_command, stdout=subprocess.DEVNULL, stderr=log, cwd=output)
     try:
         submitted = cluster.submit(roll_train(data, output, "three_hosts", *ONE_CPU_EACH), output / "three_hosts.log")
     except BaseException:

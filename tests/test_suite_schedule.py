@@ -7,6 +7,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import doc_commands
@@ -14,25 +15,31 @@ import doc_commands
 REPO = Path(__file__).resolve().parents[1]
 
 
-@functools.cache  # the whole suite's collection (~9 s) serves both tests below
-def collected(*args: str) -> tuple[str, ...]:
+@functools.cache  # one collection of the whole suite (~20 s of CPU) serves both tests below
+def collected() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the tests CONTRIBUTING.md's fast loop runs, in order; every test of the suite, in order): its command
+    verbatim with --collect-only, which writes the whole collection before -m deselects (tests/conftest.py)."""
+    line = doc_commands.commands("python -m pytest", "not slow")[0]
     # without the options of the pytest that runs this test (PYTEST_ADDOPTS: --record-durations PATH, say)
     env = {key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return tuple(line for line in result.stdout.splitlines() if "::" in line)
+    with tempfile.TemporaryDirectory() as folder:
+        everything = Path(folder) / "collection"
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q"]
+            + [f"--write-collection={everything}", *shlex.split(line)[3:]],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        fast = tuple(line for line in result.stdout.splitlines() if "::" in line)
+        return fast, tuple(everything.read_text().splitlines())
 
 
 def test_the_fast_loop_leaves_out_what_was_measured_slow_and_keeps_the_unit_tests():
-    line = doc_commands.commands("python -m pytest", "not slow")[0]
-    fast = collected(*shlex.split(line)[3:])  # CONTRIBUTING.md's command verbatim, --collect-only added
+    fast, everything = collected()
     measured = json.loads((REPO / "tests" / "durations.json").read_text())["tests"]
     slow = {nodeid for nodeid, (setup, call) in measured.items() if setup > 1.0 or call > 1.0}
     assert slow and not slow & set(fast)
@@ -40,14 +47,13 @@ def test_the_fast_loop_leaves_out_what_was_measured_slow_and_keeps_the_unit_test
     assert not [n for n in fast if n.startswith("tests/test_exactness.py::")]
     for unit in ("tests/test_agg_loss.py::test_modes_by_hand", "tests/test_packing.py::", "tests/test_tools.py::"):
         assert any(n.startswith(unit) for n in fast), unit
-    everything = collected()
     assert len(fast) < len(everything) and set(fast) < set(everything)
 
 
 def test_the_slowest_file_runs_first_and_the_measurements_name_only_files_that_exist():
     measured = json.loads((REPO / "tests" / "durations.json").read_text())["tests"]
     assert not [path for path in {n.split("::")[0] for n in measured} if not (REPO / path).is_file()]  # re-record
-    nodeids = collected()
+    _, nodeids = collected()
     files: dict[str, float] = {}
     for nodeid in nodeids:  # like the scheduler: a renamed test's old measurement counts for nothing
         setup, call = measured.get(nodeid, (0.0, 0.0))

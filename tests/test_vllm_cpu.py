@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm_driver
 from mismatch_records import assert_mismatch_logged
 from test_resume import STEPS, assert_same_trajectory, command, data, metrics, run, run_until  # noqa: F401 (data: a fixture)
 
@@ -137,7 +138,7 @@ def test_generating_ahead_with_vllm_samples_with_the_previous_weights(data, tmp_
 
 
 def test_a_gap_above_max_logp_gap_stops_the_run_in_one_line(data, tmp_path):
-    result = subprocess.run(
+    result = warm_driver.run(  # forked from the warm driver (tests/warm_driver.py), as test_resume's run() is
         command(data, tmp_path, "strict", *VLLM, "rollout.max_logp_gap=1e-12", "steps=2"),
         capture_output=True,
         text=True,
