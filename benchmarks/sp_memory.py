@@ -77,7 +77,7 @@ def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, lengt
         strategy.train_step(data, loss)
         times.append(time.perf_counter() - start)
     peak = _status("VmHWM") - before
-    Path(f"{out}.{rank}").write_text(json.dumps({"peak": peak, "seconds": statistics.median(times[1:])}))
+    Path(f"{out}.{rank}").write_text(json.dumps({"peak": peak, "seconds": statistics.median(times[1:] or times)}))
     close_distributed()
     os._exit(0)  # gloo's helper threads: leave without the interpreter's teardown (tests/spawned_ranks.py)
 
@@ -105,7 +105,9 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--kv-heads", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=32000)
-    parser.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up step")
+    parser.add_argument(
+        "--steps", type=int, default=2, help="timed steps after one warm-up step (0: the warm-up step alone, timed)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--no-checkpointing", action="store_true", help="keep every layer's activations")
     args = parser.parse_args()

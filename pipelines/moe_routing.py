@@ -8,13 +8,14 @@ at the training forward (on-policy: the same weights; its loss reports the sums,
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
+
+import torch
 
 from roll_lite.model.moe import DRIFT_RAW, drift_sums
 
 if TYPE_CHECKING:
-    import torch
-
     from roll_lite.config import RunConfig
     from roll_lite.data import DataProto
 
@@ -54,3 +55,37 @@ def routing_metrics(driver_sums: dict[str, torch.Tensor] | None, actor_metrics: 
         "moe/routing_drift_tokens": sums["tokens_differ"] / sums["tokens"],
         "moe/routed_tokens": sums["tokens"],
     }
+
+
+def num_experts(config: RunConfig) -> int:
+    """The policy's experts per MoE layer: model.num_experts, or model.pretrained_path's config.json's."""
+    if not config.model.pretrained_path:
+        return config.model.num_experts
+    return _pretrained_experts(config.model.pretrained_path, config.model.trust_remote_code)
+
+
+@functools.cache
+def _pretrained_experts(path: str, trust_remote_code: bool) -> int:
+    from transformers import AutoConfig
+
+    model_config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return getattr(model_config, "num_experts", None) or model_config.num_local_experts
+
+
+def expert_load_metrics(batch: DataProto, num_experts: int) -> dict[str, float]:
+    """The engine's expert load over the step's real tokens (prompt and response), per MoE layer l:
+    moe/load/layer{l}/expert{e}, the share of that layer's routed slots (token × k) expert e took (1/E each when
+    balanced), and moe/load/layer{l}/max, E times the largest share (1: balanced; E: one expert takes all)."""
+    if "routed_experts" not in batch.batch:
+        return {}
+    experts = batch["routed_experts"]
+    recorded = batch["attention_mask"].bool()[..., None] & (experts >= 0).all(-1)  # [rows, seq, layers]
+    metrics = {}
+    for layer in range(experts.shape[2]):
+        picked = experts[:, :, layer][recorded[:, :, layer]].long()  # [tokens, k]
+        if picked.numel() == 0:
+            continue
+        share = torch.bincount(picked.reshape(-1), minlength=num_experts).double() / picked.numel()
+        metrics.update({f"moe/load/layer{layer}/expert{e}": float(share[e]) for e in range(num_experts)})
+        metrics[f"moe/load/layer{layer}/max"] = float(share.max() * num_experts)
+    return metrics

@@ -48,6 +48,7 @@ def check_run(config: RunConfig) -> ModelConfig:
         )
     _check_positions(config, model_config, longest_prompt=None)
     _check_sequence_parallel(config, model_config)
+    _check_teachers_sequence_parallel(config)
     _check_lora_targets(config, model_config)
     _check_moe(config, model_config)
     _check_rollout_engine(config)
@@ -69,20 +70,48 @@ def _check_sequence_parallel(config: RunConfig, model_config: ModelConfig) -> No
             raise ConfigError(f"{role}.sequence_parallel: {problem} (model.pretrained_path's config.json)")
 
 
-def _check_moe(config: RunConfig, model_config: ModelConfig) -> None:
-    """actor.router_replay and the MoE auxiliary losses need an MoE policy: a pretrained model's config.json names
-    its experts (a built model's architecture: roll_lite/config/validation_moe.py)."""
-    from roll_lite.config.validation_moe import moe_key
+def _check_teachers_sequence_parallel(config: RunConfig) -> None:
+    """The distillation teachers run at actor.sequence_parallel on workers.reference_dp: their heads too."""
+    from roll_lite.strategy.config import sequence_parallel_problem
 
-    key = moe_key(config)
-    if not isinstance(model_config, PretrainedConfig) or key is None:
+    degree, d = config.actor.sequence_parallel, config.distill
+    teachers = (
+        {"distill.teacher": d.teacher} if d.teacher else {f"distill.teachers.{k}": v for k, v in d.teachers.items()}
+    )
+    for key, folder in teachers.items() if degree > 1 else ():
+        try:
+            teacher = AutoConfig.from_pretrained(folder, trust_remote_code=config.model.trust_remote_code)
+        except Exception:  # a folder that is not a model: the teachers' own check names it (pipelines/teachers.py)
+            continue
+        heads = getattr(teacher, "num_attention_heads", None)
+        kv_heads = getattr(teacher, "num_key_value_heads", None) or heads
+        if problem := sequence_parallel_problem(degree, config.workers.reference_dp or 1, heads, kv_heads):
+            raise ConfigError(f"actor.sequence_parallel: {problem} (the teacher's config.json, {key})")
+
+
+def _check_moe(config: RunConfig, model_config: ModelConfig) -> None:
+    """actor.router_replay, the MoE auxiliary losses and actor.expert_parallel need an MoE policy: a pretrained
+    model's config.json names its experts, which EP must divide (a built model's: roll_lite/config/validation_moe.py)."""
+    from roll_lite.config.validation_moe import moe_key, vllm_cpu_moe_problem
+    from roll_lite.strategy.config import expert_parallel_problem
+
+    if not isinstance(model_config, PretrainedConfig):
         return
     experts = getattr(model_config, "num_experts", None) or getattr(model_config, "num_local_experts", None)
+    if problem := vllm_cpu_moe_problem(config, bool(experts)):
+        raise ConfigError(f"rollout.engine: {problem} (model.pretrained_path's config.json names experts)")
+    degree = config.actor.expert_parallel
+    key = moe_key(config) or ("expert_parallel" if degree > 1 else None)
+    if key is None:
+        return
     if not experts:
         raise ConfigError(
             f"actor.{key}: model.pretrained_path's config.json names no experts (num_experts / num_local_experts): "
-            "a dense model has no routing to replay or balance"
+            "a dense model has no routing to replay, balance or split"
         )
+    if problem := expert_parallel_problem(degree, config.workers.actor_dp, experts):
+        problem = problem.replace("the role's", "workers.actor_dp:")
+        raise ConfigError(f"actor.expert_parallel: {problem} (model.pretrained_path's config.json)")
 
 
 def _check_lora_targets(config: RunConfig, model_config: ModelConfig) -> None:
@@ -94,7 +123,7 @@ def _check_lora_targets(config: RunConfig, model_config: ModelConfig) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from roll_lite.lora.adapters import target_modules
+    from roll_lite.lora.adapters import target_modules, target_parameters
     from roll_lite.model.modeling import causal_lm_config
 
     if isinstance(model_config, BuiltModel):
@@ -108,6 +137,7 @@ def _check_lora_targets(config: RunConfig, model_config: ModelConfig) -> None:
         raise ConfigError(f"{key}: transformers builds no causal LM from it: {first_line(error)}") from None
     for role in roles:
         target_modules(getattr(config, role).lora, lm, key=f"{role}.lora")
+        target_parameters(getattr(config, role).lora, lm, key=f"{role}.lora")
 
 
 def _tokenizer(config: RunConfig) -> PreTrainedTokenizerBase:

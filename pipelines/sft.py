@@ -38,6 +38,7 @@ class SFTPipeline(SupervisedPipeline):
     # Besides the model's: the keys that decide which rows the sampler's saved position refers to.
     checkpoint_compat_keys = (
         "sft.train_files",
+        "sft.from_data_source",
         "sft.shuffle",
         "sft.prompt_key",
         "sft.response_key",
@@ -70,9 +71,9 @@ class SFTPipeline(SupervisedPipeline):
 
         if self.sft.steps < 1:  # a warm start is built only with sft.steps > 0: this is the SFT pipeline itself
             raise ConfigError("sft.steps: the SFT pipeline trains sft.steps steps; set it >= 1")
-        prepared = prepare_sft_datasets(self.sft, self.tokenizer)
-        self.train_data, self.eval_data = prepared.train, prepared.eval
         seed = self.config.seed if self.config.data.seed is None else self.config.data.seed
+        prepared = prepare_sft_datasets(self.sft, self.tokenizer, self.config.data, seed)
+        self.train_data, self.eval_data = prepared.train, prepared.eval
         self.sampler = PromptSampler(len(self.train_data), seed, self.sft.shuffle, self.sft.epochs)
         for note in prepared.notes:
             logger.info(note)

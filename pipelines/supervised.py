@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from roll_lite.errors import ConfigError
 from roll_lite.runtime.progress import progress_bar, seconds_in_all
 
 from .session import RunSession
@@ -62,11 +61,6 @@ class SupervisedPipeline:
 
     def __init__(self, config: RunConfig, settings: SFTConfig | PreferenceConfig) -> None:
         self.config, self.settings = config, settings
-        if config.actor.sequence_parallel > 1:  # the RL actor's, critic's and reference's forwards split sequences
-            raise ConfigError(
-                f"actor.sequence_parallel: {config.actor.sequence_parallel}: {type(self).__name__} does not split "
-                "sequences yet (the PPO and GRPO pipelines do); use 1"
-            )
         self.train_data = self.eval_data = self.sampler = None  # prepare_data(): in the driver only
         self.actor = None
         self.stage = "start-up"  # where run() is: named by a worker failure and by a stop on a signal

@@ -1,6 +1,7 @@
 """The MoE rows of the exactness matrix (test_exactness_moe.py): a tiny float64 Qwen3-MoE trained by the real
 FSDP2 strategy in D gloo processes with the PPO + KL loss plus the load-balancing and z-losses
-(roll_lite/loss/aux.py), against one forward/backward of the plain HF model over the global batch."""
+(roll_lite/loss/aux.py), against one forward/backward of the plain HF model over the global batch; the LoRA rows
+train peft's adapters on the attention and on the experts' fused weights (the base frozen) against peft's model."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from loss_cases import BUDGET, MASK_KEYS, global_batch, make_loss
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.data import DataProto
+from roll_lite.lora.adapters import add_adapters
+from roll_lite.lora.settings import LoraSettings
 from roll_lite.loss.aux import load_balancing_loss, moe_aux_loss_func, router_z_loss
 from roll_lite.model.modeling import build_causal_lm
 from roll_lite.model.moe import expert_counts, moe_routers, routing
@@ -24,6 +27,7 @@ MOE_MODEL.update(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads
 MOE_MODEL.update(num_experts_per_tok=2, norm_topk_prob=True)
 AUX_COEF, Z_COEF = 0.5, 0.1
 LOSS = ("ppo_kl", "token-mean")
+LORA = LoraSettings(rank=2, alpha=4.0, target_modules="all-linear", target_parameters="experts")
 
 
 @dataclass(frozen=True)
@@ -33,19 +37,27 @@ class MoeCase:
     packed: bool
     naive: bool = False  # aux losses from each micro-batch's own counts and tokens, averaged (what not to do)
     budget: bool = False  # token-budget micro-batches (packed): at D = 2 the ranks need 2 and 1 (placeholder passes)
+    lora: bool = False  # LoRA on the attention and the experts (LORA), the base frozen
 
     @property
     def id(self) -> str:
         batching = "budget" if self.budget else f"A{self.grad_accum_steps}-{'packed' if self.packed else 'padded'}"
-        return f"D{self.world_size}-{batching}" + ("-naive" if self.naive else "")
+        return f"D{self.world_size}-{batching}" + ("-naive" if self.naive else "") + ("-lora" if self.lora else "")
 
 
-def moe_lm() -> torch.nn.Module:
+def moe_lm(lora: bool = False) -> torch.nn.Module:
     lm = build_causal_lm(MOE_MODEL, dtype=torch.float64, seed=0)
     generator = torch.Generator().manual_seed(7)
     with torch.no_grad():  # transformers initialises routers to zero: give them a routing worth testing
         for router in moe_routers(lm):
             router.weight.copy_(torch.randn(router.weight.shape, generator=generator, dtype=torch.float64))
+    if not lora:
+        return lm
+    lm = add_adapters(lm, LORA, seed=1)
+    with torch.no_grad():  # lora_B starts at zero, which would leave lora_A without a gradient
+        for name, parameter in lm.named_parameters():
+            if ".lora_B." in name:
+                parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator, dtype=torch.float64))
     return lm
 
 
@@ -88,9 +100,10 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[MoeCase], out_
             param_dtype="float64",
             logprob_chunk_size=8,
         )
-        if repr(config) not in strategies:
-            strategies[repr(config)] = FSDP2Strategy(moe_lm(), config)
-        strategy = strategies[repr(config)]
+        key = (repr(config), case.lora)
+        if key not in strategies:
+            strategies[key] = FSDP2Strategy(moe_lm(case.lora), config)
+        strategy = strategies[key]
         data = global_batch(torch.float64)
         data.meta_info.update(loss_mask_keys=MASK_KEYS[LOSS[0]], moe_aux_losses=True)
         share = split_for_data_parallel(data, world_size, balance_tokens=case.packed)[rank]
@@ -112,10 +125,10 @@ def run_moe_strategy(cases: list[MoeCase]) -> dict:
     return results
 
 
-def moe_reference() -> tuple[float, dict[str, torch.Tensor], dict[str, float]]:
-    """(loss, grads, aux values) of one forward/backward of the plain HF model over the padded global batch, the
-    expert counts taken from that same forward."""
-    lm = copy.deepcopy(moe_lm())
+def moe_reference(lora: bool = False) -> tuple[float, dict[str, torch.Tensor], dict[str, float]]:
+    """(loss, grads, aux values) of one forward/backward of the plain HF model (lora: with peft's adapters) over the
+    padded global batch, the expert counts taken from that same forward."""
+    lm = copy.deepcopy(moe_lm(lora))
     data = global_batch(torch.float64)
     batch = dict(data.batch)
     attention = batch["attention_mask"]

@@ -163,11 +163,6 @@ PIPELINES_OWN_ERRORS = {
         ["model.pretrained_path=null", "critic.lora.rank=4"],
         "critic.lora.rank: the DPO pipeline has no critic",
     ),
-    "DPOPipeline, sequence parallel": (
-        "dpo.yaml",
-        ["model.pretrained_path=null", "actor.sequence_parallel=2", "workers.actor_dp=2", "workers.actor_cpus=0.5"],
-        "actor.sequence_parallel: 2: DPOPipeline does not split sequences yet (the PPO and GRPO pipelines do)",
-    ),
     "RewardModelPipeline": (
         "reward_model.yaml",
         ["actor.lora.rank=4"],
@@ -307,7 +302,6 @@ def test_rollout_in_actor_true_runs_with_a_copy_of_its_own(overrides):
         ),
         # the forwards that do not split sequences yet (docs/sequence-parallel.md)
         (["actor.sequence_parallel=2", "workers.actor_dp=2", "rollout.exact=true"], r"exact rollout mode .* yet"),
-        (["actor.sequence_parallel=2", "workers.actor_dp=2", "distill.teacher=t"], "distillation teachers do not"),
         (
             ["actor.sequence_parallel=2", "workers.actor_dp=2", "workers.backend=local"],
             "actor.sequence_parallel: 2 ranks",
@@ -322,9 +316,24 @@ def test_sequence_parallel_degree_is_checked_before_anything_starts(overrides, m
 def test_sequence_parallel_runs_on_ray_with_the_reference_at_the_actors_degree():
     """A valid degree (2 KV heads repeated at S = 4): D = 1 group of 4 actor ranks; the reference's and the
     critic's unset ranks are the actor's, in its processes (the reference runs at actor.sequence_parallel, the
-    critic at its own S = 1: 4 groups of 1); the warm start (SFT) does not split sequences yet."""
+    critic at its own S = 1: 4 groups of 1); the warm start (SFT) and the DPO pipeline split sequences too."""
     config = load_config(None, ["actor.sequence_parallel=4", "workers.actor_dp=4"])
     w = config.workers
     assert (w.backend, w.reference_dp, w.critic_dp, w.one_process_per_rank) == ("ray", 4, 4, True)
-    with pytest.raises(ConfigError, match=r"actor.sequence_parallel: 2: SFT .* use 1, or sft.steps=0 \(no warm"):
-        load_config(REPO / "configs/ppo.yaml", ["actor.sequence_parallel=2", "workers.actor_dp=2"])
+    warm = load_config(REPO / "configs/ppo.yaml", ["actor.sequence_parallel=2", "workers.actor_dp=2"])
+    assert warm.sft.steps > 0 and warm.actor.sequence_parallel == 2
+    dpo = load_config(REPO / "configs/dpo.yaml", ["actor.sequence_parallel=2", "workers.actor_dp=2"])
+    assert dpo.workers.reference_dp == 2  # its reference worker runs at the actor's degree
+
+
+def test_a_teacher_whose_heads_do_not_split_over_s_stops_the_run_before_ray(tmp_path):
+    """The teachers run at actor.sequence_parallel: their config.json's heads are checked like the actor's."""
+    from roll_lite.pipelines.preflight import check_run
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("qwen2", num_attention_heads=3, num_key_value_heads=3, hidden_size=24).save_pretrained(
+        tmp_path
+    )
+    overrides = ["actor.sequence_parallel=2", "workers.actor_dp=2", "sft.steps=0", f"distill.teacher={tmp_path}"]
+    with pytest.raises(ConfigError, match=r"actor.sequence_parallel: .*3 attention heads.*teacher's config.json"):
+        check_run(load_config(None, overrides))

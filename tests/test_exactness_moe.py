@@ -75,11 +75,16 @@ def forward(model, batch, rows: list[int], packed: bool, replay=None):
 CASES = [MoeCase(d, a, packed) for d in (1, 2) for a in (1, 2) for packed in (False, True)]
 CASES += [MoeCase(d, 1, True, budget=True) for d in (1, 2)]
 NAIVE = [MoeCase(2, 2, False, naive=True), MoeCase(1, 2, True, naive=True)]
+LORA_CASES = [
+    MoeCase(1, 2, False, lora=True),
+    MoeCase(2, 2, True, lora=True),
+    MoeCase(2, 1, True, budget=True, lora=True),
+]
 
 
 @pytest.fixture(scope="module")
 def strategy_results():
-    return run_moe_strategy(CASES + NAIVE)
+    return run_moe_strategy(CASES + NAIVE + LORA_CASES)
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +106,18 @@ def test_aux_losses_equal_global_batch(case, strategy_results, global_reference)
     if case.budget and case.world_size == 2:  # the ranks' shares need 2 and 1 micro-batches (test_exactness.py)
         assert metrics["num_micro_batches"] == 2
     assert all(relative_deviation(metrics[name], value) <= 1e-10 for name, value in aux.items()), (metrics, aux)
+
+
+@pytest.mark.parametrize("case", LORA_CASES, ids=[c.id for c in LORA_CASES])
+def test_lora_on_attention_and_experts_equals_peft_global_batch(case, strategy_results):
+    """Only the adapters get gradients (attention's and each layer's two expert weights', frozen base); they and the
+    loss equal one forward/backward of peft's model over the global batch."""
+    reference = moe_reference(lora=True)
+    loss_error, grad_error = errors(strategy_results[case], reference)
+    assert loss_error <= 1e-10 and grad_error <= 1e-10, (loss_error, grad_error)
+    grads = strategy_results[case][1]
+    assert all(".lora_" in name for name in grads)
+    assert sum("experts" in name for name in grads) == 2 * 2 * MODELS["qwen3_moe"]["num_hidden_layers"]
 
 
 @pytest.mark.parametrize("case", NAIVE, ids=[c.id for c in NAIVE])

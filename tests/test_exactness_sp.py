@@ -3,7 +3,8 @@ every gradient equal one forward/backward over the global batch, float64, relati
 each sequence split over S ranks: S ∈ {2, 4} × D ∈ {1, 2} (D·S ≤ 4 gloo processes: D1-S2, D2-S2, D1-S4;
 D2-S4 would take 8 processes on the suite's 2 cores) × A ∈ {1, 2} × padded / packed. At D1-S2 the policy
 loss in every agg mode, the KL-regularised loss, per-sequence ratios (the sequence loss), the critic's value
-loss (head='value'), a user's own loss_func with a per-sequence square (loss_cases.user_loss_func), and in
+loss (head='value'), a user's own loss_func with a per-sequence square (loss_cases.user_loss_func), the SFT,
+DPO and reward-model (head='score', Bradley–Terry: each score reads one position ahead) losses, and in
 one configuration each: multi-turn masks, LoRA, token-budget micro-batches, activation checkpointing (the
 all-to-alls recomputed in backward) and the teacher's top-k (ids gathered per slice); at D2-S2 and D1-S4 a
 smaller set (sp_cases says which), as their 4 processes cost twice as much a case. The tiny model's 4
@@ -14,6 +15,7 @@ The reference and the harness are test_exactness.py's (distributed_harness.py); 
 import pytest
 import torch
 from distributed_harness import Case, case_deviations, run_strategy
+from pair_cases import PAIR_MODE, PAIR_ROWS
 
 from roll_lite.loss import AGG_MODES
 
@@ -39,6 +41,11 @@ def sp_cases() -> list[Case]:
     cases += _rows(1, 2, "distill_topk", ("token-mean",), grad_accum=(1,))
     cases += _rows(1, 2, "ppo_kl", ("token-mean",), grad_accum=(1,), micro_batchings=("budget",))
     cases += _rows(1, 2, "ppo_kl", ("token-mean",), grad_accum=(2,), micro_batchings=("packed",), checkpointing=True)
+    # The supervised pipelines' losses: SFT's NLL, and the pair losses (both rows of a pair on one rank and in one
+    # micro-batch) through the policy head (DPO) and the reward model's score head (Bradley–Terry)
+    cases += _rows(1, 2, "sft", ("token-mean",))
+    cases += _rows(1, 2, "dpo", (PAIR_MODE,), grad_accum=(2,), rows=PAIR_ROWS)
+    cases += _rows(1, 2, "bt", (PAIR_MODE,), rows=PAIR_ROWS)
     # D2-S2 and D1-S4 (one run of 4 processes on 2 cores, ~0.4 CPU s a case): each agg mode, the critic and
     # the user's loss, on two strategy configurations (padded A1, packed A2).
     for d, s in ((2, 2), (1, 4)):
@@ -48,6 +55,7 @@ def sp_cases() -> list[Case]:
         cases += _rows(d, s, "user", ("token-mean",), grad_accum=(1,), micro_batchings=("padded",))
         cases += _rows(d, s, "user", ("token-mean",), grad_accum=(2,), micro_batchings=("packed",))
         cases += _rows(d, s, "value", ("token-mean",), grad_accum=(2,), micro_batchings=("packed",))
+        cases += _rows(d, s, "bt", (PAIR_MODE,), grad_accum=(2,), micro_batchings=("packed",), rows=PAIR_ROWS)
     return cases
 
 

@@ -67,7 +67,8 @@ def runs(data, tmp_path_factory):  # noqa: F811 (data: test_resume's fixture)
     run(command(data, output, "compare", "steps=2", "actor.router_replay=compare", "algorithm.mini_batches=2"))
     step_2 = output / "replay" / "checkpoints" / "step_2"
     run(command(data, output, "resumed", *REPLAY, f"resume={step_2}"))
-    return {name: [r for r in metrics(output / name) if r["step"] >= 1] for name in ("replay", "compare", "resumed")}
+    runs = {name: [r for r in metrics(output / name) if r["step"] >= 1] for name in ("replay", "compare", "resumed")}
+    return {**runs, "output": output}
 
 
 def test_with_replay_the_trainer_uses_the_engines_experts_where_its_own_routers_would_not(runs):
@@ -97,6 +98,18 @@ def test_the_auxiliary_losses_are_logged_and_the_policy_learns(runs):
     assert any(r["actor/pg_loss"] != 0 for r in runs["replay"])
 
 
+def test_the_engines_expert_load_is_logged_per_layer(runs):
+    """moe/load/layer{l}/expert{e}: shares of each layer's routed slots that sum to 1; .../max: E × the largest."""
+    for record in runs["replay"] + runs["compare"]:
+        for layer in range(2):
+            shares = [record[f"moe/load/layer{layer}/expert{e}"] for e in range(4)]
+            assert sum(shares) == pytest.approx(1.0) and min(shares) >= 0
+            assert record[f"moe/load/layer{layer}/max"] == pytest.approx(4 * max(shares))
+        assert "moe/load/layer2/expert0" not in record
+    curves = (runs["output"] / "replay" / "curves.svg").read_text()
+    assert "moe/load/layer0/max" in curves and "moe/load/layer1/max" in curves
+
+
 def test_resumed_from_a_checkpoint_the_replayed_steps_repeat_bit_for_bit(runs):
     resumed = runs["resumed"]  # its metrics file starts as the checkpoint's: steps 1 and 2 of the replay run
     assert [r["step"] for r in resumed] == list(range(1, STEPS + 1))
@@ -108,17 +121,12 @@ def test_resumed_from_a_checkpoint_the_replayed_steps_repeat_bit_for_bit(runs):
     [
         (["actor.router_replay=always"], "actor.router_replay: 'always' is not one of null, compare, rollout"),
         (["actor.router_replay=rollout"], "actor.router_replay: model.model_type=qwen2 is a dense architecture"),
-        (["rollout.engine=vllm"], "actor.router_replay: rollout needs the engine's routed experts"),
-        (["rollout.fully_async=true"], "actor.router_replay: partial rollouts"),
-        (["rollout.exact=true", "actor.param_dtype=float32"], "actor.router_replay: rollout.exact"),
         (
-            [
-                "environment.name=guess_the_number",
-                "pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline",
-                f"data.train_files={REPO / 'data/guess_the_number/train.jsonl'}",
-            ],
-            "actor.router_replay: multi-turn trajectories",
+            ["rollout.engine=vllm", "workers.gpus_per_rank=1"],
+            "actor.router_replay: rollout needs the engine's routed experts",
         ),
+        (["rollout.engine=vllm"], "rollout.engine: vLLM 0.32's CPU build generates from an MoE policy, but its log"),
+        (["rollout.exact=true", "actor.param_dtype=float32"], "actor.router_replay: rollout.exact"),
         (["critic.router_replay=rollout"], "critic.router_replay: only the actor replays"),
         (["model.num_experts_per_tok=9"], "model.num_experts_per_tok: must be between 1 and model.num_experts=8"),
     ],
@@ -163,3 +171,45 @@ def test_dynamic_samplings_rounds_pad_the_routing_with_no_expert():
     assert torch.equal(joined["routed_experts"][0, :4], rounds[0]["routed_experts"][0])
     assert (joined["routed_experts"][0, 4:] == -1).all()
     assert torch.equal(joined["routed_experts"][1], rounds[1]["routed_experts"][0])
+
+
+def test_expert_load_counts_real_recorded_tokens_only():
+    """Padding (attention_mask 0) and unrecorded tokens (-1) take no share."""
+    import torch
+    from roll_lite.pipelines.moe_routing import expert_load_metrics
+
+    from roll_lite.data import DataProto
+
+    experts = torch.tensor([[[[0, 1]], [[0, 2]], [[-1, -1]]], [[[0, 3]], [[3, 3]], [[1, 1]]]], dtype=torch.int16)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    metrics = expert_load_metrics(DataProto({"routed_experts": experts, "attention_mask": mask}), 4)
+    # 3 recorded real tokens × k=2: expert 0 three times, 1, 2 and 3 once each
+    assert [metrics[f"moe/load/layer0/expert{e}"] for e in range(4)] == [0.5, 1 / 6, 1 / 6, 1 / 6]
+    assert metrics["moe/load/layer0/max"] == 2.0
+
+
+def test_vllm_gets_the_causal_lm_architecture_of_a_built_config():
+    """A config built from the `model` keys names no architecture; vLLM would take qwen3_moe's base model (a pooling
+    model) and fail to start (roll_lite/rollout/vllm_start.py)."""
+    from transformers import AutoConfig
+
+    from roll_lite.rollout.vllm_start import causal_lm_architecture
+
+    built = AutoConfig.for_model("qwen3_moe")
+    assert not built.architectures
+    assert causal_lm_architecture(built).architectures == ["Qwen3MoeForCausalLM"]
+    assert not built.architectures  # a copy
+    named = AutoConfig.for_model("qwen2", architectures=["Qwen2ForCausalLM"])
+    assert causal_lm_architecture(named) is named
+
+
+def test_a_pretrained_moe_with_vllm_on_cpu_is_refused():
+    from roll_lite.pipelines.preflight import _check_moe
+    from transformers import PretrainedConfig
+
+    from roll_lite.config import ConfigError, load_config
+
+    config = load_config(None, ["rollout.engine=vllm"])
+    _check_moe(config, PretrainedConfig())  # dense: fine
+    with pytest.raises(ConfigError, match="rollout.engine: vLLM 0.32's CPU build .* names experts"):
+        _check_moe(config, PretrainedConfig(num_local_experts=4))

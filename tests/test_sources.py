@@ -1,7 +1,8 @@
 """data.source: rows and scores from a package (reasoning-gym), not a file (roll_lite/data/sources.py,
 roll_lite/rewards/reasoning_gym_reward.py): seeded rows, held-out rows disjoint from training, the
-package's own scorer, config errors naming the key, the sampler resuming, and one run (in process,
-workers.backend=local) routing by domain with eval."""
+package's own scorer, config errors naming the key, the sampler resuming, the SFT warm start on the
+training rows only (sft.from_data_source), and one run (in process, workers.backend=local) routing by
+domain with eval."""
 
 import json
 from pathlib import Path
@@ -14,6 +15,7 @@ from roll_lite.cli import main  # noqa: E402
 from roll_lite.config import ConfigError, DataConfig, load_config  # noqa: E402
 from roll_lite.data.domain_sampler import training_sampler  # noqa: E402
 from roll_lite.data.prompts import prepare_datasets  # noqa: E402
+from roll_lite.data.sft import prepare_sft_datasets  # noqa: E402
 from roll_lite.data.sources import EVAL_SEED_OFFSET, reasoning_gym_rows  # noqa: E402
 from roll_lite.model.tokenizer import build_char_tokenizer  # noqa: E402
 from roll_lite.rewards import get_reward  # noqa: E402
@@ -125,3 +127,39 @@ def test_a_run_trains_and_evaluates_on_a_reasoning_gym_task(tmp_path):
     assert len(scored) == 2 and len(held_out) == 2  # eval at the start and at step 2
     for record in scored + held_out:  # the package's scorer answered every call
         assert record.get("reward/reasoning_gym/failed", 0) == record.get("eval/reward/reasoning_gym/failed", 0) == 0
+
+
+def test_the_sft_warm_start_takes_the_training_rows_rendered_as_rl_prompts_and_never_held_out_ones():
+    tokenizer = build_char_tokenizer()
+    config = load_config(
+        None,
+        ["data.source=reasoning_gym", "data.source_task=basic_arithmetic", f"data.source_args={json.dumps(SMALL)}"]
+        + ["data.source_size=40", "data.source_eval_size=40", "sft.from_data_source=true", "sft.steps=1"],
+    )
+    rl = prepare_datasets(config.data, tokenizer, seed=3)
+    sft = prepare_sft_datasets(config.sft, tokenizer, config.data, seed=3).train
+    assert len(sft) == len(rl.train.prompts) == 40
+    held_out = set(rl.eval.prompts)
+    unfiltered = reasoning_gym_rows("basic_arithmetic", SMALL, 3 + EVAL_SEED_OFFSET, 40)
+    assert len(held_out) < len(unfiltered)  # the held-out seed repeats training questions, and they were left out
+    sft_prompts = set()
+    for ids, mask, prompt_ids, answer in zip(sft.input_ids, sft.target_masks, rl.train.prompt_ids, rl.train.answers):
+        start = mask.index(1)
+        assert ids[:start] == prompt_ids  # the RL prompt's own tokens
+        assert ids[start:] == tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        sft_prompts.add(tokenizer.decode(ids[:start], skip_special_tokens=True))
+    assert sft_prompts == set(rl.train.prompts) and not sft_prompts & held_out
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["data.source=null"], "sft.from_data_source"),
+        (["sft.train_files=x.jsonl"], "sft.train_files"),
+        (["sft.apply_chat_template=true"], "sft.apply_chat_template"),
+    ],
+)
+def test_bad_sft_source_keys_are_config_errors_naming_the_key(overrides, key):
+    source = ["data.source=reasoning_gym", "data.source_task=basic_arithmetic", "sft.from_data_source=true"]
+    with pytest.raises(ConfigError, match=rf"^{key}: "):
+        load_config(None, [*source, "sft.steps=1", *overrides])

@@ -21,12 +21,12 @@ from roll_lite.config import RunConfig
 from roll_lite.data import DataProto
 from roll_lite.lora.adapters import (
     adapted_modules,
+    adapted_parameters,
     adapter_state,
     adapters_disabled,
     add_adapters,
     has_adapters,
-    merged_state,
-    scaling,
+    merged_for,
     to_adapted_names,
 )
 from roll_lite.lora.export import save_lora_final
@@ -63,7 +63,8 @@ def strategy_config(config: RunConfig, role: str) -> StrategyConfig:
     (roll_lite/runtime/reproducibility.py)."""
     chosen = config.critic if role == "critic" else config.actor
     if role in ("reference", "teacher"):  # they route on their own: the engine's routing is the policy's
-        chosen = dataclasses.replace(chosen, router_replay=None)
+        # and hold every expert (FSDP2-sharded over their own ranks): actor.expert_parallel is the actor's
+        chosen = dataclasses.replace(chosen, router_replay=None, expert_parallel=1)
     if role == "actor" and config.rollout.exact:  # the engine's batch-invariant kernels (docs/on-policy.md)
         chosen = dataclasses.replace(chosen, batch_invariant=True)
     if config.reproducible == "portable":
@@ -254,7 +255,7 @@ class ModelWorker:
             return None
         if part == "merged" and has_adapters(self.strategy.model):
             assert self.lora is not None  # adapters: a trained role's, with its LoRA settings
-            state = merged_state(state, scaling(self.lora))
+            state = merged_for(state, self.lora, self.strategy.model.lm)
         if dtype is not None:
             cast = getattr(torch, dtype)
             state = {name: value.to(cast) if value.is_floating_point() else value for name, value in state.items()}
@@ -358,8 +359,9 @@ class ModelWorker:
         model = self.strategy.model
         total = sum(p.numel() for p in model.parameters())  # a DTensor counts its whole tensor
         trained = sum(p.numel() for p in self.strategy.trainable_parameters())
+        targets = adapted_modules(model) + adapted_parameters(model)  # the Linear layers', the experts' weights
         return (
-            f"{self.role}: LoRA r={self.lora.rank}, alpha={self.lora.alpha:g} on {adapted_modules(model)}: "
+            f"{self.role}: LoRA r={self.lora.rank}, alpha={self.lora.alpha:g} on {targets}: "
             f"{trained:,} of {total:,} parameters train ({100 * trained / total:.2f} %)"
         )
 
@@ -370,7 +372,7 @@ class ModelWorker:
         assert self.strategy is not None  # setup() made it
         with self.on_device():
             state = self.strategy.full_state_dict()
-            merged = to_adapted_names(merged_state(state, scaling(self.lora)), self.strategy.model.lm)
+            merged = to_adapted_names(merged_for(state, self.lora, self.strategy.model.lm), self.strategy.model.lm)
             adapters = {
                 name: torch.zeros_like(t) if ".lora_B." in name else t.clone()
                 for name, t in adapter_state(state).items()

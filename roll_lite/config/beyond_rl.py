@@ -14,6 +14,8 @@ class SFTConfig:
 
     train_files: Any = field(default_factory=list)  # a path or a list of paths (formats as data.train_files)
     eval_files: Any = field(default_factory=list)  # for eval/sft_loss (the SFT pipeline)
+    from_data_source: bool = False  # rows from data.source, not files: its training rows (never the held-out ones),
+    # each RL prompt rendered as RL renders it, with the package's reference answer as the response
     prompt_key: str = "prompt"  # a string, or chat messages
     response_key: Optional[str] = "response"  # the target string; null: prompt_key holds whole conversations,
     # and the loss is on every assistant turn

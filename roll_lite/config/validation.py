@@ -16,7 +16,12 @@ from roll_lite.config.node_labels import validate_node_labels
 from roll_lite.config.schema import DataConfig, RunConfig
 from roll_lite.config.trace import validate_trace
 from roll_lite.config.validation_algorithm import validate_algorithm
-from roll_lite.config.validation_beyond_rl import validate_distill, validate_preference, validate_sft
+from roll_lite.config.validation_beyond_rl import (
+    validate_distill,
+    validate_preference,
+    validate_sft,
+    validate_sft_source,
+)
 from roll_lite.config.validation_moe import validate_moe
 from roll_lite.config.validation_rewards import validate_reward
 from roll_lite.config.validation_rollout import validate_environment, validate_rollout
@@ -54,6 +59,7 @@ def validate(config: RunConfig) -> None:
     one_of(config.model.dtype, PARAM_DTYPES, "model.dtype")
     _validate_data(config.data)
     validate_sft(config.sft)
+    validate_sft_source(config.sft, config.data)
     validate_preference(config.preference)
     validate_distill(config)
     validate_rollout(config)
@@ -92,14 +98,14 @@ def _validate_sequence_parallel(config: RunConfig, role: str) -> None:
         check(problem is None, f"{role}.sequence_parallel", f"{problem}".replace("the role's", f"workers.{ranks_key}:"))
     if degree == 1 or role != "actor":
         return
-    # The PPO / GRPO actor, critic and reference split sequences (docs/sequence-parallel.md); these not yet.
-    unwired = (
-        (config.sft.steps > 0, "SFT (the RL warm start, or the SFT pipeline) does not", "sft.steps=0 (no warm start)"),
-        (bool(config.distill.teacher or config.distill.teachers), "the distillation teachers do not", "no teacher"),
-        (config.rollout.exact, "the exact rollout mode (bit for bit unverified there) does not", "rollout.exact=false"),
+    # The RL actor, critic, reference and distillation teachers, SFT (its pipeline and the warm start), DPO and the
+    # reward model split sequences (docs/sequence-parallel.md); the exact rollout mode not yet.
+    check(
+        not config.rollout.exact,
+        "actor.sequence_parallel",
+        f"{degree}: the exact rollout mode (bit for bit unverified there) does not split sequences yet; use 1, or "
+        "rollout.exact=false",
     )
-    for used, what, instead in unwired:
-        check(not used, "actor.sequence_parallel", f"{degree}: {what} split sequences yet; use 1, or {instead}")
 
 
 def _validate_workers(config: RunConfig) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from roll_lite.config.key_checks import check, file_list, one_of
-from roll_lite.config.schema import PreferenceConfig, RunConfig, SFTConfig
+from roll_lite.config.schema import DataConfig, PreferenceConfig, RunConfig, SFTConfig
 from roll_lite.loss import DISTILL_SIGNALS, PAIR_LOSSES
 
 
@@ -25,9 +25,32 @@ def validate_sft(sft: SFTConfig) -> None:
     )
     check(sft.epochs is None or sft.epochs >= 1, "sft.epochs", f"must be >= 1 or null (unbounded), got {sft.epochs}")
     check(
-        not sft.steps or bool(sft.train_files),
+        not sft.steps or bool(sft.train_files) or sft.from_data_source,
         "sft.train_files",
-        f"sft.steps={sft.steps} needs training files (the warm start's or the SFT pipeline's data)",
+        f"sft.steps={sft.steps} needs training files (the warm start's or the SFT pipeline's data), or "
+        "sft.from_data_source=true with a data.source",
+    )
+
+
+def validate_sft_source(sft: SFTConfig, data: DataConfig) -> None:
+    """sft.from_data_source: the rows are data.source's training rows, rendered as the RL prompts are."""
+    if not sft.from_data_source:
+        return
+    check(
+        data.source is not None,
+        "sft.from_data_source",
+        "takes the rows of data.source, and data.source is null (name a source, or give sft.train_files)",
+    )
+    check(
+        not sft.train_files,
+        "sft.train_files",
+        "must be empty with sft.from_data_source=true (the rows come from data.source)",
+    )
+    check(
+        sft.apply_chat_template == data.apply_chat_template,
+        "sft.apply_chat_template",
+        f"must equal data.apply_chat_template ({data.apply_chat_template}) with sft.from_data_source=true: the "
+        "SFT prompts are rendered as the RL prompts are",
     )
 
 

@@ -13,11 +13,12 @@ Tokenized as RL sees the same text, so an SFT model starts RL on familiar prompt
   <|im_end|> and the newline). The template must render each such prefix as a prefix of the whole.
 
 Sequences longer than `sft.max_length` tokens are left out and counted, never truncated.
+With `sft.from_data_source` the rows are data.source's training rows (prompt, the package's answer).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from roll_lite.data.chat import as_messages, has_chat_template, message_problem, render_chat
@@ -52,13 +53,17 @@ class PreparedSFT:
     notes: list[str]
 
 
-def prepare_sft_datasets(sft, tokenizer) -> PreparedSFT:
-    """Train and eval sequences of an `SFTConfig`; raises DataError (one line) on any bad input."""
-    if not sft.train_files:
+def prepare_sft_datasets(sft, tokenizer, data=None, seed: int = 0) -> PreparedSFT:
+    """Train and eval sequences of an `SFTConfig`; raises DataError (one line) on any bad input.
+    With sft.from_data_source the training rows are `data.source`'s, seeded by `seed` as RL's are."""
+    if sft.from_data_source:
+        train, notes = source_sequences(sft, tokenizer, data, seed)
+    elif not sft.train_files:
         raise DataError(
             "sft.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)"
         )
-    train, notes = load_sft_files(sft.train_files, "sft.train_files", sft, tokenizer)
+    else:
+        train, notes = load_sft_files(sft.train_files, "sft.train_files", sft, tokenizer)
     evaluation = None
     if sft.eval_files:
         evaluation, eval_notes = load_sft_files(sft.eval_files, "sft.eval_files", sft, tokenizer)
@@ -66,7 +71,7 @@ def prepare_sft_datasets(sft, tokenizer) -> PreparedSFT:
     return PreparedSFT(train, evaluation, notes)
 
 
-def load_sft_files(files: Sequence[str], config_key: str, sft, tokenizer) -> tuple[SFTData, list[str]]:
+def load_sft_files(files: Sequence[str | Table], config_key: str, sft, tokenizer) -> tuple[SFTData, list[str]]:
     """The rows of `files`, concatenated in order, minus the sequences over sft.max_length."""
     return load_within_limit(
         files,
@@ -78,6 +83,19 @@ def load_sft_files(files: Sequence[str], config_key: str, sft, tokenizer) -> tup
         noun=("sequence", "sequences"),
         concat=SFTData.concat,
     )
+
+
+def source_sequences(sft, tokenizer, data, seed: int) -> tuple[SFTData, list[str]]:
+    """data.source's training rows (the held-out ones never: roll_lite.data.sources keeps them apart),
+    each its RL prompt, rendered as RL renders it (data.apply_chat_template), and the package's
+    reference answer as the response."""
+    from roll_lite.data.sources import source_tables
+
+    rows = source_tables(replace(data, source_eval_size=0), seed)[0]
+    pairs = [{"prompt": row[data.prompt_key], "response": row[data.answer_key]} for row in rows.rows]
+    table = Table(rows.path, "sft.from_data_source", pairs, ["prompt", "response"])
+    plain = replace(sft, prompt_key="prompt", response_key="response", apply_chat_template=data.apply_chat_template)
+    return load_sft_files([table], "sft.from_data_source", plain, tokenizer)
 
 
 def rows_to_sequences(table: Table, sft, tokenizer) -> SFTData:

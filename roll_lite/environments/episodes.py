@@ -46,7 +46,7 @@ from roll_lite.data.chat import as_messages, render_chat
 from roll_lite.environments.results import Result
 from roll_lite.environments.turns import Trajectory, observation_ids
 from roll_lite.errors import ConfigError
-from roll_lite.rollout.engine import Completions, SamplingParams
+from roll_lite.rollout.engine import Completions, SamplingParams, merge_routing
 
 # How a trajectory ended. The first two are the environment's; the next two are the loop's limits.
 ENDINGS = ("terminated", "truncated", "max_turns", "token_budget", "fault")
@@ -263,6 +263,10 @@ class EpisodeLoop:
             if not ids:
                 raise RuntimeError(f"the engine returned an empty turn for trajectory {key!r}")
             assert episode.trajectory is not None  # a waiting episode's, made by its reset
+            if completions.routed_experts is not None:  # an MoE engine's routing (actor.router_replay)
+                t = episode.trajectory
+                context = len(t.prompt_ids) + len(t.response_ids)
+                t.routed_experts = merge_routing(t.routed_experts, completions.routed_experts[row], context, len(ids))
             episode.trajectory.add_model_turn(ids, log_probs)
             episode.turn_ends.append(episode.response_tokens - 1)
             episode.turn_rewards.append(0.0)

@@ -9,6 +9,12 @@ token: what the chat template puts after that token (e.g. Qwen's newline after <
 observation as a user / tool message, and the generation prompt. `Trajectory` keeps the pieces apart,
 so the model's tokens (model_mask: trained) and the environment's (conditioned on, never trained) are
 known exactly.
+
+With an MoE policy whose engine records routing (actor.router_replay), each token keeps the experts of the engine's
+forward that first read it (roll_lite/rollout/engine.py `merge_routing`): a model turn's tokens those of the
+decoding steps that read them as they were generated; the prompt, an observation and a turn's last token those of
+the next turn's prefill; -1 where no forward read it (the trajectory's last token). docs/moe.md says what that makes
+exact.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import torch
 
 from roll_lite.data import DataProto
 from roll_lite.data.chat import as_messages, render_chat
-from roll_lite.data.sequences import build_sequence_batch
+from roll_lite.data.sequences import build_sequence_batch, token_aligned_experts
 
 # A conversation the template renders before the observation; only what follows its last assistant
 # turn's end-of-turn token is kept, so these contents never reach a trajectory.
@@ -60,6 +66,8 @@ class Trajectory:
 
     prompt_ids: list[int]
     pieces: list[tuple[list[int], list[float] | None]] = field(default_factory=list)
+    # an MoE engine's experts [tokens, layers, k] (int16) of the tokens up to the last model turn (merge_routing)
+    routed_experts: torch.Tensor | None = None
 
     def add_model_turn(self, token_ids: list[int], log_probs: list[float]) -> None:
         if len(token_ids) != len(log_probs):
@@ -84,6 +92,13 @@ class Trajectory:
             lp for ids, log_probs in self.pieces for lp in (log_probs if log_probs is not None else [0.0] * len(ids))
         ]
 
+    def token_experts(self) -> torch.Tensor:
+        """routed_experts over every token (prompt + response): -1 after the last model turn (nothing read them)."""
+        assert self.routed_experts is not None
+        missing = len(self.prompt_ids) + len(self.response_ids) - len(self.routed_experts)
+        tail = torch.full((missing, *self.routed_experts.shape[1:]), -1, dtype=self.routed_experts.dtype)
+        return torch.cat([self.routed_experts, tail])
+
     @property
     def num_model_turns(self) -> int:
         return sum(log_probs is not None for _, log_probs in self.pieces)
@@ -107,4 +122,8 @@ def trajectory_batch(trajectories: list[Trajectory], pad_token_id: int) -> DataP
             trajectory.model_mask, dtype=torch.long
         )
     batch.batch["model_mask"] = model_mask
+    if trajectories and all(t.routed_experts is not None for t in trajectories):  # an MoE engine's (merge_routing)
+        batch.batch["routed_experts"] = token_aligned_experts(
+            batch["attention_mask"], [t.token_experts() for t in trajectories]
+        )
     return batch

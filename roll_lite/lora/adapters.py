@@ -8,7 +8,10 @@ without LoRA. Names here are the model's own (`model.layers.0.self_attn.q_proj.l
 `peft_names` turns them into what `PeftModel.save_pretrained` writes.
 
 The LM head is never adapted: the chunked log-prob head (roll_lite/model/logprobs.py) multiplies by its
-weight directly, so an adapter there would be skipped in training. Only nn.Linear modules are.
+weight directly, so an adapter there would be skipped in training. nn.Linear modules are, and on an MoE model the
+experts' fused [experts, out, in] weights (`target_parameters`: peft's ParamWrapper, which adds B·A per expert to the
+weight for the forward's duration). Two wrapped parameters of one experts module nest: the inner wrapper's tensors
+are `experts.base_layer.lora_A...`, the base weights `experts.base_layer.base_layer.gate_up_proj`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from roll_lite.lora.settings import LoraSettings
 
 ADAPTER = "default"  # peft's adapter name; one adapter per model
 ADAPTER_TENSOR = re.compile(r"\.lora_[AB]\.")
+BASE_LAYER = re.compile(r"\.base_layer(?=\.)")  # nested wrappers: one per wrapped expert weight
 WEIGHTS_FILE = "adapter_model.safetensors"
 
 
@@ -59,7 +63,44 @@ def target_modules(settings: LoraSettings, lm: nn.Module, key: str = "actor.lora
     return sorted(set(wanted))
 
 
-def peft_config(settings: LoraSettings, targets: list[str], base_model: str | None = None):
+def expert_parameter_names(lm: nn.Module) -> list[str]:
+    """The short names of the MoE experts' fused 3-D weights (gate_up_proj, down_proj); empty for a dense model."""
+    from roll_lite.model.moe import moe_blocks
+
+    return sorted({name for block in moe_blocks(lm) for name, p in block.experts.named_parameters() if p.ndim == 3})
+
+
+def target_parameters(settings: LoraSettings, lm: nn.Module, key: str = "actor.lora") -> list[str]:
+    """`target_parameters` resolved against the model as peft's names (`experts.gate_up_proj`): none, `experts`
+    (every expert weight) or a list of short names, each of which must name one (a ConfigError otherwise)."""
+    wanted = settings.target_parameters
+    if not wanted:
+        return []
+    from roll_lite.model.moe import moe_blocks
+
+    fused = expert_parameter_names(lm)
+    if not fused:
+        raise ConfigError(
+            f"{key}.target_parameters: {type(lm).__name__} has no MoE experts with fused 3-D weights to adapt; "
+            "use null (target_modules adapts its Linear layers)"
+        )
+    if any(getattr(block.experts, "is_transposed", False) for block in moe_blocks(lm)):
+        raise ConfigError(
+            f"{key}.target_parameters: {type(lm).__name__}'s experts store [experts, in, out]; unsupported"
+        )
+    names = fused if wanted == "experts" else [wanted] if isinstance(wanted, str) else list(wanted)
+    unknown = [name for name in names if name not in fused]
+    if unknown:
+        raise ConfigError(
+            f"{key}.target_parameters: {unknown} name no expert weight of {type(lm).__name__}; its experts' weights "
+            f"are {fused}, or say experts"
+        )
+    return [f"experts.{name}" for name in sorted(set(names))]
+
+
+def peft_config(
+    settings: LoraSettings, targets: list[str], base_model: str | None = None, parameters: list[str] | None = None
+):
     from peft import LoraConfig
 
     return LoraConfig(
@@ -67,6 +108,7 @@ def peft_config(settings: LoraSettings, targets: list[str], base_model: str | No
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
         target_modules=targets,
+        target_parameters=parameters or None,
         bias="none",
         base_model_name_or_path=base_model,
     )
@@ -77,7 +119,8 @@ def add_adapters(lm: nn.Module, settings: LoraSettings, seed: int, key: str = "a
     generator seeded by `seed` (lora_B starts at zero, so the model computes what it did before)."""
     from peft import inject_adapter_in_model
 
-    config = peft_config(settings, target_modules(settings, lm, key))
+    parameters = target_parameters(settings, lm, key)
+    config = peft_config(settings, target_modules(settings, lm, key), parameters=parameters)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         inject_adapter_in_model(config, lm, adapter_name=ADAPTER)
@@ -86,11 +129,33 @@ def add_adapters(lm: nn.Module, settings: LoraSettings, seed: int, key: str = "a
 
 def adapted_modules(model: nn.Module) -> list[str]:
     """The short names of the modules that hold an adapter (target_modules as resolved)."""
+    from peft.tuners.lora.layer import ParamWrapper
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     return sorted(
-        {name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)}
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, BaseTunerLayer) and not isinstance(module, ParamWrapper)
+        }
     )
+
+
+def wrapped_parameters(model: nn.Module) -> dict[str, str]:
+    """Each parameter adapter's prefix (`model.layers.0.mlp.experts.base_layer`) -> the plain HF name of the weight
+    it adapts (`model.layers.0.mlp.experts.gate_up_proj`); empty without target_parameters."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    return {
+        name: base_name(f"{name}.{module.parameter_name}")
+        for name, module in model.named_modules()
+        if isinstance(module, ParamWrapper)
+    }
+
+
+def adapted_parameters(model: nn.Module) -> list[str]:
+    """target_parameters as resolved, in peft's names (`experts.gate_up_proj`)."""
+    return sorted({"experts." + name.rsplit(".", 1)[-1] for name in wrapped_parameters(model).values()})
 
 
 def adapted_modules_in(adapters: dict[str, torch.Tensor]) -> list[str]:
@@ -119,33 +184,50 @@ def adapter_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def base_name(name: str) -> str:
     """An adapted layer's frozen weight under the name a plain HF checkpoint gives it."""
-    return name.replace(".base_layer.", ".")
+    return BASE_LAYER.sub("", name)
 
 
-def merged_state(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
-    """The plain HF state dict of base + adapters: W + scale · B A for every adapted layer. Computed in
-    float64 then cast back, so the merge adds no rounding of its own beyond the final cast."""
+def _factors(state: dict[str, torch.Tensor], prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return state[f"{prefix}.lora_A.{ADAPTER}.weight"].double(), state[f"{prefix}.lora_B.{ADAPTER}.weight"].double()
+
+
+def expert_delta(a: torch.Tensor, b: torch.Tensor, experts: int) -> torch.Tensor:
+    """B·A per expert [experts, out, in] from a ParamWrapper's lora_A [r·experts, in] and lora_B [out, r·experts]:
+    A's rows are expert-major, B's columns rank-major (peft's layout)."""
+    return torch.einsum("ore,eri->eoi", b.reshape(b.shape[0], -1, experts), a.reshape(experts, -1, a.shape[-1]))
+
+
+def merged_state(
+    state: dict[str, torch.Tensor], scale: float, wrapped: dict[str, str] | None = None
+) -> dict[str, torch.Tensor]:
+    """The plain HF state dict of base + adapters: W + scale · B A for every adapted layer, and for every wrapped
+    expert weight (`wrapped`: wrapped_parameters of the model). Computed in float64 then cast back, so the merge adds
+    no rounding of its own beyond the final cast."""
     merged = {}
     for name, tensor in state.items():
         if is_adapter(name):
             continue
-        if ".base_layer." in name and name.endswith(".weight"):
-            prefix = name.removesuffix(".base_layer.weight")
-            a, b = state[f"{prefix}.lora_A.{ADAPTER}.weight"], state[f"{prefix}.lora_B.{ADAPTER}.weight"]
-            tensor = (tensor.double() + scale * (b.double() @ a.double())).to(tensor.dtype)
+        if name.endswith(".base_layer.weight"):  # an adapted Linear layer's (wrapped expert weights: below)
+            a, b = _factors(state, name.removesuffix(".base_layer.weight"))
+            tensor = (tensor.double() + scale * (b @ a)).to(tensor.dtype)
         merged[base_name(name)] = tensor
+    for prefix, name in (wrapped or {}).items():
+        a, b = _factors(state, prefix)
+        weight = merged[name]
+        merged[name] = (weight.double() + scale * expert_delta(a, b, weight.shape[0])).to(weight.dtype)
     return merged
 
 
+def merged_for(state: dict[str, torch.Tensor], settings: LoraSettings, lm: nn.Module) -> dict[str, torch.Tensor]:
+    """merged_state of `lm`'s full state dict with `settings`' scale."""
+    return merged_state(state, scaling(settings), wrapped_parameters(lm))
+
+
 def to_adapted_names(state: dict[str, torch.Tensor], lm: nn.Module) -> dict[str, torch.Tensor]:
-    """A plain HF state dict under the names of `lm`, whose adapted layers hold `base_layer`."""
-    names = set(lm.state_dict())
-    adapted = {}
-    for name, tensor in state.items():
-        prefix, _, leaf = name.rpartition(".")
-        inner = f"{prefix}.base_layer.{leaf}"
-        adapted[inner if inner in names else name] = tensor
-    return adapted
+    """A plain HF state dict under the names of `lm`, whose adapted layers hold `base_layer` (nested wrappers:
+    several)."""
+    adapted = {base_name(name): name for name in lm.state_dict() if not is_adapter(name)}
+    return {adapted.get(name, name): tensor for name, tensor in state.items()}
 
 
 def base_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -164,12 +246,13 @@ def write_peft_adapter(
     settings: LoraSettings,
     targets: list[str],
     base_model: str | None = None,
+    parameters: list[str] | None = None,
 ) -> None:
     """An adapter folder in PEFT's format: adapter_config.json and adapter_model.safetensors."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    peft_config(settings, targets, base_model).save_pretrained(str(folder))
+    peft_config(settings, targets, base_model, parameters).save_pretrained(str(folder))
     tensors = {name: tensor.detach().contiguous().cpu() for name, tensor in peft_names(adapters).items()}
     save_file(tensors, str(folder / WEIGHTS_FILE), metadata={"format": "pt"})
 

@@ -19,10 +19,10 @@ from torch import nn
 
 from roll_lite.lora.adapters import (
     adapted_modules,
+    adapted_parameters,
     adapter_state,
     base_state,
-    merged_state,
-    scaling,
+    merged_for,
     write_peft_adapter,
 )
 from roll_lite.lora.settings import LoraSettings
@@ -45,8 +45,9 @@ def save_lora_final(
     if pretrained_path is None:
         save_hf(partial / "base", base_state(state))
         base_model = str((target / "base").resolve())
-    write_peft_adapter(partial, adapter_state(state), settings, adapted_modules(lm), base_model)
+    adapters = adapter_state(state)
+    write_peft_adapter(partial, adapters, settings, adapted_modules(lm), base_model, adapted_parameters(lm))
     if settings.save_merged:
-        save_hf(partial / "merged", merged_state(state, scaling(settings)))
+        save_hf(partial / "merged", merged_for(state, settings, lm))
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)

@@ -17,6 +17,9 @@ class LoraSettings:
     # gradient depends on how the batch is cut (the exactness promise holds at 0)
     dropout: float = 0.0
     target_modules: Any = "all-linear"  # all-linear (every Linear but the LM head) or a list of names: [q_proj, v_proj]
+    # an MoE model's fused expert weights to adapt too (peft's target_parameters, one B·A per expert): experts (all:
+    # gate_up_proj and down_proj), a list of their names, or null: none (docs/lora.md)
+    target_parameters: Any = None
     # also write the merged model (base + adapters, plain transformers) to final/merged
     save_merged: bool = False
 
@@ -27,3 +30,8 @@ class LoraSettings:
             raise ValueError(f"{prefix}alpha: must be > 0, got {self.alpha}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"{prefix}dropout: must be in [0, 1), got {self.dropout}")
+        if self.rank and self.target_parameters and self.dropout:
+            raise ValueError(
+                f"{prefix}dropout: peft's expert-weight adapters ({prefix}target_parameters) take no dropout (its "
+                f"input cannot be factored out of B·A·x); use 0, got {self.dropout}"
+            )

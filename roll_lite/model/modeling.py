@@ -171,7 +171,9 @@ class CausalLMWithValueHead(_HeadOnDecoder):
         temperature: float = 1.0,
         with_entropy: bool = False,
         sequence_parallel=None,
+        gather_ids: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
+        """`gather_ids`: a distillation teacher's top-k ids, carried by the batch for the policy: unused here."""
         hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen, sequence_parallel)
         # squeeze(-1) alone returns a view, and FSDP2 warns on view outputs (see CausalLMWithLogProbs).
         return {"values": self.value_head(hidden).squeeze(-1).clone()}
@@ -202,10 +204,16 @@ class CausalLMWithScoreHead(_HeadOnDecoder):
         max_seqlen=None,
         temperature: float = 1.0,
         with_entropy: bool = False,
+        sequence_parallel=None,
     ) -> dict[str, torch.Tensor]:
-        hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
+        """With `sequence_parallel` the scores of this rank's slice as they are: the exchange moves them one
+        position ahead once it holds the whole sequence's (a slice's last needs the next slice's first)."""
+        hidden = self.hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen, sequence_parallel)
+        scores = self.score(hidden).squeeze(-1).clone()
+        if sequence_parallel is not None:
+            return {"scores": scores}
         # One position ahead (the wrapped-around last column is never read): alignment moves it back.
-        return {"scores": torch.roll(self.score(hidden).squeeze(-1), shifts=-1, dims=1)}
+        return {"scores": torch.roll(scores, shifts=-1, dims=1)}
 
 
 def sequence_classifier_state(lm: nn.Module, state: dict[str, torch.Tensor]) -> tuple[nn.Module, dict]:

@@ -24,13 +24,18 @@ MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
 MOE_MODEL_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 
-def moe_routers(model: nn.Module) -> list[nn.Module]:
-    """The routers of a model's sparse MoE blocks, in layer order (empty for a dense model)."""
+def moe_blocks(model: nn.Module) -> list[nn.Module]:
+    """A model's sparse MoE blocks (a router `.gate` and `.experts`), in layer order (empty for a dense model)."""
     return [
-        module.gate
+        module
         for module in model.modules()
         if hasattr(module, "experts") and hasattr(getattr(module, "gate", None), "top_k")
     ]
+
+
+def moe_routers(model: nn.Module) -> list[nn.Module]:
+    """The routers of a model's sparse MoE blocks, in layer order (empty for a dense model)."""
+    return [block.gate for block in moe_blocks(model)]
 
 
 def is_moe(model: nn.Module) -> bool:

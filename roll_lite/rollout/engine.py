@@ -73,3 +73,16 @@ class RolloutEngine(Protocol):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions: ...
 
     def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None: ...
+
+
+def merge_routing(known: torch.Tensor | None, generated: torch.Tensor, context: int, kept: int) -> torch.Tensor:
+    """A token sequence's experts after a generate call that continued it (a multi-turn trajectory's model turn, a
+    partial rollout's segment): [context + kept, layers, k] int16. `generated`: that call's routing of the sequence
+    ([context + sampled, layers, k]: the prefill's for the `context` tokens, each decoding step's for the token it
+    read, -1 for the last), of which `kept` sampled tokens stay. A token an earlier call's forward read keeps that
+    forward's experts (`known`: -1 where none read it): the first read wins."""
+    merged = generated[: context + kept].to(torch.int16).clone()
+    if known is not None:
+        read = (known >= 0).flatten(1).all(-1)  # tokens with a routing: the engine records a whole token or none
+        merged[: len(known)][read] = known[read]
+    return merged

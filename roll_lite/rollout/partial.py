@@ -7,7 +7,10 @@ takes it. Every token keeps the weight version that sampled it and the engine's 
 weights, so the loss can correct each token against its own behaviour policy.
 
 A row continues by resubmitting its prompt and the tokens it has so far (no KV cache survives a
-weight update). What happens to the rows in flight when the weights change is `on_update`:
+weight update). An MoE engine's routing (actor.router_replay) goes with the row: each token keeps the experts of the
+forward that first read it (roll_lite/rollout/engine.py merge_routing), so a continued row's earlier tokens keep the
+routing of the weights that read them first, not the new weights' prefill's. What happens to the rows in flight
+when the weights change is `on_update`:
 
 - `continue`: they go on under the new weights from where they are (AReaL's partial rollout);
 - `drop`: their tokens are thrown away and they start again under the new weights (slime's);
@@ -24,7 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from roll_lite.rollout.engine import Completions, SamplingParams
+import torch
+
+from roll_lite.rollout.engine import Completions, SamplingParams, merge_routing
 
 ON_UPDATE = ("continue", "drop")
 
@@ -38,6 +43,7 @@ class Row:
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # the weight version of each token
     done: bool = False
+    experts: torch.Tensor | None = None  # an MoE engine's routing [prompt + tokens, layers, k] (merge_routing)
 
 
 @dataclass
@@ -101,12 +107,14 @@ class PartialRollouts:
             raise RuntimeError(f"partial rollouts: cohort {cohort} is not finished ({self.describe(cohort)})")
         del self.cohorts[cohort]
         versions = [row.versions for row in c.rows]
+        routed = [row.experts for row in c.rows]
         return Completions(
             [row.tokens for row in c.rows],
             [row.log_probs for row in c.rows],
             weight_version=min((v for row in versions for v in row), default=-1),
             token_versions=versions,
             dropped_tokens=c.dropped_tokens,
+            routed_experts=routed if all(r is not None for r in routed) else None,
         )
 
     def describe(self, cohort: int) -> str:
@@ -123,7 +131,7 @@ class PartialRollouts:
         for row in c.rows:
             if not row.done and row.versions and row.versions[-1] != version:
                 c.dropped_tokens += len(row.tokens)
-                row.tokens, row.log_probs, row.versions = [], [], []
+                row.tokens, row.log_probs, row.versions, row.experts = [], [], [], None
 
     def _append(self, c: Cohort, rows: list[Row], result: Completions, version: int) -> None:
         """Each row's new tokens, cut to what its max_new_tokens leaves (one call runs rows of different
@@ -134,8 +142,11 @@ class PartialRollouts:
                 f"{'without' if result.log_probs is None else 'with'} log-probs for {len(rows)} sampled rows"
             )
         limit = c.params.max_new_tokens
-        for row, tokens, log_probs in zip(rows, result.token_ids, result.log_probs):
+        for i, (row, tokens, log_probs) in enumerate(zip(rows, result.token_ids, result.log_probs)):
             room = limit - len(row.tokens)
+            if result.routed_experts is not None:
+                context = len(row.prompt) + len(row.tokens)
+                row.experts = merge_routing(row.experts, result.routed_experts[i], context, len(tokens[:room]))
             row.tokens += tokens[:room]
             row.log_probs += log_probs[:room]
             row.versions += [version] * len(tokens[:room])
@@ -148,7 +159,7 @@ class PartialRollouts:
                 "params": vars(c.params),
                 "on_update": c.on_update,
                 "dropped_tokens": c.dropped_tokens,
-                "rows": [vars(row) for row in c.rows],
+                "rows": [{**vars(row), "experts": _listed(row.experts)} for row in c.rows],
             }
             for number, c in self.cohorts.items()
         }
@@ -159,8 +170,16 @@ class PartialRollouts:
                 c["prompts"],
                 SamplingParams(**c["params"]),
                 c["on_update"],
-                [Row(**row) for row in c["rows"]],
+                [Row(**{**row, "experts": _tensor(row.get("experts"))}) for row in c["rows"]],
                 int(c["dropped_tokens"]),
             )
             for number, c in state.items()
         }
+
+
+def _listed(experts: torch.Tensor | None) -> list | None:  # the state is JSON (pipelines/async_schedule.py)
+    return None if experts is None else experts.tolist()
+
+
+def _tensor(experts: list | None) -> torch.Tensor | None:
+    return None if experts is None else torch.tensor(experts, dtype=torch.int16)

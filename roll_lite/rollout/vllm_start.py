@@ -4,6 +4,7 @@ that describes how it runs."""
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 from typing import Any
@@ -83,7 +84,7 @@ def start_llm(
     import vllm
 
     with tempfile.TemporaryDirectory(prefix="roll_lite_vllm_config_") as folder:
-        hf_config.save_pretrained(folder)  # config.json only: vLLM reads the architecture from it at start
+        causal_lm_architecture(hf_config).save_pretrained(folder)  # config.json: vLLM reads the architecture
         llm = vllm.LLM(
             model=folder,
             load_format="dummy",
@@ -111,3 +112,16 @@ def describe(tensor_parallel_size: int, logprobs_mode: str, release_memory: bool
         where = "in this process" if tensor_parallel_size == 1 else f"{tensor_parallel_size} tensor-parallel workers"
         sleep = "sleeps between generations (level 1)" if release_memory else "keeps its memory"
     return f"vllm {installed_vllm_version()} ({where}, logprobs_mode={logprobs_mode}, {sleep})"
+
+
+def causal_lm_architecture(hf_config):
+    """`hf_config`, or a copy naming its causal-LM class in `architectures` where it names none (a config built
+    from the `model` keys): vLLM resolves a config without one to the model type's base model, a pooling model
+    for some (qwen3_moe: Qwen3MoeModel), which then fails to start without a tokenizer."""
+    if getattr(hf_config, "architectures", None):
+        return hf_config
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    named = copy.deepcopy(hf_config)
+    named.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[hf_config.model_type]]
+    return named

@@ -32,8 +32,9 @@ PLOTTED = (
     "eval/turns_to_terminate",
     "env/env_s",
 )
-# and the engine / trainer mismatch of every step, one chart each (pipelines/mismatch.py)
-PLOTTED_PATTERN = re.compile(r"rollout/mismatch/[^/]+/(logp_gap_p99|ratio_out_of_band)")
+# one chart each: the engine / trainer mismatch per source (pipelines/mismatch.py), an MoE policy's expert load
+# per layer (pipelines/moe_routing.py)
+PLOTTED_PATTERN = re.compile(r"rollout/mismatch/[^/]+/(logp_gap_p99|ratio_out_of_band)|moe/load/layer\d+/max")
 
 
 def since_launch_s() -> float:

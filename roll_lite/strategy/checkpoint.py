@@ -55,11 +55,21 @@ def _sharded_state(strategy) -> dict:
 # threads, every step after the first checkpoint was ~55 % slower.
 
 
+def _for_dcp(strategy, state: dict) -> dict:
+    """What DCP reads and writes: under expert parallelism each rank's experts as their piece of the whole tensors
+    (roll_lite/strategy/expert_parallel.py checkpoint_view, sharing storage), else `state` itself."""
+    if getattr(strategy, "expert_parallel", None) is None:
+        return state
+    from roll_lite.strategy.expert_parallel import checkpoint_view
+
+    return checkpoint_view(state, strategy.model, strategy.expert_parallel)
+
+
 def save_sharded(strategy, folder: Path) -> None:
     """A collective: every rank calls it with the same folder."""
     folder.mkdir(parents=True, exist_ok=True)
     with one_torch_thread():
-        dcp.save(_sharded_state(strategy), checkpoint_id=str(folder))
+        dcp.save(_for_dcp(strategy, _sharded_state(strategy)), checkpoint_id=str(folder))
     if strategy.rank == 0 and strategy.optimizer is not None:
         torch.save(
             {"scheduler": strategy.scheduler.state_dict(), "skipped_in_a_row": strategy.skipped_in_a_row},
@@ -73,7 +83,7 @@ def load_sharded(strategy, folder: Path) -> None:
     strategy.frozen_in_checkpoint = _holds_frozen_parameters(strategy, folder)
     state = _sharded_state(strategy)  # the targets: this run's shapes and sharding
     with one_torch_thread():
-        dcp.load(state, checkpoint_id=str(folder))
+        dcp.load(_for_dcp(strategy, state), checkpoint_id=str(folder))
     if strategy.optimizer is None:
         set_model_state_dict(strategy.model, state["model"], options=_options(strategy, loading=True))
         return

@@ -41,7 +41,8 @@ class StrategyConfig:
     # the reference runs at the actor's S on workers.reference_dp) form D = ranks / S data-parallel groups of S
     # ranks; the S ranks of a group share its rows, each holding 1/S of every sequence. S must divide the role's
     # ranks and the model's attention heads, and the KV heads must be a multiple or a divisor of S (fewer KV heads
-    # than S are repeated). Above 1: the PPO / GRPO pipelines on Ray (not yet SFT, DPO, reward models, teachers)
+    # than S are repeated). Above 1: on Ray, every forward of the RL (the teachers too), SFT (and warm start), DPO
+    # and reward-model pipelines; not yet rollout.exact
     sequence_parallel: int = 1
     # MoE policies (roll_lite/loss/aux.py), the actor's: weight of the load-balancing loss E/L · Σ_l Σ_e f_le · P_le
     # (Switch Transformer's, with f_le from the expert counts of the whole step over every rank and micro-batch,
@@ -55,9 +56,15 @@ class StrategyConfig:
     # MoE policies, the actor's (docs/moe.md): null (off) | compare | rollout. rollout (R3): the old-log-prob and
     # training forwards use the experts the rollout engine chose for each prompt and response token, per layer (the
     # hf engine records them); compare: the engine records them and the trainer routes on its own, logging the
-    # routing drift (moe/routing_drift) without replaying. Needs rollout.engine=hf; not yet with multi-turn
-    # environments or partial rollouts (rollout.fully_async)
+    # routing drift (moe/routing_drift) without replaying. Needs rollout.engine=hf; multi-turn trajectories and
+    # partial rollouts keep each token's routing from the forward that first read it
     router_replay: str | None = None
+    # EP: expert parallelism for MoE policies (docs/moe.md), the actor's. The role's R ranks form R / EP groups of EP;
+    # each rank of a group holds num_experts / EP experts of every MoE layer and the group's tokens go to their
+    # experts' owner by all-to-all; every rank still trains on its own rows (D = R). EP must divide the role's ranks
+    # and the model's experts; not with sequence_parallel above 1, LoRA, rollout.exact or gradient checkpointing.
+    # The reference and the teachers run at 1 (every expert, FSDP2-sharded); the critic's: only 1
+    expert_parallel: int = 1
     lora: LoraSettings = field(default_factory=LoraSettings)
 
     def validate(self, prefix: str = "") -> None:
@@ -87,6 +94,19 @@ class StrategyConfig:
             fail("max_consecutive_skipped_steps", f"must be >= 1 or null, got {self.max_consecutive_skipped_steps}")
         if self.sequence_parallel < 1:
             fail("sequence_parallel", f"must be >= 1, got {self.sequence_parallel}")
+        if self.expert_parallel < 1:
+            fail("expert_parallel", f"must be >= 1, got {self.expert_parallel}")
+        if self.expert_parallel > 1 and self.sequence_parallel > 1:
+            fail(
+                "expert_parallel",
+                f"{self.expert_parallel} with {prefix}sequence_parallel={self.sequence_parallel}: the two are not "
+                "composed yet; set one of them to 1",
+            )
+        if self.expert_parallel > 1 and self.lora.rank:
+            fail(
+                "expert_parallel",
+                f"{self.expert_parallel} with LoRA ({prefix}lora.rank > 0) is not supported yet; use 1",
+            )
         if self.router_replay is not None and self.router_replay not in ROUTER_REPLAY:
             fail("router_replay", f"'{self.router_replay}' is not one of null, {', '.join(ROUTER_REPLAY)}")
         for key in ("moe_aux_loss_coef", "moe_z_loss_coef"):
@@ -111,4 +131,16 @@ def sequence_parallel_problem(degree: int, ranks: int, heads: int | None, kv_hea
             f"the model's {kv_heads} key / value heads are neither a multiple of {degree} nor a divisor of it "
             "(fewer than S are repeated to S, which needs S to be a multiple of them)"
         )
+    return None
+
+
+def expert_parallel_problem(degree: int, ranks: int, num_experts: int | None) -> str | None:
+    """Why an expert-parallel degree cannot run on `ranks` ranks with a model of `num_experts` experts per MoE
+    layer (None: unknown, not checked), or None when it can: every rank of an EP group owns num_experts / EP."""
+    if degree == 1:
+        return None
+    if ranks % degree:
+        return f"{degree} does not divide the role's {ranks} ranks (R / EP groups of EP ranks)"
+    if num_experts is not None and num_experts % degree:
+        return f"{degree} does not divide the model's {num_experts} experts (each rank of a group owns experts / EP)"
     return None

@@ -36,6 +36,7 @@ from roll_lite.model.modeling import CausalLMWithScoreHead, CausalLMWithValueHea
 from roll_lite.runtime.metrics import reduce_metrics, to_float
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import broadcast_from_rank0, init_distributed, resolve_device
+from roll_lite.strategy.expert_parallel import ExpertParallel, expert_parallel_mesh, shard_experts, whole_experts
 from roll_lite.strategy.micro_batches import (
     LossFunc,
     forward_micro_batch,
@@ -52,6 +53,7 @@ from roll_lite.strategy.micro_batches import (
 )
 from roll_lite.strategy.moe_stats import moe_forward, moe_step_setup, replays, uses_moe_forward
 from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite, skipped_step_message
+from roll_lite.strategy.optim import clip_grad_norm, lr_lambda
 from roll_lite.strategy.sequence_parallel import SequenceParallel, sequence_parallel_mesh
 from roll_lite.strategy.vision_inputs import policy_head
 
@@ -63,27 +65,13 @@ def _dtype_of(model: nn.Module) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
-def _lr_lambda(config: StrategyConfig):
-    def factor(step: int) -> float:
-        if step < config.warmup_steps:
-            return (step + 1) / config.warmup_steps
-        if config.lr_schedule == "cosine":
-            progress = min(1.0, (step - config.warmup_steps) / max(1, config.total_steps - config.warmup_steps))
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0
-
-    return factor
-
-
-def _check_sequence_parallel(lm: nn.Module, head: str, degree: int, world_size: int) -> None:
+def _check_sequence_parallel(lm: nn.Module, degree: int, world_size: int) -> None:
     from roll_lite.strategy.config import sequence_parallel_problem
 
     heads = getattr(lm.config, "num_attention_heads", None)
     problem = sequence_parallel_problem(degree, world_size, heads, getattr(lm.config, "num_key_value_heads", heads))
     if problem is not None:
         raise ValueError(f"strategy.sequence_parallel: {problem}")
-    if head == "score":
-        raise NotImplementedError("strategy.sequence_parallel: the score head (a reward model) is not sharded yet")
 
 
 class FSDP2Strategy:
@@ -91,7 +79,8 @@ class FSDP2Strategy:
     (policy, reference), 'value' (critic) or 'score' (a reward model in training, its new head drawn
     from `head_seed`); `trainable=False` builds no optimizer (reference). With config.sequence_parallel
     = S > 1 the ranks form D = ranks / S groups of S (sequence_parallel.py): give the S ranks of data-parallel
-    rank `dp_rank` the same share of the global batch."""
+    rank `dp_rank` the same share of the global batch. With config.expert_parallel = EP > 1 (an MoE model) every rank
+    holds num_experts / EP experts of each MoE layer (expert_parallel.py) and is still a data-parallel rank of its own."""
 
     def __init__(
         self,
@@ -108,11 +97,16 @@ class FSDP2Strategy:
         self.config = config
         self.device = resolve_device(device)
         self.rank, self.world_size = init_distributed(self.device)
-        # S = 1: no mesh of its own, FSDP2 on the default group's one-dimensional mesh (_shard)
+        # S = EP = 1: no mesh of its own, FSDP2 on the default group's one-dimensional mesh (_shard)
         self.mesh: DeviceMesh | None = None
         self.sequence_parallel: SequenceParallel | None = None
+        self.expert_parallel: ExpertParallel | None = None  # EP > 1: this rank's EP group (expert_parallel.py)
+        if config.expert_parallel > 1:
+            self.mesh, self.expert_parallel = expert_parallel_mesh(
+                lm, config.expert_parallel, self.device.type, self.world_size
+            )
         if config.sequence_parallel > 1:
-            _check_sequence_parallel(lm, head, config.sequence_parallel, self.world_size)
+            _check_sequence_parallel(lm, config.sequence_parallel, self.world_size)
             self.mesh, self.sequence_parallel = sequence_parallel_mesh(
                 self.device.type, self.world_size, config.sequence_parallel
             )
@@ -165,7 +159,7 @@ class FSDP2Strategy:
             weight_decay=config.weight_decay,
             **kernel,
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """What the optimizer steps: every parameter, or with LoRA (roll_lite/lora/adapters.py) the adapters
@@ -216,6 +210,8 @@ class FSDP2Strategy:
         if compute_dtype != model_dtype:
             mp_policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
         mesh = self.mesh if self.mesh is not None else init_device_mesh(self.device.type, (self.world_size,))
+        if self.expert_parallel is not None:  # the experts first: the layers' fully_shard then leaves them
+            shard_experts(model, self.expert_parallel, mp_policy)
         for layer in decoder_layers(model):
             fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
         fully_shard(model, mesh=mesh, mp_policy=mp_policy)
@@ -309,13 +305,7 @@ class FSDP2Strategy:
         logger.warning(skipped_step_message(grad_norm, self.skipped_in_a_row, self.rank, finding))
 
     def _clip_grad_norm(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        total_norm = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
-        if isinstance(total_norm, DTensor):
-            total_norm = total_norm.full_tensor()
-        if self.config.max_grad_norm is not None and math.isfinite(total_norm.item()):
-            torch.nn.utils.clip_grads_with_norm_(params, self.config.max_grad_norm, total_norm)
-        return float(total_norm.item())
+        return clip_grad_norm(self.model, self.config.max_grad_norm, self.expert_parallel)
 
     # -- inference ----------------------------------------------------------------------------
 
@@ -373,7 +363,10 @@ class FSDP2Strategy:
         # cpu_offload=True would leave the dict empty on ranks other than 0
         options = StateDictOptions(full_state_dict=True, ignore_frozen_params=trainable_only)
         state = get_model_state_dict(self.model, options=options)
-        return {name.removeprefix("lm."): value.detach().cpu() for name, value in state.items()}
+        state = {name.removeprefix("lm."): value.detach().cpu() for name, value in state.items()}
+        if self.expert_parallel is not None:
+            whole_experts(state, self.model, self.expert_parallel, self.device)
+        return state
 
     def own_parameters(self) -> dict[str, torch.Tensor]:
         """One rank only: the HF-named parameters (and buffers) themselves, detached, no copy. Their

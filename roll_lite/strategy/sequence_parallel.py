@@ -21,7 +21,8 @@ The head and the loss. The LM head runs on each rank's slice: its targets are th
 sequence, shifted before slicing, so a slice's last position predicts the next slice's first token; no rank
 holds more than its slice's logits, one chunk at a time. The per-token outputs (log-probs, entropy, values:
 [rows, tokens], not logits) are then all-gathered in the group, with an autograd function whose backward
-keeps this rank's slice of the gradient. So loss_func sees whole sequences on every rank of the group,
+keeps this rank's slice of the gradient (a reward model's scores, which read one position ahead, are
+moved there after the gather, as a whole row: a slice's last score is the next slice's first). So loss_func sees whole sequences on every rank of the group,
 exactly as at S = 1: every agg mode, per-sequence losses and a user's own loss_func need nothing new, and
 the global counts (batch_num_tokens, global_valid_samples) are all-reduced over the "dp" group only: each
 token is counted once, not S times.
@@ -42,7 +43,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from roll_lite.model.modeling import CausalLMWithLogProbs
+from roll_lite.model.modeling import CausalLMWithLogProbs, CausalLMWithScoreHead
 
 _MESHES: dict[tuple, tuple[DeviceMesh, SequenceParallel]] = {}
 
@@ -157,7 +158,10 @@ class SequenceParallel:
         if isinstance(model, CausalLMWithLogProbs):
             head_options["targets"] = targets[:, mine]
         outputs = model(input_ids[:, mine], position_ids[:, mine], **attention, sequence_parallel=self, **head_options)
-        return {name: self.gather_sequence(values)[:, :length] for name, values in outputs.items()}
+        whole = {name: self.gather_sequence(values) for name, values in outputs.items()}
+        if isinstance(model, CausalLMWithScoreHead):  # one position ahead, as its forward does at S = 1
+            whole = {name: torch.roll(values, shifts=-1, dims=1) for name, values in whole.items()}
+        return {name: values[:, :length] for name, values in whole.items()}
 
     def check_same_rows(self, mask_sums: torch.Tensor, rows: int, device: torch.device) -> None:
         """The S ranks of a group must hold the same rows: compare their counts (cheap, and a wrong split
