@@ -7,21 +7,14 @@ owners and the reference, at EP = 1, held every expert.
 The strategy's own exactness at EP ∈ {2, 4} is tests/test_exactness_ep.py (float64); this file checks the wiring."""
 
 import pytest
-from test_resume import REPO, metrics, run
 from test_resume import data as data  # noqa: F401 (a fixture)
+from test_resume import metrics, run
+from tiny_moe import TINY_MOE, roll_train
 
 from roll_lite.config import load_config
 
 MOE = [
-    "model.model_type=qwen3_moe",
-    "model.hidden_size=32",
-    "model.intermediate_size=64",
-    "model.num_hidden_layers=2",
-    "model.num_attention_heads=2",
-    "model.num_key_value_heads=1",
-    "model.num_experts=4",
-    "model.num_experts_per_tok=2",
-    "model.moe_intermediate_size=16",
+    *TINY_MOE,
     "sft.steps=0",
     "workers.torch_threads=1",
     "reward.functions={token_accuracy: 1.0}",
@@ -41,13 +34,7 @@ COMPARED = ("actor/loss", "actor/pg_loss", "actor/kl", "actor/grad_norm", "rewar
 
 
 def command(data, output, run_name: str, *extra: str) -> list[str]:
-    import sys
-
-    config = str(REPO / "configs/grpo.yaml")
-    return [sys.executable, "-m", "roll_lite.cli", "--config", config, *MOE, *data, f"output_dir={output}"] + [
-        f"run_name={run_name}",
-        *extra,
-    ]
+    return roll_train("grpo.yaml", output, run_name, *MOE, *data, *extra)
 
 
 @pytest.fixture(scope="module")

@@ -10,25 +10,16 @@ engine's forward that first read it (roll_lite/rollout/engine.py merge_routing),
   everywhere (moe/routing_drift 0), and its log-probs match the engine's.
 """
 
-import sys
-
 import pytest
 import torch
-from test_resume import REPO, metrics, run
+from test_resume import metrics, run
+from tiny_moe import TINY_MOE, roll_train
 
 from roll_lite.environments.turns import Trajectory, trajectory_batch
 from roll_lite.rollout.engine import merge_routing
 
 MOE = [
-    "model.model_type=qwen3_moe",
-    "model.hidden_size=32",
-    "model.intermediate_size=64",
-    "model.num_hidden_layers=2",
-    "model.num_attention_heads=2",
-    "model.num_key_value_heads=1",
-    "model.num_experts=4",
-    "model.num_experts_per_tok=2",
-    "model.moe_intermediate_size=16",
+    *TINY_MOE,
     "workers.torch_threads=1",
     "workers.backend=local",
     "sft.steps=0",
@@ -66,11 +57,7 @@ def test_each_token_keeps_the_experts_of_the_forward_that_first_read_it():
 
 
 def command(output, run_name: str, *extra: str) -> list[str]:
-    config = str(REPO / "configs/multiturn.yaml")
-    return [sys.executable, "-m", "roll_lite.cli", "--config", config, *MOE, f"output_dir={output}"] + [
-        f"run_name={run_name}",
-        *extra,
-    ]
+    return roll_train("multiturn.yaml", output, run_name, *MOE, *extra)
 
 
 @pytest.fixture(scope="module")

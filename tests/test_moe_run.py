@@ -12,23 +12,15 @@ resumed from the replay run's step-2 checkpoint repeats its steps 3 and 4 bit fo
 
 import pytest
 from test_resume import (
-    REPO,
     data,  # noqa: F401 (a fixture)
     metrics,
     run,
     without_timings,
 )
+from tiny_moe import TINY_MOE, roll_train
 
 MOE = [
-    "model.model_type=qwen3_moe",
-    "model.hidden_size=32",
-    "model.intermediate_size=64",
-    "model.num_hidden_layers=2",
-    "model.num_attention_heads=2",
-    "model.num_key_value_heads=1",
-    "model.num_experts=4",
-    "model.num_experts_per_tok=2",
-    "model.moe_intermediate_size=16",
+    *TINY_MOE,
     "sft.steps=0",
     "workers.torch_threads=1",
     "workers.backend=local",
@@ -51,13 +43,7 @@ REPLAY = [f"steps={STEPS}", "actor.router_replay=rollout", "actor.use_packing=tr
 
 
 def command(data, output, run_name: str, *extra: str) -> list[str]:
-    import sys
-
-    config = str(REPO / "configs/grpo.yaml")
-    return [sys.executable, "-m", "roll_lite.cli", "--config", config, *MOE, *data, f"output_dir={output}"] + [
-        f"run_name={run_name}",
-        *extra,
-    ]
+    return roll_train("grpo.yaml", output, run_name, *MOE, *data, *extra)
 
 
 @pytest.fixture(scope="module")
