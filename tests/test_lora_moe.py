@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from moe_cases import LORA, MOE_MODEL, moe_lm
+from test_lora_run import assert_merged_is_the_peft_policy
 from test_moe_run import MOE, command
 from test_resume import data, metrics, run  # noqa: F401 (data: a fixture)
 
@@ -86,20 +87,10 @@ def test_the_engine_samples_with_the_actors_expert_adapters(lora_run):
 
 
 def test_the_final_folder_loads_with_peft_and_its_merged_model_is_the_same_policy(lora_run):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     final = lora_run[0] / "final"
     config = json.loads((final / "adapter_config.json").read_text())
     assert config["target_parameters"] == ["experts.down_proj", "experts.gate_up_proj"]
-    policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(final / "base"), str(final))
-    merged = AutoModelForCausalLM.from_pretrained(final / "merged")
-    base = AutoModelForCausalLM.from_pretrained(final / "base")
-    ids = torch.randint(3, 20, (3, 12), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        expected = policy(input_ids=ids).logits
-        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
-        assert (base(input_ids=ids).logits - expected).abs().max() > 1e-4  # RL moved the adapters
+    assert_merged_is_the_peft_policy(final, moved_by=1e-4)
     moved = {name for name, tensor in _adapters(final).items() if ".lora_B." in name and tensor.abs().max() > 0}
     assert any(".experts." in name for name in moved)  # the expert adapters trained
 

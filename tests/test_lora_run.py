@@ -57,13 +57,19 @@ def test_every_step_samples_with_the_actors_adapters_and_the_kl_is_to_the_warm_s
 
 
 def test_the_final_folder_loads_with_peft_and_its_merged_model_is_the_same_policy(lora_run):
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
     final = lora_run[0] / "final"
     config = json.loads((final / "adapter_config.json").read_text())
     assert f"actor.lora.rank={config['r']}" in LORA and f"actor.lora.alpha={config['lora_alpha']:g}" in LORA
     assert config["base_model_name_or_path"] == str(final / "base")
+    assert_merged_is_the_peft_policy(final, moved_by=1e-3)
+
+
+def assert_merged_is_the_peft_policy(final, moved_by: float) -> None:
+    """final/ loaded with peft onto final/base gives final/merged's logits, and RL moved them from the base's by
+    more than `moved_by` (tests/test_lora_moe.py too)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
     policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(final / "base"), str(final))
     merged = AutoModelForCausalLM.from_pretrained(final / "merged")
     base = AutoModelForCausalLM.from_pretrained(final / "base")
@@ -71,7 +77,7 @@ def test_the_final_folder_loads_with_peft_and_its_merged_model_is_the_same_polic
     with torch.no_grad():
         expected = policy(input_ids=ids).logits
         torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
-        assert (base(input_ids=ids).logits - expected).abs().max() > 1e-3  # RL moved the adapters
+        assert (base(input_ids=ids).logits - expected).abs().max() > moved_by  # RL moved the adapters
 
 
 def test_killed_and_resumed_with_lora_the_metrics_equal_an_uninterrupted_run(lora_data, lora_run, tmp_path):
