@@ -71,8 +71,7 @@ def recorded_experts(model, data) -> torch.Tensor:
 
     with torch.no_grad(), routing(model, keep_logits=False) as record:
         model(input_ids=data["input_ids"], attention_mask=data["attention_mask"])
-    rows, seq = data["input_ids"].shape
-    return torch.stack(record.experts, dim=1).reshape(rows, seq, len(record.experts), -1).to(torch.int16)
+    return record.expert_ids(data["input_ids"].shape).to(torch.int16)
 
 
 def strategies(args):
@@ -136,7 +135,7 @@ def padded(sequences: list[list[int]], routed: list[torch.Tensor] | None):
 
 def gaps(kind: str, engine_dtype: str, trainer_dtype: str, args) -> list[dict]:
     from roll_lite.model.modeling import CausalLMWithLogProbs, build_causal_lm
-    from roll_lite.model.moe import GenerationRouting, routing
+    from roll_lite.model.moe import GenerationRouting, Routing, routing, routing_drift
     from roll_lite.rollout import SamplingParams
     from roll_lite.rollout.hf import HFEngine
     from roll_lite.strategy.config import StrategyConfig
@@ -161,11 +160,14 @@ def gaps(kind: str, engine_dtype: str, trainer_dtype: str, args) -> list[dict]:
                 forced = data["routed_experts"] if replay else None
                 with routing(actor, replay=forced, keep_logits=False) as record:
                     log_probs = forward_micro_batch(actor, data, StrategyConfig(), False)["log_probs"]
-                own = torch.stack(record.own, dim=1).reshape(*data["input_ids"].shape, len(record.own), -1)
-                known = (data["routed_experts"] >= 0).all(-1) & data["attention_mask"].bool()[..., None]
-                wanted = data["routed_experts"].long().sort(-1).values
-                differs = ((own.long().sort(-1).values != wanted).any(-1) & known).sum()
-                drift = (differs / known.sum()).item()
+                shape = data["input_ids"].shape
+                columns = routing_drift(
+                    record.expert_ids(shape),
+                    Routing(experts=record.own).expert_ids(shape),
+                    data["routed_experts"],
+                    data["attention_mask"],
+                )
+                drift = (columns["routing_own_differs"].sum() / columns["routing_known"].sum()).item()
             else:
                 log_probs = forward_micro_batch(actor, data, StrategyConfig(), False)["log_probs"]
                 drift = None

@@ -72,20 +72,20 @@ def _pretrained_experts(path: str, trust_remote_code: bool) -> int:
     return getattr(model_config, "num_experts", None) or model_config.num_local_experts
 
 
-def expert_load_metrics(batch: DataProto, num_experts: int) -> dict[str, float]:
+def expert_load_metrics(batch: DataProto, config: RunConfig) -> dict[str, float]:
     """The engine's expert load over the step's real tokens (prompt and response), per MoE layer l:
     moe/load/layer{l}/expert{e}, the share of that layer's routed slots (token × k) expert e took (1/E each when
     balanced), and moe/load/layer{l}/max, E times the largest share (1: balanced; E: one expert takes all)."""
-    if "routed_experts" not in batch.batch:
+    if "routed_experts" not in batch.batch:  # the engine recorded no routing (actor.router_replay null)
         return {}
-    experts = batch["routed_experts"]
+    experts, experts_per_layer = batch["routed_experts"], num_experts(config)
     recorded = batch["attention_mask"].bool()[..., None] & (experts >= 0).all(-1)  # [rows, seq, layers]
     metrics = {}
     for layer in range(experts.shape[2]):
         picked = experts[:, :, layer][recorded[:, :, layer]].long()  # [tokens, k]
         if picked.numel() == 0:
             continue
-        share = torch.bincount(picked.reshape(-1), minlength=num_experts).double() / picked.numel()
-        metrics.update({f"moe/load/layer{layer}/expert{e}": float(share[e]) for e in range(num_experts)})
-        metrics[f"moe/load/layer{layer}/max"] = float(share.max() * num_experts)
+        share = torch.bincount(picked.reshape(-1), minlength=experts_per_layer).double() / picked.numel()
+        metrics.update({f"moe/load/layer{layer}/expert{e}": float(share[e]) for e in range(experts_per_layer)})
+        metrics[f"moe/load/layer{layer}/max"] = float(share.max() * experts_per_layer)
     return metrics

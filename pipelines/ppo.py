@@ -42,7 +42,7 @@ from .evaluation import evaluate_held_out
 from .fresh_weights import check_fresh_weights
 from .losses import check_correction_applied, policy_loss_func
 from .mismatch import measure_mismatch, step_mismatch_metrics
-from .moe_routing import check_recorded, expert_load_metrics, num_experts, old_log_prob_sums, routing_metrics
+from .moe_routing import check_recorded, expert_load_metrics, old_log_prob_sums, routing_metrics
 from .rl_checkpoints import RLCheckpoints
 from .rl_data import RLData
 from .rl_workers import RLWorkers
@@ -188,8 +188,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         actor_metrics = self.train(self.actor, batch, "policy")
         mismatch = step_mismatch_metrics(self.config, mismatch_sums, actor_metrics)
         routing = routing_metrics(drift_sums, actor_metrics)
-        if "routed_experts" in batch.batch:
-            routing.update(expert_load_metrics(batch, num_experts(self.config)))
+        routing.update(expert_load_metrics(batch, self.config))  # the engine's, when it recorded routing
         check_fresh_weights(actor_metrics, weights_behind, self.config.rollout.max_logp_gap, type(self).__name__, step)
         critic_metrics = self.train(self.critic, batch, "critic") if self.critic is not None else {}
         trained = time.perf_counter()

@@ -164,11 +164,13 @@ def test_expert_load_counts_real_recorded_tokens_only():
     import torch
     from roll_lite.pipelines.moe_routing import expert_load_metrics
 
+    from roll_lite.config import load_config
     from roll_lite.data import DataProto
 
     experts = torch.tensor([[[[0, 1]], [[0, 2]], [[-1, -1]]], [[[0, 3]], [[3, 3]], [[1, 1]]]], dtype=torch.int16)
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    metrics = expert_load_metrics(DataProto({"routed_experts": experts, "attention_mask": mask}), 4)
+    config = load_config(None, ["model.model_type=qwen3_moe", "model.num_experts=4"])
+    metrics = expert_load_metrics(DataProto({"routed_experts": experts, "attention_mask": mask}), config)
     # 3 recorded real tokens × k=2: expert 0 three times, 1, 2 and 3 once each
     assert [metrics[f"moe/load/layer0/expert{e}"] for e in range(4)] == [0.5, 1 / 6, 1 / 6, 1 / 6]
     assert metrics["moe/load/layer0/max"] == 2.0
