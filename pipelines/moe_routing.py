@@ -4,6 +4,8 @@ The engine records each token's experts per MoE layer; the actor's forwards comp
 and with those the routers chose themselves (roll_lite.model.moe.routing_drift), where the trainer's weights are the
 engine's: at the old-log-prob forward when the step has one (its output's columns, summed here over the batch), else
 at the training forward (on-policy: the same weights; its loss reports the sums, taken out of the actor's metrics).
+Under actor.router_replay=old (R2) the routing is the trainer's own, recorded at the old-log-prob forward
+(take_own_routing); the training forwards' drift then says how far the updates of the step moved the routers.
 """
 
 from __future__ import annotations
@@ -22,11 +24,19 @@ if TYPE_CHECKING:
 
 def check_recorded(batch: DataProto, config: RunConfig) -> None:
     """A batch to replay must hold the engine's routing: never a silent fall-back to the trainer's own."""
-    if config.actor.router_replay is not None and "routed_experts" not in batch.batch:
+    if config.actor.router_replay in ("compare", "rollout") and "routed_experts" not in batch.batch:
         raise RuntimeError(
             f"actor.router_replay={config.actor.router_replay}: the rollout engine returned no routed experts "
             "(an MoE policy on rollout.engine=hf records them)"
         )
+
+
+def take_own_routing(batch: DataProto, old: DataProto) -> None:
+    """actor.router_replay=old (R2): the experts the old-log-prob forward routed each token to become the batch's
+    `routed_experts` (-1 on padding), which the step's training forwards replay."""
+    if "routed_experts" in old.batch and "routed_experts" not in batch.batch:
+        real = batch["attention_mask"].bool()[..., None, None]
+        batch.batch["routed_experts"] = torch.where(real, old["routed_experts"], -1).to(torch.int16)
 
 
 def old_log_prob_sums(output: DataProto, batch: DataProto) -> dict[str, torch.Tensor] | None:
@@ -73,10 +83,10 @@ def _pretrained_experts(path: str, trust_remote_code: bool) -> int:
 
 
 def expert_load_metrics(batch: DataProto, config: RunConfig) -> dict[str, float]:
-    """The engine's expert load over the step's real tokens (prompt and response), per MoE layer l:
+    """The recorded routing's expert load (the engine's; router_replay=old: the trainer's) over the step's real tokens (prompt and response), per MoE layer l:
     moe/load/layer{l}/expert{e}, the share of that layer's routed slots (token × k) expert e took (1/E each when
     balanced), and moe/load/layer{l}/max, E times the largest share (1: balanced; E: one expert takes all)."""
-    if "routed_experts" not in batch.batch:  # the engine recorded no routing (actor.router_replay null)
+    if "routed_experts" not in batch.batch:  # no routing recorded (actor.router_replay null, or old on-policy)
         return {}
     experts, experts_per_layer = batch["routed_experts"], num_experts(config)
     recorded = batch["attention_mask"].bool()[..., None] & (experts >= 0).all(-1)  # [rows, seq, layers]

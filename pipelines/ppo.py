@@ -42,7 +42,7 @@ from .evaluation import evaluate_held_out
 from .fresh_weights import check_fresh_weights
 from .losses import check_correction_applied, policy_loss_func
 from .mismatch import measure_mismatch, step_mismatch_metrics
-from .moe_routing import check_recorded, expert_load_metrics, old_log_prob_sums, routing_metrics
+from .moe_routing import check_recorded, expert_load_metrics, old_log_prob_sums, routing_metrics, take_own_routing
 from .rl_checkpoints import RLCheckpoints
 from .rl_data import RLData
 from .rl_workers import RLWorkers
@@ -170,6 +170,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         if not self.on_policy and not a.rollout_bypass:  # bypass: the engine's log-probs are π_old
             old = self.actor.compute_log_probs(batch)
             batch.batch["old_log_probs"], drift_sums = old["log_probs"], old_log_prob_sums(old, batch)
+            take_own_routing(batch, old)  # actor.router_replay=old: the trainer's routing, replayed in training
         if self.critic is not None:
             batch.batch["values"] = self.critic.compute_values(batch)["values"]
         if self.use_reference and a.kl_in_reward:

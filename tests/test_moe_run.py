@@ -51,9 +51,11 @@ def runs(data, tmp_path_factory):  # noqa: F811 (data: test_resume's fixture)
     output = tmp_path_factory.mktemp("moe")
     run(command(data, output, "replay", *REPLAY))
     run(command(data, output, "compare", "steps=2", "actor.router_replay=compare", "algorithm.mini_batches=2"))
+    run(command(data, output, "old", "steps=2", "actor.router_replay=old", "algorithm.mini_batches=2"))
     step_2 = output / "replay" / "checkpoints" / "step_2"
     run(command(data, output, "resumed", *REPLAY, f"resume={step_2}"))
-    runs = {name: [r for r in metrics(output / name) if r["step"] >= 1] for name in ("replay", "compare", "resumed")}
+    names = ("replay", "compare", "old", "resumed")
+    runs = {name: [r for r in metrics(output / name) if r["step"] >= 1] for name in names}
     return {**runs, "output": output}
 
 
@@ -74,6 +76,19 @@ def test_without_replay_the_drift_is_the_routers_own(runs):
     assert compare[0]["moe/routing_drift"] == 0  # step 1: the engine has the trainer's weights
     assert compare[1]["moe/routing_drift"] == compare[1]["moe/own_routing_drift"] > 0.05
     assert all(r["moe/routed_tokens"] > r["response_length/mean"] * 8 for r in compare)  # prompts too, all 8 rows
+
+
+def test_with_replay_old_the_second_mini_batch_keeps_the_routing_of_the_old_log_probs(runs):
+    """R2 (actor.router_replay=old: the engine records nothing): the old-log-prob forward records the trainer's own
+    routing; the second mini-batch, an update later, replays it where its routers would choose otherwise (a step's
+    training metrics are its last mini-batch's)."""
+    old = runs["old"]
+    assert [r["step"] for r in old] == [1, 2]
+    for record in old:
+        assert record["moe/routed_tokens"] > record["response_length/mean"] * 4  # prompts too, the 4 rows trained
+        assert record["moe/routing_drift"] == 0
+        assert record["moe/own_routing_drift"] > 0, record["moe/own_routing_drift"]
+        assert record["moe/load/layer0/max"] >= 1  # the load of the trainer's routing
 
 
 def test_the_auxiliary_losses_are_logged_and_the_policy_learns(runs):
@@ -105,7 +120,7 @@ def test_resumed_from_a_checkpoint_the_replayed_steps_repeat_bit_for_bit(runs):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["actor.router_replay=always"], "actor.router_replay: 'always' is not one of null, compare, rollout"),
+        (["actor.router_replay=always"], "actor.router_replay: 'always' is not one of null, compare, rollout, old"),
         (["actor.router_replay=rollout"], "actor.router_replay: model.model_type=qwen2 is a dense architecture"),
         (
             ["rollout.engine=vllm", "workers.gpus_per_rank=1"],
@@ -113,6 +128,10 @@ def test_resumed_from_a_checkpoint_the_replayed_steps_repeat_bit_for_bit(runs):
         ),
         (["rollout.engine=vllm"], "rollout.engine: vLLM 0.32's CPU build generates from an MoE policy, but its log"),
         (["rollout.exact=true", "actor.param_dtype=float32"], "actor.router_replay: rollout.exact"),
+        (
+            ["actor.router_replay=old", "actor.sequence_parallel=2", "workers.actor_dp=2"],
+            "actor.sequence_parallel: 2 with actor.router_replay: MoE router replay",
+        ),
         (["critic.router_replay=rollout"], "critic.router_replay: only the actor replays"),
         (["model.num_experts_per_tok=9"], "model.num_experts_per_tok: must be between 1 and model.num_experts=8"),
     ],
@@ -123,6 +142,16 @@ def test_what_cannot_replay_is_a_config_error_naming_the_key(overrides, message)
     moe = [] if "qwen2" in message else ["model.model_type=qwen3_moe", "actor.router_replay=rollout"]
     with pytest.raises(ConfigError, match=message):
         load_config(None, [*moe, *overrides])
+
+
+def test_replay_old_needs_no_engine_routing_so_vllm_on_gpus_may_sample():
+    from roll_lite.config import load_config
+
+    config = load_config(
+        None,
+        ["model.model_type=qwen3_moe", "actor.router_replay=old", "rollout.engine=vllm", "workers.gpus_per_rank=1"],
+    )
+    assert config.actor.router_replay == "old" and config.rollout.engine == "vllm"
 
 
 def test_a_pretrained_dense_model_cannot_replay():

@@ -140,3 +140,47 @@ def test_the_strategy_replays_the_batchs_routing_padded_packed_and_in_training()
     metrics = FSDP2Strategy(copy.deepcopy(lm), config).train_step(batch, loss_func)
     assert metrics["moe_routing/known"] == known and metrics["moe_routing/differs"] == 0
     assert metrics["moe_routing/own_differs"] > 0
+
+
+def test_router_replay_old_records_the_trainers_routing_and_its_training_forwards_replay_it():
+    """R2 (router_replay=old), the fallback of any engine that records no routing (vLLM's): the no-grad log-prob
+    pass of a batch without `routed_experts` returns the experts the trainer's routers chose, token by token (padded
+    and packed); replayed, the step's training forwards use them, also after an update moved the routers."""
+    from pipelines.moe_routing import take_own_routing
+
+    from roll_lite.data import DataProto
+    from roll_lite.strategy import FSDP2Strategy, StrategyConfig
+
+    lm, recorded = recorded_batch()
+    batch = DataProto({name: t for name, t in recorded.batch.items() if name != "routed_experts"})
+    real = batch["attention_mask"].bool()
+    with torch.no_grad(), routing(lm) as record:
+        lm(
+            batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=(batch["attention_mask"].cumsum(1) - 1).clamp(min=0),
+        )
+    own = record.expert_ids(batch["input_ids"].shape)
+    for packed in (False, True):
+        config = StrategyConfig(use_packing=packed, grad_accum_steps=2, param_dtype="float64", router_replay="old")
+        out = FSDP2Strategy(copy.deepcopy(lm), config).compute_log_probs(batch)
+        assert "routing_known" not in out.batch  # nothing recorded to compare with yet
+        trained = DataProto(dict(batch.batch))
+        take_own_routing(trained, out)
+        assert trained["routed_experts"].dtype == torch.int16
+        assert torch.equal(trained["routed_experts"][real].long(), own[real].long())
+        assert (trained["routed_experts"][~real] == -1).all()
+
+    def loss_func(data, output):
+        mask = data["response_mask"]
+        return -(output["log_probs"] * mask).sum() / data.meta_info["batch_num_tokens"]["response_mask"], {}
+
+    trained.meta_info["loss_mask_keys"] = ["response_mask"]
+    config = StrategyConfig(use_packing=True, grad_accum_steps=2, param_dtype="float64", router_replay="old", lr=0.5)
+    strategy = FSDP2Strategy(copy.deepcopy(lm), config)
+    first, second = strategy.train_step(trained, loss_func), strategy.train_step(trained, loss_func)
+    layers = 2
+    assert first["moe_routing/known"] == second["moe_routing/known"] == real.sum() * layers
+    assert first["moe_routing/differs"] == second["moe_routing/differs"] == 0
+    assert first["moe_routing/own_differs"] == 0  # the weights it was recorded at
+    assert second["moe_routing/own_differs"] > 0  # an update later the routers choose otherwise: replay holds them

@@ -193,7 +193,7 @@ def _hf_engine(model: torch.nn.Module, tokenizer, config: RunConfig, static_cach
     """transformers' generate, or the exact mode's batch-invariant decoding (rollout.exact)."""
     decode = exact_generate if config.rollout.exact else None
     # actor.router_replay: each token's experts per MoE layer (Completions.routed_experts, docs/moe.md)
-    record_experts = GenerationRouting if config.actor.router_replay is not None else None
+    record_experts = GenerationRouting if config.actor.router_replay in ("compare", "rollout") else None
     return HFEngine(
         model,
         tokenizer.pad_token_id,

@@ -106,6 +106,18 @@ def _validate_sequence_parallel(config: RunConfig, role: str) -> None:
         f"{degree}: the exact rollout mode (bit for bit unverified there) does not split sequences yet; use 1, or "
         "rollout.exact=false",
     )
+    actor = config.actor
+    for key, used in (
+        ("router_replay", actor.router_replay is not None),
+        ("moe_aux_loss_coef", actor.moe_aux_loss_coef > 0),
+        ("moe_z_loss_coef", actor.moe_z_loss_coef > 0),
+    ):
+        check(
+            not used,
+            "actor.sequence_parallel",
+            f"{degree} with actor.{key}: MoE router replay and auxiliary losses do not split sequences yet; use 1, "
+            f"or turn actor.{key} off",
+        )
 
 
 def _validate_workers(config: RunConfig) -> None:

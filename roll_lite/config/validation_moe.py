@@ -73,7 +73,7 @@ def validate_moe(config: RunConfig) -> None:
             "or load a pretrained MoE (model.pretrained_path)",
         )
     replay = config.actor.router_replay
-    if replay is None:
+    if replay is None or replay == "old":  # old (R2) records the trainer's own routing: any engine
         return
     key = "actor.router_replay"
     rollout = config.rollout
@@ -81,7 +81,8 @@ def validate_moe(config: RunConfig) -> None:
         rollout.engine == "hf",
         key,
         f"{replay} needs the engine's routed experts, which only rollout.engine=hf records (vLLM 0.32 returns them "
-        "only from its GPU model runner V2; docs/moe.md); set rollout.engine=hf or router_replay=null",
+        "only from its GPU model runner V2; docs/moe.md); set rollout.engine=hf, or router_replay=old (R2: the "
+        "trainer's own routing of the old log-probs, replayed in training) or null",
     )
     check(not rollout.exact, key, "rollout.exact's decoding loop does not record routing yet; set rollout.exact=false")
 

@@ -8,7 +8,7 @@ from roll_lite.lora.settings import LoraSettings
 
 LR_SCHEDULES = ("constant", "cosine")
 PARAM_DTYPES = ("float32", "bfloat16", "float64")
-ROUTER_REPLAY = ("compare", "rollout")
+ROUTER_REPLAY = ("compare", "rollout", "old")
 
 
 @dataclass
@@ -53,11 +53,13 @@ class StrategyConfig:
     # MoE policies, the actor's: weight of the router z-loss, the mean over real tokens and layers of
     # logsumexp(router logits)² (ST-MoE). 0: off
     moe_z_loss_coef: float = 0.0
-    # MoE policies, the actor's (docs/moe.md): null (off) | compare | rollout. rollout (R3): the old-log-prob and
-    # training forwards use the experts the rollout engine chose for each prompt and response token, per layer (the
-    # hf engine records them); compare: the engine records them and the trainer routes on its own, logging the
-    # routing drift (moe/routing_drift) without replaying. Needs rollout.engine=hf; multi-turn trajectories and
-    # partial rollouts keep each token's routing from the forward that first read it
+    # MoE policies, the actor's (docs/moe.md): null (off) | compare | rollout | old. rollout (R3): the old-log-prob
+    # and training forwards use the experts the rollout engine chose for each prompt and response token, per layer
+    # (the hf engine records them); compare: the engine records them and the trainer routes on its own, logging the
+    # routing drift (moe/routing_drift) without replaying. Both need rollout.engine=hf; multi-turn trajectories and
+    # partial rollouts keep each token's routing from the forward that first read it. old (R2, any engine, vLLM's
+    # too): the old-log-prob forward records the trainer's own routing and every training forward of the step
+    # replays it (a step with one update and no old-log-prob pass routes on its own: the same weights)
     router_replay: str | None = None
     # EP: expert parallelism for MoE policies (docs/moe.md), the actor's. The role's R ranks form R / EP groups of EP;
     # each rank of a group holds num_experts / EP experts of every MoE layer and the group's tokens go to their

@@ -39,7 +39,6 @@ from roll_lite.strategy.distributed import broadcast_from_rank0, init_distribute
 from roll_lite.strategy.expert_parallel import ExpertParallel, expert_parallel_mesh, shard_experts, whole_experts
 from roll_lite.strategy.micro_batches import (
     LossFunc,
-    forward_micro_batch,
     forward_placeholder,
     global_stats_meta,
     local_mask_sums,
@@ -51,7 +50,7 @@ from roll_lite.strategy.micro_batches import (
     split_micro_batches,
     train_micro_batches,
 )
-from roll_lite.strategy.moe_stats import moe_forward, moe_step_setup, replays, uses_moe_forward
+from roll_lite.strategy.moe_stats import forward_only_forward, moe_step_setup, uses_moe_forward
 from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite, skipped_step_message
 from roll_lite.strategy.optim import clip_grad_norm, lr_lambda
 from roll_lite.strategy.sequence_parallel import SequenceParallel, sequence_parallel_mesh
@@ -322,7 +321,7 @@ class FSDP2Strategy:
         self.model.eval()
         groups = micro_batch_groups(data, self.config)
         num_micro_batches = self._same_count_on_all_ranks(len(groups))
-        forward = moe_forward if replays(data, self.config) else forward_micro_batch  # router replay
+        forward = forward_only_forward(data, self.config)  # router replay
         outputs, order = [], []
         for index in range(num_micro_batches):
             group = groups[index] if index < len(groups) else []

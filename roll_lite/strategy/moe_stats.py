@@ -18,7 +18,8 @@ loss_func with roll_lite.loss.aux.moe_aux_loss_func when actor.moe_aux_loss_coef
 Router replay (config.router_replay, the actor's): a batch with `routed_experts` [rows, seq, layers, k] (the rollout
 engine's choice per token and MoE layer, -1 where it recorded none) is replayed in every forward of the strategy
 (rollout: the counting, training and log-prob forwards route its tokens to those experts) or only compared with the
-trainer's routing (compare). Either way the forward also returns, per token, how many of its layers' recorded
+trainer's routing (compare). Under router_replay=old (R2) the column is the trainer's own: the old-log-prob pass of a
+batch without one records it (recording_forward), and the step's training forwards replay it. Either way the forward also returns, per token, how many of its layers' recorded
 routings the experts used / the router's own choice differ from (roll_lite.model.moe.routing_drift); a training
 step reports their sums as `moe_routing/<name>@sum` metrics (the pipeline turns them into moe/routing_drift...).
 """
@@ -36,7 +37,8 @@ from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.micro_batches import LossFunc, call_loss_func, forward_micro_batch, forward_placeholder
 
 REQUEST = "moe_aux_losses"
-RECORDED = "routed_experts"  # the batch column of the engine's routing
+RECORDED = "routed_experts"  # the batch column of the engine's routing (or, router_replay=old, the trainer's own)
+REPLAYED = ("rollout", "old")  # the router_replay values whose forwards use the recorded experts
 
 
 def wants_expert_counts(data: DataProto) -> bool:
@@ -47,6 +49,34 @@ def replays(data: DataProto, config: StrategyConfig) -> bool:
     """Whether the batch's forwards use (or compare with) the recorded routing: config.router_replay, and a batch
     that has it (an RL rollout's; an SFT warm start's rows route on their own)."""
     return config.router_replay is not None and RECORDED in data.batch
+
+
+def records_own_routing(data: DataProto, config: StrategyConfig) -> bool:
+    """router_replay=old (R2) and a batch without a recorded routing: its forward-only pass (the old log-probs)
+    records the experts the trainer's routers choose, as the `routed_experts` column (recording_forward)."""
+    return config.router_replay == "old" and RECORDED not in data.batch
+
+
+def recording_forward(
+    model, micro_batch: DataProto, config: StrategyConfig, with_entropy: bool, sequence_parallel=None
+):
+    """forward_micro_batch's outputs plus `routed_experts` [rows, seq, layers, k] (int16): the experts each real
+    token was routed to (0 on padding; the caller masks it)."""
+    if sequence_parallel is not None:
+        raise NotImplementedError("router replay does not run under sequence parallelism yet")
+    with routing(model, keep_logits=False) as record:
+        output = forward_micro_batch(model, micro_batch, config, with_entropy)
+    experts = torch.stack(record.experts)  # [layers, N, k]
+    output[RECORDED] = token_layout(experts, micro_batch["attention_mask"], config.use_packing).to(torch.int16)
+    return output
+
+
+def forward_only_forward(data: DataProto, config: StrategyConfig) -> Callable:
+    """The forward of a no-grad pass (log-probs, values): replaying or comparing a recorded routing, recording the
+    trainer's own (router_replay=old), or the plain one."""
+    if replays(data, config):
+        return moe_forward
+    return recording_forward if records_own_routing(data, config) else forward_micro_batch
 
 
 def uses_moe_forward(data: DataProto, config: StrategyConfig) -> bool:
@@ -60,9 +90,9 @@ def _packed_like_tokens(values: torch.Tensor, attention_mask: torch.Tensor) -> t
 
 def _routing_of(model, micro_batch: DataProto, config: StrategyConfig, keep_logits: bool):
     """roll_lite.model.moe.routing around one micro-batch's forward, replaying its recorded experts under
-    router_replay=rollout (laid out as the forward lays out input_ids: padded, or packed)."""
+    router_replay=rollout or old (laid out as the forward lays out input_ids: padded, or packed)."""
     forced = None
-    if config.router_replay == "rollout" and RECORDED in micro_batch.batch:
+    if config.router_replay in REPLAYED and RECORDED in micro_batch.batch:
         forced = micro_batch[RECORDED]
         if config.use_packing:
             forced = _packed_like_tokens(forced, micro_batch["attention_mask"])
