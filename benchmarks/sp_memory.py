@@ -5,11 +5,18 @@ degrees S = 1, 2, 4 (Ulysses, roll_lite/strategy/sequence_parallel.py; docs/sequ
 
 For each (S, length): S gloo ranks on this machine's CPU (one data-parallel group, D = 1), each an FSDP2Strategy
 at sequence_parallel=S training one sequence of `length` tokens (packed) with the SFT loss (forward, backward, AdamW), with
-activation checkpointing unless --no-checkpointing. A rank's peak is its peak resident memory during the steps
-(VmHWM, reset after the model and optimizer are built) minus its resident memory before them: what the step adds,
-i.e. the activations, the gathered parameters and the gradients. Reported: the largest rank's, and the median
-step time over --steps steps after one warm-up step. The ranks share this machine's cores: on a machine with
-fewer cores than S, time grows with S for that reason alone.
+activation checkpointing unless --no-checkpointing. Two peaks per rank, the largest rank's reported:
+- tensors: torch's own accounting (torch.distributed._tools.mem_tracker.MemTracker) over one step after a warm-up
+  step: the most bytes of tensors alive at once (parameters, gathered ones included, gradients, optimizer state,
+  activations, temporaries), and of those the activations and temporaries at that moment: what grows with the
+  sequence. It does not see gloo's buffers or the allocator's slack.
+- resident: the process's peak resident memory during the timed steps (VmHWM, reset after the warm-up step) minus its
+  resident memory before them. glibc's malloc is told to map every allocation over 64 KiB on its own
+  (MALLOC_MMAP_THRESHOLD_), so a freed tensor goes back to the system at once: with its default threshold, which
+  grows as large blocks are freed, freed tensors stay in its heap and the high-water mark depends on the order of
+  earlier allocations more than on the step.
+The step time is the median over --steps steps after the warm-up step (untracked). The ranks share this machine's
+cores: on a machine with fewer cores than S, time grows with S for that reason alone.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+COLUMNS = ("tensors", "activations", "resident")  # each rank's peaks (module docstring), in bytes
+
 
 def _status(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -32,6 +41,7 @@ def _status(field: str) -> int:
 
 def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, length: int, out: str) -> None:
     import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
 
     from roll_lite.data import DataProto
     from roll_lite.loss import sft_loss_func
@@ -69,15 +79,25 @@ def _rank(rank: int, world_size: int, port: int, args: argparse.Namespace, lengt
     data = DataProto({"input_ids": ids, "attention_mask": mask, "response_mask": response})
     data.meta_info["loss_mask_keys"] = ["response_mask"]
     loss = sft_loss_func()
+    start = time.perf_counter()
+    strategy.train_step(data, loss)  # warm-up: the optimizer state exists from here on
+    times = [time.perf_counter() - start]
     Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from the current resident size on
     before = _status("VmRSS")
-    times = []
-    for _ in range(args.steps + 1):
+    for _ in range(args.steps):
         start = time.perf_counter()
         strategy.train_step(data, loss)
         times.append(time.perf_counter() - start)
-    peak = _status("VmHWM") - before
-    Path(f"{out}.{rank}").write_text(json.dumps({"peak": peak, "seconds": statistics.median(times[1:] or times)}))
+    resident = _status("VmHWM") - before
+    tracker = MemTracker()
+    tracker.track_external(strategy.model, strategy.optimizer)
+    with tracker:
+        strategy.train_step(data, loss)
+    peak = max(tracker.get_tracker_snapshot("peak").values(), key=lambda peaks: peaks["Total"])
+    step_tensors = sum(size for kind, size in peak.items() if getattr(kind, "name", None) in ("ACT", "TEMP"))
+    seconds = statistics.median(times[1:] or times)
+    result = {"tensors": peak["Total"], "activations": step_tensors, "resident": resident, "seconds": seconds}
+    Path(f"{out}.{rank}").write_text(json.dumps(result))
     close_distributed()
     os._exit(0)  # gloo's helper threads: leave without the interpreter's teardown (tests/spawned_ranks.py)
 
@@ -87,13 +107,14 @@ def measure(args: argparse.Namespace, degree: int, length: int) -> dict:
 
     from roll_lite.strategy.distributed import open_group_store
 
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(64 * 1024))  # read by each rank's malloc (docstring)
     store = open_group_store("127.0.0.1", degree)
     with tempfile.TemporaryDirectory() as folder:
         out = str(Path(folder) / "rank")
         mp.start_processes(_rank, args=(degree, store.port, args, length, out), nprocs=degree, start_method="spawn")
         ranks = [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(degree)]
     del store
-    return {"peak": max(r["peak"] for r in ranks), "seconds": max(r["seconds"] for r in ranks)}
+    return {name: max(r[name] for r in ranks) for name in COLUMNS + ("seconds",)}
 
 
 def main() -> None:
@@ -119,13 +140,15 @@ def main() -> None:
         f"{args.kv_heads} KV heads), float32, CPU gloo, D = 1, activation checkpointing "
         f"{'off' if args.no_checkpointing else 'on'}, median of {args.steps} steps"
     )
-    print("| tokens | " + " | ".join(f"S={s}: peak per rank | S={s}: step s" for s in degrees) + " |")
-    print("|---|" + "---|---|" * len(degrees))
+    columns = (f"S={s}: tensors | S={s}: of which activations | S={s}: resident | S={s}: step s" for s in degrees)
+    print("| tokens | " + " | ".join(columns) + " |")
+    print("|---|" + "---|---|---|---|" * len(degrees))
     for length in lengths:
         cells = []
         for degree in degrees:
             result = measure(args, degree, length)
-            cells += [f"{result['peak'] / 2**20:.0f} MiB", f"{result['seconds']:.2f}"]
+            cells += [f"{result[name] / 2**20:.0f} MiB" for name in COLUMNS]
+            cells.append(f"{result['seconds']:.2f}")
         print(f"| {length} | " + " | ".join(cells) + " |", flush=True)
 
 
