@@ -147,7 +147,6 @@ def test_router_replay_old_records_the_trainers_routing_and_its_training_forward
     pass of a batch without `routed_experts` returns the experts the trainer's routers chose, token by token (padded
     and packed); replayed, the step's training forwards use them, also after an update moved the routers."""
     from pipelines.moe_routing import take_own_routing
-
     from roll_lite.data import DataProto
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
 
