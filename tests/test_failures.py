@@ -112,6 +112,7 @@ def start(tmp_path, pipeline: str, *overrides: str, terminal: bool = False) -> s
         f"pipeline=failing_pipelines:{pipeline}",
         "steps=50",
         "eval_every=100",
+        "data.eval_files=[]",  # no held-out evaluation, at step 0 either: these runs stop in step 2 or 3
         "save_model=false",
         "algorithm.track_kl=false",  # no reference worker: one process less to start
         "algorithm.check_loss=false",  # these loss_funcs misbehave on purpose, in the workers

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import ray
 from processes import wait_until_listening
+from ray_hosts import HEAD_OPTIONS
 from test_pipeline_ray import REPO, small
 
 from roll_lite.cli import main
@@ -137,9 +138,11 @@ def two_nodes_with_two_logical_gpus_each(monkeypatch):
     ray_cli, port = str(Path(sys.executable).parent / "ray"), free_port()
     address = f"127.0.0.1:{port}"
     common = ["--block", "--num-cpus=1", "--num-gpus=2", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
+    common += ["--include-log-monitor=false"]  # and the head's HEAD_OPTIONS: what these nodes need not start
     nodes = [
         subprocess.Popen(
-            [ray_cli, "start", "--head", f"--port={port}", "--include-dashboard=false", "--labels=zone=a", *common],
+            [ray_cli, "start", "--head", f"--port={port}", "--include-dashboard=false", "--labels=zone=a"]
+            + [*HEAD_OPTIONS, *common],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,

@@ -12,6 +12,7 @@ std goes through float64 (tests/test_reproducibility_unpinned.py). Where qemu-us
 fingerprint is compared with an emulated AVX2-only Intel CPU's.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from processes import wait_until_listening
+from ray_hosts import HEAD_OPTIONS
 from test_pipeline_ray import small
 
 from roll_lite.config import ConfigError, load_config
@@ -59,14 +61,33 @@ def fingerprint(**env: str) -> str:
     return result.stdout.strip()
 
 
+@functools.cache
+def machine() -> tuple[str, str]:
+    """The fingerprint and torch's kernels (`get_cpu_capability()`) of a process started without the
+    variables: one process for both, once per module (each costs ~2 s of CPU to import torch)."""
+    result = python(f"{FINGERPRINT}; print(torch.backends.cpu.get_cpu_capability())")
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed, kernels = result.stdout.split()
+    return printed, kernels
+
+
+@functools.cache
+def portable() -> tuple[str, str]:
+    """The fingerprint and MKL's vector math sqrt (VM_SQRT) of a process started with the portable variables."""
+    result = python(f"{FINGERPRINT}\n{VM_SQRT}", **PORTABLE)
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed, vm_sqrt = result.stdout.split()
+    return printed, vm_sqrt
+
+
 @pytest.fixture(scope="module")
 def fingerprints() -> dict[str, str]:
     """The machine's and the portable kernels' fingerprints, each from a process started with its variables."""
-    return {"machine": fingerprint(), "portable": fingerprint(**PORTABLE)}
+    return {"machine": machine()[0], "portable": portable()[0]}
 
 
 def machine_kernels() -> str:
-    return python("import torch; print(torch.backends.cpu.get_cpu_capability())").stdout.strip()
+    return machine()[1]
 
 
 # -- the mapping -----------------------------------------------------------------------------------
@@ -291,6 +312,8 @@ def test_a_joined_clusters_workers_get_the_variables_from_the_jobs_runtime_env(m
             "--block",
             f"--port={port}",
             "--include-dashboard=false",
+            "--include-log-monitor=false",
+            *HEAD_OPTIONS,  # what this head need not start (tests/ray_hosts.py)
             "--num-cpus=1",
             "--disable-usage-stats",
             "--node-ip-address=127.0.0.1",
@@ -344,5 +367,5 @@ def test_portable_gives_the_same_numbers_on_an_emulated_avx2_only_intel_cpu(fing
     assert fingerprint_there == fingerprints["portable"]
     if machine_kernels() == "AVX512":
         # the emulated CPU is another one: MKL's vector math sqrt, which no variable pins, rounds otherwise there
-        vm_sqrt_here = python(VM_SQRT, **PORTABLE).stdout.strip()
+        vm_sqrt_here = portable()[1]
         assert vm_sqrt_here != vm_sqrt_there

@@ -270,7 +270,8 @@ def test_rollout_and_reward_workers_of_their_own_give_the_same_run_as_the_actor_
         "rollout.fully_async=true",
         "rollout.max_staleness=0",
     )
-    log = run_until(args, f"step 3/{STEPS} |")
+    # killed as soon as step 2's checkpoint is committed: the resume starts from it, nothing is trained twice
+    log = run_until(args, f"checkpoint {layout.step_dir(tmp_path / 'worker', 2)} written in")
     assert "rollout engine: hf (rollout.engine=hf)" in log and "rewards: scored by a reward worker of its own" in log
     for role in ("reference", "critic"):
         assert f"{role}: 1 process of its own (workers.one_process_per_rank=false)" in log
@@ -321,22 +322,27 @@ def test_killed_while_writing_a_checkpoint_the_previous_one_loads(data, async_re
     assert not list(layout.checkpoints_dir(run_dir).glob(".*.partial"))
 
 
-def test_resume_from_an_epoch_boundary_on_another_actor_d(data, reference, tmp_path):
-    """resume=PATH of the reference's step 4 (the end of epoch 0) into a new run with 2 actor ranks
-    instead of 1: DCP reshards, training goes on into epoch 1."""
+def test_resume_from_an_epoch_boundary_on_another_actor_and_critic_d(data, reference, tmp_path):
+    """resume=PATH of the reference's step 4 (the end of epoch 0) into a new run with 2 actor and critic
+    ranks instead of 1: DCP reshards both, training goes on into epoch 1. With 2 reference ranks too, rank i
+    of each role lives in actor rank i's process, as in the reference: 3 worker processes, not 5."""
     checkpoint = layout.step_dir(reference, 4)
     assert json.loads((checkpoint / layout.MARKER).read_text())["sampler"]["epoch"] == 1
-    run(
+    wider = run(
         command(
             data,
             tmp_path,
             "wider",
             f"resume={checkpoint}",
             "workers.actor_dp=2",
+            "workers.reference_dp=2",
+            "workers.critic_dp=2",
             "workers.actor_cpus=0.5",
             "workers.rollout_cpus=0.5",
         )
     )
+    for role in ("reference", "critic"):
+        assert f"{role}: in the actor's processes, a model of its own (workers.one_process_per_rank" in wider.stderr
     records, expected = metrics(tmp_path / "wider"), metrics(reference)
     assert_same_trajectory(records[:5], expected[:5])  # steps 0-4 come from the checkpoint
     assert [r["step"] for r in records] == list(range(STEPS + 1))

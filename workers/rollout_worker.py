@@ -257,6 +257,7 @@ def _start_vllm(config: RunConfig, tokenizer):
         release_memory=cast(bool, r.release_memory),
         checkpoint_names=vllm_weights.checkpoint_names(hf_config),
         lora_rank=lora_rank,
+        eager_sampler=on_cpu,
     )
     described = vllm_start.describe(r.tensor_parallel_size, logprobs_mode, cast(bool, r.release_memory), on_cpu)
     if r.vllm_batch_invariant:

@@ -38,6 +38,7 @@ adapter's rank) and vllm_start.py (the installed vllm, start_llm, lora_settings,
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -65,8 +66,13 @@ class VLLMEngine:
         release_memory: bool = False,
         checkpoint_names: list[str] | None = None,
         lora_rank: int | None = None,
+        eager_sampler: bool = False,
     ):
         self.llm = llm
+        # vLLM's sampler torch.compiles a helper (the sampled tokens' ranks, exact integers either way) at
+        # the first generation: ~2 CPU-s per process on CPU, where it saves nothing. True: run it eagerly
+        # (the engine core runs in this process on CPU, so the stance reaches it).
+        self.eager_sampler = eager_sampler
         self.sampling_params_class = sampling_params_class  # vllm.SamplingParams
         self.eos_token_id = eos_token_id
         self.tie_word_embeddings = tie_word_embeddings
@@ -94,12 +100,13 @@ class VLLMEngine:
             self.sampling_params_class(**vllm_sampling_kwargs(params, self.eos_token_id, seed)) for seed in seeds
         ]
         self._wake()
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": list(p)} for p in prompts],
-            requests,
-            use_tqdm=False,
-            **({} if self.lora_request is None else {"lora_request": self.lora_request}),
-        )
+        with torch.compiler.set_stance("force_eager") if self.eager_sampler else contextlib.nullcontext():
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": list(p)} for p in prompts],
+                requests,
+                use_tqdm=False,
+                **({} if self.lora_request is None else {"lora_request": self.lora_request}),
+            )
         if self.release_memory:
             self.llm.sleep(level=1)
             self.asleep, self.weights_awake = True, False
@@ -212,6 +219,7 @@ def serve_model(
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         seed=seed,
         checkpoint_names=checkpoint_names(hf_config),
+        eager_sampler=not on_gpu,
     )
     engine.update_weights(model.state_dict())
     return engine

@@ -5,6 +5,7 @@ that describes how it runs."""
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import tempfile
 from typing import Any
@@ -83,6 +84,13 @@ def start_llm(
     backend = "uni" if tensor_parallel_size == 1 else "mp"
     import vllm
 
+    if tensor_parallel_size == 1:
+        # The engine core in this process collects garbage several times while it starts, each a pass over
+        # every object of the process (~0.3 CPU-s with torch, transformers and vllm imported), and freezes
+        # the heap once started (vllm.utils.gc_utils.freeze_gc_heap). Collected and frozen here, as it
+        # would be at the end, its passes only see what its start creates.
+        gc.collect()
+        gc.freeze()
     with tempfile.TemporaryDirectory(prefix="roll_lite_vllm_config_") as folder:
         causal_lm_architecture(hf_config).save_pretrained(folder)  # config.json: vLLM reads the architecture
         llm = vllm.LLM(
