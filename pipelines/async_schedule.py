@@ -97,7 +97,7 @@ class FullyAsyncSchedule:
             drawn = draw_prompts()
             if drawn is None:
                 break
-            rows, prompt_ids = drawn
+            rows, prompt_ids = drawn[0], drawn[1]  # no image inputs: partial rollouts take none (validation_vision.py)
             self._advances.append(engine.start_call("admit", cohort, prompt_ids, params, self.on_update))
             self.queue[cohort], self.admitted_up_to = rows, cohort
         if step not in self.queue:

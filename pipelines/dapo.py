@@ -97,7 +97,7 @@ def keep_informative_groups(pipeline, batch: DataProto, scores: torch.Tensor, me
         drawn = pipeline.draw_prompts()
         if drawn is None:
             break
-        rows, _ = drawn
+        rows = drawn[0]
         rounds += 1
         batch = pipeline.generate(pipeline.train_data.select(rows), pipeline.sampling_params())
         scores, _ = pipeline.shaped_scores(batch)

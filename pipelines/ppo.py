@@ -28,7 +28,7 @@ from roll_lite.data.prompts import PromptData
 from roll_lite.data.sequences import completion_batch, token_ids
 from roll_lite.loss import value_loss_func
 from roll_lite.loss.advantages import kl_shaped_rewards, last_token_rewards
-from roll_lite.model.tokenizer import load_tokenizer
+from roll_lite.model.vision_run import run_tokenizer
 from roll_lite.rewards.routing import reads_text
 from roll_lite.rollout import SamplingParams
 from roll_lite.rollout.ahead import staleness
@@ -70,7 +70,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
     def __init__(self, config: RunConfig) -> None:
         self.config = config
         self.algorithm = config.algorithm
-        self.tokenizer = load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
+        self.tokenizer = run_tokenizer(config.model)  # a vision-language model's has its vision tokens
         # prepare_data(), in the driver only: read_data()'s rows (PromptData; MultiTurnPipeline: the dataset's dicts)
         self.train_data: Any = None
         self.eval_data: Any = None
@@ -132,7 +132,8 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         """Generate now, with the actor's latest weights (roll_lite.data.sequences.completion_batch)."""
         self.schedule.wait_sync()
         assert self.rollout is not None  # start_workers() made it
-        return completion_batch(prompts, self.rollout.generate(prompts.prompt_ids, params), self.tokenizer)
+        images = [prompts.images] if prompts.images else []  # image rows: their image inputs (the hf engine)
+        return completion_batch(prompts, self.rollout.generate(prompts.prompt_ids, params, *images), self.tokenizer)
 
     def collect_rollout(self, step: int) -> tuple[DataProto, int]:
         """(the batch of `step`, how many steps older than the actor its sampling weights are)."""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 from roll_lite.config import RunConfig
 from roll_lite.data.domain_sampler import training_sampler
 from roll_lite.data.prompts import PromptData, prepare_datasets
+from roll_lite.model.vision_run import image_prompt_encoder
 from roll_lite.rewards.code import code_row_check
 
 from .sft import SFTPipeline
@@ -66,6 +67,7 @@ class RLData:
             domains=domains,
             row_check=code_row_check(reward, data.domain_key),
             seed=self.data_seed,
+            encode_images=image_prompt_encoder(self.config.model, data),  # data.image_key: docs/vision.md
         )
         for note in prepared.notes:
             logger.info(note)
@@ -90,7 +92,13 @@ class RLData:
         assert self.sampler is not None  # prepare_data() made it
         return self.sampler.exhausted and not len(self.schedule.queue)
 
-    def draw_prompts(self) -> tuple[list[int], list[list[int]]] | None:
+    def draw_prompts(
+        self,
+    ) -> tuple[list[int], list[list[int]]] | tuple[list[int], list[list[int]], list[dict[str, Any]]] | None:
+        """(dataset rows, their prompt ids) of the next prompts, and their image inputs for image rows."""
         assert self.sampler is not None  # prepare_data() made it
         rows = self.sampler.draw(self.config.rollout.prompts_per_step)
-        return (rows, self.train_data.select(rows).prompt_ids) if rows else None
+        if not rows:
+            return None
+        drawn = self.train_data.select(rows)
+        return (rows, drawn.prompt_ids, drawn.images) if drawn.images else (rows, drawn.prompt_ids)

@@ -23,8 +23,8 @@ ROLLOUTS_AHEAD = "rollouts_ahead.json"  # in a checkpoint: the generations launc
 # in a checkpoint of the fully async mode (pipelines/async_schedule.py): the admitted batches, their tokens so far
 IN_FLIGHT = "rollouts_in_flight.json"
 
-# () -> (dataset rows, their prompt ids) of the next prompts, or None when they are used up
-DrawPrompts = Callable[[], "tuple[list[int], list[list[int]]] | None"]
+# () -> (dataset rows, their prompt ids[, their image inputs]) of the next prompts, or None when they are used up
+DrawPrompts = Callable[[], "tuple[list[int], list[list[int]]] | tuple[list[int], list[list[int]], list[dict]] | None"]
 
 
 class RolloutSchedule:
@@ -43,9 +43,9 @@ class RolloutSchedule:
             drawn = draw_prompts()
             if drawn is None:
                 break
-            rows, prompt_ids = drawn
+            rows, prompt_ids, *images = drawn  # image rows: their image inputs too (the hf engine)
             assert self.engine is not None  # the workers run
-            self.queue.add(later, rows, self.engine.start_generate(prompt_ids, params))
+            self.queue.add(later, rows, self.engine.start_generate(prompt_ids, params, *images))
 
     def is_launched(self, step: int) -> bool:
         return step in self.queue.launched

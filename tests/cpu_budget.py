@@ -78,6 +78,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
             "test_tracking.py",
             "test_traces.py",
             "test_user_imports.py",
+            "test_vision_run.py",
             "test_warm_driver.py",
             "test_worker_errors.py",
         ),

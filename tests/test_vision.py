@@ -324,9 +324,9 @@ def test_image_keys_are_checked_naming_the_key(overrides, message):
 
 
 def test_image_rows_are_read_before_ray_starts_then_refused(tmp_path, monkeypatch, capsys):
-    """roll-train with data.image_key: every image decoded and every row's image parts counted in the
-    driver (a bad row is a data error naming file, row and key); good rows then stop at the pipelines,
-    which do not train on images yet. Nothing is written, Ray never starts."""
+    """roll-train with data.image_key and a text model: every image decoded and every row's image parts
+    counted in the driver (a bad row is a data error naming file, row and key); good rows then stop with a
+    config error, as the model reads no images. Nothing is written, Ray never starts."""
     import sys
 
     from roll_lite.cli import main
@@ -339,8 +339,8 @@ def test_image_rows_are_read_before_ray_starts_then_refused(tmp_path, monkeypatc
     run = ["steps=1", f"output_dir={tmp_path / 'out'}", "data.image_key=im"]
     assert main([*run, "data.train_files=train.jsonl"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "roll-train: config error: data.image_key: the rows and their images are good, but no pipeline trains on "
-        "images yet"
+        "roll-train: config error: data.image_key: the rows and their images are good, but the model reads no "
+        "images: set model.model_type=qwen2_5_vl (a vision-language model built from the model keys; docs/vision.md)"
     )
     assert main([*run, "data.train_files=train.jsonl", "data.eval_files=text.jsonl"]) == 2
     assert capsys.readouterr().err.strip() == (

@@ -231,6 +231,7 @@ class RolloutClient:
         # LoRA: the first sync (and the first after a resume) sends the base too, every later one only
         # the adapters
         self.adapters_only, self.base_synced = config.actor.lora.rank > 0, False
+        self.frozen_vision = config.model.freeze_vision  # a frozen vision tower is never sent (the engine has it)
         self.in_actor = actor is not None
         if self.in_actor:
             assert actor is not None  # in_actor says so
@@ -254,16 +255,19 @@ class RolloutClient:
     # The worker runs the calls of this client one at a time, in the order they were made: a
     # generation started before a weight update samples with the weights before it.
 
-    def start_generate(self, prompts: list[list[int]], params: SamplingParams) -> ray.ObjectRef:
-        """Queue a generation on the worker; `wait(ref, "generate")` gives its Completions."""
-        return self._call("generate", prompts, params)
+    def start_generate(
+        self, prompts: list[list[int]], params: SamplingParams, images: list | None = None
+    ) -> ray.ObjectRef:
+        """Queue a generation on the worker; `wait(ref, "generate")` gives its Completions. `images`: per
+        prompt its image inputs or None (roll_lite/data/image_prompts.py)."""
+        return self._call("generate", prompts, params, *([] if images is None else [images]))
 
     def start_sync(self, actor: ModelGroup, dtype: str, version: int) -> ray.ObjectRef:
         """Queue the actor's current weights (cast to `dtype`) into the engine; `wait(ref, "update_weights")`.
         In the actor's process nothing travels: the engine's model already is the actor's parameters."""
         if self.in_actor:
             return self._call("use_actor_weights", version)
-        part = "adapters" if self.adapters_only and self.base_synced else "full"
+        part = "adapters" if self.adapters_only and self.base_synced else "trainable" if self.frozen_vision else "full"
         self.base_synced = True
         return self._call("update_weights", actor.state_dict_ref(dtype, part), version)
 
@@ -278,8 +282,8 @@ class RolloutClient:
         """The answer of a started call (a failure raises WorkerError naming `method`)."""
         return self._get(ref, method)
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
-        return self.wait(self.start_generate(prompts, params), "generate")
+    def generate(self, prompts: list[list[int]], params: SamplingParams, images: list | None = None) -> Completions:
+        return self.wait(self.start_generate(prompts, params, images), "generate")
 
     def sync(self, actor: ModelGroup, dtype: str, version: int) -> None:
         self.wait(self.start_sync(actor, dtype, version), "update_weights")

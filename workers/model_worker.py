@@ -32,8 +32,8 @@ from roll_lite.lora.adapters import (
 from roll_lite.lora.export import save_lora_final
 from roll_lite.loss import sft_loss_func
 from roll_lite.model.compiling import compile_decoder_layers
-from roll_lite.model.modeling import enable_gradient_checkpointing, load_causal_lm, sequence_classifier_state
-from roll_lite.model.tokenizer import load_tokenizer
+from roll_lite.model.modeling import enable_gradient_checkpointing, sequence_classifier_state
+from roll_lite.model.vision_run import load_run_lm, run_tokenizer
 from roll_lite.model.weights import FlatWeights, flatten_state_dict, unflatten_state_dict
 from roll_lite.runtime.importing import enter_import_root, load_object
 from roll_lite.runtime.reproducibility import check_kernels
@@ -156,8 +156,8 @@ class ModelWorker:
         if self.role == "actor":  # a reward model in training has a score head (pipelines/reward_model.py)
             head = getattr(self.pipeline, "actor_head", head)
         self.head = head
-        self.tokenizer = load_tokenizer(self.config.model.tokenizer_path, self.config.model.chat_template)
-        lm = load_causal_lm(self.config.model, len(self.tokenizer), seed=self.config.seed)
+        self.tokenizer = run_tokenizer(self.config.model)
+        lm = load_run_lm(self.config.model, len(self.tokenizer), seed=self.config.seed)
         self.lora = strategy_config(self.config, self.role).lora if trainable else None
         self.base_is_source = True  # the frozen base is still model.pretrained_path's (or the seeded build)
         if self.lora is not None and self.lora.rank:
@@ -245,11 +245,12 @@ class ModelWorker:
         """Rank 0: a ref to its full state dict as FlatWeights in the object store, floating-point
         tensors cast to `dtype` if given (the rollout engine's); other ranks: None. With LoRA, `part`
         picks: full (base_layer and adapter tensors, the model's own names), adapters (only them) or
-        merged (a plain HF state dict of base + adapters)."""
+        merged (a plain HF state dict of base + adapters); trainable: the parameters that train (a VLM's
+        without its frozen vision tower)."""
         assert self.strategy is not None  # setup() made it
         with self.on_device():
             state = self.strategy.full_state_dict(
-                trainable_only=part == "adapters"
+                trainable_only=part in ("adapters", "trainable")
             )  # a collective: every rank calls it
         if self.rank != 0:
             return None
@@ -306,13 +307,14 @@ class ModelWorker:
     def _save_hf(self, target: Path, state: dict) -> None:
         """A causal LM folder; with a score head a one-label sequence classifier (a reward model)."""
         assert self.strategy is not None  # setup() made it
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
         trained = self.strategy.model.lm
         if self.head == "score":
             lm, state = sequence_classifier_state(trained, state)
-        else:
-            lm = AutoModelForCausalLM.from_config(
+        else:  # a vision-language model (docs/vision.md): its image-text-to-text class
+            auto = AutoModelForImageTextToText if hasattr(trained.config, "vision_config") else AutoModelForCausalLM
+            lm = auto.from_config(
                 trained.config,
                 dtype=next(iter(state.values())).dtype,
                 trust_remote_code=self.config.model.trust_remote_code,

@@ -22,9 +22,8 @@ from roll_lite.lora.adapters import (
     write_peft_adapter,
 )
 from roll_lite.model.exact_decoding import exact_generate
-from roll_lite.model.modeling import load_causal_lm
 from roll_lite.model.moe import GenerationRouting
-from roll_lite.model.tokenizer import load_tokenizer
+from roll_lite.model.vision_run import load_run_lm, run_tokenizer
 from roll_lite.model.weights import FlatWeights, unflatten_state_dict
 from roll_lite.rollout import Completions, HFEngine, SamplingParams, choose_engine
 from roll_lite.rollout.partial import PartialRollouts
@@ -41,7 +40,7 @@ class RolloutWorker:
         torch.set_num_threads(config.workers.torch_threads)
         check_kernels(config.reproducible)  # the kernels' variables reached this process
         engine, why = choose_engine(config.rollout.engine, on_gpu=config.workers.gpus_per_rank > 0)
-        tokenizer = load_tokenizer(config.model.tokenizer_path)
+        tokenizer = run_tokenizer(config.model)
         self.offload = config.workers.offload and torch.cuda.is_available()
         self.actor_weights = actor_weights
         self.lora = config.actor.lora if config.actor.lora.rank else None
@@ -67,7 +66,7 @@ class RolloutWorker:
         else:
             from .placement import local_gpu_index
 
-            model = load_causal_lm(config.model, len(tokenizer), seed=config.seed)
+            model = load_run_lm(config.model, len(tokenizer), seed=config.seed)
             model = _in_rollout_dtype(self._with_adapters(model), config)
             if (
                 config.workers.gpus_per_rank and torch.cuda.is_available()
@@ -80,6 +79,8 @@ class RolloutWorker:
             why += "; static KV cache" + (", compiled decoding" if self.engine.device.type == "cuda" else "")
         self.engine_description = f"rollout engine: {engine} ({why})"
         self.partial = PartialRollouts(tokenizer.eos_token_id)
+        # model.freeze_vision: the names a sync holds, the engine model's parameters outside its vision tower
+        self.frozen_vision = frozen_vision_sync(self.engine.model) if config.model.freeze_vision else None
         self.generating_s = 0.0  # partial rollouts' generate time since the last batch was taken
         self.weight_version = -1
 
@@ -91,8 +92,13 @@ class RolloutWorker:
 
         return where_am_i()
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
-        completions = self.engine.generate(prompts, params)
+    def generate(self, prompts: list[list[int]], params: SamplingParams, images: list | None = None) -> Completions:
+        """`images`: per prompt its processor outputs (pixel_values, image_grid_thw) or None (the hf engine)."""
+        completions = (
+            self.engine.generate(prompts, params)
+            if images is None
+            else self.engine.generate(prompts, params, images=images)
+        )
         completions.weight_version = self.weight_version
         # the KV cache's memory goes back to the GPU for the colocated model workers (vllm's engine
         # releases its own: rollout.release_memory)
@@ -131,7 +137,10 @@ class RolloutWorker:
     def update_weights(self, weights: FlatWeights, version: int) -> None:
         """The actor's weights: all of them, or with LoRA after the first sync only its adapters."""
         state = unflatten_state_dict(weights)
-        if self.lora is None:
+        if self.frozen_vision is not None:  # model.freeze_vision: everything but the vision tower, every time
+            trained, aliases = self.frozen_vision  # a gathered state dict names a tied head too: not a parameter
+            self.engine.update_weights({k: v for k, v in state.items() if k not in aliases}, part_of=trained)
+        elif self.lora is None:
             self.engine.update_weights(state)
         elif isinstance(self.engine, HFEngine):
             adapters_only = all(is_adapter(name) for name in state)
@@ -176,12 +185,24 @@ class RolloutWorker:
         return self.weight_version, {k: v.detach().clone() for k, v in self.engine.model.state_dict().items()}
 
 
+def frozen_vision_sync(model: torch.nn.Module) -> tuple[set[str], set[str]]:
+    """(the parameters a sync holds: all but the vision tower's, the state dict's other names: tied aliases
+    and buffers)."""
+    from roll_lite.model.vision_run import vision_parameter_names
+
+    parameters = {name for name, _ in model.named_parameters()}
+    return parameters - vision_parameter_names(model), set(model.state_dict()) - parameters
+
+
 def _architecture(config: RunConfig, vocab_size: int) -> torch.nn.Module:
     """A HF model of the run's architecture (its parameters get replaced: HFEngine.share_weights)."""
     from transformers import AutoModelForCausalLM
 
     from roll_lite.model.modeling import causal_lm_config
+    from roll_lite.model.vision_run import is_vision_model, load_vision_lm
 
+    if is_vision_model(config.model):  # a vision-language model, its vision tower included
+        return load_vision_lm(config.model, seed=config.seed)
     return AutoModelForCausalLM.from_config(
         causal_lm_config(config.model, vocab_size),
         dtype=getattr(torch, config.model.dtype),
@@ -202,6 +223,7 @@ def _hf_engine(model: torch.nn.Module, tokenizer, config: RunConfig, static_cach
         static_cache=static_cache,
         decode=decode,
         record_experts=record_experts,
+        excluded_token_ids=getattr(model, "excluded_token_ids", None),  # a VLM's vision tokens (vision_run.py)
     )
 
 

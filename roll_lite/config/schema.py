@@ -22,7 +22,9 @@ class ModelConfig:
     a local folder saved with save_pretrained, or a hub id (org/name). The architecture keys below
     only apply to a model built from config."""
 
-    model_type: str = "qwen2"  # an HF architecture name (qwen2, llama, ...): AutoConfig.for_model
+    # an HF architecture name (qwen2, llama, ...): AutoConfig.for_model; qwen2_5_vl: a vision-language model
+    # (a tiny Qwen2.5-VL sized by the keys below, with the vision tokens of docs/vision.md)
+    model_type: str = "qwen2"
     hidden_size: int = 128  # width of the residual stream
     intermediate_size: int = 512  # width of each MLP's hidden layer
     num_hidden_layers: int = 4  # decoder layers
@@ -51,7 +53,7 @@ class ModelConfig:
     # or a Jinja template of your own. It is saved with the tokenizer in final/.
     chat_template: Optional[str] = None
     # a vision-language model (docs/vision.md): true leaves its vision tower and merger out of training (no
-    # gradient, no optimizer state, nothing to sync). Needs a vision-language model, which no pipeline builds yet
+    # gradient, no optimizer state, not sent to the rollout engine). Needs model.model_type=qwen2_5_vl
     freeze_vision: bool = False
 
 
@@ -83,11 +85,12 @@ class DataConfig:
     max_prompt_length: Optional[int] = 1024
     # the column holding each row's image(s) (docs/vision.md): a path (relative to the data file), the file's
     # bytes, or a datasets Image feature, or a list of them; the prompt is then chat messages with one
-    # {"type": "image"} part per image. Every image is decoded before Ray starts (a missing or corrupt one is
-    # a data error naming file, row and key). null: text only. The pipelines do not train on images yet
+    # {"type": "image"} part per image, rendered by the processor (each image's tokens expanded once). Every
+    # image is decoded before Ray starts (a missing or corrupt one is a data error naming file, row and key).
+    # Needs model.model_type=qwen2_5_vl (PPO / GRPO, hf engine). null: text only
     image_key: Optional[str] = None
     # each image is resized so that its pixel count lies in [min_pixels, max_pixels], sides multiples of the
-    # processor's patch_size x merge_size (Qwen's smart_resize); null: the processor's own bound. Needs data.image_key
+    # processor's patch_size x merge_size (Qwen's smart_resize); null: 64 and 1024. Needs data.image_key
     min_pixels: Optional[int] = None
     max_pixels: Optional[int] = None
     shuffle: bool = True  # a new seeded order every epoch

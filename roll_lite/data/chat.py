@@ -41,19 +41,22 @@ def as_messages(prompt: Any, role: str = "user") -> list[dict]:
     return [{"role": role, "content": prompt}] if isinstance(prompt, str) else list(prompt)
 
 
-def message_problem(prompt: Any) -> str | None:
-    """Why `prompt` is not a list of {role, content} chat messages, or None when it is."""
+def message_problem(prompt: Any, parts: bool = False) -> str | None:
+    """Why `prompt` is not a list of {role, content} chat messages, or None when it is. `parts`: a content
+    may also be a list (of text and image parts: data.image_key, checked by roll_lite/data/images.py)."""
     if not isinstance(prompt, list):
         return f"is a {type(prompt).__name__}, not a string or a list of chat messages"
     if not prompt:
         return "is an empty list of messages"
     for i, message in enumerate(prompt):
+        content = message.get("content") if isinstance(message, dict) else None
         if (
             not isinstance(message, dict)
             or not isinstance(message.get("role"), str)
-            or not isinstance(message.get("content"), str)
+            or not (isinstance(content, str) or (parts and isinstance(content, list)))
         ):
-            return f"message {i} is not a {{'role': str, 'content': str}} dict: {str(message)[:80]}"
+            kind = "str or a list of parts" if parts else "str"
+            return f"message {i} is not a {{'role': str, 'content': {kind}}} dict: {str(message)[:80]}"
     return None
 
 

@@ -102,24 +102,26 @@ def check_image_parts(table: Table, row: int, key: str, messages: list[dict], im
         )
 
 
+def checked_image_row(table: Table, row: int, image_key: str, prompt_key: str) -> list["Image.Image"]:
+    """One row's images decoded (row_images), its prompt chat messages with one image part per image."""
+    images = row_images(table, row, image_key)
+    messages = table.rows[row].get(prompt_key)
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise DataError(
+            f"{table.where(row)}: key '{prompt_key}': a row with images needs its prompt as chat messages, "
+            "with one {'type': 'image'} content part per image"
+        )
+    for j, message in enumerate(messages):
+        if (problem := content_problem(message.get("content"))) is not None:
+            raise DataError(f"{table.where(row)}: key '{prompt_key}': message {j}: {problem}")
+    check_image_parts(table, row, prompt_key, messages, len(images))
+    return images
+
+
 def check_image_rows(table: Table, image_key: str, prompt_key: str) -> int:
-    """Every row of one file: its images decoded (row_images) and its prompt chat messages with one image
-    part per image; returns the count of images. DataError naming file, row and key on the first bad row."""
-    count = 0
-    for row in range(len(table.rows)):
-        images = row_images(table, row, image_key)
-        messages = table.rows[row].get(prompt_key)
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise DataError(
-                f"{table.where(row)}: key '{prompt_key}': a row with images needs its prompt as chat messages, "
-                "with one {'type': 'image'} content part per image"
-            )
-        for j, message in enumerate(messages):
-            if (problem := content_problem(message.get("content"))) is not None:
-                raise DataError(f"{table.where(row)}: key '{prompt_key}': message {j}: {problem}")
-        check_image_parts(table, row, prompt_key, messages, len(images))
-        count += len(images)
-    return count
+    """Every row of one file (checked_image_row); returns the count of images. DataError naming file, row and
+    key on the first bad row."""
+    return sum(len(checked_image_row(table, row, image_key, prompt_key)) for row in range(len(table.rows)))
 
 
 def check_image_files(data) -> None:

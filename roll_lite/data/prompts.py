@@ -13,11 +13,14 @@ a row is bad, a DataError names the config key, the file, the row and the field.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from roll_lite.data.chat import as_messages, has_chat_template, message_problem, render_chat
 from roll_lite.data.files import DataError, Table
 from roll_lite.data.lengths import load_within_limit
+
+if TYPE_CHECKING:
+    from roll_lite.data.image_prompts import ImageEncoder
 
 
 @dataclass
@@ -26,6 +29,9 @@ class PromptData:
     prompts: list[Any]  # as in the file: a string or a list of chat messages
     answers: list[str]
     extras: list[dict] = field(default_factory=list)  # per row: the fields handed to the reward
+    # data.image_key: per row its processor outputs {pixel_values, image_grid_thw} (roll_lite/data/image_prompts.py),
+    # which prompt_ids' image tokens stand for; empty: a text data set
+    images: list[dict] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -36,6 +42,7 @@ class PromptData:
             [self.prompts[i] for i in indices],
             [self.answers[i] for i in indices],
             [self.extras[i] for i in indices],
+            [self.images[i] for i in indices] if self.images else [],
         )
 
     @staticmethod
@@ -45,6 +52,7 @@ class PromptData:
             [x for p in parts for x in p.prompts],
             [x for p in parts for x in p.answers],
             [x for p in parts for x in p.extras],
+            [x for p in parts for x in p.images],
         )
 
 
@@ -61,11 +69,14 @@ def prepare_datasets(
     domains: Sequence[str] | None = None,
     row_check: Callable[[dict], None] | None = None,
     seed: int = 0,
+    encode_images: "ImageEncoder | None" = None,
 ) -> PreparedData:
     """Train and eval prompts of a `DataConfig`; raises DataError (one line) on any bad input. With
     `domains` (reward.domains' names) every row's data.domain_key field must name one of them;
     `row_check(extra)` raises ValueError on a row a reward source cannot score (the code source's tests).
-    With data.source the rows come from that package (roll_lite.data.sources), seeded by `seed`."""
+    With data.source the rows come from that package (roll_lite.data.sources), seeded by `seed`. With
+    data.image_key, `encode_images` renders each row (roll_lite/data/image_prompts.py); None: the model reads
+    no images, and the rows are checked, then refused."""
     if getattr(data, "source", None) is not None:
         from roll_lite.data.sources import source_tables
 
@@ -80,16 +91,15 @@ def prepare_datasets(
         raise DataError(
             "data.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)"
         )
-    if getattr(data, "image_key", None) is not None:
-        from roll_lite.data.images import check_image_files
-        from roll_lite.errors import ConfigError
+    if getattr(data, "image_key", None) is not None and encode_images is None:
+        from roll_lite.data.image_prompts import refuse_without_encoder
 
-        check_image_files(data)  # every image decoded: a missing or corrupt one is a DataError naming file, row, key
-        raise ConfigError("data.image_key: the rows and their images are good, but no pipeline trains on images yet")
-    train, notes = load_prompts(data.train_files, "data.train_files", data, tokenizer, domains, row_check)
+        refuse_without_encoder(data)  # a text model: the images checked, then a config error
+    checks = (domains, row_check, encode_images)
+    train, notes = load_prompts(data.train_files, "data.train_files", data, tokenizer, *checks)
     evaluation = None
     if data.eval_files:
-        evaluation, eval_notes = load_prompts(data.eval_files, "data.eval_files", data, tokenizer, domains, row_check)
+        evaluation, eval_notes = load_prompts(data.eval_files, "data.eval_files", data, tokenizer, *checks)
         notes += eval_notes
     return PreparedData(train, evaluation, notes)
 
@@ -101,12 +111,13 @@ def load_prompts(
     tokenizer,
     domains: Sequence[str] | None = None,
     row_check: Callable[[dict], None] | None = None,
+    encode_images: "ImageEncoder | None" = None,
 ) -> tuple[PromptData, list[str]]:
     """The rows of `files`, concatenated in order, minus the prompts over max_prompt_length."""
     return load_within_limit(
         files,
         config_key,
-        to_rows=lambda table: rows_to_prompts(table, data, tokenizer, domains, row_check),
+        to_rows=lambda table: rows_to_prompts(table, data, tokenizer, domains, row_check, encode_images),
         lengths=lambda prompts: [len(ids) for ids in prompts.prompt_ids],
         limit=data.max_prompt_length,
         limit_key="data.max_prompt_length",
@@ -117,13 +128,18 @@ def load_prompts(
 
 
 def rows_to_prompts(
-    table: Table, data, tokenizer, domains: Sequence[str] | None = None, row_check: Callable[[dict], None] | None = None
+    table: Table,
+    data,
+    tokenizer,
+    domains: Sequence[str] | None = None,
+    row_check: Callable[[dict], None] | None = None,
+    encode_images: "ImageEncoder | None" = None,
 ) -> PromptData:
-    """Validated, tokenized rows of one file (nothing filtered yet)."""
+    """Validated, tokenized rows of one file (nothing filtered yet); image rows rendered by `encode_images`."""
     prompts, answers, extras = [], [], []
     chat_rows = []
     for i, row in enumerate(table.rows):
-        prompt = _prompt(table, i, row, data.prompt_key)
+        prompt = _prompt(table, i, row, data.prompt_key, parts=getattr(data, "image_key", None) is not None)
         use_chat = data.apply_chat_template or not isinstance(prompt, str)
         if use_chat and not has_chat_template(tokenizer):
             if isinstance(prompt, str):
@@ -145,6 +161,11 @@ def rows_to_prompts(
                 row_check(extras[-1])
             except ValueError as error:
                 raise DataError(f"{table.where(i)}: {error}") from None
+    if encode_images is not None:  # the processor renders them (docs/vision.md)
+        from roll_lite.data.image_prompts import encode_image_rows
+
+        image_ids, images = encode_image_rows(table, data, encode_images)
+        return PromptData(image_ids, prompts, answers, extras, images)
     plain = [i for i, chat in enumerate(chat_rows) if not chat]
     ids: list[list[int]] = [[] for _ in prompts]
     if plain:
@@ -172,7 +193,7 @@ def _missing(table: Table, row: int, key: str, what: str) -> DataError:
     return DataError(f"{table.where(row)}: key '{key}' ({what}) is missing or null")
 
 
-def _prompt(table: Table, i: int, row: dict, key: str) -> Any:
+def _prompt(table: Table, i: int, row: dict, key: str, parts: bool = False) -> Any:
     prompt = row.get(key)
     if prompt is None:
         raise _missing(table, i, key, "data.prompt_key")
@@ -180,7 +201,7 @@ def _prompt(table: Table, i: int, row: dict, key: str) -> Any:
         if not prompt.strip():
             raise DataError(f"{table.where(i)}: key '{key}': the prompt is empty")
         return prompt
-    problem = message_problem(prompt)
+    problem = message_problem(prompt, parts)
     if problem is not None:
         raise DataError(f"{table.where(i)}: key '{key}': the prompt {problem}")
     return prompt

@@ -74,7 +74,8 @@ def build_target_batch(
 
 def completion_batch(prompts: "PromptData", generated: "Completions", tokenizer) -> DataProto:
     """Sequences of every (prompt, sample) the engine returned: tensors + response_text, group ids, and
-    per row the prompt's answer and extra fields (non_tensor_batch 'answer', 'extra': a dict per row).
+    per row the prompt's answer and extra fields (non_tensor_batch 'answer', 'extra': a dict per row) and, for
+    image prompts, their image inputs ('image_inputs').
     When sampling, also the engine's log-prob of each response token ('rollout_log_probs'); with partial
     rollouts (rollout.fully_async), the weight version that sampled it ('rollout_versions', -1 elsewhere)."""
     completions = generated.token_ids
@@ -87,6 +88,8 @@ def completion_batch(prompts: "PromptData", generated: "Completions", tokenizer)
     batch.non_tensor_batch["answer"] = [a for a in prompts.answers for _ in range(n)]
     batch.non_tensor_batch["extra"] = [e for e in prompts.extras for _ in range(n)]
     batch.non_tensor_batch["prompt"] = [p for p in prompts.prompts for _ in range(n)]  # a string or chat messages
+    if prompts.images:  # each sample of a prompt with its prompt's images (roll_lite/strategy/vision_inputs.py)
+        batch.non_tensor_batch["image_inputs"] = [entry for entry in prompts.images for _ in range(n)]
     if generated.token_versions is not None:  # partial rollouts: the weight version of each response token
         batch.batch["rollout_versions"] = response_aligned(batch["response_mask"], generated.token_versions, fill=-1)
     if generated.routed_experts is not None:  # an MoE engine's routing (actor.router_replay, docs/moe.md)

@@ -84,29 +84,39 @@ def build_vision_processor(
     return ImageProcessor(image_processor=images, tokenizer=tokenizer, chat_template=tokenizer.chat_template)
 
 
-def tiny_vision_config(processor: ImageProcessor, hidden_size: int = 32, layers: int = 2, vision_layers: int = 2):
+def tiny_vision_config(
+    processor: ImageProcessor,
+    hidden_size: int = 32,
+    layers: int = 2,
+    vision_layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 256,
+    tie_word_embeddings: bool = True,
+):
     """A Qwen2.5-VL config of a few layers and tiny widths, matched to the processor's patches and tokens."""
     from transformers import Qwen2_5_VLConfig
 
     tokenizer, images = processor.tokenizer, processor.image_processor
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(VISION_TOKENS)))
-    head_dim = hidden_size // 4
+    head_dim = hidden_size // heads
     # M-RoPE splits each head's rotary half (head_dim / 2) into time, height and width sections
     section = [head_dim // 4, head_dim // 8, head_dim // 2 - head_dim // 4 - head_dim // 8]
     return Qwen2_5_VLConfig(
         text_config=dict(
             vocab_size=len(tokenizer),
             hidden_size=hidden_size,
-            intermediate_size=2 * hidden_size,
+            intermediate_size=intermediate_size or 2 * hidden_size,
             num_hidden_layers=layers,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=max_position_embeddings,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
             bos_token_id=tokenizer.bos_token_id,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
-            tie_word_embeddings=True,
+            tie_word_embeddings=tie_word_embeddings,
         ),
         vision_config=dict(
             depth=vision_layers,
@@ -124,7 +134,7 @@ def tiny_vision_config(processor: ImageProcessor, hidden_size: int = 32, layers:
         video_token_id=ids[VIDEO_PAD],
         vision_start_token_id=ids[VISION_START],
         vision_end_token_id=ids[VISION_END],
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_word_embeddings,
     )
 
 
@@ -242,6 +252,7 @@ class VisionLMWithLogProbs(nn.Module):
         sequence_parallel=None,
     ) -> dict[str, torch.Tensor]:
         from roll_lite.model.logprobs import chunked_log_probs
+        from roll_lite.model.restricted_vocab import restricted_log_probs
 
         if top_k or gather_ids is not None or sequence_parallel is not None:
             raise NotImplementedError("a vision-language policy: no teacher top-k and no sequence parallelism yet")
@@ -262,14 +273,28 @@ class VisionLMWithLogProbs(nn.Module):
         if pixel_values is None:
             hidden = hidden + self._blank_image_times_zero()
         targets = torch.roll(input_ids, shifts=-1, dims=1)  # the last column is never used
-        log_probs, entropy = chunked_log_probs(
-            hidden.reshape(-1, hidden.shape[-1]),
-            self.lm.get_output_embeddings().weight,
-            targets.reshape(-1),
-            chunk_size=self.chunk_size,
-            temperature=temperature,
-            with_entropy=with_entropy,
-        )
+        # a run's model never samples its vision tokens (vision_run.py): the engine's restricted vocabulary
+        excluded = getattr(self.lm, "excluded_token_ids", None)
+        hidden, weight = hidden.reshape(-1, hidden.shape[-1]), self.lm.get_output_embeddings().weight
+        if excluded:
+            log_probs, entropy = restricted_log_probs(
+                hidden,
+                weight,
+                targets.reshape(-1),
+                excluded,
+                chunk_size=self.chunk_size,
+                temperature=temperature,
+                with_entropy=with_entropy,
+            )
+        else:
+            log_probs, entropy = chunked_log_probs(
+                hidden,
+                weight,
+                targets.reshape(-1),
+                chunk_size=self.chunk_size,
+                temperature=temperature,
+                with_entropy=with_entropy,
+            )
         outputs = {"log_probs": log_probs.reshape(input_ids.shape).clone()}
         if entropy is not None:
             outputs["entropy"] = entropy.reshape(input_ids.shape).clone()

@@ -41,6 +41,7 @@ class HFEngine:
         static_cache: bool = False,
         decode: Callable | None = None,
         record_experts: Callable[[nn.Module], Any] | None = None,
+        excluded_token_ids: list[int] | None = None,
     ):
         from transformers import GenerationConfig
 
@@ -52,6 +53,9 @@ class HFEngine:
         self.static_cache, self.decode = static_cache, decode
         # an MoE policy's routing per token (Completions.routed_experts): roll_lite.model.moe.GenerationRouting
         self.record_experts = record_experts
+        # never sampled (a vision-language policy's vision tokens): masked out of the sampling distribution, and
+        # the recorded log-probs are over the rest of the vocabulary, as the trainer's (restricted_vocab.py)
+        self.excluded_token_ids = excluded_token_ids
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         self.device = next(model.parameters()).device
         self.generator_seed = seed
@@ -107,8 +111,9 @@ class HFEngine:
             )
             options.update({key: value.to(self.device) for key, value in visual.items()})
         recorder = None
+        excluding = [ExcludeTokens(self.excluded_token_ids)] if self.excluded_token_ids else []
         if params.greedy:
-            options.update(do_sample=False, num_return_sequences=1)
+            options.update(do_sample=False, num_return_sequences=1, logits_processor=excluding)
         else:
             # top_k=0 turns top-k off (transformers' default would be 50)
             recorder = SampledLogProbs(params.temperature)
@@ -118,7 +123,7 @@ class HFEngine:
                 top_p=params.top_p,
                 top_k=params.top_k,
                 num_return_sequences=params.num_samples,
-                logits_processor=[recorder],
+                logits_processor=[*excluding, recorder],
             )
         self._seed(params)
         recording = self.record_experts(self.model) if self.record_experts is not None else None
@@ -193,6 +198,18 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
         b.dtype,
         b.device,
     )
+
+
+class ExcludeTokens:
+    """A transformers logits processor that gives `ids` a logit of -inf: never sampled, and the log-probs
+    recorded after it (SampledLogProbs) are over the rest of the vocabulary."""
+
+    def __init__(self, ids: list[int]):
+        self.ids = list(ids)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores[:, self.ids] = float("-inf")
+        return scores
 
 
 class SampledLogProbs:

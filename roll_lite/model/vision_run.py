@@ -1,0 +1,124 @@
+"""A run's vision-language model from its `model` keys (docs/vision.md): model.model_type=qwen2_5_vl builds
+the tiny Qwen2.5-VL of roll_lite/model/vision.py, sized by the text keys (hidden_size, num_hidden_layers,
+heads, ...), with the vision tokenizer in every process and, in the driver, the processor that renders the
+image rows (data.min_pixels / data.max_pixels).
+
+The vision special tokens are never sampled: the engine masks them out of the sampling distribution, and the
+policy head normalises its log-probs and entropy over the same restricted vocabulary (restricted_vocab.py), so
+that the engine's recorded log-probs stay the trainer's. `excluded_token_ids` on the built model says which.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+VISION_MODEL_TYPES = ("qwen2_5_vl",)
+# the processor's bounds when data.min_pixels / data.max_pixels are null (build_vision_processor's defaults)
+DEFAULT_MIN_PIXELS, DEFAULT_MAX_PIXELS = 64, 1024
+
+
+def is_vision_model(model_config: Any) -> bool:
+    """The `model` section builds a vision-language model (a pretrained one is not read from a folder yet)."""
+    return model_config.pretrained_path is None and model_config.model_type in VISION_MODEL_TYPES
+
+
+def run_processor(data_config: Any = None):
+    """The processor of a run's image rows: the vision tokenizer + Qwen2-VL's image processor within
+    data.min_pixels / data.max_pixels."""
+    from roll_lite.model.vision import build_vision_processor
+
+    low = getattr(data_config, "min_pixels", None)
+    high = getattr(data_config, "max_pixels", None)
+    if low is None:
+        low = DEFAULT_MIN_PIXELS if high is None else min(DEFAULT_MIN_PIXELS, high)
+    return build_vision_processor(min_pixels=low, max_pixels=max(DEFAULT_MAX_PIXELS, low) if high is None else high)
+
+
+def run_tokenizer(model_config: Any):
+    """The run's tokenizer: the vision tokenizer for a vision-language model, else load_tokenizer's."""
+    from roll_lite.model.tokenizer import load_tokenizer
+
+    if not is_vision_model(model_config):
+        return load_tokenizer(model_config.tokenizer_path, model_config.chat_template)
+    from roll_lite.model.vision import build_vision_tokenizer
+
+    return build_vision_tokenizer()
+
+
+def vision_token_ids(tokenizer) -> list[int]:
+    from roll_lite.model.vision import VISION_TOKENS
+
+    return [int(i) for i in tokenizer.convert_tokens_to_ids(VISION_TOKENS)]
+
+
+def vision_config(model_config: Any):
+    """The Qwen2.5-VL config of the `model` keys (vision tower: tiny_vision_config's)."""
+    from roll_lite.model.vision import tiny_vision_config
+
+    m = model_config
+    return tiny_vision_config(
+        run_processor(),  # the patch and merge sizes and the token ids only: the pixel bounds do not matter here
+        hidden_size=m.hidden_size,
+        layers=m.num_hidden_layers,
+        heads=m.num_attention_heads,
+        kv_heads=m.num_key_value_heads,
+        intermediate_size=m.intermediate_size,
+        max_position_embeddings=m.max_position_embeddings,
+        tie_word_embeddings=m.tie_word_embeddings,
+    )
+
+
+def load_vision_lm(model_config: Any, seed: int) -> nn.Module:
+    """The run's Qwen2.5-VL (random init from `seed`; model.freeze_vision: its tower does not train), marked
+    with the token ids it never samples (`excluded_token_ids`)."""
+    from roll_lite.model.vision import build_vision_model, build_vision_tokenizer
+
+    model = build_vision_model(
+        vision_config(model_config),
+        dtype=getattr(torch, model_config.dtype),
+        seed=seed,
+        freeze_vision=model_config.freeze_vision,
+    )
+    model.excluded_token_ids = vision_token_ids(build_vision_tokenizer())
+    return model
+
+
+def load_run_lm(model_config: Any, vocab_size: int, seed: int) -> nn.Module:
+    """The run's model: the vision-language model of the `model` keys, else load_causal_lm's (every worker
+    calls this, so that the actor, the reference and the engine start from the same weights)."""
+    from roll_lite.model.modeling import load_causal_lm
+
+    if is_vision_model(model_config):
+        return load_vision_lm(model_config, seed)
+    return load_causal_lm(model_config, vocab_size, seed=seed)
+
+
+def image_prompt_encoder(model_config: Any, data_config: Any) -> Callable[[list[dict], list], dict] | None:
+    """For data.image_key with a vision-language model: (messages, images) -> the processor's {input_ids,
+    pixel_values, image_grid_thw}, each image's tokens checked expanded once (roll_lite/data/image_prompts.py
+    renders the rows with it); None for a model that reads no images."""
+    if not is_vision_model(model_config) or getattr(data_config, "image_key", None) is None:
+        return None
+    from roll_lite.model.vision import encode_conversation
+    from roll_lite.rollout.images import check_expanded_once
+
+    processor = run_processor(data_config)
+    merge = processor.image_processor.merge_size
+
+    def encode(messages: list[dict], images: list) -> dict:
+        encoded = encode_conversation(processor, messages, images)
+        check_expanded_once(encoded["input_ids"], encoded.get("image_grid_thw"), processor.image_token_id, merge)
+        return encoded
+
+    return encode
+
+
+def vision_parameter_names(model: nn.Module) -> set[str]:
+    """The names (in `model`'s state dict) of its vision tower's parameters."""
+    from roll_lite.model.vision import vision_tower
+
+    tower = {id(p) for p in vision_tower(model).parameters()}
+    return {name for name, p in model.named_parameters() if id(p) in tower}
