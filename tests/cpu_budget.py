@@ -52,6 +52,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
         "roll-train runs of every pipeline: resume, failures, LoRA, SFT, preferences, distillation",
         (
             "test_byo_pipeline.py",
+            "test_count_shapes.py",
             "test_critic.py",
             "test_dapo.py",
             "test_distill.py",
