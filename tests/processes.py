@@ -37,3 +37,14 @@ def wait_until_listening(port: int, process: subprocess.Popen, what: str, timeou
         except OSError:
             assert time.monotonic() < deadline and process.poll() is None, f"{what} did not start"
             time.sleep(0.2)
+
+
+def found_lines(script: Path, names: list[str], cwd: Path) -> tuple[dict, str]:
+    """Run a checks script (tests/vllm_checks.py, tests/test_vllm_lora.py) for `names` and gather the JSON of
+    its `FOUND ` lines: ({name: findings}, its stderr)."""
+    import json
+    import sys
+
+    result = subprocess.run([sys.executable, str(script), *names], capture_output=True, text=True, timeout=600, cwd=cwd)
+    lines = [line[len("FOUND ") :] for line in result.stdout.splitlines() if line.startswith("FOUND ")]
+    return {name: found for line in lines for name, found in json.loads(line).items()}, result.stderr

@@ -12,14 +12,12 @@ sync each show, and each is caught.
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import warm_driver
 from mismatch_records import assert_mismatch_logged
+from processes import found_lines
 from test_resume import STEPS, assert_same_trajectory, command, data, metrics, run, run_until  # noqa: F401 (data: a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,15 +35,7 @@ pytestmark = pytest.mark.skipif(
 def engine_checks() -> tuple[dict, str]:
     """Both models' findings, from one process that forks an engine process per model: ({model: findings},
     its stderr)."""
-    result = subprocess.run(
-        [sys.executable, str(REPO / "tests/vllm_checks.py"), "tied", "untied"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPO,
-    )
-    lines = [line[len("FOUND ") :] for line in result.stdout.splitlines() if line.startswith("FOUND ")]
-    return {name: found for line in lines for name, found in json.loads(line).items()}, result.stderr
+    return found_lines(REPO / "tests/vllm_checks.py", ["tied", "untied"], REPO)
 
 
 @pytest.fixture(scope="module", params=["tied", "untied"])

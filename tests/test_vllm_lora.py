@@ -18,11 +18,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from processes import found_lines
 
 from roll_lite.rollout.vllm_engine import VLLMEngine
 from roll_lite.rollout.vllm_start import VLLM_LORA_RANKS, lora_settings
@@ -88,11 +88,7 @@ def test_an_engine_without_lora_refuses_adapters_and_one_with_lora_refuses_to_ge
 def engine_checks() -> tuple[dict, str]:
     """Both models' findings, from one process that forks an engine process per model: ({model: findings},
     its stderr)."""
-    result = subprocess.run(
-        [sys.executable, __file__, "tied", "untied"], capture_output=True, text=True, timeout=600, cwd=REPO
-    )
-    lines = [line[len("FOUND ") :] for line in result.stdout.splitlines() if line.startswith("FOUND ")]
-    return {name: found for line in lines for name, found in json.loads(line).items()}, result.stderr
+    return found_lines(Path(__file__), ["tied", "untied"], REPO)
 
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
