@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from roll_lite.model.moe import DRIFT_RAW, drift_sums
+from roll_lite.strategy.config import ENGINE_ROUTING
 
 if TYPE_CHECKING:
     from roll_lite.config import RunConfig
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 def check_recorded(batch: DataProto, config: RunConfig) -> None:
     """A batch to replay must hold the engine's routing: never a silent fall-back to the trainer's own."""
-    if config.actor.router_replay in ("compare", "rollout") and "routed_experts" not in batch.batch:
+    if config.actor.router_replay in ENGINE_ROUTING and "routed_experts" not in batch.batch:
         raise RuntimeError(
             f"actor.router_replay={config.actor.router_replay}: the rollout engine returned no routed experts "
             "(an MoE policy on rollout.engine=hf records them)"

@@ -28,6 +28,7 @@ from roll_lite.model.weights import FlatWeights, unflatten_state_dict
 from roll_lite.rollout import Completions, HFEngine, SamplingParams, choose_engine
 from roll_lite.rollout.partial import PartialRollouts
 from roll_lite.runtime.reproducibility import check_kernels
+from roll_lite.strategy.config import ENGINE_ROUTING
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ def _hf_engine(model: torch.nn.Module, tokenizer, config: RunConfig, static_cach
     """transformers' generate, or the exact mode's batch-invariant decoding (rollout.exact)."""
     decode = exact_generate if config.rollout.exact else None
     # actor.router_replay: each token's experts per MoE layer (Completions.routed_experts, docs/moe.md)
-    record_experts = GenerationRouting if config.actor.router_replay in ("compare", "rollout") else None
+    record_experts = GenerationRouting if config.actor.router_replay in ENGINE_ROUTING else None
     return HFEngine(
         model,
         tokenizer.pad_token_id,

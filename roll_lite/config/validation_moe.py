@@ -7,7 +7,7 @@ from __future__ import annotations
 from roll_lite.config.key_checks import check
 from roll_lite.config.schema import RunConfig
 from roll_lite.model.moe import MOE_MODEL_TYPES
-from roll_lite.strategy.config import expert_parallel_problem
+from roll_lite.strategy.config import ENGINE_ROUTING, expert_parallel_problem
 
 AUX_KEYS = ("moe_aux_loss_coef", "moe_z_loss_coef")
 
@@ -73,7 +73,7 @@ def validate_moe(config: RunConfig) -> None:
             "or load a pretrained MoE (model.pretrained_path)",
         )
     replay = config.actor.router_replay
-    if replay is None or replay == "old":  # old (R2) records the trainer's own routing: any engine
+    if replay not in ENGINE_ROUTING:  # null, or old (R2): the trainer records its own routing, any engine
         return
     key = "actor.router_replay"
     rollout = config.rollout

@@ -8,7 +8,8 @@ from roll_lite.lora.settings import LoraSettings
 
 LR_SCHEDULES = ("constant", "cosine")
 PARAM_DTYPES = ("float32", "bfloat16", "float64")
-ROUTER_REPLAY = ("compare", "rollout", "old")
+ENGINE_ROUTING = ("compare", "rollout")  # the router_replay values that need the rollout engine to record routing
+ROUTER_REPLAY = (*ENGINE_ROUTING, "old")
 
 
 @dataclass
