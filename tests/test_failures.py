@@ -301,13 +301,13 @@ def test_ctrl_c_in_a_terminal_stops_the_run_and_the_progress_bar_was_shown(tmp_p
 
 def test_kill_9_of_the_driver_alone_takes_all_the_clusters_processes_with_it(tmp_path):
     # The GCS and the raylet die with the driver (Ray's PDEATHSIG), the workers within ~2 s; the
-    # raylet's dashboard and runtime-env agents lived on ~60 s (a report to the dead GCS) before
-    # workers/leftovers.py's watcher killed them with the driver.
+    # raylet's runtime-env agent lived on ~60 s (a report to the dead GCS) before workers/leftovers.py's
+    # watcher killed it with the driver.
     process = start(tmp_path, "Hangs")
     wait_for_file(tmp_path / "hangs.pid", process)
     run_pids = descendants(process.pid)
     names = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[:60] for pid in run_pids}
-    assert any(b"ray::DashboardAgent" in name for name in names.values()), names
+    assert any(b"ray::RuntimeEnvAgent" in name for name in names.values()), names
     process.kill()
     process.communicate()
     killed = time.monotonic()

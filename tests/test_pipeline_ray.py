@@ -78,10 +78,16 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
         ],
     )
     ray_session(None, reservation(config))
-    # the lean local cluster (workers/cluster.py): a Ray upgrade that brings its autoscaler monitor back fails here
+    # the lean local cluster (workers/lean_cluster.py): a Ray upgrade that brings back its autoscaler monitor,
+    # the dashboard's API server or the dashboard agent fails here; the log monitor (the workers' output in
+    # the run's log) stays
     import ray
 
-    assert "monitor" not in ray._private.worker._global_node.all_processes
+    processes = ray._private.worker._global_node.all_processes
+    assert "monitor" not in processes and "dashboard" not in processes and "log_monitor" in processes
+    agents = _children(processes["raylet"][0].process.pid)
+    assert not [a for a in agents if "DashboardAgent" in a or "dashboard/agent.py" in a], agents
+    assert any("workers/lean_cluster.py" in a for a in agents) and any("RuntimeEnvAgent" in a for a in agents), agents
     pipeline = PPOPipeline(config)
     pipeline.prepare_data()
     pipeline.start_workers()
@@ -112,6 +118,18 @@ def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_p
         pipeline.generate(pipeline.eval_data.select([0, 1]), _greedy(config))
     )
     assert torch.isfinite(reference["log_probs"]).all()
+
+
+def _children(pid: int) -> list[str]:
+    """The command lines of the processes whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid):
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:  # gone meanwhile
+            pass
+    return found
 
 
 def _greedy(config):

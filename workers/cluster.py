@@ -6,8 +6,6 @@ import logging
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +15,7 @@ from roll_lite.config import ConfigError
 from roll_lite.runtime.importing import roll_lite_dir
 from roll_lite.runtime.signals import restore_signals, stop_on_signals
 
+from .lean_cluster import LOCAL_SYSTEM_CONFIG, lean_local_cluster
 from .leftovers import stop_watching, watch_local_cluster
 from .process_setup import HOOK
 
@@ -24,19 +23,6 @@ if TYPE_CHECKING:
     from .placement import Pin, Reservation
 
 logger = logging.getLogger(__name__)
-
-# What a local cluster (one node, this run's alone) is spared. ray.init takes `_system_config` only when it
-# starts the cluster, so a joined cluster is the user's as it was. docs/gpus-and-clusters.md lists what a
-# local cluster starts.
-LOCAL_SYSTEM_CONFIG = {
-    # Ray starts idle workers when the first driver connects, for tasks to come. A run's workers are
-    # actors, made a few at a time: each now starts its own process then, and no idle one is left
-    # over (~0.5 s of CPU each, and on a many-core node several).
-    "prestart_worker_first_driver": False,
-    # Ray's own metrics (every worker exports them, the dashboard agent collects them): read only through
-    # the dashboard or Prometheus, neither of which a run's cluster has; the run logs its own.
-    "enable_metrics_collection": False,
-}
 
 
 def start_ray(
@@ -54,7 +40,7 @@ def start_ray(
         ray.init(address=address, logging_level=logging.WARNING, **joined)
         where = f"joined the Ray cluster at {address}"
     else:
-        with _without_autoscaler():
+        with lean_local_cluster():  # without what a run does not use (lean_cluster.py)
             ray.init(
                 address="local",
                 num_cpus=max(os.cpu_count() or 1, 1),
@@ -194,24 +180,3 @@ def stop_ray() -> None:
         ray.shutdown()
     stop_watching()
     restore_signals()
-
-
-@contextmanager
-def _without_autoscaler() -> Iterator[None]:
-    """ray.init without the autoscaler's monitor: ~0.5 s of CPU to start, then a poll every second, for a
-    cluster of one node that has none to add; and ray.shutdown waited a second for it (it sleeps through
-    its SIGTERM). ray.init does not pass on RayParams.no_monitor, the switch of `ray start --no-monitor`
-    (a head whose autoscaler runs elsewhere, as under KubeRay), so the Node that ray.init makes gets it
-    here (Ray is pinned in pyproject.toml: a Ray that made its Node otherwise would start the monitor
-    again, or fail here)."""
-    make_node = ray._private.node.Node
-
-    def without_monitor(*args: Any, ray_params: Any, **kwargs: Any) -> Any:
-        ray_params.no_monitor = True
-        return make_node(*args, ray_params=ray_params, **kwargs)
-
-    ray._private.node.Node = without_monitor
-    try:
-        yield
-    finally:
-        ray._private.node.Node = make_node

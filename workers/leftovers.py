@@ -1,10 +1,11 @@
 """The local Ray cluster's processes go with the driver, also when it is killed (kill -9, the OOM killer).
 
 Ray ties the GCS and the raylet to the driver (prctl PR_SET_PDEATHSIG): they die with it, and the
-workers within ~2 s. The raylet's two agents (ray::DashboardAgent, ray::RuntimeEnvAgent) notice its
-death at once too, but then report it to the GCS, which is gone, and wait out that call's 60 s
-timeout before they exit (ray/_private/process_watcher.py, report_raylet_error_logs); a SIGTERM'd
-raylet (ray.shutdown) spares them that. So a watcher process notes the raylet's children every few
+workers within ~2 s. The raylet's runtime-env agent (ray::RuntimeEnvAgent) notices its death at once
+too, but then reports it to the GCS, which is gone, and waits out that call's 60 s timeout before it
+exits (ray/_private/process_watcher.py, report_raylet_error_logs); a SIGTERM'd raylet (ray.shutdown)
+spares it that. (Ray's dashboard agent did the same; a local cluster's has a stand-in, lean_cluster.py,
+that ends with the raylet.) So a watcher process notes the raylet's children every few
 seconds (pid and start time: a pid used again later is not theirs; their environment cannot tell,
 setproctitle overwrites it) until the driver ends (end of file on a pipe that only the driver holds
 open), then kills those still there.
