@@ -1,9 +1,10 @@
 """A Ray cluster on tests/hosts.py's hosts (or tests/raylets.py's), for tests: the head in host 1, a
-worker node in each other host, one CPU each, token authentication on. Jobs go in with `ray job submit`
-from this process (outside the cluster: over the bridge, or on this machine's network). A worker host
-can be killed (every process in its namespace or sessions, SIGKILL: its raylet, its workers, the `ray
-start` that started them) and started again. Nodes go by the names roll-train's log gives them
-(workers/cluster.py node_names): their addresses, with the start of their ids where they share one.
+worker node in each other host, one CPU each, token authentication on. Jobs go in through the head's job
+API, as `ray job submit` sends them, from this process (outside the cluster: over the bridge, or on this
+machine's network). A worker host can be killed (every process in its namespace or sessions, SIGKILL:
+its raylet, its workers, the `ray start` that started them) and started again. Nodes go by the names
+roll-train's log gives them (workers/cluster.py node_names): their addresses, with the start of their ids
+where they share one.
 `labels` gives each host's node its Ray node labels (`ray start --labels`), again when it restarts.
 
     with hosts_or_raylets(3) as hosts:
@@ -15,22 +16,28 @@ start` that started them) and started again. Nodes go by the names roll-train's 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from hosts import Host, Hosts
+from ray.job_submission import JobStatus, JobSubmissionClient
 from raylets import Raylet, Raylets
 from roll_lite.workers.cluster import node_names
 
@@ -63,6 +70,7 @@ class RayCluster:
         self.temp_dirs: list[str] = []  # one per node started (a restarted host gets a new one)
         self.host_of: dict[str, Host | Raylet] = {}  # temp dir -> the host of its node
         self.killed: dict[str, Host | Raylet] = {}  # node name -> its host, until restart()
+        self._jobs: JobSubmissionClient | None = None
         self.head = hosts[0]
         # Ray's default ports where each host has its own; never on a shared network, where another
         # test's cluster may hold them
@@ -195,17 +203,6 @@ class RayCluster:
         self.start_node(self.killed.pop(name))
         self.wait_for_nodes(len(self.hosts.hosts))
 
-    def restart_lost(self) -> None:
-        """Start again the nodes of the hosts whose `ray start` has exited (what is left of them killed)."""
-        for host in self.hosts:
-            if not host.running():
-                self._kill_all(host)
-                for node in self.nodes():
-                    if self.host_of.get(node["temp_dir"]) is host:
-                        self.wait_until_dead(node["name"])
-                self.start_node(host)
-                self.wait_for_nodes(len(self.hosts.hosts))
-
     def workers_left(self, wait_s: float = 10) -> list[str]:
         """The Ray actors of roll_lite still running on any host after up to `wait_s` (their processes
         are named ray::<class>; Ray kills a job's actors once its driver has exited)."""
@@ -226,40 +223,34 @@ class RayCluster:
                     found.append(f"host {number}: {name}")
         return found
 
-    def command(self, args: list[str]) -> list[str]:
-        return [str(BIN / "ray"), "job", "submit", "--address", self.dashboard, "--", *args]
-
     def submit(self, args: list[str], log: Path) -> subprocess.CompletedProcess:
-        """`args` as a job; waits for its end (its output: the job's log)."""
-        for _ in range(12):  # the head's job agent can come up seconds after its dashboard
-            submitted = subprocess.run(self.command(args), capture_output=True, text=True, timeout=300, env=self.env)
-            if "No available agent to submit job" not in submitted.stderr:
-                break
-            time.sleep(2)
-        log.write_text(submitted.stdout + submitted.stderr)
-        return submitted
+        """`args` as a job; waits for its end (its output: the job's log, then a line with how it ended;
+        returncode 0 when it succeeded, as `ray job submit`'s)."""
+        job = Job(self.jobs(), args, log)
+        job.wait(timeout=300)
+        return subprocess.CompletedProcess(args, job.returncode, log.read_text(), "")
 
     @contextmanager
-    def job(self, args: list[str], log: Path) -> Iterator[subprocess.Popen]:
-        """`args` as a job, in the background: `ray job submit` follows the job's log into `log` and
-        exits when the job ends. A job still running when the block ends (a test failed) is stopped."""
-        submission = f"test-{secrets.token_hex(4)}"
-        command = self.command(args)
-        command.insert(command.index("--"), f"--submission-id={submission}")
-        with log.open("w") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self.env)
+    def job(self, args: list[str], log: Path) -> Iterator[Job]:
+        """`args` as a job, in the background: its log followed into `log` until it ends. A job still
+        running when the block ends (a test failed) is stopped."""
+        job = Job(self.jobs(), args, log)
         try:
-            yield process
+            yield job
         finally:
-            if process.poll() is None:
-                subprocess.run(
-                    [str(BIN / "ray"), "job", "stop", "--address", self.dashboard, submission],
-                    capture_output=True,
-                    timeout=120,
-                    env=self.env,
-                )
-                process.kill()
-                process.wait()
+            if job.poll() is None:
+                job.client.stop_job(job.id)
+                job.wait(timeout=120)
+
+    def jobs(self) -> JobSubmissionClient:
+        """A client of the head's job API: what `ray job submit` sends (the CLI's own process, ~1.5 s of
+        CPU a job, spared), over the same HTTP, with the token."""
+        if self._jobs is None:
+            # plain HTTP: no TLS to verify (verify=True's ssl=None is deprecated by aiohttp, a warning a job)
+            token = {"Authorization": f"Bearer {self.token}"}
+            self._jobs = JobSubmissionClient(self.dashboard, headers=token, verify=False)
+            logging.getLogger("ray.dashboard.modules.job.sdk").setLevel(logging.WARNING)  # not a line at each job's end
+        return self._jobs
 
     def processes_left(self) -> list[str]:
         """The processes still running whose command line names one of the nodes' temp dirs (Ray's GCS,
@@ -270,3 +261,52 @@ class RayCluster:
     def remove_temp_dirs(self) -> None:
         for folder in self.temp_dirs:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+class Job:
+    """A job submitted from this process with Ray's job API (outside the cluster: over the bridge, or on
+    this machine's network) and its log followed into a file, as `ray job submit` submits and follows it;
+    like a subprocess.Popen of that command: poll(), wait(), returncode (0 when the job succeeded)."""
+
+    def __init__(self, client: JobSubmissionClient, args: list[str], log: Path):
+        self.client, self.log, self.returncode = client, log, None
+        self.id = f"test-{secrets.token_hex(4)}"
+        for attempt in range(12):  # the head's job agent can come up seconds after its dashboard
+            try:
+                client.submit_job(entrypoint=shlex.join(args), submission_id=self.id)
+                break
+            except RuntimeError as error:
+                if "No available agent to submit job" not in str(error) or attempt == 11:
+                    raise
+                time.sleep(2)
+        self.follower = threading.Thread(target=self._follow, daemon=True)
+        self.follower.start()
+
+    def _follow(self) -> None:
+        status = "not known"
+        with self.log.open("w") as out:
+            try:
+                asyncio.run(self._tail(out))
+                while (status := self.client.get_job_status(self.id)) not in ENDED:
+                    time.sleep(0.2)
+                out.write(f"Job '{self.id}' {status.value.lower()}\n")
+            except Exception as error:  # the returncode tells the test; the log, why
+                out.write(f"following job {self.id} failed: {error!r}\n")
+        self.returncode = 0 if status == JobStatus.SUCCEEDED else 1
+
+    async def _tail(self, out: IO[str]) -> None:
+        async for lines in self.client.tail_job_logs(self.id):
+            out.write(lines)
+            out.flush()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.follower.join(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(f"job {self.id}", timeout or 0)
+        return self.returncode
+
+
+ENDED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED)

@@ -169,16 +169,26 @@ def two_nodes_with_two_logical_gpus_each(monkeypatch):
                 os.killpg(node.pid, signal.SIGKILL)
 
 
-# A driver of its own (as roll-train is): places a 2-rank actor group with each placement (pack pinned to
-# the node labelled zone=b), and the bundles of a spread group pinned there, prints where; then joins as
-# roll-train does with a label no node has.
+# A driver of its own (as roll-train is): places the 2 ranks of an actor with each placement (pack pinned
+# to the node labelled zone=b), and the bundles of a spread group pinned there, prints where; then joins
+# as roll-train does with a label no node has. Each rank is a task with the Ray options a ModelGroup gives
+# its rank's worker (Placement.model_rank) that answers where it runs, as ModelWorker.where does: the
+# placement is Placement's alone, and the tasks, one after the other, reuse Ray's idle worker processes,
+# which import no torch (test_each_actor_rank_gets_its_own_gpu checks a ModelGroup's ranks where Placement
+# put them).
 DRIVER = """
 import json, sys, time
 import ray
 from roll_lite.config import ConfigError, load_config
 from roll_lite.workers.cluster import start_ray
-from roll_lite.workers.group import ModelGroup
 from roll_lite.workers.placement import Placement, reservation
+
+
+@ray.remote
+def where():  # roll_lite.workers.placement.where_am_i, which ModelWorker.where returns
+    context = ray.get_runtime_context()
+    return {"node_id": context.get_node_id(), "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
+
 
 address, config_path, *overrides = sys.argv[1:]
 ray.init(address=address, logging_level="WARNING")
@@ -204,7 +214,7 @@ for placement in ("spread", "pack"):
     pin = ["workers.node_labels.actor.zone=b"] if placement == "pack" else []
     config = load_config(config_path, overrides + [f"workers.placement={placement}", *pin])
     layout = Placement(config, roles_on_a_gpu=1)
-    found[placement] = ModelGroup("actor", 2, layout, config).where()
+    found[placement] = [ray.get(where.options(**layout.model_rank("actor", rank)).remote()) for rank in range(2)]
     layout.remove()
 found["zone b"] = [node["NodeID"] for node in ray.nodes() if node["Labels"].get("zone") == "b"]
 ray.shutdown()
@@ -278,6 +288,16 @@ def four_logical_gpus():
     ray.shutdown()
 
 
+def gpus_task():
+    """A task that answers the GPU ids Ray assigned it (made in the test: Ray sends it by value)."""
+
+    @ray.remote
+    def assigned_gpus() -> list[str]:
+        return sorted(str(i) for i in ray.get_gpu_ids())
+
+    return assigned_gpus
+
+
 def test_a_rollout_with_gpus_of_its_own_gets_them_apart_from_the_actors(tmp_path, four_logical_gpus):
     from roll_lite.workers.placement import Placement
 
@@ -289,10 +309,7 @@ def test_a_rollout_with_gpus_of_its_own_gets_them_apart_from_the_actors(tmp_path
         + ["workers.node_labels={actor: {zone: a}, rollout: {zone: a}}"],  # bundle label selectors: the one node's
     )
 
-    @ray.remote
-    def assigned_gpus():
-        return sorted(str(i) for i in ray.get_gpu_ids())
-
+    assigned_gpus = gpus_task()
     layout = Placement(config, roles_on_a_gpu=3)  # actor, reference, critic: the rollout is elsewhere
     try:
         actor = [ray.get(assigned_gpus.options(**layout.model_rank("actor", rank)).remote()) for rank in range(2)]
@@ -305,7 +322,6 @@ def test_a_rollout_with_gpus_of_its_own_gets_them_apart_from_the_actors(tmp_path
 
 def test_each_actor_rank_gets_its_own_gpu_and_the_other_roles_share_it(tmp_path, four_logical_gpus):
     from roll_lite.pipelines.ppo import PPOPipeline
-    from roll_lite.workers.group import RewardClient
     from roll_lite.workers.placement import Placement
     from test_reward_model import save_reward_model
 
@@ -325,8 +341,10 @@ def test_each_actor_rank_gets_its_own_gpu_and_the_other_roles_share_it(tmp_path,
     assert metrics["actor/grad_norm"] > 0 and metrics["critic/grad_norm"] > 0
     assert metrics["reward/model:rm/failed"] == 0 and "reward/model:rm" in metrics
     # workers.reward_gpus=1: a GPU of its own, apart from the actor's (one actor rank, so the 4 GPUs suffice),
-    # here pinned to the node's label (its group's bundle label selector)
+    # here pinned to the node's label (its group's bundle label selector). Where Placement puts the reward
+    # worker (RewardClient's options, checked above on the shared GPU), asked of a task: no reward worker
+    # process of its own to start
     own_gpu = ["workers.actor_dp=1", "workers.reward_gpus=1", scorer, "workers.node_labels.reward.zone=a"]
     apart = load_config(REPO / "configs/ppo.yaml", small(tmp_path) + GPUS + own_gpu)
-    own = RewardClient(apart, Placement(apart, roles_on_a_gpu=1)).where()["gpu_ids"]
+    own = ray.get(gpus_task().options(**Placement(apart, roles_on_a_gpu=1).reward()).remote())
     assert len(own) == 1 and own not in gpu, (own, gpu)

@@ -1,18 +1,20 @@
 """A Ray cluster over three hosts (network namespaces, tests/hosts.py; Ray on them, tests/ray_hosts.py):
 the head in host 1, a worker node in hosts 2 and 3, token authentication on, started once for the
-module. `ray job submit` from outside the hosts (this process's namespace, over the bridge) runs GRPO
-with the actor's two FSDP2 ranks on two hosts and the rollout worker on the third; its metrics equal
-those of the same run on one host, bit for bit.
+module. Jobs submitted from outside the hosts (this process's namespace, over the bridge, to the head's
+job API, as `ray job submit` sends them) run GRPO with the actor's two FSDP2 ranks on two hosts and the
+rollout worker on the third, pinned there by node label (workers.node_labels; each host's node has
+labels of its own): the actor to hosts 2 and 3, the rollout worker to host 1, where they land, checked
+by node id.
 
-Then worker hosts are lost, one run losing two in turn: every process in a host's namespace is killed
-with SIGKILL (its raylet, its workers, its `ray start`), first in the middle of step 2, then, in the
-run resumed once that host is back, while step 2's checkpoint is being written. That run pins its roles
-by node label (workers.node_labels; each host's node has labels of its own): the actor to hosts 2 and
-3, the rollout worker to host 1, where they land, checked by node id. Each time the run
-stops within seconds with one line naming the lost (pinned) worker and its host; resubmitted with the same
-command once the host is back, it resumes from the last complete checkpoint, and ends where the
-uninterrupted three-host run ended, bit for bit. The runs time their kills with a pipeline written to
-tmp_path (`pipeline=host_loss:LosesTwoHosts`): a step, and a checkpoint's write, that wait for the test.
+That run loses two worker hosts in turn: every process in a host's namespace is killed with SIGKILL
+(its raylet, its workers, its `ray start`), first in the middle of step 2, then, in the run resumed once
+that host is back, while step 2's checkpoint is being written. Each time the run stops within seconds
+with one line naming the lost (pinned) worker and its host; resubmitted with the same command once the
+host is back, it resumes from the last complete checkpoint. Its metrics, steps 0 and 1 from its first
+job (on the three hosts, uninterrupted until step 2), step 2 from the resumed ones, equal those of the
+same run on one host (its own local Ray cluster, run meanwhile), bit for bit. The runs time their
+kills with a pipeline written next to them (`pipeline=host_loss:LosesTwoHosts`): a step, and a
+checkpoint's write, that wait for the test. One run serves every test of the module (host_losses).
 
 Where this machine cannot make network namespaces (no root, no `ip`, the kernel refuses), or
 ROLL_TEST_HOSTS=raylets asks for it, the hosts are sessions of processes on this machine's network
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ray_hosts import BIN, RayCluster
+from ray_hosts import BIN, Job, RayCluster
 from raylets import Raylets, hosts_or_raylets
 from test_pipeline_ray import REPO, SMALL
 from warm_driver import WarmPopen
@@ -151,35 +153,104 @@ def data(tmp_path_factory) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(cluster, data, tmp_path_factory):
-    """The run on the three hosts, uninterrupted, and the same run on one host (its own local Ray
-    cluster, in this namespace, meanwhile): their run directories and the three-host job's output."""
-    output = tmp_path_factory.mktemp("reference")
+def one_host(data, tmp_path_factory):
+    """The run on one host (its own local Ray cluster, in this namespace), started at once and left to run
+    while the three hosts run theirs: (its process, its output folder); one_host_run() waits for it."""
+    output = tmp_path_factory.mktemp("one_host")
     # roll-train as `python -m roll_lite.cli`: forked from the warm driver (tests/warm_driver.py), its imports done
-    one_host_command = [
-        sys.executable,
-        "-m",
-        "roll_lite.cli",
-        *roll_train(data, output, "one_host", *HALF_A_CPU_EACH)[1:],
-    ]
+    command = [sys.executable, "-m", "roll_lite.cli", *roll_train(data, output, "one_host", *HALF_A_CPU_EACH)[1:]]
     with (output / "one_host.log").open("w") as log:
-        one_host = WarmPopen(one_host_command, stdout=subprocess.DEVNULL, stderr=log, cwd=output)
-    try:
-        submitted = cluster.submit(roll_train(data, output, "three_hosts", *ONE_CPU_EACH), output / "three_hosts.log")
-    except BaseException:
-        one_host.terminate()  # roll-train stops its local cluster on SIGTERM
-        raise
-    finally:
-        one_host.wait(timeout=300)
-    assert one_host.returncode == 0, (output / "one_host.log").read_text()[-3000:]
-    assert submitted.returncode == 0 and "succeeded" in submitted.stdout, (
-        submitted.stdout[-4000:] + submitted.stderr[-2000:]
-    )
-    return output / "one_host", output / "three_hosts", submitted.stdout
+        process = WarmPopen(command, stdout=subprocess.DEVNULL, stderr=log, cwd=output)
+    yield process, output
+    if process.poll() is None:
+        process.terminate()  # roll-train stops its local cluster on SIGTERM
+    process.wait(timeout=300)
 
 
-def test_grpo_with_its_ranks_on_two_hosts_and_the_rollout_on_a_third_equals_the_one_host_run(cluster, reference):
-    one_host, three_hosts, log = reference
+def one_host_run(one_host) -> Path:
+    """The one-host run's directory, once it has ended well."""
+    process, output = one_host
+    process.wait(timeout=300)
+    assert process.returncode == 0, (output / "one_host.log").read_text()[-3000:]
+    return output / "one_host"
+
+
+@pytest.fixture(scope="module")
+def host_losses(cluster, data, one_host, tmp_path_factory):
+    """The run on the three hosts, for every test of the module: it loses two hosts, one after the other,
+    and the same command resumes it each time. Its actor is pinned to hosts 2 and 3 and its rollout worker
+    to host 1 (PINNED). Lost: a worker host in the middle of step 2, then, resubmitted once that host is
+    back (and refused while it is not), a worker host while step 2's checkpoint is being written; each
+    loss a job that fails within seconds with no worker left (lose_the_host). What the tests check is
+    recorded as it happened: the jobs' logs and outputs, where the ranks ran, the checkpoints then."""
+    folder = tmp_path_factory.mktemp("host_losses")
+    (folder / "host_loss.py").write_text(PIPELINES)
+    command = [
+        "env",
+        f"--chdir={folder}",  # where the driver imports host_loss from
+        *roll_train(data, folder, "run", *ONE_CPU_EACH, *PINNED, "pipeline=host_loss:LosesTwoHosts"),
+    ]
+    run_dir = folder / "run"
+    seen: dict = {"run_dir": run_dir}
+
+    # A host lost in the middle of step 2
+    with cluster.job(command, folder / "killed.log") as job:
+        marks = wait_for(lambda: sorted(folder.glob("rank*.json")), job, folder / "killed.log")
+        seen["rank"], seen["node_id"] = (
+            int(marks[-1].stem.removeprefix("rank")),
+            json.loads(marks[-1].read_text())["node_id"],
+        )
+        seen["node"] = next(node["name"] for node in cluster.nodes() if node["id"] == seen["node_id"])
+        # logged before step 1; the job's log comes a moment after its lines were written
+        wait_for(lambda: PLACEMENT.search((folder / "killed.log").read_text()), job, folder / "killed.log")
+        seen["hosts"] = [cluster.node_of_host(number)["id"] for number in (1, 2, 3)]
+        seen["ids"] = cluster.alive_nodes()  # {node name: id} of the nodes the run started on
+        killed, seen["killed"] = lose_the_host(cluster, seen["node"], job, folder / "killed.log")
+    seen["after the first loss"] = checkpoints(run_dir)
+
+    # On the hosts that remain, the same command is refused at once: they lack the CPUs it reserves.
+    print(f"the head counted the node dead {cluster.wait_until_dead(seen['node']) - killed:.1f} s after the kill")
+    seen["remaining"] = cluster.submit(command, folder / "remaining.log")
+    seen["after the refusal"] = checkpoints(run_dir)
+
+    # Once the host is back, the same command resumes from step 1 and trains step 2; then a host is lost
+    # while step 2's checkpoint is being written.
+    cluster.restart(seen["node"])
+    with cluster.job(command, folder / "resumed.log") as job:
+        wait_for(lambda: (folder / "paused").exists(), job, folder / "resumed.log")
+        # The job's log comes a moment after its lines were written
+        placement = wait_for(
+            lambda: PLACEMENT.search((folder / "resumed.log").read_text()), job, folder / "resumed.log"
+        )
+        seen["paused metrics"] = metrics(run_dir)  # step 2's records are written before its checkpoint
+        driver, *actor_ranks, _ = placement.groups()
+        rank = max(rank for rank, node in enumerate(actor_ranks) if node != driver)  # a rank on a worker host
+        seen["second rank"], seen["second node"] = rank, actor_ranks[rank]
+        _, seen["resumed"] = lose_the_host(cluster, actor_ranks[rank], job, folder / "resumed.log", then=folder / "go")
+    torn = layout.partial_dir(run_dir, 2)
+    seen["torn"] = torn.is_dir() and not layout.is_checkpoint(torn)  # begun, never committed
+    seen["after the second loss"] = checkpoints(run_dir)
+
+    cluster.restart(actor_ranks[rank])
+    seen["resumed again"] = cluster.submit(command, folder / "resumed_again.log")
+    seen["at the end"], seen["torn at the end"] = checkpoints(run_dir), torn.exists()
+    return seen
+
+
+def checkpoints(run_dir: Path) -> tuple[list[int], Path | None, list[str]]:
+    """The steps of the committed checkpoints, the latest's folder, the writes under way (.partial folders)."""
+    partial = sorted(path.name for path in layout.checkpoints_dir(run_dir).glob(".*.partial"))
+    return layout.committed_steps(run_dir), layout.latest(run_dir), partial
+
+
+def test_grpo_with_its_ranks_on_two_hosts_and_the_rollout_on_a_third_ends_equal_to_the_one_host_run(
+    cluster, host_losses, one_host
+):
+    """The run that loses two hosts: where its ranks ran, and its metrics at its end, after the two losses
+    and resumes, those of the same run on one host, bit for bit. Its steps 0 and 1 are its first job's,
+    which ran on the three hosts uninterrupted until step 2 (records after the last checkpoint are dropped
+    on resume), its step 2 the last job's, resumed from step 1's checkpoint on them."""
+    log = host_losses["killed"]
     head = cluster.head_node()
     assert f"joined the Ray cluster at {head['address']}:{cluster.gcs_port} (3 CPUs" in log
     placement = PLACEMENT.search(log)
@@ -187,11 +258,13 @@ def test_grpo_with_its_ranks_on_two_hosts_and_the_rollout_on_a_third_equals_the_
     driver, rank_0, rank_1, rollout = placement.groups()
     assert driver == head["name"]  # a job's driver runs on the head
     # One host each: in namespaces three addresses, on raylets (one address) three node ids
-    assert sorted([rank_0, rank_1, rollout]) == sorted(cluster.alive_nodes())
-    assert metrics(three_hosts) == metrics(one_host)
+    assert sorted([rank_0, rank_1, rollout]) == sorted(host_losses["ids"])
+    finished = host_losses["resumed again"]
+    assert finished.returncode == 0 and "succeeded" in finished.stdout, finished.stdout[-4000:]
+    assert metrics(host_losses["run_dir"]) == metrics(one_host_run(one_host))
 
 
-def test_the_hosts_have_networks_of_their_own(cluster, reference):
+def test_the_hosts_have_networks_of_their_own(cluster, host_losses):
     """What only network namespaces show: the ranks' gloo group and Ray's traffic crossed between
     network stacks, one address per host (each rank bound gloo to its own node's interface,
     GLOO_SOCKET_IFNAME). On raylets the nodes share this machine's network and address."""
@@ -200,92 +273,62 @@ def test_the_hosts_have_networks_of_their_own(cluster, reference):
             f"{cluster.hosts.reason}: the three Ray nodes share this machine's network, so nothing here "
             "crossed between hosts' networks; the other tests check three node ids instead of three addresses"
         )
-    _, rank_0, rank_1, rollout = PLACEMENT.search(reference[2]).groups()
+    _, rank_0, rank_1, rollout = PLACEMENT.search(host_losses["killed"]).groups()
     assert sorted([rank_0, rank_1, rollout]) == [host.address for host in cluster.hosts]
 
 
 def test_a_host_lost_mid_step_then_one_lost_in_a_checkpoint_each_stop_the_run_and_the_same_command_resumes(
-    cluster, data, reference, tmp_path
+    host_losses, one_host
 ):
-    """One run loses two hosts, one after the other: a worker host in the middle of step 2, then,
-    resubmitted once that host is back, a worker host while step 2's checkpoint is being written. Its
-    actor is pinned to hosts 2 and 3 and its rollout worker to host 1 (PINNED). Each time the run stops
-    naming the lost rank and its node, and the same command resumes from step 1's checkpoint."""
-    cluster.restart_lost()  # a test before this one that failed may have left a host down
-    (tmp_path / "host_loss.py").write_text(PIPELINES)
-    command = [
-        "env",
-        f"--chdir={tmp_path}",  # where the driver imports host_loss from
-        *roll_train(data, tmp_path, "run", *ONE_CPU_EACH, *PINNED, "pipeline=host_loss:LosesTwoHosts"),
-    ]
-    run_dir = tmp_path / "run"
+    """The run of host_losses: each loss stops it naming the lost rank and its node, the same command is
+    refused while a host is missing, and resumes from step 1's checkpoint once it is back."""
+    seen, run_dir = host_losses, host_losses["run_dir"]
+    step_1 = layout.step_dir(run_dir, 1)
+    # Where the labels pinned them, by node id: the actor's ranks on hosts 2 and 3, the rollout on host 1
+    _, rank_0, rank_1, rollout = PLACEMENT.search(seen["killed"]).groups()
+    ids, hosts = seen["ids"], seen["hosts"]
+    assert sorted([ids[rank_0], ids[rank_1]]) == sorted(hosts[1:]) and ids[rollout] == hosts[0]
+    assert seen["node_id"] in hosts[1:]  # the lost host is one the actor is pinned to
 
     # A host lost in the middle of step 2
-    with cluster.job(command, tmp_path / "killed.log") as job:
-        marks = wait_for(lambda: sorted(tmp_path.glob("rank*.json")), job, tmp_path / "killed.log")
-        rank, node_id = int(marks[-1].stem.removeprefix("rank")), json.loads(marks[-1].read_text())["node_id"]
-        node = next(node["name"] for node in cluster.nodes() if node["id"] == node_id)
-        # logged before step 1; the job's log comes a moment after its lines were written
-        placement = wait_for(
-            lambda: PLACEMENT.search((tmp_path / "killed.log").read_text()), job, tmp_path / "killed.log"
-        )
-        hosts = [cluster.node_of_host(number)["id"] for number in (1, 2, 3)]
-        ids = cluster.alive_nodes()
-        killed, log = lose_the_host(cluster, node, job, tmp_path / "killed.log")
-    # Where the labels pinned them, by node id: the actor's ranks on hosts 2 and 3, the rollout on host 1
-    _, rank_0, rank_1, rollout = placement.groups()
-    assert sorted([ids[rank_0], ids[rank_1]]) == sorted(hosts[1:]) and ids[rollout] == hosts[0]
-    assert node_id in hosts[1:]  # the lost host is one the actor is pinned to
+    log, rank, node = seen["killed"], seen["rank"], seen["node"]
     assert f"roll-train: worker failure: actor rank {rank} died during train_step at step 2 on node {node}\n" in log, (
         log[-4000:]
     )
-    assert layout.committed_steps(run_dir) == [1] and layout.latest(run_dir) == layout.step_dir(run_dir, 1)
-    assert not list(layout.checkpoints_dir(run_dir).glob(".*.partial"))  # no write was under way
+    assert seen["after the first loss"] == ([1], step_1, [])  # no write was under way
 
-    # On the hosts that remain, the same command is refused at once: they lack the CPUs it reserves.
-    print(f"the head counted the node dead {cluster.wait_until_dead(node) - killed:.1f} s after the kill")
-    remaining = cluster.submit(command, tmp_path / "remaining.log")
+    # On the hosts that remain, the same command is refused at once, and changes nothing
+    remaining = seen["remaining"]
     assert remaining.returncode != 0
     assert (
         "roll-train: config error: workers.actor_cpus: the workers reserve 3 CPUs (workers.actor_cpus 1 × workers.actor_dp 2 + "
         "workers.rollout_cpus 1) but the cluster has 2; lower them"
     ) in remaining.stdout, remaining.stdout[-3000:]
-    assert layout.committed_steps(run_dir) == [1]  # it changed nothing
+    assert seen["after the refusal"][0] == [1]
 
-    # Once the host is back, the same command resumes from step 1 and trains step 2 as the uninterrupted
-    # run did; then a host is lost while step 2's checkpoint is being written.
-    cluster.restart(node)
-    with cluster.job(command, tmp_path / "resumed.log") as job:
-        wait_for(lambda: (tmp_path / "paused").exists(), job, tmp_path / "resumed.log")
-        # The job's log comes a moment after its lines were written
-        placement = wait_for(
-            lambda: PLACEMENT.search((tmp_path / "resumed.log").read_text()), job, tmp_path / "resumed.log"
-        )
-        assert metrics(run_dir) == metrics(reference[1])  # step 2's records are written before its checkpoint
-        driver, *actor_ranks, _ = placement.groups()
-        rank = max(rank for rank, node in enumerate(actor_ranks) if node != driver)  # a rank on a worker host
-        _, log = lose_the_host(cluster, actor_ranks[rank], job, tmp_path / "resumed.log", then=tmp_path / "go")
-    assert f"resumed from {layout.step_dir(run_dir, 1)} (step 1)" in log
+    # Once the host is back it resumes from step 1 and trains step 2 as the one-host run did, then loses a
+    # host while step 2's checkpoint is being written
+    assert seen["paused metrics"] == metrics(one_host_run(one_host))
+    log, rank, node = seen["resumed"], seen["second rank"], seen["second node"]
+    assert f"resumed from {step_1} (step 1)" in log
     assert (
         f"roll-train: worker failure: actor rank {rank} died during save_checkpoint at the checkpoint of step 2 "
-        f"on node {actor_ranks[rank]}\n"
+        f"on node {node}\n"
     ) in log, log[-4000:]
-    torn = layout.partial_dir(run_dir, 2)
-    assert torn.is_dir() and not layout.is_checkpoint(torn)  # begun, never committed
-    assert layout.committed_steps(run_dir) == [1] and layout.latest(run_dir) == layout.step_dir(run_dir, 1)
+    assert seen["torn"]  # step 2's checkpoint begun, never committed
+    assert seen["after the second loss"][:2] == ([1], step_1)
 
-    cluster.restart(actor_ranks[rank])
-    resumed = cluster.submit(command, tmp_path / "resumed_again.log")
+    resumed = seen["resumed again"]
     assert resumed.returncode == 0, resumed.stdout[-4000:]
-    assert f"resumed from {layout.step_dir(run_dir, 1)} (step 1)" in resumed.stdout
+    assert f"resumed from {step_1} (step 1)" in resumed.stdout
     assert (
         "resume: dropped the records of step 2 that the previous run logged after checkpoint step_1" in resumed.stdout
     )
-    assert metrics(run_dir) == metrics(reference[1])
-    assert layout.committed_steps(run_dir) == [1, 2] and not torn.exists()  # the next write of step 2 replaced it
+    assert metrics(run_dir) == metrics(one_host_run(one_host))
+    assert seen["at the end"][0] == [1, 2] and not seen["torn at the end"]  # the next write of step 2 replaced it
 
 
-def lose_the_host(cluster: RayCluster, node: str, job: subprocess.Popen, log: Path, then: Path | None = None):
+def lose_the_host(cluster: RayCluster, node: str, job: Job, log: Path, then: Path | None = None):
     """Kill the host at `node` (then create the file `then`, if given) and wait for the job: it fails
     within seconds, and no worker of it is left on any host. Returns (the kill's time.monotonic(), the
     job's log)."""
@@ -301,7 +344,7 @@ def lose_the_host(cluster: RayCluster, node: str, job: subprocess.Popen, log: Pa
     return killed, log.read_text()
 
 
-def wait_for(found, job: subprocess.Popen, log: Path, timeout: float = 180):
+def wait_for(found, job: Job, log: Path, timeout: float = 180):
     """found()'s first true answer, while the job runs."""
     deadline = time.monotonic() + timeout
     while not (answer := found()):
