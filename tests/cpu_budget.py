@@ -81,6 +81,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
             "test_user_imports.py",
             "test_vision_run.py",
             "test_warm_driver.py",
+            "test_warm_workers.py",
             "test_worker_errors.py",
         ),
     ),

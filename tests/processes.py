@@ -8,7 +8,10 @@ from pathlib import Path
 
 
 def descendants(pid: int) -> set[int]:
-    """Every live process under `pid`."""
+    """Every live process under `pid`; a Ray worker forked from the workers' zygote (tests/warm_workers.py)
+    counts as its launcher's child, which is where a worker started anew would be."""
+    from warm_workers import launched_worker
+
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -19,7 +22,8 @@ def descendants(pid: int) -> set[int]:
             children.setdefault(ppid, []).append(int(entry.name))
     found, todo = set(), [pid]
     while todo:
-        for child in children.get(todo.pop(), []):
+        parent = todo.pop()
+        for child in children.get(parent, []) + [w for w in [launched_worker(parent)] if w is not None]:
             found.add(child)
             todo.append(child)
     return found

@@ -17,7 +17,9 @@ and neither its cwd nor a `$PYTHONPATH` folder holds a module of a name the zygo
 process would import that one instead); anything else starts the usual way. Tests that compare runs
 bit for bit keep their reference run a fresh process, so that the comparison still spans two processes
 started apart.
-`ROLL_TEST_WARM_DRIVER=0` turns it off; `ROLL_TEST_WARM_DRIVER_LOG=FILE` appends a line per start to FILE,
+The Ray workers of a forked run's local cluster are forked too, from a second zygote this one forks
+before its imports (tests/warm_workers.py).
+`ROLL_TEST_WARM_DRIVER=0` turns both off; `ROLL_TEST_WARM_DRIVER_LOG=FILE` appends a line per start to FILE,
 forked or why not. CONTRIBUTING.md ("The CI budget") has the measurement.
 """
 
@@ -36,6 +38,8 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+
+import warm_workers
 
 REPO = Path(__file__).resolve().parents[1]
 # what the driver imports before and while it starts Ray (the modules a tiny run had imported at its end)
@@ -118,10 +122,14 @@ def _why_not_forked(cwd, env, zygote: _Zygote) -> str | None:
     env = dict(os.environ if env is None else env)
     if changed := _changed(env, zygote.env):
         return f"its environment differs from the zygote's in {changed}"
-    # a folder first on the child's sys.path must not hold a module the zygote imported from elsewhere
-    for folder in [Path(cwd or os.getcwd()).resolve(), *(Path(p).resolve() for p in _python_path(env))]:
+    return _shadowing([Path(cwd or os.getcwd()), *map(Path, _python_path(env))], zygote.modules)
+
+
+def _shadowing(folders: list[Path], modules: set[str]) -> str | None:
+    """A folder first on a child's sys.path must not hold a module the zygote imported from elsewhere."""
+    for folder in (f.resolve() for f in folders):
         if folder != REPO and folder.is_dir():
-            if shadowing := sorted({n.removesuffix(".py") for n in os.listdir(folder)} & zygote.modules):
+            if shadowing := sorted({n.removesuffix(".py") for n in os.listdir(folder)} & modules):
                 return f"{folder} holds {shadowing}, which the zygote imported from elsewhere"
     return None
 
@@ -232,15 +240,17 @@ def roll_train(argv: list[str], cwd, fresh: bool = False) -> subprocess.Complete
 # ---- the zygote: run as `python tests/warm_driver.py FD` with cwd = the repository -----------------------
 
 
-def _serve(sock: socket.socket) -> dict | None:
-    """Forks a child per request; returns the request in the child, None in the zygote when pytest is gone."""
+def _serve(sock: socket.socket, listener: socket.socket | None = None, why_cold=None) -> dict | None:
+    """Forks a child per request: a roll-train's from pytest over `sock`, or a Ray worker's from a launcher
+    over `listener` (tests/warm_workers.py) unless `why_cold(request)` says why not; returns the request in
+    the child, None in the zygote when `sock` closes (pytest is gone)."""
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, int] = {}  # pid -> the write end of its status pipe
     while True:
-        readable = select.select([sock, wake_read], [], [])[0]
+        readable = select.select([sock, wake_read, *([listener] if listener else [])], [], [])[0]
         if wake_read in readable:
             os.read(wake_read, 4096)
             while children:
@@ -248,43 +258,71 @@ def _serve(sock: socket.socket) -> dict | None:
                 if pid == 0:
                     break
                 if pid in children:
-                    os.write(children[pid], STATUS.pack(status))
+                    try:
+                        os.write(children[pid], STATUS.pack(status))
+                    except BrokenPipeError:  # nobody waits for it any more (a launcher killed outright)
+                        pass
                     os.close(children.pop(pid))
-        if sock in readable:
-            data, fds, _, _ = socket.recv_fds(sock, 65536, 4)  # the descriptors come with the first bytes
-            while data and not data.endswith(b"\n"):
-                part = sock.recv(65536)
-                data = data + part if part else b""
+        for source in {sock, listener} & set(readable):  # (None is never readable)
+            connection = listener.accept()[0] if source is listener else sock
+            data, fds = _receive(connection)
             if not data:
-                return None
+                if source is sock:
+                    return None
+                connection.close()
+                continue
             request = json.loads(data)
-            pid = os.fork()
+            if request.get("kind") == "worker" and (reason := why_cold(request)):
+                pid = None
+            else:
+                pid = os.fork()
             if pid == 0:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 for fd in (wake_read, wake_write, *children.values()):
                     os.close(fd)
-                sock.close()
+                for open_socket in {sock, listener, connection} - {None}:
+                    open_socket.close()
                 request["fds"] = fds
                 return request
-            children[pid] = fds[3]
-            for fd in fds[:3]:
+            if pid is not None:
+                children[pid] = fds[3]
+            for fd in fds if pid is None else fds[:3] + fds[4:]:  # the status pipe's write end: for the exit status
                 os.close(fd)
-            sock.sendall(f"{pid}\n".encode())
+            connection.sendall(f"{pid if pid is not None else reason}\n".encode())
+            if connection is not sock:
+                connection.close()
+
+
+def _receive(connection: socket.socket) -> tuple[bytes, list[int]]:
+    """A request: a JSON line, with the descriptors that came with its first bytes."""
+    data, fds, _, _ = socket.recv_fds(connection, 65536, 5)
+    while data and not data.endswith(b"\n"):
+        part = connection.recv(65536)
+        data = data + part if part else b""
+    return data, fds
 
 
 def _become(request: dict) -> None:
     """In the child: the process `python -m roll_lite.cli ARGV` would be, started in its cwd with its env."""
     if request["new_session"]:
         os.setsid()
+    os.close(request["fds"][3])  # the status pipe: the zygote's to write
+    _adopt(request, None)
+    sys.argv = [str(REPO / "roll_lite" / "cli.py"), *request["argv"]]
+
+
+def _adopt(request: dict, first: str | None) -> None:
+    """In a child: the request's stdin/stdout/stderr, cwd and environment, and the sys.path a fresh
+    interpreter would have, `first` (None: the cwd, as `python -m` puts it) first."""
     for target, fd in enumerate(request["fds"][:3]):
         os.dup2(fd, target)
-    for fd in set(request["fds"]) - {0, 1, 2}:  # the three above and the status pipe: the zygote's to write
+    for fd in set(request["fds"][:3]) - {0, 1, 2}:
         os.close(fd)
     os.chdir(request["cwd"])
     # The zygote's sys.path: what its imports put first (Ray's thirdparty_files), its start's (cwd,
     # $PYTHONPATH, stdlib, site-packages), what its imports put after. The child's: the same, with its own
-    # cwd and $PYTHONPATH, as `python -m` puts them, after the same imports.
+    # first entry and $PYTHONPATH, after the same imports.
     start = request["start_path"]
     at = next(i for i in range(len(sys.path)) if sys.path[i : i + len(start)] == start)
     before, after = sys.path[:at], sys.path[at + len(start) :]
@@ -302,14 +340,13 @@ def _become(request: dict) -> None:
     sys.stdin = sys.__stdin__ = stream(0, False, "strict", False)
     sys.stdout = sys.__stdout__ = stream(1, True, "strict", os.isatty(1))
     sys.stderr = sys.__stderr__ = stream(2, True, "backslashreplace", True)
-    sys.path[:] = [*before, os.getcwd(), *_python_path(os.environ), *stdlib_and_site, *after]
-    sys.argv = [str(REPO / "roll_lite" / "cli.py"), *request["argv"]]
+    sys.path[:] = [*before, first or os.getcwd(), *_python_path(os.environ), *stdlib_and_site, *after]
 
 
-def _preload() -> str:
+def _preload(modules: tuple[str, ...]) -> str:
     if sys.path[1 : 1 + len(_python_path(os.environ))] != _python_path(os.environ):
         return f"not forking: $PYTHONPATH is not where expected on sys.path {sys.path}"
-    for module in PRELOAD:
+    for module in modules:
         __import__(module)
     gc.freeze()  # the forks' collections leave the imported objects alone: their pages stay shared
     threads = len(os.listdir("/proc/self/task"))
@@ -321,15 +358,22 @@ def _preload() -> str:
 if __name__ == "__main__":
     connection = socket.socket(fileno=int(sys.argv[1]))
     sys.path[0] = os.getcwd()  # the repository, as for `python -m roll_lite.cli` run there
-    start_path = list(sys.path)
-    state = _preload()
+    start_path, start_env = list(sys.path), dict(os.environ)
+    workers_socket = None
+    if os.environ.get(warm_workers.SOCKET_VARIABLE) != "0":  # 0: Ray starts the workers as it does
+        workers_socket = warm_workers.fork_zygote(connection, start_path, start_env, sys.modules[__name__])
+    state = _preload(PRELOAD)
     connection.sendall(f"{state}\n".encode())
     if not state.startswith("ready "):
-        sys.exit(0)
+        os._exit(0)
+    if workers_socket:
+        warm_workers.install(workers_socket)
     child = _serve(connection)
     if child is None:
-        sys.exit(0)
+        os._exit(0)  # nothing to flush, and no finalizers to run (triton's bindings report leaks at exit)
     _become({**child, "start_path": start_path})
+    if workers_socket:
+        os.environ[warm_workers.SOCKET_VARIABLE] = workers_socket  # for the launchers of its cluster
     import runpy
 
     del sys.modules["roll_lite.cli"]  # `python -m` runs it as __main__ only, never imported under its name
