@@ -27,7 +27,7 @@ from ray_hosts import HEAD_OPTIONS
 from test_pipeline_ray import small
 
 from roll_lite.config import ConfigError, load_config
-from roll_lite.runtime.reproducibility import SETTINGS, check_kernels, kernel_env, main, pin_kernels
+from roll_lite.runtime.reproducibility import SETTINGS, check_kernels, fused_adamw_steps, kernel_env, main, pin_kernels
 
 REPO = Path(__file__).resolve().parents[1]
 PORTABLE = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "COMPATIBLE"}
@@ -114,6 +114,19 @@ def test_the_module_prints_the_export_lines_for_processes_started_by_hand(capsys
     assert main(["fast"]) == 2
 
 
+def test_the_fingerprints_adamw_steps_are_torch_optims_fused_adamw():
+    # kernel_fingerprint() calls the fused kernel as AdamW(fused=True).step() does, without torch.optim
+    import torch
+
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    weights = torch.nn.Parameter(x.clone())
+    weights.grad = x.flip(0) / 8
+    adamw = torch.optim.AdamW([weights], lr=1e-2, fused=True)
+    for _ in range(3):
+        adamw.step()
+    assert torch.equal(fused_adamw_steps(x, x.flip(0) / 8, steps=3), weights.detach())
+
+
 # -- one process -------------------------------------------------------------------------------------
 
 
@@ -182,7 +195,6 @@ from pathlib import Path
 
 import torch
 
-from roll_lite.pipelines.ppo import PPOPipeline
 from roll_lite.runtime.reproducibility import KERNEL_VARIABLES, kernel_fingerprint
 
 REPORTS = Path(__file__).parent / "reports"
@@ -230,14 +242,6 @@ def environments(root):
     return found
 
 
-class Pipeline(PPOPipeline):
-    """Built by the driver and by each model worker (after it set RANK)."""
-
-    def __init__(self, config):
-        super().__init__(config)
-        report("worker" if "RANK" in os.environ else "driver")
-
-
 def reward(response, ground_truth, extra):
     """Runs in the guarded reward process while every worker of the run is alive."""
     if not (REPORTS / f"reward-{os.getpid()}.json").exists():
@@ -246,15 +250,32 @@ def reward(response, ground_truth, extra):
         (REPORTS / "processes.json").write_text(json.dumps(environments(driver)))
     return float(response == ground_truth)
 '''
+# the pipeline in a module of its own: the reward's processes import usermod alone, not the pipelines (~1 s of CPU)
+PIPELINE = '''
+import os
+
+from roll_lite.pipelines.ppo import PPOPipeline
+
+from usermod import report
+
+
+class Pipeline(PPOPipeline):
+    """Built by the driver and by each model worker (after it set RANK)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        report("worker" if "RANK" in os.environ else "driver")
+'''
 
 
 def test_a_portable_run_pins_the_kernels_of_the_driver_every_worker_and_the_reward_process(tmp_path, fingerprints):
     (tmp_path / "usermod.py").write_text(textwrap.dedent(REPORTING))
+    (tmp_path / "userpipeline.py").write_text(textwrap.dedent(PIPELINE))
     command = [
         str(Path(sys.executable).parent / "roll-train"),
         "--config",
         str(REPO / "configs/grpo.yaml"),
-        "pipeline=usermod:Pipeline",
+        "pipeline=userpipeline:Pipeline",
         *small(tmp_path),
         "reward.functions={'usermod:reward': 1.0}",
         "rollout.in_actor=false",

@@ -46,6 +46,10 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 SETTINGS: dict[str, dict[str, str]] = {
     "machine": {},
@@ -123,6 +127,24 @@ def describe(setting: str) -> str:
     )
 
 
+# torch.optim.AdamW(lr=1e-2, fused=True)'s settings, as its step() passes them to the kernel
+FUSED_ADAMW = dict(amsgrad=False, lr=1e-2, beta1=0.9, beta2=0.999, weight_decay=1e-2, eps=1e-8, maximize=False)
+
+
+def fused_adamw_steps(start: torch.Tensor, grad: torch.Tensor, steps: int) -> torch.Tensor:
+    """The weights after `steps` steps of torch.optim.AdamW(lr=1e-2, fused=True) from `start` with the
+    gradient `grad` each time: its kernel called as step() calls it, without torch.optim, whose first use
+    imports torch._dynamo (~1 s of CPU; ~7 s under qemu). tests/test_reproducibility.py compares the two."""
+    import torch
+
+    weights, exp_avg, exp_avg_sq = start.clone(), torch.zeros_like(start), torch.zeros_like(start)
+    step = torch.zeros(())  # AdamW's step count: a float32 tensor the kernel reads
+    for _ in range(steps):
+        step += 1
+        torch._fused_adamw_([weights], [grad], [exp_avg], [exp_avg_sq], [], [step], **FUSED_ADAMW)
+    return weights
+
+
 def kernel_fingerprint() -> str:
     """sha256 (16 hex digits) of a few float32 ops whose results depend on the kernel paths: ATen's
     element-wise functions and reductions, fused AdamW, MKL's vector math (not its sqrt, which a portable
@@ -137,13 +159,9 @@ def kernel_fingerprint() -> str:
         return ((torch.arange(n, dtype=torch.int64) * 7919 % 263 - 131).to(torch.float32) / 64).reshape(shape)
 
     x = values(64, 320)
-    weights = torch.nn.Parameter(x.clone())  # two fused AdamW steps, as a portable run's optimizer takes them
-    weights.grad = x.flip(0) / 8
-    adamw = torch.optim.AdamW([weights], lr=1e-2, fused=True)
-    adamw.step()
-    adamw.step()
+    weights = fused_adamw_steps(x, x.flip(0) / 8, steps=2)  # as a portable run's optimizer takes them
     results = [  # exp, log and tanh of float32 tensors run MKL's vector math (VM), the others ATen's kernels
-        weights.detach(),
+        weights,
         x.exp().sum(dim=1),
         (x.abs() + 1).log(),
         x.tanh().sum(dim=0),
