@@ -9,9 +9,11 @@ The losses and batches of the cases: loss_cases.py (RL, SFT, critic, distillatio
 
 from __future__ import annotations
 
-import copy
+import functools
+import math
 import os
 import tempfile
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -133,11 +135,15 @@ def case_batch(loss: str, dtype: torch.dtype, rows: int):
     return data
 
 
+_shard_rows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # whole_gradients': {model: rows of each rank}
+
+
 def whole_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """{parameter name: its whole gradient}. One rank trains the bare model (plain tensors); FSDP2's
     gradients are DTensor shards, split along dim 0 (Shard(0) on the one-dimensional mesh): every rank's
-    shards go out in one all_gather_object, not one collective per parameter (full_tensor: 28 per case,
-    ~27 ms of a two-rank case's ~0.15 s), and each whole gradient is the ranks' shards in rank order."""
+    shards go out flattened into one tensor, in one all_gather (full_tensor: 28 collectives per case;
+    all_gather_object of the shards: ~8 CPU ms per case and rank, pickling), after one of each rank's row
+    counts per model; each whole gradient is the ranks' shards in rank order."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Shard
 
@@ -146,13 +152,36 @@ def whole_gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     if not sharded:
         return grads
     assert all(g.placements == (Shard(0),) for g in sharded.values()), {n: g.placements for n, g in sharded.items()}
-    shards: list = [None] * dist.get_world_size()
-    dist.all_gather_object(shards, {n: g.to_local().clone() for n, g in sharded.items()})  # compact storage
-    for name, grad in sharded.items():
-        whole = torch.cat([rank_shards[name] for rank_shards in shards])
-        assert whole.shape == grad.shape, (name, whole.shape, grad.shape)
-        grads[name] = whole
+    local = [g.to_local() for g in sharded.values()]
+    world_size = dist.get_world_size()
+    if model not in _shard_rows:  # every rank's rows of each parameter: the same at every step
+        rows = [torch.zeros(len(local), dtype=torch.long) for _ in range(world_size)]
+        dist.all_gather(rows, torch.tensor([t.shape[0] for t in local]))
+        _shard_rows[model] = rows
+    rows = _shard_rows[model]
+    sizes = [[int(r) * math.prod(t.shape[1:]) for r, t in zip(rank_rows, local)] for rank_rows in rows]
+    flat = torch.zeros(max(sum(s) for s in sizes), dtype=local[0].dtype)
+    flat[: sum(sizes[dist.get_rank()])] = torch.cat([t.reshape(-1) for t in local])
+    gathered = [torch.empty_like(flat) for _ in range(world_size)]
+    dist.all_gather(gathered, flat)
+    pieces = [buffer.split([*rank_sizes, len(flat) - sum(rank_sizes)]) for buffer, rank_sizes in zip(gathered, sizes)]
+    for index, (name, grad) in enumerate(sharded.items()):
+        whole = torch.cat([rank_pieces[index] for rank_pieces in pieces])
+        assert whole.numel() == grad.numel(), (name, whole.numel(), grad.shape)
+        grads[name] = whole.view(grad.shape)
     return grads
+
+
+def _packed(grads: dict[str, torch.Tensor]) -> tuple[tuple, torch.Tensor]:
+    # a case's gradients as one tensor and their (name, shape) list: torch.save and load spend their time
+    # per tensor (~27 a case), not per byte
+    layout = tuple((name, grad.shape) for name, grad in grads.items())
+    return layout, torch.cat([grad.reshape(-1) for grad in grads.values()])
+
+
+def _unpacked(layout: tuple, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    pieces = flat.split([shape.numel() for _, shape in layout])
+    return {name: piece.view(shape) for (name, shape), piece in zip(layout, pieces)}
 
 
 def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: torch.dtype, out_path: str):
@@ -160,9 +189,12 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
     from roll_lite.strategy import StrategyConfig
     from roll_lite.strategy.micro_batches import split_for_data_parallel
 
-    results, strategies = {}, {}
+    results, strategies, layouts, batches = {}, {}, {}, {}
     for case in cases:
-        data = case_batch(case.loss, dtype, case.rows)
+        if (case.loss, case.rows) not in batches:
+            batches[case.loss, case.rows] = case_batch(case.loss, dtype, case.rows)
+        data = batches[case.loss, case.rows]
+        data = data.slice(0, len(data))  # meta_info of its own; the shares below copy the rows
         budget = PAIR_BUDGET if case.loss in PAIR_LOSSES else BUDGET
         config = StrategyConfig(
             grad_accum_steps=case.grad_accum_steps,
@@ -189,8 +221,8 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[Case], dtype: 
         share = split_for_data_parallel(data, case.world_size, balance_tokens=config.use_packing)[dp_rank]
         metrics = strategy.train_step(share, loss_for(case.loss, case.mode))
         # The critic never uses the LM head: its weight gets no gradient (deviations() checks the names).
-        grads = whole_gradients(strategy.model)
-        results[case] = (metrics["loss"], grads, metrics["num_micro_batches"])
+        layout, flat = _packed(whole_gradients(strategy.model))
+        results[case] = (metrics["loss"], layouts.setdefault(layout, layout), flat, metrics["num_micro_batches"])
     if rank == 0:
         torch.save(results, out_path)
     leave_group()
@@ -221,7 +253,9 @@ def run_strategy(cases: list[Case], dtype: torch.dtype, start_method: str = "for
         with tempfile.TemporaryDirectory() as tmp:
             out_path = os.path.join(tmp, "results.pt")
             spawn_ranks(_rank_main, world_size, group, dtype, out_path, start_method=start_method)
-            results.update(torch.load(out_path, weights_only=False))
+            packed = torch.load(out_path, weights_only=False)
+        for case, (loss, layout, flat, micro_batches) in packed.items():
+            results[case] = (loss, _unpacked(layout, flat), micro_batches)
     return results
 
 
@@ -263,7 +297,9 @@ def _critic_output(lm, batch, head: dict) -> dict:
 def reference(loss_name: str, mode: str, dtype: torch.dtype, rows: int = 7, lora: bool = False):
     """(loss, grads) of one float64 forward/backward of the plain HF model (with LoRA: peft's) over
     the global batch."""
-    lm = copy.deepcopy(lora_model(dtype) if lora else build_causal_lm(TINY_MODEL, dtype=dtype, seed=0)).double()
+    lm = _reference_model(dtype, lora)
+    for parameter in lm.parameters():  # the gradients of this backward alone (the last one's stay the caller's)
+        parameter.grad = None
     data = case_batch(loss_name, dtype, rows)
     batch = {k: (v.double() if v.is_floating_point() else v) for k, v in data.batch.items()}
     head = {}
@@ -288,6 +324,12 @@ def reference(loss_name: str, mode: str, dtype: torch.dtype, rows: int = 7, lora
     if loss_name in CRITIC_LOSSES or loss_name == "bt":
         params = {n: p for n, p in params.items() if not n.startswith("lm_head.")} | head
     return loss.item(), {n: p.grad for n, p in params.items() if p.requires_grad}
+
+
+@functools.cache
+def _reference_model(dtype: torch.dtype, lora: bool) -> torch.nn.Module:
+    """The model every reference of this dtype computes with, in float64: no step changes its weights."""
+    return (lora_model(dtype) if lora else build_causal_lm(TINY_MODEL, dtype=dtype, seed=0)).double()
 
 
 def deviations(result, ref) -> tuple[float, float]:

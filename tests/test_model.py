@@ -5,6 +5,7 @@ generates from as the run did."""
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -78,8 +79,58 @@ def _worker(role, config, monkeypatch):
     return worker
 
 
+# Plain transformers (AutoTokenizer + AutoModelForCausalLM, generation_config defaults) in a fresh process: for each
+# line [folder, prompts] it reads, a line "greedy JSON" of each prompt's [input ids, 12 greedy tokens, decoded prompt]
+PLAIN_TRANSFORMERS = """
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+for line in sys.stdin:
+    folder, prompts = json.loads(line)
+    tok = AutoTokenizer.from_pretrained(folder); model = AutoModelForCausalLM.from_pretrained(folder)
+    out = []
+    for p in prompts:
+        ids = tok(p, return_tensors='pt')
+        gen = model.generate(**ids, max_new_tokens=12, do_sample=False)[0, ids['input_ids'].shape[1]:].tolist()
+        out.append([ids['input_ids'][0].tolist(), gen, tok.decode(ids['input_ids'][0], skip_special_tokens=True)])
+    print("greedy", json.dumps(out), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def plain_transformers(tmp_path_factory):
+    """One such process for the module's exports (its start, ~4 s of CPU importing torch and transformers, once)."""
+    stderr_path = tmp_path_factory.mktemp("plain") / "stderr"
+    with open(stderr_path, "w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-c", PLAIN_TRANSFORMERS],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+
+    def generate(folder, prompts):
+        process.stdin.write(json.dumps([str(folder), prompts]) + "\n")
+        process.stdin.flush()
+        timeout = threading.Timer(300, process.kill)  # a hung process: its stdout ends
+        timeout.start()
+        try:
+            for line in process.stdout:
+                if line.startswith("greedy "):
+                    return json.loads(line.removeprefix("greedy "))
+        finally:
+            timeout.cancel()
+        raise AssertionError(stderr_path.read_text()[-2000:])
+
+    yield generate
+    process.stdin.close()
+    process.wait(timeout=60)
+
+
 @pytest.mark.parametrize("model_type, tied", [("qwen2", True), ("llama", False)])
-def test_a_pretrained_folder_feeds_actor_reference_critic_and_the_export(tmp_path, monkeypatch, model_type, tied):
+def test_a_pretrained_folder_feeds_actor_reference_critic_and_the_export(
+    tmp_path, monkeypatch, model_type, tied, plain_transformers
+):
     original = _save_pretrained_model(tmp_path / "model", model_type, tied)
     config = load_config(
         None,
@@ -133,25 +184,7 @@ def test_a_pretrained_folder_feeds_actor_reference_critic_and_the_export(tmp_pat
     engine.update_weights(trained)
     run_outputs = [engine.generate([p], SamplingParams(12, greedy=True)).token_ids[0] for p in prompts]
     assert sum(tokenizer.eos_token_id in o for o in run_outputs) >= 2  # stopping at EOS is part of the comparison
-    script = (
-        "import json, sys, torch\n"
-        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
-        "tok = AutoTokenizer.from_pretrained(sys.argv[1]); model = AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
-        "out = []\n"
-        "for p in json.loads(sys.argv[2]):\n"
-        "    ids = tok(p, return_tensors='pt')\n"
-        "    gen = model.generate(**ids, max_new_tokens=12, do_sample=False)[0, ids['input_ids'].shape[1]:].tolist()\n"
-        "    out.append([ids['input_ids'][0].tolist(), gen, tok.decode(ids['input_ids'][0], skip_special_tokens=True)])\n"
-        "print(json.dumps(out))\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "final"), json.dumps(PROMPTS)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    plain = json.loads(result.stdout.strip().splitlines()[-1])
+    plain = plain_transformers(tmp_path / "final", PROMPTS)
     for prompt, run_prompt, run_output, (plain_prompt, plain_output, decoded) in zip(
         PROMPTS, prompts, run_outputs, plain
     ):
