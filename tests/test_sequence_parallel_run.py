@@ -9,31 +9,23 @@ one rank: workers.backend=local, in this process):
   actor's S: its top-k ids and log-probs, gathered per slice;
 - its checkpoint of step 2, resumed at S = 2 and at S = 1: step 3 again, as in the uninterrupted runs;
 - the DPO pipeline (pairs; its reference worker at the actor's S) and the reward-model pipeline (the score head).
-The S = 2 runs share one Ray cluster (`ray start --head`, joined through ray_address): one start, not four; they run
-first, forked from the warm driver, and the head stops before the S = 1 runs.
+The S = 2 runs start a lean local cluster each (workers/lean_cluster.py), forked from the warm driver with their
+workers (tests/warm_workers.py): cheaper than one shared `ray start` head, whose workers Ray starts anew.
 
 The strategy's own exactness at S ∈ {2, 4} is tests/test_exactness_sp.py (float64); this file checks the wiring."""
 
-import contextlib
 import json
 import logging
-import os
-import secrets
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 import warm_driver
-from processes import wait_until_listening
 
 from roll_lite.checkpoint import layout
 from roll_lite.cli import main
 from roll_lite.model.modeling import build_causal_lm
 from roll_lite.model.tokenizer import build_char_tokenizer
-from roll_lite.strategy.distributed import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = [
@@ -109,43 +101,10 @@ def assert_same_records(split: list[dict], whole: list[dict], prefixes: tuple[st
             assert a[key] == pytest.approx(b[key], rel=2e-5, abs=1e-7), f"step {b['step']}: {key}"
 
 
-@contextlib.contextmanager
-def shared_head(folder: Path):
-    """One Ray head for every S = 2 run of this file (its address), stopped (SIGTERM to `ray start --block`) at the
-    end. Ray's other ports free ones: another test's cluster may hold the defaults. Meanwhile this process's
-    environment is the head's and its runs': Ray's token authentication on, and no RAY_ADDRESS, so that the runs
-    fork from the warm driver (tests/warm_driver.py: a zygote of that environment) instead of ~4 s of imports each."""
-    port, token = free_port(), folder / "ray_auth_token"
-    token.write_text(secrets.token_hex(32))
-    token.chmod(0o600)
-    temp_dir = tempfile.mkdtemp(prefix=f"rl{os.getpid()}sp-", dir="/tmp")  # short: Ray's socket paths live in it
-    options = [f"--port={port}", "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--num-cpus=4"]
-    options += ["--object-store-memory=200000000", "--disable-usage-stats", "--include-dashboard=false"]
-    options += [f"--dashboard-agent-listen-port={free_port()}", f"--ray-client-server-port={free_port()}"]
-    options += ["--min-worker-port=0", "--max-worker-port=0"]
-    # spared what a run's own local cluster is spared (workers/cluster.py): the autoscaler's monitor, idle workers
-    # started for tasks that never come (the runs' workers are actors), Ray's own metrics
-    spared = {"prestart_worker_first_driver": False, "enable_metrics_collection": False}
-    options += ["--no-monitor", f"--system-config={json.dumps(spared)}"]
-    with pytest.MonkeyPatch.context() as env, open(folder / "head.log", "w") as log:
-        for key in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
-            env.delenv(key, raising=False)
-        env.setenv("RAY_AUTH_MODE", "token")
-        env.setenv("RAY_AUTH_TOKEN_PATH", str(token))
-        ray = str(Path(sys.executable).parent / "ray")
-        head = subprocess.Popen([ray, "start", "--head", "--block", *options], stdout=log, stderr=log)
-        try:
-            wait_until_listening(port, head, "ray start --head")
-            yield f"127.0.0.1:{port}"
-        finally:
-            head.terminate()
-            head.wait(timeout=120)
-            shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def on_ray(address: str, *args: str) -> str:
-    """roll-train at S = 2 on the shared cluster (inside shared_head), forked from the warm driver; its log."""
-    command = [sys.executable, "-m", "roll_lite.cli", *args, *SP, f"ray_address={address}"]
+def on_ray(*args: str) -> str:
+    """roll-train at S = 2 on a local Ray cluster of its own, forked from the warm driver (its workers too:
+    tests/warm_workers.py); its log."""
+    command = [sys.executable, "-m", "roll_lite.cli", *args, *SP]
     done = warm_driver.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr
@@ -196,11 +155,10 @@ def runs(tmp_path_factory):
         pairs[pipeline] += [f"preference.train_files={folder / 'reverse_digits_pairs_train.jsonl'}"]
         pairs[pipeline] += [f"preference.eval_files={folder / 'reverse_digits_pairs_eval.jsonl'}"]
     logs = {}
-    with shared_head(tmp_path_factory.mktemp("ray")) as address:  # the S = 2 runs, then the head stops
-        logs["s2"] = on_ray(address, *rl, "run_name=s2")
-        logs["s2_resumed"] = on_ray(address, *rl, "run_name=s2_resumed", f"resume={step_2}")
-        for pipeline, args in pairs.items():
-            logs[f"{pipeline}_s2"] = on_ray(address, *args, f"run_name={pipeline}_s2")
+    logs["s2"] = on_ray(*rl, "run_name=s2")
+    logs["s2_resumed"] = on_ray(*rl, "run_name=s2_resumed", f"resume={step_2}")
+    for pipeline, args in pairs.items():
+        logs[f"{pipeline}_s2"] = on_ray(*args, f"run_name={pipeline}_s2")
     logs["s1"] = in_process(*rl, "run_name=s1")
     logs["s1_resumed"] = in_process(*rl, "run_name=s1_resumed", f"resume={step_2}")
     for pipeline, args in pairs.items():

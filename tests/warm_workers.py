@@ -3,9 +3,9 @@
 Ray's raylet starts a worker as `python setup_worker.py default_worker.py ARGS`, which execs bash, which
 execs `python default_worker.py ARGS`, which imports Ray and then, for a roll_lite actor, roll_lite, torch and
 transformers: about 3 s of CPU per worker process, and a test run's cluster starts two or three. The drivers'
-zygote forks, before its own imports, the workers' zygote (`fork_zygote`), which imports PRELOAD: what the
-workers need, but Ray, which reads its settings (the job's id, the raylet's pid) from the environment once,
-at its import. In the drivers' zygote `install` sets RayParams.setup_worker_path to this file, so a forked
+zygote forks, before its own imports, the workers' zygote (`fork_zygote`), which imports PRELOAD at its first
+request: what the workers need, but Ray, which reads its settings (the job's id, the raylet's pid) from the
+environment once, at its import. In the drivers' zygote `install` sets RayParams.setup_worker_path to this file, so a forked
 roll-train's local cluster runs `python tests/warm_workers.py ARGS` for each worker: a launcher that imports
 nothing heavy and asks the workers' zygote, over the socket in $ROLL_TEST_WARM_WORKERS, for a fork. The fork
 becomes the worker (`become_worker`): its own session, the launcher's stdin/stdout/stderr, cwd and
@@ -105,8 +105,9 @@ _held: list[socket.socket] = []
 
 
 def fork_zygote(pytest: socket.socket, start_path: list[str], start_env: dict[str, str], zygote) -> str:
-    """In the drivers' zygote, before its imports: forks the workers' zygote, which imports PRELOAD (the
-    drivers' zygote does not: a driver imports no model classes), and returns the path of its socket. `zygote`: the module of tests/warm_driver.py (its `__main__` there), whose request loop and
+    """In the drivers' zygote, before its imports: forks the workers' zygote, which imports PRELOAD at its
+    first request (the drivers' zygote does not: a driver imports no model classes), and returns the path
+    of its socket. `zygote`: the module of tests/warm_driver.py (its `__main__` there), whose request loop and
     checks it uses. It serves until the drivers' zygote ends; each of its children becomes a worker."""
     folder = tempfile.mkdtemp(prefix="roll_warm_")
     listener = listen(folder)
@@ -118,14 +119,16 @@ def fork_zygote(pytest: socket.socket, start_path: list[str], start_env: dict[st
         return os.path.join(folder, "workers.sock")
     pytest.close()
     ours.close()
-    state = zygote._preload(PRELOAD)
-    if "ray" in sys.modules:  # Ray would have read its settings from this process's environment
-        state = "not forking: the modules imported Ray"
-    modules = {name.split(".")[0] for name in sys.modules}
+    state: list[str] = []  # its imports, at the first request: many pytest processes' zygotes see none
 
     def cold(request: dict) -> str | None:
-        if not state.startswith("ready "):
-            return state
+        if not state:
+            state.append(zygote._preload(PRELOAD))
+            if "ray" in sys.modules:  # Ray would have read its settings from this process's environment
+                state[0] = "not forking: the modules imported Ray"
+        if not state[0].startswith("ready "):
+            return state[0]
+        modules = {name.split(".")[0] for name in sys.modules}
         return why_cold(request, start_env, zygote._changed, lambda folders: zygote._shadowing(folders, modules))
 
     child = zygote._serve(theirs, listener, cold)
