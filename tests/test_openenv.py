@@ -191,6 +191,7 @@ def test_a_killed_run_leaves_no_server_behind(tmp_path):
     import subprocess
 
     import warm_driver
+    from processes import descendants
     from test_multi_turn_run import SMALL
     from test_resume import LOCAL, REPO
 
@@ -206,14 +207,29 @@ def test_a_killed_run_leaves_no_server_behind(tmp_path):
         children = [pid for pid in _children(driver.pid) if "environments.child" in open(f"/proc/{pid}/cmdline").read()]
         ports = {port for pid in children for port in _listening_ports(pid)}
         assert len(children) == 2 and len(ports) == 2, (children, ports)
+        run = descendants(driver.pid)  # the environment processes and whatever they started
         driver.kill()
         driver.wait(30)
     finally:
         driver.kill()
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not all(_gone(pid) for pid in children):
+    while time.monotonic() < deadline and not all(_gone(pid) for pid in run):
         time.sleep(0.1)
     assert all(_gone(pid) for pid in children), "an environment process outlived the killed driver"
+    assert all(_gone(pid) for pid in run), "a process of the run outlived the killed driver"
+    # Nothing of the run serves on those ports. Another test's process may have taken one since (a Ray
+    # worker's port is any free one): a connection that succeeds is checked for its listener.
     for port in ports:
-        with pytest.raises(ConnectionRefusedError):
+        try:
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        except ConnectionRefusedError:
+            continue
+        holders = {int(pid) for pid in os.listdir("/proc") if pid.isdigit() and port in _ports_or_none(int(pid))}
+        assert not holders & run, (port, holders)
+
+
+def _ports_or_none(pid: int) -> set[int]:
+    try:
+        return _listening_ports(pid)
+    except OSError:  # gone meanwhile
+        return set()
