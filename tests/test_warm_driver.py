@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import warm_driver
@@ -38,16 +39,21 @@ if probe == "hang":
 """
 
 
-@pytest.fixture
-def probe(tmp_path):
+def probe_run(tmp_path, code: str) -> tuple[list[str], Path]:
+    """`roll-train pipeline=probe:Probe` whose probe.py is `code`, and its cwd, the folder of probe.py; the test
+    is skipped where the warm driver does not fork."""
     if warm_driver._the_zygote() is None:  # e.g. one pytest process without OMP_NUM_THREADS=1 (conftest.py)
         pytest.skip(f"the warm driver does not fork here: {getattr(warm_driver._zygote, 'state', 'turned off')}")
     (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "probe.py").write_text(PROBE)
+    (tmp_path / "work" / "probe.py").write_text(code)
+    return [sys.executable, "-m", "roll_lite.cli", "pipeline=probe:Probe", "steps=1"], tmp_path / "work"
+
+
+@pytest.fixture
+def probe(tmp_path):
+    command, cwd = probe_run(tmp_path, PROBE)
     (tmp_path / "lib").mkdir()
-    command = [sys.executable, "-m", "roll_lite.cli", "pipeline=probe:Probe", "steps=1"]
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "lib"), "ROLL_LITE_TEST_MARKER": "m"}
-    return command, tmp_path / "work", env
+    return command, cwd, {**os.environ, "PYTHONPATH": str(tmp_path / "lib"), "ROLL_LITE_TEST_MARKER": "m"}
 
 
 def start(probe, what: str, fresh: bool = False, **options) -> subprocess.Popen:

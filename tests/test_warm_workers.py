@@ -9,13 +9,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import warm_driver
 import warm_workers
+from test_warm_driver import probe_run
 
 PROBE = """
 import json, os, sys
@@ -52,12 +52,8 @@ sys.exit(0)
 
 @pytest.fixture
 def probe(tmp_path):
-    if warm_driver._the_zygote() is None:  # e.g. one pytest process without OMP_NUM_THREADS=1 (conftest.py)
-        pytest.skip(f"the warm driver does not fork here: {getattr(warm_driver._zygote, 'state', 'turned off')}")
-    (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "probe.py").write_text(PROBE)
-    command = [sys.executable, "-m", "roll_lite.cli", "pipeline=probe:Probe", "steps=1"]
-    return command, tmp_path / "work", {**os.environ, "ROLL_LITE_TEST_MARKER": "m"}
+    command, cwd = probe_run(tmp_path, PROBE)
+    return command, cwd, {**os.environ, "ROLL_LITE_TEST_MARKER": "m"}
 
 
 def view(probe, what: str, fresh: bool) -> tuple[subprocess.Popen, dict]:
