@@ -33,7 +33,6 @@ import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -52,7 +51,7 @@ PRELOAD = (
     "ray.dashboard.optional_deps",
     "ray.util.state",
 )
-STATUS = struct.Struct("i")
+STATUS = warm_workers.STATUS  # a wait status, as the zygote writes it for whoever waits on a fork
 FORKABLE_CHANGES = ("PYTHONPATH", "PYTEST_CURRENT_TEST")  # and ROLL_LITE_TEST_*: read at run time, if at all
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 SOCKET_VARIABLE = "ROLL_TEST_WARM_WORKERS"
 LAUNCHER = str(Path(__file__).resolve())
-STATUS = struct.Struct("i")  # a wait status, as tests/warm_driver.py's zygote writes it
+STATUS = struct.Struct("i")  # a wait status, as the zygotes write it (tests/warm_driver.py _serve)
 # What a run's Ray workers import, Ray itself left out: it reads its settings (the job's id, the raylet's
 # pid, ...) from the environment once, at its import, and each worker's differs. A worker then imports Ray
 # (~0.3 s of CPU) and the modules of its actor class, on top of these.
