@@ -3,13 +3,13 @@
 import functools
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from forked_main import run_as_main
 
 from roll_lite.data.pairs import PairData, build_pair_batch
 from roll_lite.loss import (
@@ -160,16 +160,15 @@ def test_cli_exit_codes_and_table(capsys):
 
 
 def test_cli_entry_point_passes_a_builtin():
+    # `python -c` forked where torch's and transformers' imports are done (~5 CPU s less, tests/forked_main.py)
     code = "from roll_lite.loss import ppo_policy_loss_func; loss = ppo_policy_loss_func('seq-mean-token-mean')"
-    result = subprocess.run(
+    result = run_as_main(
         [
-            sys.executable,
             "-c",
             f"{code}; import sys; sys.modules['user_loss'] = sys.modules[__name__]; "
             "from roll_lite.loss.checker import main; raise SystemExit(main(['user_loss:loss']))",
         ],
-        capture_output=True,
-        text=True,
+        cwd=os.getcwd(),
         timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -291,7 +290,8 @@ def test_a_pair_loss_over_the_micro_batchs_own_pairs_fails_with_its_cause_first(
 
 def test_the_docs_pair_loss_passes_the_docs_command_run_as_written(tmp_path):
     """docs/custom-losses.md's my_pair_loss, saved where its command imports it from, and the command run
-    verbatim with the console script from that directory, as a user runs it."""
+    verbatim with the console script from that directory, as a user runs it (the script's code in a forked
+    process, tests/forked_main.py: its own argv, sys.path, cwd and environment, without PYTHONPATH)."""
     import doc_commands
 
     (block,) = doc_commands.python_blocks_defining("my_pair_loss")
@@ -305,13 +305,8 @@ def test_the_docs_pair_loss_passes_the_docs_command_run_as_written(tmp_path):
         (package / "__init__.py").touch()
     (package / f"{module[-1]}.py").write_text(block.body)
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / argv[0]), *argv[1:]],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    # forked where torch's and transformers' imports are done (~5 CPU s less); a new interpreter runs the
+    # console script in tests/test_user_imports.py (the README's command)
+    result = run_as_main([str(Path(sys.executable).parent / argv[0]), *argv[1:]], cwd=tmp_path, timeout=300, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "\nPASS: worst relative deviation" in result.stdout

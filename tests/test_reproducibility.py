@@ -62,13 +62,17 @@ def fingerprint(**env: str) -> str:
 
 
 @functools.cache
-def machine() -> tuple[str, str]:
+def machine() -> tuple[str, str, subprocess.CompletedProcess]:
     """The fingerprint and torch's kernels (`get_cpu_capability()`) of a process started without the
-    variables: one process for both, once per module (each costs ~2 s of CPU to import torch)."""
-    result = python(f"{FINGERPRINT}; print(torch.backends.cpu.get_cpu_capability())")
-    assert result.returncode == 0, result.stderr[-2000:]
-    printed, kernels = result.stdout.split()
-    return printed, kernels
+    variables, which then, torch having computed, tries to pin them (test_pinning_after_torch_computed_is_refused
+    reads how it ended): one process for the three, once per module (each costs ~2 s of CPU to import torch)."""
+    result = python(
+        f"{FINGERPRINT}; print(torch.backends.cpu.get_cpu_capability(), flush=True); "
+        "from roll_lite.runtime.reproducibility import pin_kernels; pin_kernels('portable')"
+    )
+    printed = result.stdout.split()
+    assert len(printed) == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    return printed[0], printed[1], result
 
 
 @functools.cache
@@ -171,10 +175,7 @@ def test_pinning_in_the_running_driver_gives_the_kernels_of_a_process_started_wi
 def test_pinning_after_torch_computed_is_refused():
     if machine_kernels() == "AVX2":
         pytest.skip("this CPU's own kernels are the pinned ones: nothing to tell apart")
-    result = python(
-        "import torch; torch.ones(2).sum(); from roll_lite.runtime.reproducibility import pin_kernels; "
-        "pin_kernels('portable')"
-    )
+    result = machine()[2]  # a process without the variables: the fingerprint computed, then pin_kernels
     assert result.returncode != 0
     assert "torch computes with its" in result.stderr and "not AVX2" in result.stderr, result.stderr[-2000:]
 
