@@ -10,7 +10,8 @@ model is the demo's with room for the long rows (model.max_position_embeddings=8
 and one SFT warm start on the noisy demonstrator teaches it answers of the prompts' lengths; every mode
 then starts from that model. Each mode is a `roll-train` run of --steps GRPO steps (4 prompts x 8
 samples, a rollout worker of its own, workers.torch_threads=1, so that the two processes that compute
-get a core each):
+get a core each: workers.backend=ray, where auto would run all but greedy in one process; --smoke leaves
+it to auto):
 
 - lockstep: the step's batch is generated whole, then the step trains (every step waits for its longest answer);
 - ahead: rollout.async_steps=1, the next batch generated while a step trains, whole, one version old;
@@ -86,6 +87,7 @@ def run_mode(mode: str, work: Path, model: list[str], steps: int, smoke: bool, r
     prompts, samples = (2, 2) if smoke else (PROMPTS, SAMPLES)
     overrides = [
         *model,
+        *([] if smoke else ["workers.backend=ray"]),
         f"data.train_files={work / 'train.jsonl'}",
         f"data.eval_files={work / 'eval.jsonl'}",
         *ROOM,

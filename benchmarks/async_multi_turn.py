@@ -8,7 +8,8 @@ drawn from --latency-ms (uniform; fixed per game and turn, so every mode meets t
 stand-in for a tool call or a sandbox. Each mode is a `roll-train` run of --steps steps on the same
 rows, model and settings (the config's model, no warm start, 4 games x 4 samples per step, 8
 environment processes, workers.torch_threads=1, a rollout worker of its own in every mode, so that the
-two processes that compute get a core each):
+two processes that compute get a core each: workers.backend=ray, where auto would run lockstep in one
+process; --smoke leaves it to auto):
 
 - lockstep: the step's trajectories play to their end, then the step trains (rollout.fully_async=false);
 - async: rollout.fully_async, max_staleness 1, one round of turns of the next batch while a step trains
@@ -41,7 +42,7 @@ MODES = {
     "async_2turns": [*FULLY_ASYNC, "rollout.segment_turns=2"],
     "greedy": [*FULLY_ASYNC, "rollout.schedule=greedy"],
 }
-GAMES, SAMPLES = 4, 4  # per step; --smoke: 2 x 2
+GAMES, SAMPLES, PROCESSES = 4, 4, 8  # per step, environment processes; --smoke: 2 x 2, 2
 SMOKE_MODEL = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_attention_heads=2"]
 
 ENVIRONMENT = '''
@@ -74,7 +75,7 @@ class ToolLatencyGuess(GuessTheNumber):
 
 
 def run_mode(mode: str, work: Path, steps: int, latency: tuple[float, float], smoke: bool) -> dict[str, float]:
-    games, samples = (2, 2) if smoke else (GAMES, SAMPLES)
+    games, samples, processes = (2, 2, 2) if smoke else (GAMES, SAMPLES, PROCESSES)
     kwargs = f"{{lo: 1, hi: 16, max_turns: 5, intro: 'Guess {{lo}}-{{hi}}.', latency_ms: [{latency[0]}, {latency[1]}]}}"
     command = [
         sys.executable,
@@ -93,10 +94,10 @@ def run_mode(mode: str, work: Path, steps: int, latency: tuple[float, float], sm
         "checkpoint.every=0",
         "workers.torch_threads=1",
         "rollout.in_actor=false",
-        "environment.max_concurrent=8",
+        f"environment.max_concurrent={processes}",
         f"rollout.prompts_per_step={games}",
         f"rollout.num_samples={samples}",
-        *(SMOKE_MODEL if smoke else []),
+        *(SMOKE_MODEL if smoke else ["workers.backend=ray"]),
         f"output_dir={work}",
         f"run_name={mode}",
         *MODES[mode],
@@ -125,7 +126,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--latency-ms", default="20,200", help="lo,hi: every reset and step waits uniform(lo, hi) ms")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--smoke", action="store_true", help="3 steps, lockstep and async, a tiny model, 1 round")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="3 steps, lockstep and async, a tiny model, 2 environment processes, 1 round",
+    )
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.rounds, args.modes, args.latency_ms = 3, 1, "lockstep,async", "5,10"

@@ -134,7 +134,7 @@ def main() -> None:
             dtype=dtype,
             threads=1 if args.smoke else None,
         )
-        result = run_child(spec)
+        result = run_child(spec, fork=args.smoke)
         if "failed" in result:  # not out of memory: a broken probe says nothing about the size
             raise SystemExit(f"hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers: {result['failed']}")
         result["fits"] = "peak_bytes" in result and result["peak_bytes"] <= cap * 2**30

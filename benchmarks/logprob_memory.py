@@ -2,13 +2,15 @@
 (log_softmax over [tokens, vocab], autograd) against roll_lite.model.logprobs.chunked_log_probs.
 
     python benchmarks/logprob_memory.py [--tokens 2048 --chunk 256 --vocab 151936 --hidden 896]
+    python benchmarks/logprob_memory.py --smoke     # a tiny size, seconds (tests/test_benchmark_scripts.py)
 
-Each measurement runs in a fresh process: its peak resident memory (VmHWM, reset after the inputs
-are built) minus the resident memory before the step, i.e. what the step adds. Three uses of the
-head, as training asks for them: log-probs only; log-probs with the entropy as a metric (computed,
-not in the loss: the PPO loss without an entropy bonus); and the entropy in the loss. The defaults
-keep tokens / chunk = 8 as in 8192 tokens at the default chunk of 1024, at a size the full-logits
-reference fits in on a 24 GiB machine (Qwen2.5-0.5B's vocabulary and hidden size).
+Each measurement runs in a fresh process (--smoke: forked from this one, benchmarks/forked.py): its
+peak resident memory (VmHWM, reset after the inputs are built) minus the resident memory before the
+step, i.e. what the step adds. Three uses of the head, as training asks for them: log-probs only;
+log-probs with the entropy as a metric (computed, not in the loss: the PPO loss without an entropy
+bonus); and the entropy in the loss. The defaults keep tokens / chunk = 8 as in 8192 tokens at the
+default chunk of 1024, at a size the full-logits reference fits in on a 24 GiB machine (Qwen2.5-0.5B's
+vocabulary and hidden size).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from forked import run_forked
 
 CASES = (("log-probs", False, False), ("log-probs + entropy metric", True, False), ("entropy in the loss", True, True))
 
@@ -89,8 +93,12 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--hidden", type=int, default=896)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="64 tokens, vocab 2000, hidden 32, chunk 16, 1 repeat")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one measurement, JSON on stdout
     args = parser.parse_args()
+    if args.smoke:
+        args.tokens, args.chunk, args.vocab, args.hidden, args.repeats = 64, 16, 2000, 32, 1
+        import roll_lite.model.logprobs  # noqa: F401  (imported once here, for every fork)
     if args.one:
         method, case = args.one.split(":")
         _, with_entropy, entropy_loss = CASES[int(case)]
@@ -110,9 +118,15 @@ def main() -> None:
         "| head use | full logits: peak added | chunked: peak added | memory ratio | full s | chunked s | time ratio |"
     )
     print("|---|---|---|---|---|---|---|")
-    for index, (name, _, _) in enumerate(CASES):
+    for index, (name, with_entropy, entropy_loss) in enumerate(CASES):
         results = {}
         for method in ("full", "chunked"):
+            if args.smoke:  # its imports done: ~2 CPU s less a measurement, its peak a few MiB off a new process's
+                case = (args.tokens, args.chunk, args.vocab, args.hidden, with_entropy, entropy_loss, args.repeats)
+                results[method] = run_forked(measure, method, *case)
+                if "failed" in results[method]:
+                    raise SystemExit(f"{name}, {method}: {results[method]['failed']}")
+                continue
             command = [
                 sys.executable,
                 __file__,

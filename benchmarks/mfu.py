@@ -7,8 +7,9 @@ built from config, through FSDP2Strategy: packed micro-batches of a token budget
     python benchmarks/mfu.py --smoke               # tiny, on CPU, seconds (tests/test_benchmark_scripts.py)
 
 Each size × variant runs in a process of its own (a fresh allocator, compile cache in memory and
-peak). Variants: off; ac (model.gradient_checkpointing: each decoder layer recomputed in backward);
-compile (model.compile_layers); ac+compile. The memory and time ratios are against `off` of the
+peak; --smoke on CPU: a fork of this one after its imports, benchmarks/forked.py). Variants: off; ac
+(model.gradient_checkpointing: each decoder layer recomputed in backward); compile
+(model.compile_layers); ac+compile. The memory and time ratios are against `off` of the
 same size, in the same run.
 
 MFU = model FLOPs per step / step time / the device's dense peak (--peak-tflops; by GPU name else;
@@ -34,6 +35,7 @@ loss, grad-norm clipping, micro-batching, FSDP2's root).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -41,6 +43,7 @@ import sys
 import time
 from pathlib import Path
 
+from forked import run_forked
 from logprob_memory import _ratio, _status  # a ratio (nan over 0); resident memory from /proc/self/status
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,6 +163,14 @@ class PhaseTimer:
         self.phase, self.start = phase, now
 
 
+MEASURE_IMPORTS = (  # measure's
+    "roll_lite.loss.checker",
+    "roll_lite.model.compiling",
+    "roll_lite.model.modeling",
+    "roll_lite.strategy",
+)
+
+
 def measure(spec: dict) -> dict:
     """In this process: one size × variant (spec from main), its step times, FLOPs, peak and split."""
     import torch
@@ -256,8 +267,15 @@ def profile_step(step, device) -> str:
     return text
 
 
-def run_child(spec: dict, timeout: float | None = None) -> dict:
-    """measure(spec) in a fresh process; {'failed': ...} if it stopped without a result."""
+def run_child(spec: dict, timeout: float | None = None, fork: bool = False) -> dict:
+    """measure(spec) in a fresh process, or with `fork` (on CPU) a fork of this one, its imports done (~5 CPU s
+    less, its peak ~10 MiB above a fresh process's); {'failed': ...} if it stopped without a result."""
+    import torch
+
+    if fork and not torch.cuda.is_available():  # CUDA does not work in a fork of a process that initialized it
+        for module in MEASURE_IMPORTS:  # here, once for every fork
+            importlib.import_module(module)
+        return run_forked(measure, spec, timeout=timeout, mmap_threshold=65536)
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # freed large blocks leave the resident set
     try:
         done = subprocess.run(
@@ -358,7 +376,7 @@ def main() -> None:
                 threads=args.threads,
                 profile=args.profile,
             )
-            result = run_child(spec)
+            result = run_child(spec, fork=args.smoke)
             reference = result if variant == "off" else reference
             print(
                 row(size, variant, result, reference, peak_tflops(result.get("device", "cpu"), args.peak_tflops)),

