@@ -2,8 +2,9 @@
 rows train to the end (a fault costs its trajectory), a SIGKILL and resume give the uninterrupted
 run's metrics exactly, and the vllm engine (CPU build) plays the same game; docs/multi-turn.md's
 command for configs/multiturn_tools.yaml (the game with a calculator tool) runs as written. The reference and
-the fully async runs are on Ray; the killed and resumed run and the tools run with workers.backend=local (one
-process, no Ray, bit for bit the same: the killed run is compared with the Ray reference)."""
+the tools run are with workers.backend=local (one process, no Ray, bit for bit the same); the run killed and
+resumed against the reference is killed on Ray and resumed locally, and the fully async runs (multi-turn
+rollouts ahead need Ray) and the vllm run are on Ray: each comparison with the reference is one of Ray and local."""
 
 from __future__ import annotations
 
@@ -59,8 +60,10 @@ class Faulty(GuessTheNumber):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """(the rows' overrides, the environment variables that make the user's environment importable,
-    the folder of the rows' files)."""
+    the folder of the rows' files). The held-out games: the first 2 of the configs' 16 (each eval plays them all)."""
     folder = tmp_path_factory.mktemp("multi_turn")
+    held_out = (REPO / "data/guess_the_number/eval.jsonl").read_text().splitlines(keepends=True)[:2]
+    (folder / "eval.jsonl").write_text("".join(held_out))
     (folder / "faulty_guess.py").write_text(textwrap.dedent(FAULTY))
     rows = [{"secret": s, "boom": s == 7} for s in (3, 7, 12, 16)]
     (folder / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -71,6 +74,7 @@ def setup(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
     overrides = [
         f"data.train_files={folder / 'rows.jsonl'}",
+        f"data.eval_files={folder / 'eval.jsonl'}",
         "data.shuffle=false",
         "environment.name=faulty_guess:Faulty",
     ]
@@ -89,7 +93,7 @@ def command(setup, output, run_name: str, *extra) -> list[str]:
         *overrides,
         f"output_dir={output}",
         f"run_name={run_name}",
-        "workers.backend=ray",  # the reference run on Ray; LOCAL in `extra` overrides it
+        "workers.backend=ray",  # LOCAL in `extra` overrides it
         *extra,
     ]
 
@@ -110,7 +114,7 @@ def traces(run_dir: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def reference(setup, tmp_path_factory):
     output = tmp_path_factory.mktemp("reference")
-    log = run(command(setup, output, "ref"), env=setup[1], fresh=True).stderr
+    log = run(command(setup, output, "ref", LOCAL), env=setup[1], fresh=True).stderr
     return output / "ref", log
 
 
@@ -138,7 +142,7 @@ def test_a_failing_environment_costs_its_trajectories_and_the_run_trains_on(refe
 
 
 def test_killed_and_resumed_the_metrics_equal_the_uninterrupted_run(setup, reference, tmp_path):
-    run_until(command(setup, tmp_path, "killed", LOCAL), "step 3/4", env=setup[1])
+    run_until(command(setup, tmp_path, "killed"), "step 3/4", env=setup[1])  # on Ray, resumed locally
     log = run(command(setup, tmp_path, "killed", LOCAL), env=setup[1]).stderr
     assert "resumed from" in log and "step_2" in log
     assert comparable(metrics(tmp_path / "killed")) == comparable(metrics(reference[0]))
@@ -192,9 +196,9 @@ def test_the_vllm_engine_plays_the_game_on_the_actors_weights(setup, tmp_path):
     assert all(r["actor/rollout_logp_gap_max"] < 1e-4 for r in steps) and steps[1]["env/turns"] > 0
 
 
-def test_the_docs_tools_command_runs_the_game_with_the_calculator(tmp_path):
-    """docs/multi-turn.md's command verbatim, two tiny steps appended: the warm start reads the tool
-    demonstrations, the model is shown the calculator, and the tool calls are counted every step."""
+def test_the_docs_tools_command_runs_the_game_with_the_calculator(setup, tmp_path):
+    """docs/multi-turn.md's command verbatim, two tiny steps (and 2 held-out games) appended: the warm start
+    reads the tool demonstrations, the model is shown the calculator, and the tool calls are counted every step."""
     (line,) = doc_commands.commands("roll-train", "configs/multiturn_tools.yaml")
     tiny = [
         *SMALL[:5],
@@ -206,6 +210,7 @@ def test_the_docs_tools_command_runs_the_game_with_the_calculator(tmp_path):
         "steps=2",
         "eval_every=2",
         "save_model=false",
+        f"data.eval_files={setup[2] / 'eval.jsonl'}",
         LOCAL,
     ]
     log = run(

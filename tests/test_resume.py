@@ -2,9 +2,9 @@
 checkpoint, run twice, resumed on another D, generating one step ahead (rollout.async_steps=1), fully
 async (rollout.fully_async: max_staleness 0 equal to the lockstep run, configs/grpo_async.yaml). The
 metrics trajectory of a run is compared, key by key and bit for bit, with an uninterrupted run's
-(perf/* timings aside: they are wall-clock times). The references of the lockstep and the fully async runs
-run on Ray; the killed and resumed runs run with workers.backend=local (no Ray, bit for bit the same), so each
-comparison is also one of Ray and local through a SIGKILL and a resume.
+(perf/* timings aside: they are wall-clock times). The lockstep reference runs on Ray and the runs killed and
+resumed with workers.backend=local (no Ray, bit for bit the same); the fully async reference runs locally, its
+killed run on Ray: so each comparison is also one of Ray and local through a SIGKILL and a resume.
 
 The training file has 8 prompts and a step draws 2: steps 4 and 8 end an epoch, so the checkpoint
 of step 4 sits on an epoch boundary (sampler epoch 1, position 0)."""
@@ -361,8 +361,8 @@ FULLY_ASYNC = "configs/grpo_async.yaml"
 
 @pytest.fixture(scope="module")
 def fully_async_reference(data, tmp_path_factory):
-    output = tmp_path_factory.mktemp("fully_async")
-    (output / "driver.log").write_text(run(command(data, output, "ref", config=FULLY_ASYNC), fresh=True).stderr)
+    output = tmp_path_factory.mktemp("fully_async")  # local: its killed run is on Ray
+    (output / "driver.log").write_text(run(command(data, output, "ref", LOCAL, config=FULLY_ASYNC), fresh=True).stderr)
     return output / "ref"
 
 
@@ -387,11 +387,11 @@ def test_fully_async_tokens_span_weight_versions_within_the_bound(fully_async_re
 def test_fully_async_killed_at_a_random_step_and_resumed_repeats_the_uninterrupted_run(
     data, fully_async_reference, tmp_path
 ):
-    """Two runs of one seed are equal bit for bit up to the kill; the resume from the checkpoint, which
-    holds the next batch half generated with weights that are gone, continues the uninterrupted run."""
+    """Two runs of one seed, on Ray and locally, are equal bit for bit up to the kill; the local resume from the Ray
+    run's checkpoint (the next batch half generated with weights that are gone) continues the uninterrupted run."""
     kill_after = random.randint(3, STEPS - 1)
     print(f"SIGKILL after step {kill_after}")
-    run_until(command(data, tmp_path, "killed", LOCAL, config=FULLY_ASYNC), f"step {kill_after}/{STEPS} |")
+    run_until(command(data, tmp_path, "killed", config=FULLY_ASYNC), f"step {kill_after}/{STEPS} |")
     lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()[:kill_after]
     assert_same_trajectory([json.loads(line) for line in lines], metrics(fully_async_reference)[:kill_after])
     resumed = run(command(data, tmp_path, "killed", LOCAL, config=FULLY_ASYNC))

@@ -6,7 +6,10 @@ Engine checks (tests/vllm_checks.py, one process per model: tied and untied LM h
 6 syncs, each following a real AdamW step, the engine's sampled-token log-probs equal the actor's
 log softmax(logits / T) within LOGP_TOLERANCE (float32), at T = 0.7 and 1, and greedy decoding equals
 the hf engine's on the same weights. A skipped sync, a partial one and a prefix cache kept across a
-sync each show, and each is caught.
+sync each show, and each is caught. The same with LoRA adapters (tests/test_vllm_lora.py: an engine with
+LoRA enabled per model, the actor HF + peft): every adapter sync, a reused LoRA id, a skipped sync, bad
+adapters. The four engines are forked from one process (`python tests/test_vllm_lora.py ...`), which
+imports torch, transformers and vLLM once for all of them.
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def engine_checks() -> tuple[dict, str]:
-    """Both models' findings, from one process that forks an engine process per model: ({model: findings},
-    its stderr)."""
-    return found_lines(REPO / "tests/vllm_checks.py", ["tied", "untied"], REPO)
+    """Both models' findings without LoRA and with it, from one process that forks an engine process per
+    model and mode: ({name: findings}, its stderr)."""
+    return found_lines(REPO / "tests/test_vllm_lora.py", ["tied", "untied", "lora_tied", "lora_untied"], REPO)
 
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
@@ -43,6 +46,14 @@ def found(request, engine_checks) -> dict:
     findings, stderr = engine_checks
     assert request.param in findings, stderr[-4000:]
     return findings[request.param]
+
+
+@pytest.fixture(scope="module", params=["tied", "untied"])
+def found_lora(request, engine_checks) -> dict:
+    """The findings of the engine with LoRA adapters (tests/test_vllm_lora.py `engine_checks_of`)."""
+    findings, stderr = engine_checks
+    assert f"lora_{request.param}" in findings, stderr[-4000:]
+    return findings[f"lora_{request.param}"]
 
 
 def test_the_engine_is_vllms_cpu_build(found):
@@ -78,6 +89,57 @@ def test_a_partial_sync_is_refused_or_shows_in_the_log_probs(found):
     assert "vllm worker 0 did not load ['model.layers.1.input_layernorm.weight'" in found["layer_left_out_error"]
     # k_proj alone left out of a fused q/k/v gets past vLLM's own check: the names are what catch it
     assert found["shard_left_out"]["mean"] > 100 * LOGP_TOLERANCE
+
+
+# --- LoRA adapters in the engine (tests/test_vllm_lora.py `engine_checks_of`) ---
+# vLLM adds the adapter as its own product, x A^T B^T * alpha / r, beside the packed base kernel, in another
+# summation order than peft's: seen <= 2.3e-5 on adapters that move log-probs by ~1 (randomised lora_B), 4x
+# below LOGP_TOLERANCE; a stale adapter is off by > 1e-2.
+
+
+def test_after_every_adapter_sync_the_engines_log_probs_are_the_actors(found_lora):
+    assert len(found_lora["syncs"]) == 4
+    for sync, checks in enumerate(found_lora["syncs"]):
+        for key in ("sampled_t0.7", "sampled_t1"):
+            assert checks[key]["tokens"] > 50 and checks[key]["max"] <= LOGP_TOLERANCE, (sync, key, checks[key])
+    # the adapter matters: the same samples under the base model alone are far off
+    assert found_lora["base_model_gap"]["mean"] > 100 * LOGP_TOLERANCE
+
+
+def test_a_version_written_over_the_previous_folder_is_followed(found_lora):
+    """Sync 2 rewrites sync 1's folder: vLLM would serve its cached adapter for a reused id."""
+    assert found_lora["syncs"][2]["same_folder_as_previous"]
+    assert found_lora["syncs"][2]["sampled_t0.7"]["max"] <= LOGP_TOLERANCE
+    assert found_lora["loaded_ids"] == [4]  # one adapter held: each sync removed the previous one
+    assert found_lora["ids"] == [1, 2, 3, 4, 5, 6, 7]  # every sync of the run under an id of its own
+
+
+def test_a_reused_lora_id_serves_the_stale_adapter_which_fresh_ids_prevent(found_lora):
+    """vLLM's fact behind the engine's ids (as in verl#7495): a request with a cached id gets the cached
+    adapter, whatever its folder holds now."""
+    assert found_lora["reused_id"]["mean"] > 100 * LOGP_TOLERANCE
+
+
+def test_the_prefix_cache_never_serves_kv_of_an_old_adapter(found_lora):
+    assert found_lora["cached_tokens_same_adapter"] >= 128  # under one adapter, a repeated prompt reuses its KV ...
+    assert found_lora["long_prompts_after_sync"]["max"] <= LOGP_TOLERANCE  # ... but not across a sync
+    # the engine resets the cache at every sync; vLLM's cache keys hold the adapter anyway
+    assert found_lora["long_prompts_after_sync_keeping_the_cache"]["max"] <= LOGP_TOLERANCE
+
+
+def test_a_skipped_adapter_sync_shows_in_the_log_probs_and_stops_the_run(found_lora):
+    assert found_lora["skipped_sync"]["mean"] > 0.01
+    assert "the engine is not generating with the actor's weights" in found_lora["skipped_sync_stops_the_run"]
+
+
+def test_bad_adapters_are_refused_clearly_and_the_previous_one_stays(found_lora):
+    assert "none has been synced: call update_adapter" in found_lora["generate_before_sync"]
+    assert "has rank 16, above the vllm engine's max_lora_rank 8" in found_lora["rank_too_large"]
+    assert "holds no adapter_config.json" in found_lora["not_an_adapter"]
+    assert (
+        "vllm cannot serve the adapter" in found_lora["lm_head_adapter"] and "lm_head" in found_lora["lm_head_adapter"]
+    )
+    assert found_lora["after_refused_syncs"]["max"] <= LOGP_TOLERANCE
 
 
 @pytest.fixture(scope="module")

