@@ -71,6 +71,10 @@ class Host:
         """Whether the last process started is running."""
         return self.processes[-1].poll() is None
 
+    def failed(self) -> bool:
+        """Whether the last process started has exited with an error."""
+        return self.processes[-1].poll() not in (None, 0)
+
 
 class Hosts:
     shared_network = False  # each host has a network stack of its own: the same port in each is no clash
@@ -130,7 +134,7 @@ class Hosts:
     def close(self) -> None:
         """Stop every process in the hosts, then remove the veths, the bridge and the namespaces.
         Raises at the end, naming what is left, if anything could not be removed."""
-        for host in self.hosts:  # SIGTERM first: `ray start --block` then stops its node cleanly
+        for host in self.hosts:  # SIGTERM first, to those still running
             for process in host.processes:
                 if process.poll() is None:
                     process.send_signal(signal.SIGTERM)

@@ -1,8 +1,10 @@
 """A Ray cluster on tests/hosts.py's hosts (or tests/raylets.py's), for tests: the head in host 1, a
-worker node in each other host, one CPU each, token authentication on. Jobs go in through the head's job
-API, as `ray job submit` sends them, from this process (outside the cluster: over the bridge, or on this
-machine's network). A worker host can be killed (every process in its namespace or sessions, SIGKILL:
-its raylet, its workers, the `ray start` that started them) and started again. Nodes go by the names
+worker node in each other host, one CPU each (or `cpus`), token authentication on, each node without what
+the tests do not use (tests/lean_ray_start.py) and, on namespace hosts, with its Python workers forked
+from a zygote in its host (tests/host_zygote.py, tests/host_launcher.py). Jobs go in through the head's
+job API, as `ray job submit` sends them, from this process (outside the cluster: over the bridge, or on
+this machine's network). A worker host can be killed (every process in its namespace or sessions,
+SIGKILL: its raylet, its agents, its workers and their zygote) and started again. Nodes go by the names
 roll-train's log gives them (workers/cluster.py node_names): their addresses, with the start of their ids
 where they share one.
 `labels` gives each host's node its Ray node labels (`ray start --labels`), again when it restarts.
@@ -36,9 +38,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+import host_launcher
 from hosts import Host, Hosts
+from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
 from ray.job_submission import JobStatus, JobSubmissionClient
-from raylets import Raylet, Raylets
+from raylets import TESTS, Raylet, Raylets, ray_start, warm, zygote_socket
 from roll_lite.workers.cluster import node_names
 
 from roll_lite.strategy.distributed import free_port
@@ -46,8 +50,7 @@ from roll_lite.strategy.distributed import free_port
 BIN = Path(sys.executable).parent
 # No log monitor: it streams the workers' log files to their drivers (~1-5 s of CPU a node), and what the
 # tests read is the drivers' own output (a job's log comes from its driver's file, not from the monitor)
-NODE_OPTIONS = ["--block", "--num-cpus=1", "--object-store-memory=100000000", "--disable-usage-stats"]
-NODE_OPTIONS += ["--include-log-monitor=false"]
+NODE_OPTIONS = ["--object-store-memory=100000000", "--disable-usage-stats", "--include-log-monitor=false"]
 # The head's: no autoscaler monitor (nothing to scale); no idle workers started ahead for a job's driver (its
 # workers are actors, each started when made), no Ray metrics (nothing reads them): the GCS gives every
 # node the system config. What workers/cluster.py spares a local cluster.
@@ -55,11 +58,13 @@ HEAD_OPTIONS = [
     "--no-monitor",
     '--system-config={"prestart_worker_first_driver":false,"enable_metrics_collection":false}',
 ]
+# Ray's name for the variable that names the worker_process_setup_hook; the launcher has it without Ray
+assert host_launcher.HOOK_VARIABLE == WORKER_PROCESS_SETUP_HOOK_ENV_VAR
 
 
 class RayCluster:
-    def __init__(self, hosts: Hosts | Raylets, folder: Path, labels: list[dict[str, str]] | None = None):
-        self.hosts, self.folder = hosts, folder
+    def __init__(self, hosts: Hosts | Raylets, folder: Path, labels: list[dict[str, str]] | None = None, cpus: int = 1):
+        self.hosts, self.folder, self.cpus = hosts, folder, cpus  # cpus: each node's
         self.labels = labels or [{} for _ in hosts.hosts]  # host i's node labels
         token = folder / "ray_auth_token"
         token.write_text(secrets.token_hex(32))
@@ -67,7 +72,7 @@ class RayCluster:
         self.token = token.read_text()
         self.env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
         self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
-        self.temp_dirs: list[str] = []  # one per node started (a restarted host gets a new one)
+        self.temp_dirs: list[str] = []  # one per node started (a restarted host gets a new one), its zygote's
         self.host_of: dict[str, Host | Raylet] = {}  # temp dir -> the host of its node
         self.killed: dict[str, Host | Raylet] = {}  # node name -> its host, until restart()
         self._jobs: JobSubmissionClient | None = None
@@ -100,28 +105,39 @@ class RayCluster:
             role += ["--labels=" + ",".join(f"{key}={value}" for key, value in self.labels[number - 1].items())]
         if self.hosts.shared_network:  # Ray's other default ports: free ones (0: any)
             role += [f"--dashboard-agent-listen-port={free_port()}", "--min-worker-port=0", "--max-worker-port=0"]
-            role += [f"--ray-client-server-port={free_port()}"] if host is self.head else []
-        host.start(
+        command, hook = ray_start(
             [
-                str(BIN / "ray"),
-                "start",
                 *role,
                 f"--node-ip-address={host.address}",  # Ray takes this machine's address for 127.0.0.1
                 f"--temp-dir={self.temp_dirs[-1]}",
+                f"--num-cpus={self.cpus}",
                 *NODE_OPTIONS,
             ],
-            self.folder / f"host{number}.log",
-            self.env,
+            agent=host is self.head,  # its job agent runs the jobs
         )
+        log = self.folder / f"host{number}.log"
+        if warm() and not self.hosts.shared_network:
+            # in namespaces only: a raylet host's forked workers would leave its sessions (warm_workers.py)
+            hook.update(self.start_zygote(host, log), RAY_START_HOOK="__main__.with_forked_workers")
+        host.start(command, log, {**self.env, **hook})
+
+    def start_zygote(self, host: Host | Raylet, log: Path) -> dict[str, str]:
+        """tests/host_zygote.py in `host`; the variables for its node's `ray start` once it is there."""
+        written = Path(self.temp_dirs[-1], "workers_zygote")
+        command = [sys.executable, str(TESTS / "host_zygote.py"), str(written), host_launcher.HOOK_VARIABLE]
+        zygote = host.start(command, log, self.env)
+        socket_path = zygote_socket(zygote, written)
+        self.temp_dirs.append(os.path.dirname(socket_path))  # left behind when its host is killed
+        return {"ROLL_TEST_WARM_WORKERS": socket_path, "ROLL_TEST_SETUP_WORKER": str(TESTS / "host_launcher.py")}
 
     def wait_for_nodes(self, count: int, timeout: float = 120) -> None:
         """Until `count` nodes are alive."""
         start = time.monotonic()
         while len(found := self.alive_nodes()) < count:
-            exited = [number for number, host in enumerate(self.hosts, start=1) if not host.running()]
-            assert not exited and time.monotonic() - start < timeout, (
+            failed = [number for number, host in enumerate(self.hosts, start=1) if host.failed()]
+            assert not failed and time.monotonic() - start < timeout, (
                 f"{len(found)} of {count} Ray nodes up after {time.monotonic() - start:.0f} s ({found}); `ray start` "
-                f"exited in hosts {exited}; host1.log: {(self.folder / 'host1.log').read_text()[-2000:]}"
+                f"failed in hosts {failed}; host1.log: {(self.folder / 'host1.log').read_text()[-2000:]}"
             )
             time.sleep(1)
 
@@ -166,8 +182,8 @@ class RayCluster:
         return next(node for node in self.nodes() if self.host_of.get(node["temp_dir"]) is host)
 
     def kill(self, name: str) -> float:
-        """SIGKILL every process of the worker host of the node `name` (its raylet, its workers, its `ray
-        start`), as a machine that loses power; returns time.monotonic() of the kill."""
+        """SIGKILL every process of the worker host of the node `name` (its raylet, its agents, its workers),
+        as a machine that loses power; returns time.monotonic() of the kill."""
         host = self.host_of[next(node["temp_dir"] for node in self.nodes() if node["name"] == name)]
         assert host is not self.head, "the head holds the GCS and the job's driver: these tests lose a worker host"
         self.killed[name] = host

@@ -8,13 +8,19 @@ machine's network, so what runs on them needs ports of its own (tests/ray_hosts.
         ...   # every process of every host's sessions is killed when the block ends
 
 ROLL_TEST_HOSTS=raylets asks for Raylets on a machine that can make namespaces.
+
+Then, for Ray nodes on any hosts: `ray_start` (`ray start` without what a test's node does not use), and
+a zygote of Ray workers (tests/host_zygote.py) for a host's node or, with `forked_workers`, for a local cluster that a
+test starts in its own process.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -52,6 +58,14 @@ class Raylet:
         """Whether the last process started is running (an exited one stays unreaped: see pids())."""
         return self.processes[-1].returncode is None and state(self.processes[-1].pid) != "Z"
 
+    def failed(self) -> bool:
+        """Whether the last process started has exited with an error (read without reaping it)."""
+        process = self.processes[-1]
+        if process.returncode is not None:
+            return process.returncode != 0
+        exited = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        return exited is not None and not (exited.si_code == os.CLD_EXITED and exited.si_status == 0)
+
 
 class Raylets:
     """`count` Raylet hosts, with the same interface as Hosts."""
@@ -75,8 +89,8 @@ class Raylets:
         self.close()
 
     def close(self) -> None:
-        """SIGTERM to the processes the hosts started (`ray start --block` then stops its node), SIGKILL
-        to whatever of their sessions is left after 30 s; then the processes are reaped."""
+        """SIGTERM to the processes the hosts started that still run, SIGKILL to whatever of their sessions
+        is left after up to 30 s; then the processes are reaped."""
         started = [process for host in self.hosts for process in host.processes if process.returncode is None]
         for process in started:
             kill(process.pid, signal.SIGTERM)  # not Popen.send_signal: it reaps an exited process first
@@ -158,3 +172,69 @@ def hosts_or_raylets(count: int) -> Iterator[Hosts | Raylets]:
     )
     with Raylets(count, reason) as raylets:
         yield raylets
+
+
+# ---- Ray nodes and their workers, on any hosts ----------------------------------------------------------
+
+
+def ray_start(args: list[str], agent: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The command and the environment variable that run `ray start ARGS` on a lean node
+    (tests/lean_ray_start.py); `agent`: with Ray's dashboard agent, for a head that runs jobs. Without
+    --block: `ray start` exits once its node is up, and the node's processes go on in its host (or
+    session) until the test stops them."""
+    hook = "__main__.lean_with_agent" if agent else "__main__.lean"
+    return [sys.executable, str(TESTS / "lean_ray_start.py"), "start", *args], {"RAY_START_HOOK": hook}
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def warm() -> bool:
+    """Whether tests/warm_driver.py's warm processes are on (ROLL_TEST_WARM_DRIVER=0 or
+    ROLL_TEST_WARM_WORKERS=0 turn them off)."""
+    return all(os.environ.get(variable) != "0" for variable in ("ROLL_TEST_WARM_DRIVER", "ROLL_TEST_WARM_WORKERS"))
+
+
+def zygote_socket(zygote: subprocess.Popen, written: Path) -> str:
+    """The socket's path, once tests/host_zygote.py has written it to `written`."""
+    deadline = time.monotonic() + 60
+    while not written.exists():
+        assert zygote.poll() is None and time.monotonic() < deadline, f"the workers' zygote exited: {zygote.args}"
+        time.sleep(0.05)
+    return written.read_text()
+
+
+@contextmanager
+def forked_workers(folder: Path) -> Iterator[None]:
+    """A local Ray cluster that this process starts and stops in the block (ray.init, workers/cluster.py
+    start_ray) gets its Python workers forked from a zygote (tests/host_zygote.py, which the block ends), as a forked
+    roll-train's local cluster does (tests/warm_workers.py): each worker skips ~3.5 s of CPU of imports,
+    the zygote's own taken once. Its raylet gets the zygote's socket; this process's environment stays."""
+    if not warm():
+        yield
+        return
+    import ray._private.parameter as parameter
+    import warm_workers
+
+    written = folder / "workers_zygote"
+    # os.environ, as Ray gives it to the raylet: a C library may have set variables in this process's own
+    # environment (COLUMNS, LINES) that Popen would pass on, and the workers' would then differ
+    command = [sys.executable, str(TESTS / "host_zygote.py"), str(written)]
+    zygote = subprocess.Popen(command, stdin=subprocess.DEVNULL, env=dict(os.environ))
+    plain = parameter.RayParams.__init__
+    try:
+        socket_path = zygote_socket(zygote, written)
+
+        def init(self, *args, **kwargs) -> None:
+            plain(self, *args, **kwargs)
+            self.setup_worker_path = warm_workers.LAUNCHER
+            self.env_vars = {**(self.env_vars or {}), warm_workers.SOCKET_VARIABLE: socket_path}
+
+        parameter.RayParams.__init__ = init
+        yield
+    finally:
+        parameter.RayParams.__init__ = plain
+        zygote.terminate()
+        zygote.wait(timeout=30)
+        if written.exists():  # the workers' zygote removes its socket's folder as it ends; where it was killed
+            shutil.rmtree(os.path.dirname(written.read_text()), ignore_errors=True)

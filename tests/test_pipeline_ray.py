@@ -1,13 +1,8 @@
 """The pipeline on real Ray actors: D = 2 actor ranks in one gloo group, a few steps."""
 
 import json
-import os
-import secrets
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,11 +40,15 @@ def small(tmp_path):
 
 
 @pytest.fixture
-def ray_session():
+def ray_session(tmp_path_factory):
+    """start_ray, for a local cluster whose workers fork from a zygote (tests/raylets.py forked_workers), as
+    a forked roll-train's do; stopped after the test."""
+    from raylets import forked_workers
     from roll_lite.workers.cluster import start_ray, stop_ray
 
-    yield start_ray
-    stop_ray()
+    with forked_workers(tmp_path_factory.mktemp("zygote")):
+        yield start_ray
+        stop_ray()
 
 
 def test_two_actor_ranks_train_and_the_rollout_engine_gets_the_new_weights(tmp_path, ray_session):
@@ -212,104 +211,77 @@ def test_roll_train_writes_the_run_directory(tmp_path):
 
 def test_ray_job_submit_to_a_local_head_runs_the_custom_loss_example(tmp_path):
     """The README's cluster recipe, token authentication on: the head, `ray job submit` and the job's
-    workers read the token from RAY_AUTH_TOKEN_PATH; a client without it is turned away."""
-    token_file = tmp_path / "ray_auth_token"
-    token_file.write_text(secrets.token_hex(32))
-    token_file.chmod(0o600)
-    env = {key: value for key, value in os.environ.items() if key not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_file))
-    ray = str(Path(sys.executable).parent / "ray")
-    from roll_lite.strategy.distributed import free_port
+    workers read the token from RAY_AUTH_TOKEN_PATH; a client without it is turned away. The head is
+    tests/ray_hosts.py's (`ray start --head`, less what a job does not use), a node of this machine's
+    network in a session of its own (tests/raylets.py): stopping it stops this head only, where `ray
+    stop` would stop every Ray cluster on the machine (a training run beside the suite too). Its temp
+    dir is its own: Ray's job supervisor points the job's driver at the cluster named in <temp
+    dir>/ray_current_cluster, which with the default /tmp/ray is the last one `ray start` began here."""
+    from ray_hosts import RayCluster
+    from raylets import Raylets
 
-    port, dashboard_port, agent_port, client_port = free_port(), free_port(), free_port(), free_port()
-    # A temp dir of its own: Ray's job supervisor points the job's driver at the cluster named in
-    # <temp dir>/ray_current_cluster, which is the last one `ray start` began on this machine; with the
-    # default /tmp/ray a cluster that another test started after this head would get the job. Short,
-    # for Ray's socket paths.
-    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    # --block keeps `ray start` in the foreground; stopping it (SIGTERM) stops this head only, where
-    # `ray stop` would stop every Ray cluster on the machine (a training run beside the suite too).
-    head = subprocess.Popen(
-        [
-            ray,
-            "start",
-            "--head",
-            "--block",
-            "--node-ip-address=127.0.0.1",
-            f"--port={port}",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={dashboard_port}",
-            "--num-cpus=2",
-            "--disable-usage-stats",
-            # ports of its own, not Ray's defaults: the suite runs other clusters beside this one (-n 2)
-            f"--dashboard-agent-listen-port={agent_port}",
-            f"--ray-client-server-port={client_port}",
-            f"--temp-dir={temp_dir}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
+    ray, cluster = str(Path(sys.executable).parent / "ray"), None
     try:
-        # The example's pipeline class (its loss_func) is imported by the driver and by the workers.
-        command = [
-            sys.executable,
-            "-m",
-            "roll_lite.cli",
-            "--config",
-            str(REPO / "examples/custom_loss/config.yaml"),
-            *small(tmp_path),
-            "steps=2",
-            "eval_every=1",
-            f"output_dir={tmp_path}",
-            "run_name=job",
-            "workers.backend=ray",
-        ]
-        for _ in range(12):  # a loaded box: the head's job agent can come up seconds after the head starts
-            submit = subprocess.run(
-                [
-                    ray,
-                    "job",
-                    "submit",
-                    "--address",
-                    f"http://127.0.0.1:{dashboard_port}",
-                    "--runtime-env-json",
-                    json.dumps({"env_vars": {"PYTHONPATH": str(REPO)}}),
-                    "--",
-                    *command,
-                ],
-                capture_output=True,
-                text=True,
-                timeout=600,
-                env=env,
-                cwd=REPO,
+        with Raylets(1, "one node, on this machine's network") as hosts:
+            cluster = RayCluster(hosts, tmp_path, cpus=2)  # up: its node alive, the dashboard refusing no token
+            env, address = cluster.env, cluster.dashboard
+            # The example's pipeline class (its loss_func) is imported by the driver and by the workers.
+            command = [
+                sys.executable,
+                "-m",
+                "roll_lite.cli",
+                "--config",
+                str(REPO / "examples/custom_loss/config.yaml"),
+                *small(tmp_path),
+                "steps=2",
+                "eval_every=1",
+                f"output_dir={tmp_path}",
+                "run_name=job",
+                "workers.backend=ray",
+            ]
+            for _ in range(12):  # a loaded box: the head's job agent can come up seconds after the head starts
+                submit = subprocess.run(
+                    [
+                        ray,
+                        "job",
+                        "submit",
+                        "--address",
+                        address,
+                        "--runtime-env-json",
+                        json.dumps({"env_vars": {"PYTHONPATH": str(REPO)}}),
+                        "--",
+                        *command,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                    env=env,
+                    cwd=REPO,
+                )
+                if "No available agent to submit job" not in submit.stderr and "Failed to connect" not in submit.stderr:
+                    break
+                assert not hosts[0].failed(), (tmp_path / "host1.log").read_text()[-3000:]
+                time.sleep(5)
+            assert submit.returncode == 0 and "succeeded" in submit.stdout, (
+                submit.stdout[-3000:] + submit.stderr[-2000:]
             )
-            if "No available agent to submit job" not in submit.stderr and "Failed to connect" not in submit.stderr:
-                break
-            assert head.poll() is None, head.stdout.read()[-3000:]
-            time.sleep(5)
-        assert submit.returncode == 0 and "succeeded" in submit.stdout, submit.stdout[-3000:] + submit.stderr[-2000:]
-        assert "joined the Ray cluster" in submit.stdout
-        for wrong in ({"RAY_AUTH_TOKEN": "not-the-token"}, {"RAY_AUTH_MODE": "disabled"}):
-            refused = subprocess.run(
-                [ray, "job", "submit", "--address", f"http://127.0.0.1:{dashboard_port}", "--", "echo", "in"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                env={**env, **wrong},
-            )
-            assert refused.returncode != 0 and "AuthenticationError" in refused.stderr, (wrong, refused.stderr[-2000:])
-        config_text = (tmp_path / "job" / "config.yaml").read_text()
-        assert "pipeline: examples.custom_loss.pipeline:CappedAdvantagePipeline" in config_text
-        records = (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()
-        assert len(records) == 3
+            assert "joined the Ray cluster" in submit.stdout
+            for wrong in ({"RAY_AUTH_TOKEN": "not-the-token"}, {"RAY_AUTH_MODE": "disabled"}):
+                refused = subprocess.run(
+                    [ray, "job", "submit", "--address", address, "--", "echo", "in"],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    env={**env, **wrong},
+                )
+                assert refused.returncode != 0 and "AuthenticationError" in refused.stderr, (
+                    wrong,
+                    refused.stderr[-2000:],
+                )
     finally:
-        head.terminate()
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=30)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        if cluster is not None:
+            cluster.remove_temp_dirs()
+    config_text = (tmp_path / "job" / "config.yaml").read_text()
+    assert "pipeline: examples.custom_loss.pipeline:CappedAdvantagePipeline" in config_text
+    records = (tmp_path / "job" / "metrics.jsonl").read_text().splitlines()
+    assert len(records) == 3

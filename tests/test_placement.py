@@ -6,15 +6,14 @@ GPU, ranks spread over two nodes when asked; too few GPUs is one line before any
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-from pathlib import Path
+import time
 
 import pytest
 import ray
-from processes import wait_until_listening
 from ray_hosts import HEAD_OPTIONS
+from raylets import Raylets, forked_workers, ray_start
 from test_pipeline_ray import REPO, small
 
 from roll_lite.cli import main
@@ -130,43 +129,27 @@ def test_too_few_gpus_stops_roll_train_in_one_line_before_any_worker(tmp_path, m
 
 
 @pytest.fixture
-def two_nodes_with_two_logical_gpus_each(monkeypatch):
-    """A head and a second node (a second raylet on this machine), each with 2 logical GPUs and a node
-    label, zone=a and zone=b; yields the head's address once the head is up (DRIVER waits for the second
-    node to join)."""
+def two_nodes_with_two_logical_gpus_each(monkeypatch, tmp_path):
+    """A head and a second node (a second raylet on this machine, each in a session of its own:
+    tests/raylets.py), each with 2 logical GPUs and a node label, zone=a and zone=b, and without what
+    these tests do not use (tests/raylets.py ray_start; no dashboard); yields the head's address once
+    the head is up (DRIVER waits for the second node to join)."""
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    ray_cli, port = str(Path(sys.executable).parent / "ray"), free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
-    common = ["--block", "--num-cpus=1", "--num-gpus=2", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
+    common = ["--num-cpus=1", "--num-gpus=2", "--disable-usage-stats", "--node-ip-address=127.0.0.1"]
     common += ["--include-log-monitor=false"]  # and the head's HEAD_OPTIONS: what these nodes need not start
-    nodes = [
-        subprocess.Popen(
-            [ray_cli, "start", "--head", f"--port={port}", "--include-dashboard=false", "--labels=zone=a"]
-            + [*HEAD_OPTIONS, *common],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
+    with Raylets(2, "two nodes on this machine") as nodes:
+        command, hook = ray_start(
+            ["--head", f"--port={port}", "--include-dashboard=false", "--labels=zone=a", *HEAD_OPTIONS, *common]
         )
-    ]
-    try:
-        wait_until_listening(port, nodes[0], "the head")
-        nodes.append(
-            subprocess.Popen(
-                [ray_cli, "start", f"--address={address}", "--labels=zone=b", *common],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        )
+        nodes[0].start(command, tmp_path / "head.log", {**os.environ, **hook})
+        while nodes[0].running():  # `ray start` exits once its node is up
+            time.sleep(0.2)
+        assert not nodes[0].failed(), (tmp_path / "head.log").read_text()[-3000:]
+        command, hook = ray_start([f"--address={address}", "--labels=zone=b", *common])
+        nodes[1].start(command, tmp_path / "node.log", {**os.environ, **hook})
         yield address
-    finally:
-        for node in reversed(nodes):  # SIGTERM to `ray start --block` stops that node only
-            node.terminate()
-        for node in nodes:
-            try:
-                node.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(node.pid, signal.SIGKILL)
 
 
 # A driver of its own (as roll-train is): places the 2 ranks of an actor with each placement (pack pinned
@@ -272,20 +255,22 @@ def test_one_process_per_rank_where_the_dps_allow_and_another_dp_is_refused():
         load_config(ppo, ["workers.actor_dp=2", "workers.one_process_per_rank=true"])
 
 
-# one Ray start for the module's last two tests; the first removes what it placed
+# one Ray start for the module's last two tests; the first removes what it placed. Its workers fork from a
+# zygote (tests/raylets.py forked_workers), as a forked roll-train's do: ~3.5 s of CPU of imports spared each
 @pytest.fixture(scope="module")
-def four_logical_gpus():
-    ray.init(
-        address="local",
-        num_cpus=2,
-        num_gpus=4,
-        labels={"zone": "a"},  # for the pinned groups of GPUs below (workers.node_labels)
-        include_dashboard=False,
-        object_store_memory=256 * 1024**2,
-        logging_level="WARNING",
-    )
-    yield
-    ray.shutdown()
+def four_logical_gpus(tmp_path_factory):
+    with forked_workers(tmp_path_factory.mktemp("zygote")):
+        ray.init(
+            address="local",
+            num_cpus=2,
+            num_gpus=4,
+            labels={"zone": "a"},  # for the pinned groups of GPUs below (workers.node_labels)
+            include_dashboard=False,
+            object_store_memory=256 * 1024**2,
+            logging_level="WARNING",
+        )
+        yield
+        ray.shutdown()
 
 
 def gpus_task():

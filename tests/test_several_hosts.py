@@ -7,10 +7,10 @@ labels of its own): the actor to hosts 2 and 3, the rollout worker to host 1, wh
 by node id.
 
 That run loses two worker hosts in turn: every process in a host's namespace is killed with SIGKILL
-(its raylet, its workers, its `ray start`), first in the middle of step 2, then, in the run resumed once
-that host is back, while step 2's checkpoint is being written. Each time the run stops within seconds
-with one line naming the lost (pinned) worker and its host; resubmitted with the same command once the
-host is back, it resumes from the last complete checkpoint. Its metrics, steps 0 and 1 from its first
+(its raylet, its agents, its workers and their zygote), first in the middle of step 2, then, in the run
+resumed once that host is back, while step 2's checkpoint is being written. Each time the run stops
+within seconds with one line naming the lost (pinned) worker and its host; resubmitted with the same
+command once the host is back, it resumes from the last complete checkpoint. Its metrics, steps 0 and 1 from its first
 job (on the three hosts, uninterrupted until step 2), step 2 from the resumed ones, equal those of the
 same run on one host (its own local Ray cluster, run meanwhile), bit for bit. The runs time their
 kills with a pipeline written next to them (`pipeline=host_loss:LosesTwoHosts`): a step, and a
