@@ -102,6 +102,19 @@ def test_one_rank_benchmark_trains_the_bare_model_and_fsdp2_to_the_same_weights(
     assert "bit for bit: True" in result.stdout and "| FSDP2, one shard |" in result.stdout, result.stdout
 
 
+def test_sp_memory_benchmark_splits_a_rank_s_tensors_and_activations_at_s2():
+    """docs/sequence-parallel.md's table on a tiny shape: one sequence of 512 tokens at S = 1 and 2 (three
+    spawned gloo ranks); the largest rank's tensors and activations shrink at S = 2."""
+    tiny = "--lengths 512 --degrees 1,2 --hidden 64 --layers 1 --heads 2 --kv-heads 1 --vocab 4096 --steps 1"
+    result = run_warm("benchmarks/sp_memory.py", *tiny.split(), timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = next(line for line in result.stdout.splitlines() if line.startswith("| 512 |"))
+    cells = [float(cell.removesuffix(" MiB")) for cell in row.strip("| ").split(" | ")[1:]]
+    at_1, at_2 = cells[:4], cells[4:]  # each S: tensors, of which activations, resident (MiB), step s
+    assert at_2[0] < at_1[0] and at_2[1] < at_1[1], result.stdout
+    assert min(at_1[2:] + at_2[2:]) > 0, result.stdout
+
+
 def test_logprob_memory_benchmark_prints_a_row_per_use_of_the_head():
     result = run_warm("benchmarks/logprob_memory.py", "--smoke")  # 64 tokens, vocab 2000, hidden 32, chunk 16
     assert result.returncode == 0, result.stderr[-2000:]
