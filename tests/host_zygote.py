@@ -5,26 +5,21 @@ worker through a launcher (tests/host_launcher.py, or warm_workers.py itself) th
 workers then skip their imports (~4 s of CPU a model worker). It writes its socket's path to WRITTEN, and
 waits:
 
-    python tests/host_zygote.py WRITTEN [VARIABLE ...]
-
-VARIABLE: one a worker's environment may have that the zygote's has not."""
+    python tests/host_zygote.py WRITTEN"""
 
 import os
 import signal
 import socket
 import sys
-import types
 
 import warm_driver
 import warm_workers
 
 
-def main(written: str, *also: str) -> None:
+def main(written: str) -> None:
     sys.path[0] = os.getcwd()  # not this folder: as warm_driver.py's own zygote has it
-    zygote = types.SimpleNamespace(**vars(warm_driver))
-    zygote._changed = lambda env, start: [name for name in warm_driver._changed(env, start) if name not in also]
     _, theirs = socket.socketpair()
-    path = warm_workers.fork_zygote(theirs, list(sys.path), dict(os.environ), zygote)
+    path = warm_workers.fork_zygote(theirs, list(sys.path), dict(os.environ), warm_driver)
     with open(written + ".part", "w") as file:
         file.write(path)
     os.replace(written + ".part", written)
@@ -32,4 +27,4 @@ def main(written: str, *also: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    main(sys.argv[1])

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-import host_launcher
+import warm_workers
 from hosts import Host, Hosts
 from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
 from ray.job_submission import JobStatus, JobSubmissionClient
@@ -58,8 +58,8 @@ HEAD_OPTIONS = [
     "--no-monitor",
     '--system-config={"prestart_worker_first_driver":false,"enable_metrics_collection":false}',
 ]
-# Ray's name for the variable that names the worker_process_setup_hook; the launcher has it without Ray
-assert host_launcher.HOOK_VARIABLE == WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+# Ray's name for the variable that names the worker_process_setup_hook; the launchers have it without Ray
+assert warm_workers.SETUP_HOOK_VARIABLE == WORKER_PROCESS_SETUP_HOOK_ENV_VAR
 
 
 class RayCluster:
@@ -124,7 +124,7 @@ class RayCluster:
     def start_zygote(self, host: Host | Raylet, log: Path) -> dict[str, str]:
         """tests/host_zygote.py in `host`; the variables for its node's `ray start` once it is there."""
         written = Path(self.temp_dirs[-1], "workers_zygote")
-        command = [sys.executable, str(TESTS / "host_zygote.py"), str(written), host_launcher.HOOK_VARIABLE]
+        command = [sys.executable, str(TESTS / "host_zygote.py"), str(written)]
         zygote = host.start(command, log, self.env)
         socket_path = zygote_socket(zygote, written)
         self.temp_dirs.append(os.path.dirname(socket_path))  # left behind when its host is killed

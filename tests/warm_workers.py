@@ -56,8 +56,12 @@ PRELOAD = (
     "transformers.models.auto.modeling_auto",
     "transformers.models.qwen2.modeling_qwen2",
 )
+# Ray's name for the variable that names a runtime_env's worker_process_setup_hook, which its setup_worker.py
+# puts in the worker's environment (ray._private.ray_constants; tests/ray_hosts.py checks it without this
+# launcher importing Ray): a joined cluster's launcher (tests/host_launcher.py) does the same
+SETUP_HOOK_VARIABLE = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
 # What may differ from the zygote's environment: read by Ray (imported in the worker) and at run time
-READ_AFTER_THE_FORK = ("PYTHONBREAKPOINT", "SPT_NOENV", SOCKET_VARIABLE)
+READ_AFTER_THE_FORK = ("PYTHONBREAKPOINT", "SPT_NOENV", SOCKET_VARIABLE, SETUP_HOOK_VARIABLE)
 DEFAULT_WORKER = "_private/workers/default_worker.py"
 LAUNCHED = Path(tempfile.gettempdir(), "roll_warm_launched")  # a file per launcher: its pid, holding its worker's
 
@@ -119,16 +123,18 @@ def fork_zygote(pytest: socket.socket, start_path: list[str], start_env: dict[st
         return os.path.join(folder, "workers.sock")
     pytest.close()
     ours.close()
-    state: list[str] = []  # its imports, at the first request: many pytest processes' zygotes see none
+    # its imports, at the first request (many pytest processes' zygotes see none): (state, top-level modules)
+    imported: list[tuple[str, set[str]]] = []
 
     def cold(request: dict) -> str | None:
-        if not state:
-            state.append(zygote._preload(PRELOAD))
+        if not imported:
+            state = zygote._preload(PRELOAD)
             if "ray" in sys.modules:  # Ray would have read its settings from this process's environment
-                state[0] = "not forking: the modules imported Ray"
-        if not state[0].startswith("ready "):
-            return state[0]
-        modules = {name.split(".")[0] for name in sys.modules}
+                state = "not forking: the modules imported Ray"
+            imported.append((state, {name.split(".")[0] for name in sys.modules}))
+        state, modules = imported[0]
+        if not state.startswith("ready "):
+            return state
         return why_cold(request, start_env, zygote._changed, lambda folders: zygote._shadowing(folders, modules))
 
     child = zygote._serve(theirs, listener, cold)
