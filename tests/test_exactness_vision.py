@@ -7,8 +7,12 @@ plain HF model over the padded global batch (sdpa attention, transformers' own M
 ≤ 1e-10. Each micro-batch takes its own rows' images (roll_lite/strategy/vision_inputs.py) and the policy head
 computes M-RoPE's three rows per sequence (roll_lite/model/vision.py, mrope_layout).
 
+Qwen3-VL takes a subset of the same rows (QWEN3 below): its DeepStack features (added to the image tokens'
+hidden states after the first decoder layers) and interleaved M-RoPE are checked the same way.
+
 Negative controls: each micro-batch's pixels laid out in the wrong row order, and 1-D positions for image
-tokens (what transformers falls back to, silently), must miss. Image tokens stay out of every loss mask and
+tokens (what transformers falls back to, silently), must miss; for Qwen3-VL, 1-D positions and DeepStack
+features given to the wrong images' tokens (the main features right) must miss too. Image tokens stay out of every loss mask and
 every count: a loss mask that covers one is an error."""
 
 import pytest
@@ -25,8 +29,17 @@ CASES += [VisionCase(loss, mode, 2, a, mb) for a, mb in ((1, "padded"), (2, "pac
 CASES += [VisionCase(loss, mode, 2, a, mb) for a, mb in ((2, "padded"), (1, "packed")) for loss, mode in LOSSES[4:]]
 CASES += [VisionCase("ppo_kl", "token-mean", d, 1, "budget") for d in (1, 2)]
 CASES += [VisionCase("ppo_kl", "token-mean", 2, 2, "packed", freeze_vision=True)]
+# Qwen3-VL (DeepStack, interleaved M-RoPE): every loss at D = 1, A = 2 packed; padded once; at D = 2 packed, the
+# token budget (a placeholder pass, its DeepStack mergers included) and the frozen tower
+QWEN3 = dict(model_type="qwen3_vl")
+CASES += [VisionCase(loss, mode, 1, 2, "packed", **QWEN3) for loss, mode in LOSSES]
+CASES += [VisionCase("ppo", "token-mean", 1, 1, "padded", **QWEN3)]
+CASES += [VisionCase(loss, mode, 2, 2, "packed", **QWEN3) for loss, mode in LOSSES[4:]]
+CASES += [VisionCase("ppo_kl", "token-mean", 2, 1, "budget", **QWEN3)]
+CASES += [VisionCase("ppo_kl", "token-mean", 2, 2, "packed", freeze_vision=True, **QWEN3)]
 NAIVE = [VisionCase("ppo", "token-mean", 1, 2, "packed", naive="pixels")]
 NAIVE += [VisionCase("ppo", "token-mean", 2, 1, "padded", naive="1d")]
+NAIVE += [VisionCase("ppo", "token-mean", 1, 2, "packed", naive=naive, **QWEN3) for naive in ("1d", "deepstack")]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +53,7 @@ def references():
 
 
 def errors(case, strategy_results, references) -> tuple[float, float]:
-    key = (case.loss, case.mode, case.freeze_vision)
+    key = (case.loss, case.mode, case.freeze_vision, case.model_type)
     if key not in references:
         references[key] = vision_reference(*key)
     (loss, grads, _), (ref_loss, ref_grads, _) = strategy_results[case], references[key]
@@ -61,8 +74,9 @@ def test_step_with_images_equals_global_forward_backward(case, strategy_results,
 
 @pytest.mark.parametrize("case", NAIVE, ids=[c.id for c in NAIVE])
 def test_misplaced_pixels_and_1d_positions_miss(case, strategy_results, references):
-    """The check can fail: the same step with each micro-batch's pixels in the wrong order, or with 1-D
-    positions for the image tokens, misses the global batch's loss and gradient."""
+    """The check can fail: the same step with each micro-batch's pixels in the wrong order, with 1-D
+    positions for the image tokens, or (Qwen3-VL) with the DeepStack features of each micro-batch's images in
+    reverse order, misses the global batch's loss and gradient."""
     loss_error, grad_error = errors(case, strategy_results, references)
     assert loss_error > 1e-6 and grad_error > 1e-6, (loss_error, grad_error)
 
@@ -70,7 +84,7 @@ def test_misplaced_pixels_and_1d_positions_miss(case, strategy_results, referenc
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_log_probs_with_images_equal_the_global_forward(world_size, strategy_results, references):
     """compute_log_probs (the old-policy and reference pass) on rank 0's rows, packed: the global forward's."""
-    key = ("ppo", "token-mean", False)
+    key = ("ppo", "token-mean", False, "qwen2_5_vl")
     if key not in references:
         references[key] = vision_reference(*key)
     rows, log_probs = strategy_results[("log_probs", world_size)]

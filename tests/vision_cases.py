@@ -1,5 +1,5 @@
-"""The image rows of the exactness matrix (test_exactness_vision.py): a tiny float64 Qwen2.5-VL trained by the
-real FSDP2 strategy in D gloo processes on a batch of conversations with 0, 1 or 2 images of different sizes,
+"""The image rows of the exactness matrix (test_exactness_vision.py): a tiny float64 Qwen2.5-VL (or Qwen3-VL:
+VisionCase.model_type) trained by the real FSDP2 strategy in D gloo processes on a batch of conversations with 0, 1 or 2 images of different sizes,
 against one forward/backward of the plain HF model (sdpa attention, transformers' own M-RoPE positions) over
 the padded global batch."""
 
@@ -19,6 +19,7 @@ from PIL import Image
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.data import DataProto
+from roll_lite.model.qwen3_vl import build_qwen3_vl_processor, tiny_qwen3_vl_config
 from roll_lite.model.vision import build_vision_model, build_vision_processor, encode_conversation, tiny_vision_config
 from roll_lite.strategy.vision_inputs import IMAGE_INPUTS
 
@@ -36,36 +37,40 @@ class VisionCase:
     grad_accum_steps: int
     micro_batching: str  # padded | packed | budget
     freeze_vision: bool = False
-    naive: str = (
-        ""  # a negative control: "pixels" (each micro-batch's pixels in the wrong row order) or "1d" (1-D positions)
-    )
+    # a negative control: "pixels" (each micro-batch's pixels in the wrong row order), "1d" (1-D positions) or
+    # "deepstack" (Qwen3-VL's DeepStack features of each micro-batch's images in reverse order)
+    naive: str = ""
+    model_type: str = "qwen2_5_vl"  # or qwen3_vl
 
     @property
     def id(self) -> str:
         a = "budget" if self.micro_batching == "budget" else f"A{self.grad_accum_steps}-{self.micro_batching}"
         extra = ("-frozen" if self.freeze_vision else "") + (f"-naive-{self.naive}" if self.naive else "")
-        return f"{self.loss}-{self.mode}-D{self.world_size}-{a}{extra}"
+        family = "" if self.model_type == "qwen2_5_vl" else f"{self.model_type}-"
+        return f"{family}{self.loss}-{self.mode}-D{self.world_size}-{a}{extra}"
 
 
-def processor():
-    return build_vision_processor(patch_size=4, merge_size=2, min_pixels=64, max_pixels=256)
+def processor(model_type: str = "qwen2_5_vl"):
+    build = build_qwen3_vl_processor if model_type == "qwen3_vl" else build_vision_processor
+    return build(patch_size=4, merge_size=2, min_pixels=64, max_pixels=256)
 
 
-def vision_lm(freeze_vision: bool = False) -> torch.nn.Module:
-    return build_vision_model(tiny_vision_config(processor()), dtype=torch.float64, seed=0, freeze_vision=freeze_vision)
+def vision_lm(freeze_vision: bool = False, model_type: str = "qwen2_5_vl") -> torch.nn.Module:
+    tiny = tiny_qwen3_vl_config if model_type == "qwen3_vl" else tiny_vision_config
+    return build_vision_model(tiny(processor(model_type)), dtype=torch.float64, seed=0, freeze_vision=freeze_vision)
 
 
-def vision_batch() -> DataProto:
+def vision_batch(model_type: str = "qwen2_5_vl") -> DataProto:
     """ROWS as prompts rendered by the processor (each placeholder expanded once) plus random responses of
     characters, right-padded; row 4's response mask is empty, kl_mask a random part of the response mask.
     Made once per process (its tensors are never written to); each call gets its own DataProto."""
-    made = _vision_batch()
+    made = _vision_batch(model_type)
     return DataProto(made.batch, made.non_tensor_batch)
 
 
 @functools.cache
-def _vision_batch() -> DataProto:
-    proc, generator = processor(), torch.Generator().manual_seed(3)
+def _vision_batch(model_type: str) -> DataProto:
+    proc, generator = processor(model_type), torch.Generator().manual_seed(3)
     pixels = np.random.default_rng(5)
     prompts, inputs = [], []
     for sizes, _ in ROWS:
@@ -101,11 +106,13 @@ def loss_func(case: VisionCase):
 @contextlib.contextmanager
 def negative_control(naive: str):
     """The bugs the matrix must catch, patched into this rank's process."""
+    from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel
+
     import roll_lite.model.vision as vision
     import roll_lite.strategy.micro_batches as micro_batches
     from roll_lite.strategy.vision_inputs import rows_images
 
-    saved = (micro_batches.image_inputs, vision.mrope_layout)
+    saved = (micro_batches.image_inputs, vision.mrope_layout, Qwen3VLModel.get_image_features)
     if naive == "pixels":
 
         def pixels_in_reverse_row_order(model, micro_batch, sequence_parallel=None):
@@ -118,10 +125,18 @@ def negative_control(naive: str):
         micro_batches.image_inputs = pixels_in_reverse_row_order
     elif naive == "1d":  # what transformers does, silently, when it is given no M-RoPE ids
         vision.mrope_layout = lambda lm, ids, positions, *rest: positions[None].expand(3, *positions.shape)
+    elif naive == "deepstack":  # the main image features right, DeepStack's given to the wrong images' tokens
+
+        def deepstack_in_reverse_image_order(self, *args, **kwargs):
+            output = saved[2](self, *args, **kwargs)
+            output.deepstack_features = [features[::-1] for features in output.deepstack_features]
+            return output
+
+        Qwen3VLModel.get_image_features = deepstack_in_reverse_image_order
     try:
         yield
     finally:
-        micro_batches.image_inputs, vision.mrope_layout = saved
+        micro_batches.image_inputs, vision.mrope_layout, Qwen3VLModel.get_image_features = saved
 
 
 def _rank_main(rank: int, world_size: int, port: int, cases: list[VisionCase], out_path: str):
@@ -140,19 +155,27 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[VisionCase], o
             param_dtype="float64",
             logprob_chunk_size=8,
         )
-        key = (repr(config), case.freeze_vision)
+        key = (repr(config), case.freeze_vision, case.model_type)
         if key not in strategies:
-            strategies[key] = FSDP2Strategy(vision_lm(case.freeze_vision), config)
+            strategies[key] = FSDP2Strategy(vision_lm(case.freeze_vision, case.model_type), config)
         strategy = strategies[key]
-        data = vision_batch()
+        data = vision_batch(case.model_type)
         data.meta_info["loss_mask_keys"] = MASK_KEYS[case.loss]
         share = split_for_data_parallel(data, world_size, balance_tokens=config.use_packing)[rank]
         with negative_control(case.naive):
             metrics = strategy.train_step(share, loss_func(case))
         results[case] = (metrics["loss"], whole_gradients(strategy.model), metrics["num_micro_batches"])
     # compute_log_probs (the old and reference log-probs) with images: rank 0's rows, packed in 2 micro-batches
-    packed = next((s for (_, frozen), s in strategies.items() if s.config.use_packing and not frozen), None)
+    packed = next(
+        (
+            s
+            for (_, frozen, family), s in strategies.items()
+            if s.config.use_packing and not (frozen or family != "qwen2_5_vl")
+        ),
+        None,
+    )
     if packed is not None:
+        data = vision_batch()
         rows = data_parallel_groups(data, world_size, balance_tokens=True)[rank]
         results["log_probs"] = (rows, packed.compute_log_probs(data.index_select(rows))["log_probs"])
     if rank == 0:
@@ -176,12 +199,14 @@ def run_vision_strategy(cases: list[VisionCase]) -> dict:
     return results
 
 
-def vision_reference(loss: str, mode: str, freeze_vision: bool = False) -> tuple[float, dict, torch.Tensor]:
+def vision_reference(
+    loss: str, mode: str, freeze_vision: bool = False, model_type: str = "qwen2_5_vl"
+) -> tuple[float, dict, torch.Tensor]:
     """(loss, grads, token-aligned log-probs) of one forward/backward of the plain HF model over the padded global batch: eager
     attention, all the batch's images in row order, M-RoPE positions computed by transformers itself."""
-    lm = vision_lm(freeze_vision)
+    lm = vision_lm(freeze_vision, model_type)
     lm.set_attn_implementation("sdpa")  # eager: softmax in float32, even for float64
-    data = vision_batch()
+    data = vision_batch(model_type)
     batch = dict(data.batch)
     entries = [entry for entry in data.non_tensor_batch[IMAGE_INPUTS] if entry is not None]
     ids, attention = batch["input_ids"], batch["attention_mask"]

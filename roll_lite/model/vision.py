@@ -1,6 +1,7 @@
 """Vision-language models built locally: a tiny Qwen2.5-VL (vision tower + LM) from a config, and its
 processor (the character tokenizer with Qwen's image special tokens + Qwen2-VL's image processor with
-small patches), nothing from a hub.
+small patches), nothing from a hub. The tiny Qwen3-VL's processor and config are in qwen3_vl.py;
+build_vision_model and the policy head (VisionLMWithLogProbs) take both.
 
 The processor is the one place an image placeholder is expanded: the chat template writes
 `<|vision_start|><|image_pad|><|vision_end|>` per image part, and the processor repeats `<|image_pad|>`
@@ -139,13 +140,17 @@ def tiny_vision_config(
 
 
 def build_vision_model(config, dtype: torch.dtype = torch.float32, seed: int = 0, freeze_vision: bool = False):
-    """A randomly initialised Qwen2.5-VL; `freeze_vision`: the vision tower (and its merger) is not trained."""
-    from transformers import Qwen2_5_VLForConditionalGeneration
+    """A randomly initialised Qwen2.5-VL or Qwen3-VL (by `config.model_type`: tiny_vision_config's or
+    qwen3_vl.tiny_qwen3_vl_config's); `freeze_vision`: the vision tower (its mergers included) is not trained."""
+    import transformers
 
     from roll_lite.model.attention import register_attention
 
+    classes = {"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration", "qwen3_vl": "Qwen3VLForConditionalGeneration"}
+    if config.model_type not in classes:
+        raise ValueError(f"build_vision_model: model_type {config.model_type!r} is not one of {', '.join(classes)}")
     torch.manual_seed(seed)  # the packing-aware attention, as build_causal_lm's
-    model = Qwen2_5_VLForConditionalGeneration._from_config(
+    model = getattr(transformers, classes[config.model_type])._from_config(
         config, dtype=dtype, attn_implementation=register_attention()
     )
     if freeze_vision:
@@ -219,7 +224,7 @@ def mrope_layout(lm: nn.Module, input_ids, position_ids, attention_mask, cu_seql
 
 
 class VisionLMWithLogProbs(nn.Module):
-    """The policy head of a Qwen2.5-VL, as CausalLMWithLogProbs is for a text LM: {'log_probs',
+    """The policy head of a Qwen2.5-VL or Qwen3-VL, as CausalLMWithLogProbs is for a text LM: {'log_probs',
     'entropy' (if asked)}, next-token aligned. The image features of `pixel_values` replace the image
     tokens' embeddings (the model's own merge; the ids are never expanded again), then the decoder
     runs with the 3-row M-RoPE `position_ids` [3, rows, seq] and, for a packed row, `cu_seqlens`.
@@ -309,5 +314,6 @@ class VisionLMWithLogProbs(nn.Module):
         weight = next(visual.parameters())
         grid = torch.tensor([[1, merge, merge]], device=weight.device)
         blank = torch.zeros(merge * merge, width, dtype=weight.dtype, device=weight.device)
-        features = self.lm.model.get_image_features(blank, grid, return_dict=True).pooler_output
-        return torch.cat(features).sum() * 0.0
+        output = self.lm.model.get_image_features(blank, grid, return_dict=True)
+        deepstack = getattr(output, "deepstack_features", None) or []  # Qwen3-VL's DeepStack mergers
+        return torch.stack([torch.cat(f).sum() for f in [output.pooler_output, *deepstack]]).sum() * 0.0

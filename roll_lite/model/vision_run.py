@@ -1,6 +1,6 @@
 """A run's vision-language model from its `model` keys (docs/vision.md): model.model_type=qwen2_5_vl builds
-the tiny Qwen2.5-VL of roll_lite/model/vision.py, sized by the text keys (hidden_size, num_hidden_layers,
-heads, ...), with the vision tokenizer in every process and, in the driver, the processor that renders the
+the tiny Qwen2.5-VL of roll_lite/model/vision.py, qwen3_vl the tiny Qwen3-VL of roll_lite/model/qwen3_vl.py,
+sized by the text keys (hidden_size, num_hidden_layers, heads, ...), with the vision tokenizer in every process and, in the driver, the processor that renders the
 image rows (data.min_pixels / data.max_pixels).
 
 The vision special tokens are never sampled: the engine masks them out of the sampling distribution, and the
@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-VISION_MODEL_TYPES = ("qwen2_5_vl",)
+VISION_MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl")
 # the processor's bounds when data.min_pixels / data.max_pixels are null (build_vision_processor's defaults)
 DEFAULT_MIN_PIXELS, DEFAULT_MAX_PIXELS = 64, 1024
 
@@ -25,16 +25,18 @@ def is_vision_model(model_config: Any) -> bool:
     return model_config.pretrained_path is None and model_config.model_type in VISION_MODEL_TYPES
 
 
-def run_processor(data_config: Any = None):
-    """The processor of a run's image rows: the vision tokenizer + Qwen2-VL's image processor within
-    data.min_pixels / data.max_pixels."""
+def run_processor(data_config: Any = None, model_type: str = "qwen2_5_vl"):
+    """The processor of a run's image rows (`model_type`'s: Qwen2.5-VL's or Qwen3-VL's): the vision tokenizer +
+    Qwen2-VL's image processor within data.min_pixels / data.max_pixels."""
+    from roll_lite.model.qwen3_vl import build_qwen3_vl_processor
     from roll_lite.model.vision import build_vision_processor
 
     low = getattr(data_config, "min_pixels", None)
     high = getattr(data_config, "max_pixels", None)
     if low is None:
         low = DEFAULT_MIN_PIXELS if high is None else min(DEFAULT_MIN_PIXELS, high)
-    return build_vision_processor(min_pixels=low, max_pixels=max(DEFAULT_MAX_PIXELS, low) if high is None else high)
+    build = build_qwen3_vl_processor if model_type == "qwen3_vl" else build_vision_processor
+    return build(min_pixels=low, max_pixels=max(DEFAULT_MAX_PIXELS, low) if high is None else high)
 
 
 def run_tokenizer(model_config: Any):
@@ -55,12 +57,16 @@ def vision_token_ids(tokenizer) -> list[int]:
 
 
 def vision_config(model_config: Any):
-    """The Qwen2.5-VL config of the `model` keys (vision tower: tiny_vision_config's)."""
+    """The Qwen2.5-VL or Qwen3-VL config of the `model` keys (vision tower: tiny_vision_config's or
+    tiny_qwen3_vl_config's)."""
+    from roll_lite.model.qwen3_vl import tiny_qwen3_vl_config
     from roll_lite.model.vision import tiny_vision_config
 
     m = model_config
-    return tiny_vision_config(
-        run_processor(),  # the patch and merge sizes and the token ids only: the pixel bounds do not matter here
+    tiny = tiny_qwen3_vl_config if m.model_type == "qwen3_vl" else tiny_vision_config
+    # the processor's patch and merge sizes and token ids only: the pixel bounds do not matter here
+    return tiny(
+        run_processor(model_type=m.model_type),
         hidden_size=m.hidden_size,
         layers=m.num_hidden_layers,
         heads=m.num_attention_heads,
@@ -72,8 +78,8 @@ def vision_config(model_config: Any):
 
 
 def load_vision_lm(model_config: Any, seed: int) -> nn.Module:
-    """The run's Qwen2.5-VL (random init from `seed`; model.freeze_vision: its tower does not train), marked
-    with the token ids it never samples (`excluded_token_ids`)."""
+    """The run's Qwen2.5-VL or Qwen3-VL (random init from `seed`; model.freeze_vision: its tower does not train),
+    marked with the token ids it never samples (`excluded_token_ids`)."""
     from roll_lite.model.vision import build_vision_model, build_vision_tokenizer
 
     model = build_vision_model(
@@ -105,7 +111,7 @@ def image_prompt_encoder(model_config: Any, data_config: Any) -> Callable[[list[
     from roll_lite.model.vision import encode_conversation
     from roll_lite.rollout.images import check_expanded_once
 
-    processor = run_processor(data_config)
+    processor = run_processor(data_config, model_config.model_type)
     merge = processor.image_processor.merge_size
 
     def encode(messages: list[dict], images: list) -> dict:
