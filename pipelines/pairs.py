@@ -20,10 +20,10 @@ from roll_lite.data import DataProto
 from roll_lite.data.pairs import PairData, build_pair_batch
 from roll_lite.data.sampler import PromptSampler
 from roll_lite.loss.preference import PAIR_MASK
-from roll_lite.model.tokenizer import load_tokenizer
+from roll_lite.model.vision_run import run_tokenizer
 from roll_lite.runtime.metrics import reduce_metrics
 
-from .supervised import SupervisedPipeline
+from .supervised import SupervisedPipeline, image_column
 from .traces import pair_trace
 
 logger = logging.getLogger("roll_lite")
@@ -37,11 +37,7 @@ class PairPipeline(SupervisedPipeline):
     def __init__(self, config: RunConfig, tokenizer: Any = None) -> None:
         super().__init__(config, config.preference)
         self.preference = config.preference
-        self.tokenizer = (
-            tokenizer
-            if tokenizer is not None
-            else load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
-        )
+        self.tokenizer = tokenizer if tokenizer is not None else run_tokenizer(config.model)
 
     def loss_func(
         self, batch: DataProto, output: dict[str, torch.Tensor]
@@ -67,7 +63,7 @@ class PairPipeline(SupervisedPipeline):
         from roll_lite.data.pairs import prepare_pair_datasets
 
         self.check_config()
-        prepared = prepare_pair_datasets(self.preference, self.tokenizer)
+        prepared = prepare_pair_datasets(self.preference, self.tokenizer, image_column(self.config))
         self.train_data, self.eval_data = prepared.train, prepared.eval
         seed = self.config.seed if self.config.data.seed is None else self.config.data.seed
         self.sampler = PromptSampler(len(self.train_data), seed, self.preference.shuffle, self.preference.epochs)

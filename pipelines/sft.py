@@ -23,9 +23,9 @@ from roll_lite.data import DataProto
 from roll_lite.data.sampler import PromptSampler
 from roll_lite.data.sequences import build_target_batch
 from roll_lite.loss import sft_loss_func
-from roll_lite.model.tokenizer import load_tokenizer
+from roll_lite.model.vision_run import run_tokenizer
 
-from .supervised import SupervisedPipeline
+from .supervised import SupervisedPipeline, image_column
 from .traces import sft_trace
 
 logger = logging.getLogger("roll_lite")
@@ -50,11 +50,7 @@ class SFTPipeline(SupervisedPipeline):
     def __init__(self, config: RunConfig, tokenizer=None):
         super().__init__(config, config.sft)
         self.sft = config.sft
-        self.tokenizer = (
-            tokenizer
-            if tokenizer is not None
-            else load_tokenizer(config.model.tokenizer_path, config.model.chat_template)
-        )
+        self.tokenizer = tokenizer if tokenizer is not None else run_tokenizer(config.model)
         self.train_loss = "policy"  # the actor workers' name for this pipeline's loss_func; "sft" in a warm start
         self._loss = sft_loss_func("response_mask")
 
@@ -72,7 +68,7 @@ class SFTPipeline(SupervisedPipeline):
         if self.sft.steps < 1:  # a warm start is built only with sft.steps > 0: this is the SFT pipeline itself
             raise ConfigError("sft.steps: the SFT pipeline trains sft.steps steps; set it >= 1")
         seed = self.config.seed if self.config.data.seed is None else self.config.data.seed
-        prepared = prepare_sft_datasets(self.sft, self.tokenizer, self.config.data, seed)
+        prepared = prepare_sft_datasets(self.sft, self.tokenizer, self.config.data, seed, image_column(self.config))
         self.train_data, self.eval_data = prepared.train, prepared.eval
         self.sampler = PromptSampler(len(self.train_data), seed, self.sft.shuffle, self.sft.epochs)
         for note in prepared.notes:
@@ -88,7 +84,7 @@ class SFTPipeline(SupervisedPipeline):
         start = time.perf_counter()
         assert self.sampler is not None and self.actor is not None  # prepare_data() and start_workers() made them
         rows = self.train_data.select(self.sampler.draw(self.sft.batch_size))
-        batch = build_target_batch(rows.input_ids, rows.target_masks, self.tokenizer.pad_token_id)
+        batch = build_target_batch(rows.input_ids, rows.target_masks, self.tokenizer.pad_token_id, rows.images)
         batch.meta_info["loss_mask_keys"] = ["response_mask"]
         metrics = self.actor.train_step(batch, self.train_loss)
         elapsed = time.perf_counter() - start
@@ -109,7 +105,7 @@ class SFTPipeline(SupervisedPipeline):
         total, tokens = 0.0, 0
         for start in range(0, len(self.eval_data), EVAL_CHUNK):
             chunk = self.eval_data.select(range(start, min(start + EVAL_CHUNK, len(self.eval_data))))
-            batch = build_target_batch(chunk.input_ids, chunk.target_masks, self.tokenizer.pad_token_id)
+            batch = build_target_batch(chunk.input_ids, chunk.target_masks, self.tokenizer.pad_token_id, chunk.images)
             mask = batch["response_mask"].bool()
             log_probs = self.actor.compute_log_probs(batch)["log_probs"]
             total -= torch.where(mask, log_probs, 0.0).double().sum().item()

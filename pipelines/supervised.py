@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from roll_lite.workers.group import ModelGroup
 
     from roll_lite.config import PreferenceConfig, RunConfig, SFTConfig
+    from roll_lite.data.image_sequences import ImageColumn
     from roll_lite.data.sampler import PromptSampler
 
     class EndStep(Protocol):
@@ -33,6 +34,23 @@ if TYPE_CHECKING:
 
 
 logger = logging.getLogger("roll_lite")
+
+
+def image_column(config: RunConfig) -> ImageColumn | None:
+    """data.image_key's images for the rows of a vision-language model (docs/vision.md, "SFT and DPO on image
+    rows"): the column and the run's processor; None without data.image_key. A ConfigError for a text model."""
+    if config.data.image_key is None:
+        return None
+    from roll_lite.config import ConfigError
+    from roll_lite.data.image_sequences import ImageColumn
+    from roll_lite.model.vision_run import VISION_MODEL_TYPES, is_vision_model, run_processor
+
+    if not is_vision_model(config.model):
+        raise ConfigError(
+            f"data.image_key: the model reads no images: set model.model_type={'|'.join(VISION_MODEL_TYPES)} (a "
+            "vision-language model built from the model keys; docs/vision.md), or leave data.image_key null"
+        )
+    return ImageColumn(config.data.image_key, run_processor(config.data, model_type=config.model.model_type))
 
 
 class SupervisedPipeline:

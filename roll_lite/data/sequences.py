@@ -52,10 +52,14 @@ def build_sequence_batch(
 
 
 def build_target_batch(
-    sequences: Sequence[Sequence[int]], target_masks: Sequence[Sequence[int]], pad_token_id: int
+    sequences: Sequence[Sequence[int]],
+    target_masks: Sequence[Sequence[int]],
+    pad_token_id: int,
+    images: Sequence[dict | None] | None = None,
 ) -> DataProto:
     """SFT rows, right-padded: input_ids, attention_mask, and response_mask (1 on the target tokens:
-    the response, or every assistant turn). The first token of a row is never a target."""
+    the response, or every assistant turn). The first token of a row is never a target. With `images`,
+    each row's image inputs (non_tensor_batch['image_inputs']: roll_lite/strategy/vision_inputs.py)."""
     width = max(len(ids) for ids in sequences)
     input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros(len(sequences), width, dtype=torch.long)
@@ -69,7 +73,12 @@ def build_target_batch(
         input_ids[i, : len(ids)] = torch.tensor(list(ids), dtype=torch.long)
         attention_mask[i, : len(ids)] = 1
         response_mask[i, : len(ids)] = torch.tensor(list(mask), dtype=torch.long)
-    return DataProto({"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask})
+    if images is not None and len(images) != len(sequences):
+        raise ValueError(f"build_target_batch: {len(images)} image entries for {len(sequences)} rows")
+    return DataProto(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask},
+        {} if images is None else {"image_inputs": list(images)},
+    )
 
 
 def completion_batch(prompts: "PromptData", generated: "Completions", tokenizer) -> DataProto:

@@ -12,7 +12,11 @@ Tokenized as RL sees the same text, so an SFT model starts RL on familiar prompt
   the generation prompt" and "the messages up to and including it" (e.g. ChatML: the content,
   <|im_end|> and the newline). The template must render each such prefix as a prefix of the whole.
 
-Sequences longer than `sft.max_length` tokens are left out and counted, never truncated.
+With `data.image_key` every row holds images in its chat messages (roll_lite/data/image_sequences.py): the
+targets are found as above, the ids are the processor's (each image placeholder expanded once), and the row
+keeps its image inputs.
+
+Sequences longer than `sft.max_length` tokens (image tokens included) are left out and counted, never truncated.
 With `sft.from_data_source` the rows are data.source's training rows (prompt, the package's answer).
 """
 
@@ -23,6 +27,7 @@ from typing import Optional, Sequence
 
 from roll_lite.data.chat import as_messages, has_chat_template, message_problem, render_chat
 from roll_lite.data.files import DataError, Table
+from roll_lite.data.image_sequences import ImageColumn, image_sequence, row_pictures
 from roll_lite.data.lengths import load_within_limit
 
 
@@ -30,16 +35,19 @@ from roll_lite.data.lengths import load_within_limit
 class SFTData:
     input_ids: list[list[int]]
     target_masks: list[list[int]]  # 1 on the tokens the loss is on
+    images: Optional[list[dict]] = None  # data.image_key: each row's image inputs {pixel_values, image_grid_thw}
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
     def select(self, indices: Sequence[int]) -> "SFTData":
-        return SFTData([self.input_ids[i] for i in indices], [self.target_masks[i] for i in indices])
+        images = None if self.images is None else [self.images[i] for i in indices]
+        return SFTData([self.input_ids[i] for i in indices], [self.target_masks[i] for i in indices], images)
 
     @staticmethod
     def concat(parts: Sequence["SFTData"]) -> "SFTData":
-        return SFTData([x for p in parts for x in p.input_ids], [x for p in parts for x in p.target_masks])
+        images = None if any(p.images is None for p in parts) else [x for p in parts for x in p.images or []]
+        return SFTData([x for p in parts for x in p.input_ids], [x for p in parts for x in p.target_masks], images)
 
     @property
     def num_targets(self) -> int:
@@ -53,9 +61,10 @@ class PreparedSFT:
     notes: list[str]
 
 
-def prepare_sft_datasets(sft, tokenizer, data=None, seed: int = 0) -> PreparedSFT:
+def prepare_sft_datasets(sft, tokenizer, data=None, seed: int = 0, images: ImageColumn | None = None) -> PreparedSFT:
     """Train and eval sequences of an `SFTConfig`; raises DataError (one line) on any bad input.
-    With sft.from_data_source the training rows are `data.source`'s, seeded by `seed` as RL's are."""
+    With sft.from_data_source the training rows are `data.source`'s, seeded by `seed` as RL's are. With
+    `images` (data.image_key) every row's images are read and rendered by the processor."""
     if sft.from_data_source:
         train, notes = source_sequences(sft, tokenizer, data, seed)
     elif not sft.train_files:
@@ -63,20 +72,22 @@ def prepare_sft_datasets(sft, tokenizer, data=None, seed: int = 0) -> PreparedSF
             "sft.train_files: no training file given (a .jsonl, .json, .parquet file or a saved dataset folder)"
         )
     else:
-        train, notes = load_sft_files(sft.train_files, "sft.train_files", sft, tokenizer)
+        train, notes = load_sft_files(sft.train_files, "sft.train_files", sft, tokenizer, images)
     evaluation = None
     if sft.eval_files:
-        evaluation, eval_notes = load_sft_files(sft.eval_files, "sft.eval_files", sft, tokenizer)
+        evaluation, eval_notes = load_sft_files(sft.eval_files, "sft.eval_files", sft, tokenizer, images)
         notes += eval_notes
     return PreparedSFT(train, evaluation, notes)
 
 
-def load_sft_files(files: Sequence[str | Table], config_key: str, sft, tokenizer) -> tuple[SFTData, list[str]]:
+def load_sft_files(
+    files: Sequence[str | Table], config_key: str, sft, tokenizer, images: ImageColumn | None = None
+) -> tuple[SFTData, list[str]]:
     """The rows of `files`, concatenated in order, minus the sequences over sft.max_length."""
     return load_within_limit(
         files,
         config_key,
-        to_rows=lambda table: rows_to_sequences(table, sft, tokenizer),
+        to_rows=lambda table: rows_to_sequences(table, sft, tokenizer, images),
         lengths=lambda sequences: [len(ids) for ids in sequences.input_ids],
         limit=sft.max_length,
         limit_key="sft.max_length",
@@ -98,11 +109,13 @@ def source_sequences(sft, tokenizer, data, seed: int) -> tuple[SFTData, list[str
     return load_sft_files([table], "sft.from_data_source", plain, tokenizer)
 
 
-def rows_to_sequences(table: Table, sft, tokenizer) -> SFTData:
-    """Validated, tokenized rows of one file (nothing filtered yet)."""
-    pairs, chats = [], []  # (row, prompt, response) / (row, messages)
+def rows_to_sequences(table: Table, sft, tokenizer, images: ImageColumn | None = None) -> SFTData:
+    """Validated, tokenized rows of one file (nothing filtered yet); with `images`, each row's images."""
+    pairs, chats, pictures = [], [], {}  # (row, prompt, response) / (row, messages) / row: its images
     for i, row in enumerate(table.rows):
-        prompt = _field(table, i, row, sft.prompt_key, "sft.prompt_key")
+        prompt = _field(table, i, row, sft.prompt_key, "sft.prompt_key", parts=images is not None)
+        if images is not None:  # chat messages, one image part per image, none in an assistant message
+            pictures[i] = row_pictures(table, i, images, sft.prompt_key)
         if sft.response_key is None:
             if isinstance(prompt, str):
                 raise DataError(
@@ -118,7 +131,7 @@ def rows_to_sequences(table: Table, sft, tokenizer) -> SFTData:
                 f"{type(response).__name__}"
             )
         if isinstance(prompt, str) and not sft.apply_chat_template:
-            pairs.append((i, prompt, response))
+            pairs.append((i, prompt, response))  # never a row with images: its prompt is chat messages
         else:
             chats.append((i, as_messages(prompt) + [{"role": "assistant", "content": response}]))
     if chats and not has_chat_template(tokenizer):
@@ -129,6 +142,7 @@ def rows_to_sequences(table: Table, sft, tokenizer) -> SFTData:
         )
     input_ids: list[list[int]] = [[] for _ in table.rows]
     masks: list[list[int]] = [[] for _ in table.rows]
+    inputs: list[dict] = [{} for _ in table.rows]
     if pairs:
         for (i, _, _), (ids, mask) in zip(
             pairs, plain_sequences(tokenizer, [p for _, p, _ in pairs], [r for _, _, r in pairs])
@@ -137,9 +151,13 @@ def rows_to_sequences(table: Table, sft, tokenizer) -> SFTData:
     for i, messages in chats:
         try:
             input_ids[i], masks[i] = conversation_sequence(tokenizer, messages)
+            if images is not None:
+                input_ids[i], masks[i], inputs[i] = image_sequence(
+                    images.processor, messages, pictures[i], input_ids[i], masks[i]
+                )
         except ValueError as error:
             raise DataError(f"{table.where(i)}: key '{sft.prompt_key}': {error}") from None
-    return SFTData(input_ids, masks)
+    return SFTData(input_ids, masks, None if images is None else inputs)
 
 
 def plain_sequences(tokenizer, prompts: list[str], responses: list[str]) -> list[tuple[list[int], list[int]]]:
@@ -189,7 +207,7 @@ def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> list[in
         ) from None
 
 
-def _field(table: Table, i: int, row: dict, key: str, config_key: str):
+def _field(table: Table, i: int, row: dict, key: str, config_key: str, parts: bool = False):
     value = row.get(key)
     if value is None:
         if key not in table.columns:
@@ -201,7 +219,7 @@ def _field(table: Table, i: int, row: dict, key: str, config_key: str):
     if isinstance(value, str) and not value.strip() and config_key == "sft.prompt_key":
         raise DataError(f"{table.where(i)}: key '{key}': the prompt is empty")
     if not isinstance(value, str) and config_key == "sft.prompt_key":
-        problem = message_problem(value)
+        problem = message_problem(value, parts)
         if problem is not None:
             raise DataError(f"{table.where(i)}: key '{key}': the prompt {problem}")
     return value
