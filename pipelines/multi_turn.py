@@ -14,6 +14,8 @@ answered (+ reward.functions on the last turn with environment.final_reward; a t
 leave unscored under reward.on_failure=drop leaves the loss and its group's baseline, counted in
 reward/dropped, as single-turn). Faults and truncation as environment.on_fault / environment.truncated
 say; each is counted (env/...). data.domain_weights draws the rows by their domain field, as single-turn.
+A vision-language policy's environments may show images (docs/vision.md): the processor expands each once as
+its observation joins the trajectory, and the batch carries each trajectory's images (image_inputs).
 """
 
 from __future__ import annotations
@@ -158,7 +160,12 @@ class MultiTurnPipeline(PPOPipeline):
         one for a checkpoint to fill (rows None). Keys (split, row, sample, cohort): a row may be in two
         batches in flight."""
         loop = EpisodeLoop(
-            _EngineCalls(self.rollout), self.environments, self.tokenizer, self.sampling_params(), self.limits
+            _EngineCalls(self.rollout),
+            self.environments,
+            self.tokenizer,
+            self.sampling_params(),
+            self.limits,
+            processor=self.processor,
         )
         if rows is None:
             return loop
@@ -180,7 +187,24 @@ class MultiTurnPipeline(PPOPipeline):
             for row, row_id in zip(rows, row_ids)
             for sample in range(params.num_samples)
         ]
-        return run_episodes(_EngineCalls(self.rollout), self.environments, self.tokenizer, starts, params, self.limits)
+        return run_episodes(
+            _EngineCalls(self.rollout),
+            self.environments,
+            self.tokenizer,
+            starts,
+            params,
+            self.limits,
+            processor=self.processor,
+        )
+
+    @cached_property
+    def processor(self):
+        """A vision-language policy's processor (data.min_pixels / data.max_pixels): it renders the observations
+        and expands their images' placeholders once (docs/vision.md); None for a text policy."""
+        from roll_lite.model.vision_run import is_vision_model, run_processor
+
+        m = self.config.model
+        return run_processor(self.config.data, m.model_type) if is_vision_model(m) else None
 
     @property
     def limits(self) -> EpisodeLimits:
@@ -312,8 +336,8 @@ class _EngineCalls:
     def __init__(self, client):
         self.client = client
 
-    def start_generate(self, prompts, params):
-        return self.client.start_generate(prompts, params)
+    def start_generate(self, prompts, params, *images):
+        return self.client.start_generate(prompts, params, *images)
 
     def result(self, handle):
         return self.client.wait(handle, "generate")

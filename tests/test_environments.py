@@ -187,7 +187,7 @@ def test_guess_the_number_through_the_runner_with_row_fields(caplog):
     [
         (
             {"name": "nope"},
-            "environment.name: 'nope' is not one of gem, guess_the_number, openenv, ors, tools, nor a package.module:Class",
+            "environment.name: 'nope' is not one of color_cards, gem, guess_the_number, openenv, ors, tools, nor a package.module:Class",
         ),
         ({"name": ""}, "environment.name: name a registered environment"),
         ({"name": "gem", "kwargs": {"max_turns": 3}}, "environment.kwargs.env_id: gem needs GEM's environment id"),

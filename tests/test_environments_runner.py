@@ -90,7 +90,7 @@ def test_environments_by_name_and_by_import_path(user_module):
     assert {"guess_the_number", "gem"} <= set(ENVIRONMENTS)
     assert resolve_environment("guess_the_number") is GuessTheNumber
     assert resolve_environment(f"{user_module}:Scripted").__name__ == "Scripted"
-    with pytest.raises(KeyError, match="unknown environment 'nope'; registered: gem, guess_the_number"):
+    with pytest.raises(KeyError, match="unknown environment 'nope'; registered: color_cards, gem, guess_the_number"):
         resolve_environment("nope")
     with pytest.raises(TypeError, match="has no step"):
         resolve_environment(f"{user_module}:NoStep")

@@ -6,7 +6,7 @@ trajectories built token in, token out (turns.py).
     environment: {name: guess_the_number, kwargs: {hi: 50}}     # or name: my_pkg.envs:MyEnv
 """
 
-from roll_lite.environments import gem_env, guess_the_number, openenv_env, ors_env, tools  # noqa: F401  (they register the built-ins)
+from roll_lite.environments import color_cards, gem_env, guess_the_number, openenv_env, ors_env, tools  # noqa: F401  (they register the built-ins)
 from roll_lite.environments.config import EnvironmentConfig, check_environment_config
 from roll_lite.environments.contract import BadReturn, Observation, Transition, checked_reset, checked_step
 from roll_lite.environments.registry import ENVIRONMENTS, register_environment, resolve_environment

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from roll_lite.environments.contract import BadReturn, checked_reset, checked_step, reset_parameters
+from roll_lite.environments.contract import BadImage, BadReturn, checked_reset, checked_step, reset_parameters
 from roll_lite.environments.registry import resolve_environment
 from roll_lite.rewards.calls import describe
 from roll_lite.rewards.guarded import Reader, child_pipes, send
@@ -40,6 +40,8 @@ class Host:
         try:
             environment = self.idle.pop() if self.idle else self.environment_class(**self.kwargs)
             payload = checked_reset(environment.reset(seed=seed, **fields))
+        except BadImage as error:
+            return "bad_image", str(error)
         except BadReturn as error:
             return "bad_return", str(error)
         except _CALL_ERRORS as error:
@@ -51,6 +53,8 @@ class Host:
         environment = self.running.pop(env_id)
         try:
             transition = checked_step(environment.step(action))
+        except BadImage as error:
+            return "bad_image", str(error)
         except BadReturn as error:
             return "bad_return", str(error)
         except _CALL_ERRORS as error:

@@ -21,7 +21,7 @@ class EnvironmentConfig:
     """Multi-turn rollouts (docs/multi-turn.md): each training row seeds an environment, and the model
     takes turns with it; the loss covers the model's own tokens only (model_mask)."""
 
-    # A registered environment (guess_the_number, tools, gem, openenv, ors) or a package.module:Class import path.
+    # A registered environment (guess_the_number, color_cards, tools, gem, openenv, ors) or a package.module:Class import path.
     # null: single-turn rollouts (the prompt, one completion, the reward functions).
     name: Optional[str] = None
     kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the class when it is built
@@ -36,7 +36,7 @@ class EnvironmentConfig:
     # Environment processes, so as many reset / step calls at once; the environments of all running
     # trajectories are spread over them.
     max_concurrent: int = 4
-    # A trajectory ended by a fault (raised, timed_out, bad_return, crashed, lost): zero_reward trains
+    # A trajectory ended by a fault (raised, timed_out, bad_return, bad_image, crashed, lost): zero_reward trains
     # on it with reward 0; drop leaves it out of the batch. Both count it in env/faults/<reason>.
     on_fault: str = "zero_reward"
     # A trajectory cut short (the environment's truncated, max_turns, max_trajectory_tokens): train

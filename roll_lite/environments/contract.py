@@ -6,7 +6,11 @@ An environment is a class built with keyword arguments (the config's `kwargs`) a
     step(action: str) -> (observation, reward, terminated, truncated, info)
 
 - observation: the text the model sees next, a str, or a list of chat messages, each a dict with
-  str "role" and str "content" (other keys, e.g. "name", are kept);
+  str "role" and a "content" (other keys, e.g. "name", are kept). A content is a str, or (for a
+  vision-language policy) a list of parts, {"type": "text", "text": str} and {"type": "image", "image":
+  a PIL image, an image file's bytes or its path}; an observation may also be such a list of parts itself
+  (one message). Each image is decoded here, in the environment's process (`checked_parts`): one that
+  cannot be read is a BadImage, which ends that trajectory as "bad_image" (images.py: the driver's side);
 - reward: a finite real number (a bool counts as 0 / 1) for this step;
 - terminated: bool, the task reached an end state (solved, or failed for good);
 - truncated: bool, the episode was cut (a turn limit) without reaching an end state;
@@ -22,19 +26,26 @@ caller's error. Anything else returned is a BadReturn, which ends that trajector
 from __future__ import annotations
 
 import inspect
+import io
 import math
 import numbers
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Union, cast
 
 import numpy as np
 
-Message = dict  # {"role": str, "content": str, ...}
+Message = dict  # {"role": str, "content": str or a list of parts, ...}
 Observation = Union[str, list[Message]]
 
 
 class BadReturn(Exception):
     """What reset or step returned breaks the contract; the message says how."""
+
+
+class BadImage(BadReturn):
+    """An image of the observation cannot be read (checked_parts) or encoded (images.py), or the policy reads no
+    images: the fault "bad_image"."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +85,8 @@ def checked_step(value) -> Transition:
 def checked_observation(observation, where: str) -> Observation:
     if isinstance(observation, str):
         return observation
+    if is_parts(observation):  # one message's content parts
+        observation = [{"role": "user", "content": observation}]
     if not isinstance(observation, list) or not observation:
         raise BadReturn(
             f"{where}'s observation is {_describe(observation)}, not a str or a non-empty list of chat messages"
@@ -82,13 +95,78 @@ def checked_observation(observation, where: str) -> Observation:
     for index, message in enumerate(observation):
         if not isinstance(message, dict):
             raise BadReturn(f"{where}'s observation[{index}] is {_describe(message)}, not a dict (role, content)")
-        for key in ("role", "content"):
-            if not isinstance(message.get(key), str):
-                raise BadReturn(f"{where}'s observation[{index}]['{key}'] is {_describe(message.get(key))}, not a str")
+        if not isinstance(message.get("role"), str):
+            raise BadReturn(f"{where}'s observation[{index}]['role'] is {_describe(message.get('role'))}, not a str")
+        content = message.get("content")
+        if not isinstance(content, (str, list)):
+            raise BadReturn(
+                f"{where}'s observation[{index}]['content'] is {_describe(content)}, not a str or a list of parts"
+            )
         if not message["role"]:
             raise BadReturn(f"{where}'s observation[{index}] has an empty role")
-        messages.append(dict(message))
+        if isinstance(content, list):  # text and image parts: BadImage for an image that cannot be read
+            content = checked_parts(content, f"{where}'s observation[{index}]['content']")
+        messages.append({**message, "content": content})
     return messages
+
+
+def checked_parts(parts: list, where: str) -> list[dict]:
+    """A content's parts, each text or image, every image decoded to RGB (BadImage when one cannot be)."""
+    checked = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            checked.append(dict(part))
+        elif kind == "image":
+            if "image" not in part:
+                raise BadImage(f"{where}: part {j} is an image part without its 'image' (a PIL image, bytes or a path)")
+            checked.append({**part, "image": decoded_image(part["image"], f"{where}: part {j}")})
+        else:
+            raise BadImage(
+                f"{where}: part {j} is not {{'type': 'text', 'text': str}} or {{'type': 'image', 'image': ...}}: "
+                f"{str(part)[:80]}"
+            )
+    return checked
+
+
+def decoded_image(value: Any, where: str):
+    """`value` (a PIL image, an image file's bytes, or its path) decoded whole, as an RGB PIL image."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(value, Image.Image):
+        source: Any = value
+        name = f"the {value.mode} image"
+    elif isinstance(value, (bytes, bytearray)):
+        source, name = io.BytesIO(value), f"its {len(value)} bytes"
+    elif isinstance(value, (str, Path)):
+        if not Path(value).is_file():
+            raise BadImage(f"{where}: no such image file '{value}'")
+        source, name = Path(value), f"the image file '{value}'"
+    else:
+        raise BadImage(f"{where}: a {type(value).__name__}, not an image (a PIL image, bytes or a path)")
+    try:
+        if isinstance(source, Image.Image):
+            source.load()
+            image = source.convert("RGB")
+        else:
+            with Image.open(source) as opened:
+                opened.load()  # all of it now: a truncated file fails here, in the environment's process
+                image = opened.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise BadImage(f"{where}: {name} cannot be read as an image ({message})") from None
+    if min(image.size) < 1:
+        raise BadImage(f"{where}: {name} is empty ({image.size[0]} x {image.size[1]} pixels)")
+    return image
+
+
+def is_parts(observation: Any) -> bool:
+    """A list of content parts (each a dict with a 'type' and no 'role'), not a list of chat messages."""
+    return (
+        isinstance(observation, list)
+        and bool(observation)
+        and all(isinstance(item, dict) and "type" in item and "role" not in item for item in observation)
+    )
 
 
 def reset_parameters(environment_class) -> frozenset[str] | None:

@@ -16,7 +16,8 @@ generation prompt, is its prompt. Then, until it ends:
 - the trajectory ends when the environment says so (terminated / truncated), after
   limits.max_turns turns ("max_turns"), when the next observation would pass
   limits.max_trajectory_tokens ("token_budget"; the observation is then not added), or on a fault of
-  its environment (runner.py: raised, timed_out, bad_return, crashed, lost);
+  its environment (runner.py: raised, timed_out, bad_return, bad_image, crashed, lost; bad_image also
+  when the driver's processor cannot encode an observation's image);
 - else the observation's tokens (turns.observation_ids) are appended. A turn that stopped without the
   end-of-turn token (it hit its token limit) gets that token first, as the environment's, so the
   chat template's continuation holds; it is never trained.
@@ -43,8 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol, cast
 
 from roll_lite.data.chat import as_messages, render_chat
+from roll_lite.environments.images import BadImage, encode_messages, message_images
 from roll_lite.environments.results import Result
-from roll_lite.environments.turns import Trajectory, observation_ids
+from roll_lite.environments.turns import Trajectory, observation_ids, observation_inputs
 from roll_lite.errors import ConfigError
 from roll_lite.rollout.engine import Completions, SamplingParams, merge_routing
 
@@ -57,7 +59,9 @@ class TurnEngine(Protocol):
     """What the loop needs of an engine: start a generation, then wait for it (the rollout client's
     start_generate / wait, or an in-process engine wrapped to return its Completions at once)."""
 
-    def start_generate(self, prompts: list[list[int]], params: SamplingParams) -> Any: ...
+    def start_generate(self, prompts: list[list[int]], params: SamplingParams, *images: list) -> Any:
+        """`images`, only with a vision-language policy's trajectories: [per prompt its image inputs or None]."""
+        ...
 
     def result(self, handle: Any) -> Completions: ...
 
@@ -119,17 +123,29 @@ def run_episodes(
     params: SamplingParams,
     limits: EpisodeLimits,
     overlap: bool = True,
+    processor=None,
 ) -> list[Episode]:
     """Run one episode per start to its end; the episodes in the order of `starts`. `params` gives
-    the sampling (its max_new_tokens and num_samples are the loop's: one sample per turn)."""
-    loop = EpisodeLoop(engine, runner, tokenizer, params, limits, overlap).start(starts)
+    the sampling (its max_new_tokens and num_samples are the loop's: one sample per turn). `processor`: a
+    vision-language policy's, which renders the observations and their images (None: text only)."""
+    loop = EpisodeLoop(engine, runner, tokenizer, params, limits, overlap, processor).start(starts)
     loop.play()
     return loop.results()
 
 
 class EpisodeLoop:
-    def __init__(self, engine, runner, tokenizer, params: SamplingParams, limits: EpisodeLimits, overlap: bool = True):
+    def __init__(
+        self,
+        engine,
+        runner,
+        tokenizer,
+        params: SamplingParams,
+        limits: EpisodeLimits,
+        overlap: bool = True,
+        processor=None,
+    ):
         self.engine, self.runner, self.tokenizer, self.limits = engine, runner, tokenizer, limits
+        self.processor = processor  # a vision-language policy's (environments/images.py); None: text only
         self.params = params
         self.cohorts = 2 if overlap else 1
         self.eos = tokenizer.eos_token_id
@@ -204,8 +220,11 @@ class EpisodeLoop:
             episode.end, episode.fault, episode.error = "fault", result.fault, result.error
             return
         if episode.trajectory is None:  # the reset
-            prompt = render_chat(self.tokenizer, as_messages(result.observation))
-            episode.trajectory = Trajectory(prompt)
+            try:
+                prompt, images = self._prompt(as_messages(result.observation))
+            except BadImage as error:
+                return self._fault(episode, str(error))
+            episode.trajectory = Trajectory(prompt, images=[images] if images is not None else [])
             if self._room(episode) < 1:
                 raise ConfigError(
                     f"model.max_position_embeddings: the first observation of {episode.key!r} takes "
@@ -226,14 +245,45 @@ class EpisodeLoop:
             return self._stop(episode, "max_turns")
         continuation = [] if episode.trajectory.response_ids[-1] == self.eos else [self.eos]
         assert result.observation is not None  # None only when the call faulted (returned above)
-        continuation += observation_ids(self.tokenizer, result.observation, self.eos)
+        try:
+            ids, images = self._observation(result.observation)
+        except BadImage as error:
+            return self._fault(episode, str(error))
+        continuation += ids
         if self._room(episode) < len(continuation) + 1:  # the observation and one token of a next turn
             return self._stop(episode, "token_budget")
-        episode.trajectory.add_observation(continuation)
+        episode.trajectory.add_observation(continuation, images)
         self.waiting.append(episode.key)
+
+    def _prompt(self, messages: list[dict]) -> tuple[list[int], dict | None]:
+        """The first observation's ids (and image inputs): a vision-language policy's through its processor."""
+        if self.processor is not None:
+            return encode_messages(self.processor, messages)
+        self._no_images(messages)
+        return render_chat(self.tokenizer, messages), None
+
+    def _observation(self, observation) -> tuple[list[int], dict | None]:
+        if self.processor is not None:
+            return observation_inputs(self.processor, observation, self.eos)
+        self._no_images(as_messages(observation))
+        return observation_ids(self.tokenizer, observation, self.eos), None
+
+    @staticmethod
+    def _no_images(messages: list[dict]) -> None:
+        if message_images(messages):
+            raise BadImage(
+                "the observation holds an image, but the policy reads no images (a vision-language policy does: "
+                "model.model_type=qwen2_5_vl or qwen3_vl, docs/vision.md)"
+            )
 
     def _stop(self, episode: Episode, end: str) -> None:
         episode.end = end
+        self.runner.release(episode.key)
+
+    def _fault(self, episode: Episode, error: str, fault: str = "bad_image") -> None:
+        """A fault found here, in the driver (an observation's image the processor cannot encode): it ends
+        that trajectory, as the runner's faults do."""
+        episode.end, episode.fault, episode.error = "fault", fault, error
         self.runner.release(episode.key)
 
     def _room(self, episode: Episode) -> int:
@@ -251,8 +301,10 @@ class EpisodeLoop:
         allowed = [min(self.limits.max_new_tokens_per_turn, self._room(self.episodes[key])) for key in keys]
         p = self.params
         params = SamplingParams(max(allowed), 1, p.temperature, p.top_p, p.top_k, p.greedy)
+        # a vision-language policy's trajectories: each with every image so far, beside ids that hold their tokens
+        images = [[t.image_inputs for t in trajectories]] if any(t.images for t in trajectories) else []
         completions = self.engine.result(
-            self.engine.start_generate([t.prompt_ids + t.response_ids for t in trajectories], params)
+            self.engine.start_generate([t.prompt_ids + t.response_ids for t in trajectories], params, *images)
         )
         for row, key in enumerate(keys):
             episode = self.episodes[key]

@@ -8,7 +8,9 @@ without its web UI's gradio: pyproject.toml says why), played over its WebSocket
 app itself: each environment process serves it on 127.0.0.1, on a free port, in a thread that ends with
 the process. The action goes to the server as {action_key: text}; the observation's `observation_key`
 field is the text the model sees, its `truncated` (when present) tells a cut from an end, and its other
-fields are the step's info. reset sends the seed and the row's fields as reset's keyword arguments.
+fields are the step's info. With `image_key`, that field (a base64 str or a list of them) holds images the model
+sees before the text, for a vision-language policy (docs/vision.md); one that is not base64 or not an image ends
+that trajectory as the fault "bad_image". reset sends the seed and the row's fields as reset's keyword arguments.
 
 A server that is down, closes the connection, passes `message_timeout_s` or answers without the text
 raises, which ends that trajectory as the fault "raised" (env/faults/raised), never the run; the
@@ -17,13 +19,15 @@ runner's step_timeout_s is the backstop. After a failure the next reset opens a 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import threading
 
 from roll_lite.environments.loopback import CONNECT_TIMEOUT_S, MESSAGE_TIMEOUT_S, check_server_kwargs, serve_app
 from roll_lite.environments.registry import register_environment
 from roll_lite.errors import ConfigError
 
-KWARGS = ("url", "app", "connect_timeout_s", "message_timeout_s", "action_key", "observation_key")
+KWARGS = ("url", "app", "connect_timeout_s", "message_timeout_s", "action_key", "observation_key", "image_key")
 
 
 class OpenEnvServerError(RuntimeError):
@@ -38,7 +42,9 @@ def check_openenv_kwargs(kwargs, section: str = "environment", step_timeout_s: f
     if unknown:
         raise ConfigError(f"{section}.kwargs.{unknown[0]}: not a key of openenv; the keys are {', '.join(KWARGS)}")
     check_server_kwargs(kwargs, "openenv", ("http", "ws"), section, step_timeout_s)
-    for key in ("action_key", "observation_key"):
+    for key in ("action_key", "observation_key", "image_key"):
+        if key == "image_key" and kwargs.get(key) is None:  # no images
+            continue
         if not isinstance(kwargs.get(key, "text"), str) or not kwargs.get(key, "text"):
             raise ConfigError(f"{section}.kwargs.{key}: must be a non-empty str, got {kwargs.get(key)!r}")
 
@@ -53,6 +59,7 @@ class OpenEnvEnvironment:
         message_timeout_s: float = MESSAGE_TIMEOUT_S,
         action_key: str = "text",
         observation_key: str = "text",
+        image_key: str | None = None,
     ):
         check_openenv_kwargs({k: v for k, v in locals().items() if k in KWARGS and v is not None})
         try:
@@ -65,7 +72,7 @@ class OpenEnvEnvironment:
         self.url = url if url is not None else serve_app(str(app), connect_timeout_s, "openenv")
         self.client_class = GenericEnvClient
         self.timeouts = {"connect_timeout_s": connect_timeout_s, "message_timeout_s": message_timeout_s}
-        self.action_key, self.observation_key = action_key, observation_key
+        self.action_key, self.observation_key, self.image_key = action_key, observation_key, image_key
         self.client = None
 
     def reset(self, seed: int | None = None, **row_fields):
@@ -102,7 +109,7 @@ class OpenEnvEnvironment:
             kind = "timed out" if isinstance(error, TimeoutError) else type(error).__name__
             raise OpenEnvServerError(f"openenv server {self.url}: {method} failed ({kind}: {error})") from None
 
-    def _read(self, result) -> tuple[str, bool, dict]:
+    def _read(self, result) -> tuple[str | list[dict], bool, dict]:
         observation = result.observation
         if not isinstance(observation, dict) or not isinstance(observation.get(self.observation_key), str):
             self.close()
@@ -110,8 +117,26 @@ class OpenEnvEnvironment:
                 f"openenv server {self.url}: the observation has no str '{self.observation_key}' "
                 f"(observation_key): {str(observation)[:120]}"
             )
-        info = {k: v for k, v in observation.items() if k not in (self.observation_key, "truncated")}
-        return observation[self.observation_key], bool(observation.get("truncated", False)), info
+        shown = (self.observation_key, "truncated", self.image_key)
+        info = {k: v for k, v in observation.items() if k not in shown}
+        text, images = observation[self.observation_key], observation.get(self.image_key) if self.image_key else None
+        return with_images(text, images, self.url), bool(observation.get("truncated", False)), info
+
+
+def with_images(text: str, images, url: str) -> str | list[dict]:
+    """The observation: its text, after the images of the `image_key` field (a base64 str or a list of them;
+    null or absent: none) as image parts (contract.py checks each: a bad one is the fault "bad_image")."""
+    from roll_lite.environments.contract import BadImage
+
+    if images is None or images == []:
+        return text
+    parts = []
+    for j, data in enumerate(images if isinstance(images, list) else [images]):
+        try:
+            parts.append({"type": "image", "image": base64.b64decode(data, validate=True)})
+        except (binascii.Error, ValueError, TypeError) as error:
+            raise BadImage(f"openenv server {url}: image {j} of the observation is not base64 ({error})") from None
+    return [*parts, {"type": "text", "text": text}]
 
 
 def _close_quietly(client) -> None:

@@ -16,13 +16,17 @@ text blocks). Each model turn is sent to the tool `tool` as its one input field 
 step's reward, its `finished` ends the episode (terminated; truncated when its metadata says "truncated": true,
 as ORS has no word for a cut), its other metadata is the step's info.
 
-A server that is down, closes the session, passes `message_timeout_s`, or answers with an error or an image
-raises, which ends that trajectory as the fault "raised" (env/faults/raised), never the run.
+An image block (its base64 data) becomes an image part of the observation, for a vision-language policy
+(docs/vision.md); one that is not base64 or not an image ends that trajectory as the fault "bad_image". A server
+that is down, closes the session, passes `message_timeout_s`, or answers with an error or another block raises,
+which ends that trajectory as the fault "raised" (env/faults/raised), never the run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import os
 import threading
 from typing import Any
@@ -97,8 +101,7 @@ class OrsEnvironment:
             task = Task(server_name=self.name, environment_name=self.name, task_spec=fields, namespace=None)
             session = self.environment.session(task=task)
         self.session = self._call("reset", session.__aenter__(), self.connect_timeout_s + self.message_timeout_s)
-        text = _text(self._call("reset", self.session.get_prompt()), self.url)
-        return text, {}
+        return observation_of(self._call("reset", self.session.get_prompt()), self.url), {}
 
     def step(self, action: str):
         if self.session is None:
@@ -111,8 +114,8 @@ class OrsEnvironment:
             output = self._call("step", self.session.call_tool(self.tool, {self.tool_field: action}))
         info = dict(output.metadata) if isinstance(output.metadata, dict) else {}
         done, cut = bool(output.finished), info.pop("truncated", False) is True  # ORS has no cut: a convention
-        text = _text(output.blocks, self.url)
-        return text, float(output.reward or 0.0), done and not cut, done and cut, info
+        observation = observation_of(output.blocks, self.url)
+        return observation, float(output.reward or 0.0), done and not cut, done and cut, info
 
     def close(self) -> None:
         self._end_session()
@@ -165,15 +168,26 @@ def _wait_quietly(coroutine, timeout_s: float = 1.0) -> None:
         pass
 
 
-def _text(blocks, url: str) -> str:
-    parts = []
+def observation_of(blocks, url: str) -> str | list[dict]:
+    """The observation of ORS blocks: their texts joined by newlines; with an image block, the blocks as content
+    parts in order, each image its base64 data decoded (contract.py checks the image: a bad one is "bad_image")."""
+    from roll_lite.environments.contract import BadImage
+
+    parts: list[dict] = []
     for block in blocks:
-        if getattr(block, "type", None) != "text":
-            raise OrsServerError(
-                f"ors server {url}: a {getattr(block, 'type', type(block).__name__)} block; ors reads text"
-            )
-        parts.append(block.text)
-    return "\n".join(parts)
+        kind = getattr(block, "type", None)
+        if kind == "text":
+            parts.append({"type": "text", "text": block.text})
+        elif kind == "image":
+            try:
+                parts.append({"type": "image", "image": base64.b64decode(block.data, validate=True)})
+            except (binascii.Error, ValueError, TypeError) as error:
+                raise BadImage(f"ors server {url}: an image block whose data is not base64 ({error})") from None
+        else:
+            raise OrsServerError(f"ors server {url}: a {kind or type(block).__name__} block; ors reads text and images")
+    if all(part["type"] == "text" for part in parts):
+        return "\n".join(part["text"] for part in parts)
+    return parts
 
 
 def _loop() -> asyncio.AbstractEventLoop:

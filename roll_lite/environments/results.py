@@ -12,6 +12,8 @@ FAULTS = {
     "raised": "reset or step raised an exception (the error names it)",
     "timed_out": "the call ran past step_timeout_s; its process was killed and started again",
     "bad_return": "reset or step returned something the contract does not allow (the error says what)",
+    "bad_image": "an image of the observation cannot be read or encoded, or the policy reads no images "
+    "(the error says which)",
     "crashed": "the process died during the call (os._exit, a segfault, the OOM killer)",
     "lost": "its process was restarted for another environment's fault, and replaying this one's actions on "
     "a new instance did not give the same results (a non-deterministic environment) or itself failed",

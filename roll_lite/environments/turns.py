@@ -8,7 +8,10 @@ from what was sampled: verl #6501, NeMo RL #2821, TRL #5242).
 token: what the chat template puts after that token (e.g. Qwen's newline after <|im_end|>), the
 observation as a user / tool message, and the generation prompt. `Trajectory` keeps the pieces apart,
 so the model's tokens (model_mask: trained) and the environment's (conditioned on, never trained) are
-known exactly.
+known exactly. A vision-language policy's observations may hold images (environments/images.py): the
+processor expands each image's placeholder once as its observation is appended (`observation_inputs`), and the
+trajectory keeps its images' inputs in order (`Trajectory.images`), so that the engine generates each turn from
+the ids and every image so far, and the trainer gets the same (`trajectory_batch`: non_tensor_batch["image_inputs"]).
 
 With an MoE policy whose engine records routing (actor.router_replay), each token keeps the experts of the engine's
 forward that first read it (roll_lite/rollout/engine.py `merge_routing`): a model turn's tokens those of the
@@ -45,6 +48,24 @@ def observation_ids(
     end = tokenizer.eos_token_id if end_of_turn_id is None else end_of_turn_id
     before = render_chat(tokenizer, _BEFORE, add_generation_prompt=False)
     after = render_chat(tokenizer, _BEFORE + as_messages(observation, role))
+    return _after_turn(before, after, end)
+
+
+def observation_inputs(
+    processor, observation: str | list[dict], end_of_turn_id: int, role: str = "user"
+) -> tuple[list[int], dict | None]:
+    """observation_ids for a vision-language policy: (the ids the observation adds, each of its images'
+    placeholders expanded once by the processor; its images' inputs {pixel_values, image_grid_thw} or None).
+    contract.BadImage when an image cannot be encoded."""
+    from roll_lite.environments.images import encode_messages
+
+    before, _ = encode_messages(processor, _BEFORE, add_generation_prompt=False)
+    after, images = encode_messages(processor, _BEFORE + as_messages(observation, role))
+    return _after_turn(before, after, end_of_turn_id), images
+
+
+def _after_turn(before: list[int], after: list[int], end: int) -> list[int]:
+    """What `after` (the conversation and the observation) adds past `before`'s last end-of-turn token."""
     if end not in before:
         raise TemplateError(
             f"the chat template does not end an assistant turn with the end-of-turn token (id {end}); "
@@ -68,14 +89,26 @@ class Trajectory:
     pieces: list[tuple[list[int], list[float] | None]] = field(default_factory=list)
     # an MoE engine's experts [tokens, layers, k] (int16) of the tokens up to the last model turn (merge_routing)
     routed_experts: torch.Tensor | None = None
+    # a vision-language policy's: the image inputs {pixel_values, image_grid_thw} of the prompt and of each
+    # observation with images, in the order of their image tokens (environments/images.py)
+    images: list[dict] = field(default_factory=list)
 
     def add_model_turn(self, token_ids: list[int], log_probs: list[float]) -> None:
         if len(token_ids) != len(log_probs):
             raise ValueError(f"a model turn of {len(token_ids)} tokens came with {len(log_probs)} log-probs")
         self.pieces.append((list(token_ids), list(log_probs)))
 
-    def add_observation(self, token_ids: list[int]) -> None:
+    def add_observation(self, token_ids: list[int], images: dict | None = None) -> None:
         self.pieces.append((list(token_ids), None))
+        if images is not None:
+            self.images.append(images)
+
+    @property
+    def image_inputs(self) -> dict | None:
+        """All the trajectory's images so far, in the order of their image tokens; None: none."""
+        from roll_lite.environments.images import join_image_inputs
+
+        return join_image_inputs(self.images)
 
     @property
     def response_ids(self) -> list[int]:
@@ -122,6 +155,8 @@ def trajectory_batch(trajectories: list[Trajectory], pad_token_id: int) -> DataP
             trajectory.model_mask, dtype=torch.long
         )
     batch.batch["model_mask"] = model_mask
+    if any(t.images for t in trajectories):  # each row its trajectory's images (roll_lite/strategy/vision_inputs.py)
+        batch.non_tensor_batch["image_inputs"] = [t.image_inputs for t in trajectories]
     if trajectories and all(t.routed_experts is not None for t in trajectories):  # an MoE engine's (merge_routing)
         batch.batch["routed_experts"] = token_aligned_experts(
             batch["attention_mask"], [t.token_experts() for t in trajectories]
