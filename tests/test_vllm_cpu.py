@@ -8,8 +8,10 @@ log softmax(logits / T) within LOGP_TOLERANCE (float32), at T = 0.7 and 1, and g
 the hf engine's on the same weights. A skipped sync, a partial one and a prefix cache kept across a
 sync each show, and each is caught. The same with LoRA adapters (tests/test_vllm_lora.py: an engine with
 LoRA enabled per model, the actor HF + peft): every adapter sync, a reused LoRA id, a skipped sync, bad
-adapters. The four engines are forked from one process (`python tests/test_vllm_lora.py ...`), which
-imports torch, transformers and vLLM once for all of them.
+adapters. And vision-language models' (tests/vllm_image_checks.py: a tiny Qwen2.5-VL and a tiny
+Qwen3-VL, images in the prompts): each image's tokens expanded exactly once, the vision tower synced
+(or, frozen, never sent), the log-probs the restricted policy head's. The six engines are forked from
+one process (`python tests/test_vllm_lora.py ...`), which imports torch, transformers and vLLM once.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ pytestmark = pytest.mark.skipif(
 def engine_checks() -> tuple[dict, str]:
     """Both models' findings without LoRA and with it, from one process that forks an engine process per
     model and mode: ({name: findings}, its stderr)."""
-    return found_lines(REPO / "tests/test_vllm_lora.py", ["tied", "untied", "lora_tied", "lora_untied"], REPO)
+    return found_lines(
+        REPO / "tests/test_vllm_lora.py", ["tied", "untied", "lora_tied", "lora_untied", "images", "images_qwen3"], REPO
+    )
 
 
 @pytest.fixture(scope="module", params=["tied", "untied"])
@@ -140,6 +144,60 @@ def test_bad_adapters_are_refused_clearly_and_the_previous_one_stays(found_lora)
         "vllm cannot serve the adapter" in found_lora["lm_head_adapter"] and "lm_head" in found_lora["lm_head_adapter"]
     )
     assert found_lora["after_refused_syncs"]["max"] <= LOGP_TOLERANCE
+
+
+# --- a vision-language model's engine (tests/vllm_image_checks.py: tiny Qwen2.5-VL and Qwen3-VL, prompts with 1, 2, 0
+# images) ---
+
+
+@pytest.fixture(scope="module", params=["images", "images_qwen3"])
+def found_images(request, engine_checks) -> dict:
+    """The engine's findings with a tiny Qwen2.5-VL (images) and a tiny Qwen3-VL (images_qwen3)."""
+    findings, stderr = engine_checks
+    assert request.param in findings, stderr[-4000:]
+    return findings[request.param]
+
+
+def test_vllm_runs_the_trainers_ids_each_image_expanded_exactly_once(found_images):
+    assert found_images["vllm_version"] == "0.32.0" and found_images["on_cpu"]
+    assert found_images["image_tokens_per_prompt"] == [4, 8, 0]
+    assert found_images["engine_ids_are_trainer_ids"]  # vLLM ran == trained on == a fresh processor call
+    # negative control: the expanded ids handed to vLLM as they are get expanded a second time, and vLLM
+    # runs them silently; the engine's check names it
+    assert found_images["expanded_twice_image_tokens"] == [7, 14]
+    assert "not expanded exactly once" in found_images["expanded_twice_error"]
+
+
+def test_vllm_never_samples_a_vision_token_and_decodes_greedily_as_the_hf_engine(found_images):
+    assert found_images["tokens_sampled"] > 150 and found_images["vision_tokens_sampled"] == 0
+    assert found_images["greedy_equal"]
+
+
+def test_after_every_sync_the_engines_log_probs_on_image_prompts_are_the_actors(found_images):
+    """Restricted to the vocabulary without the vision tokens, as the policy head's."""
+    assert len(found_images["syncs"]) == 3
+    for sync, checks in enumerate(found_images["syncs"]):
+        for key in ("sampled_t0.7", "sampled_t1"):
+            assert checks[key]["tokens"] > 50 and checks[key]["max"] <= LOGP_TOLERANCE, (sync, key, checks[key])
+    # what the restriction is for: the whole vocabulary's log-probs of the same samples are off by log(1 - m)
+    assert found_images["unrestricted_gap"]["mean"] > 100 * LOGP_TOLERANCE
+
+
+def test_the_vision_tower_is_synced_and_a_stale_one_stops_the_run(found_images):
+    assert "missing ['model.visual.blocks.0.attn.proj.bias'" in found_images["tower_left_out_error"]
+    # a sync that leaves the tower stale: the text prompt's log-probs are the actor's, the image prompts' are not
+    assert found_images["stale_tower_text_gap"]["max"] <= LOGP_TOLERANCE
+    assert found_images["stale_tower_gap"]["mean"] > 10 * LOGP_TOLERANCE
+    assert "the engine is not generating with the actor's weights" in found_images["stale_tower_stops_the_run"]
+    assert found_images["after_full_sync"]["max"] <= LOGP_TOLERANCE
+    # vLLM keeps image features by the image's hash: a sync that kept them would serve the old tower's
+    assert found_images["sync_keeping_the_encoder_cache"]["mean"] > 10 * LOGP_TOLERANCE
+
+
+def test_a_frozen_tower_is_never_sent_and_keeps_its_weights(found_images):
+    assert found_images["frozen_sync_tower_names"] == 0
+    assert found_images["frozen_tower_sync"]["max"] <= LOGP_TOLERANCE
+    assert "not in this sync (part_of) ['model.visual." in found_images["frozen_sync_with_tower_error"]
 
 
 @pytest.fixture(scope="module")

@@ -225,3 +225,47 @@ def test_engine_refuses_a_sync_without_every_checkpoint_tensor_before_vllm_sees_
     assert llm.calls == []
     engine.update_weights({"a.weight": torch.zeros(1), "b.weight": torch.zeros(1)})
     assert [c[0] for c in llm.calls] == ["roll_lite_load_weights", "reset_prefix_cache"]
+
+
+# --- prompts with images (roll_lite/rollout/vllm_images.py) ---
+
+
+def test_each_images_run_of_tokens_is_folded_to_one_placeholder_and_a_wrong_run_is_refused():
+    from roll_lite.rollout.vllm_images import folded_prompt, image_request
+
+    pad, grids = 9, torch.tensor([[1, 4, 4], [1, 4, 8]])  # 4 and 8 image tokens (merge 2)
+    ids = [1, 7, *[pad] * 4, 8, 3, 7, *[pad] * 8, 8, 5]
+    assert folded_prompt(ids, grids, pad, 2) == [1, 7, pad, 8, 3, 7, pad, 8, 5]
+    entry = {"pixel_values": torch.zeros(48, 24), "image_grid_thw": grids}
+    request = image_request(ids, entry, pad, 2)
+    assert request["prompt_token_ids"] == [1, 7, pad, 8, 3, 7, pad, 8, 5]
+    assert request["multi_modal_data"]["image"]["image_grid_thw"] is grids
+    assert image_request([1, 2], None, pad, 2) == {"prompt_token_ids": [1, 2]}
+    with pytest.raises(ValueError, match="a run of 12 image tokens where its grid needs 4"):
+        folded_prompt([1, *[pad] * 12, 5], grids, pad, 2)  # two images' tokens side by side
+    with pytest.raises(ValueError, match="expanded exactly once"):
+        folded_prompt([1, pad, 8, 7, pad, 8], grids, pad, 2)  # the placeholders not expanded
+    with pytest.raises(ValueError, match="expanded exactly once"):
+        image_request([1, pad, 2], None, pad, 2)  # an image token in a text prompt
+
+
+def test_ids_vllm_ran_that_are_not_the_trainers_are_an_error_naming_the_prompt():
+    from roll_lite.rollout.vllm_images import check_engine_ids
+
+    ran = [SimpleNamespace(prompt_token_ids=[1, 9, 9, 2]), SimpleNamespace(prompt_token_ids=[1, 9, 9, 9, 2])]
+    check_engine_ids(ran[:1], [[1, 9, 9, 2]])
+    with pytest.raises(
+        RuntimeError, match="vllm ran prompt 1 as 5 ids where the trainer holds 4, first difference at position 3"
+    ):
+        check_engine_ids(ran, [[1, 9, 9, 2], [1, 9, 9, 2]])
+
+
+def test_a_partial_sync_is_a_vision_language_models_language_model_or_refused():
+    text = VLLMEngine(llm=None, sampling_params_class=dict, eos_token_id=EOS, tie_word_embeddings=True)
+    with pytest.raises(ValueError, match="a vision-language model's engine"):
+        text.update_weights({}, part_of={"model.norm.weight"})
+    names = ["model.language_model.norm.weight", "model.visual.merger.mlp.0.weight"]
+    vision = VLLMEngine(None, dict, EOS, True, checkpoint_names=names, images={"image_token_id": 9})
+    assert vision.language_model_names() == {"model.language_model.norm.weight"}
+    with pytest.raises(ValueError, match="part_of may name a vision-language model's language model only"):
+        vision.update_weights({}, part_of=set(names))

@@ -8,7 +8,7 @@ script of the real engine's checks (`engine_checks_of`), which tests/test_vllm_c
 tests/test_vllm_lora.py tied untied lora_tied lora_untied` prints one JSON object of findings per name, each
 model's engine in a process of its own, forked after the imports (tests/vllm_checks.py `each_in_a_fork`):
 `tied`/`untied` are tests/vllm_checks.py's checks of the engine without LoRA, `lora_tied`/`lora_untied`
-these. One process for both, so torch, transformers and vLLM are imported once for the four engines.
+these, `images` tests/vllm_image_checks.py's. One process for both, so torch, transformers and vLLM are imported once for the four engines.
 
 The actor: a tiny Qwen2 (random init, the base weights synced once in memory) with a rank-8 PEFT
 adapter on every linear layer (q/k/v/o/gate/up/down), its lora_B set nonzero (PEFT starts it at zero:
@@ -219,10 +219,15 @@ def engine_checks_of(tied: bool, folder: str) -> dict:
 
 def checks_of(name: str) -> dict:
     """`lora_tied`, `lora_untied`: this file's checks, in a scratch folder; `tied`, `untied`: the engine's
-    without LoRA (tests/vllm_checks.py)."""
+    without LoRA (tests/vllm_checks.py); `images`: a vision-language model's (tests/vllm_image_checks.py)."""
     import tempfile
 
     import vllm_checks
+
+    if name.startswith("images"):  # images: Qwen2.5-VL, images_qwen3: Qwen3-VL
+        import vllm_image_checks
+
+        return vllm_image_checks.main("qwen3_vl" if name == "images_qwen3" else "qwen2_5_vl")
 
     if not name.startswith("lora_"):
         return vllm_checks.main(name == "tied")

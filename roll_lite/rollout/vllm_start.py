@@ -65,11 +65,14 @@ def start_llm(
     enforce_eager: bool,
     lora_rank: int | None = None,
     batch_invariant: bool = False,
+    processor=None,
 ):
     """A vllm.LLM for the model `hf_config` describes, in this process, with dummy weights. Returns
     (llm, vllm.SamplingParams). `lora_rank`: serve LoRA adapters of rank up to this (see `lora_settings`).
     `batch_invariant` (rollout.vllm_batch_invariant, GPU): vLLM's batch-invariant kernels, which vLLM
-    reads from VLLM_BATCH_INVARIANT when it starts; set here, in the rollout worker's process."""
+    reads from VLLM_BATCH_INVARIANT when it starts; set here, in the rollout worker's process.
+    `processor`: a vision-language model's (roll_lite/model/vision.py), which vLLM's input processor then
+    uses (vllm_images.py: prompts with images)."""
     if batch_invariant:
         os.environ["VLLM_BATCH_INVARIANT"] = "1"
     if tensor_parallel_size == 1:
@@ -92,11 +95,16 @@ def start_llm(
         gc.collect()
         gc.freeze()
     with tempfile.TemporaryDirectory(prefix="roll_lite_vllm_config_") as folder:
-        causal_lm_architecture(hf_config).save_pretrained(folder)  # config.json: vLLM reads the architecture
+        if processor is None:
+            causal_lm_architecture(hf_config).save_pretrained(folder)  # config.json: vLLM reads the architecture
+            inputs: dict[str, Any] = dict(skip_tokenizer_init=True)
+        else:
+            from roll_lite.rollout.vllm_images import prepare_config_folder
+
+            inputs = prepare_config_folder(hf_config, folder, processor)
         llm = vllm.LLM(
             model=folder,
             load_format="dummy",
-            skip_tokenizer_init=True,
             generation_config="vllm",
             dtype=dtype,
             seed=seed,
@@ -108,6 +116,7 @@ def start_llm(
             worker_extension_cls=f"{LoadWeightsInMemory.__module__}.LoadWeightsInMemory",
             enforce_eager=enforce_eager,
             **lora_settings(lora_rank),
+            **inputs,
         )
     return llm, vllm.SamplingParams
 

@@ -22,10 +22,14 @@ def vllm_weights(state_dict: dict[str, torch.Tensor], tie_word_embeddings: bool)
 def checkpoint_names(hf_config) -> list[str]:
     """The tensor names `save_pretrained` writes for a model of `hf_config` (built on the meta device:
     no memory, no weights), without the LM head when it is tied to the embedding."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config)
+    from roll_lite.rollout.vllm_images import is_vision_config
+
+    with torch.device("meta"):  # a vision-language model: its vision tower's names too
+        model = (AutoModelForImageTextToText if is_vision_config(hf_config) else AutoModelForCausalLM).from_config(
+            hf_config
+        )
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
     return [name for name, _ in vllm_weights(model.state_dict(), tied)]
 
@@ -40,7 +44,9 @@ class LoadWeightsInMemory:
 
         def get_model(self) -> Any: ...
 
-    def roll_lite_load_weights(self, weights: list[tuple[str, torch.Tensor]], tie_word_embeddings: bool) -> list[str]:
+    def roll_lite_load_weights(
+        self, weights: list[tuple[str, torch.Tensor]], tie_word_embeddings: bool, language_model_only: bool = False
+    ) -> list[str]:
         """Reload HF-named tensors in place; returns the parameters that were not loaded (vLLM's
         names), which the engine treats as an error.
 
@@ -49,22 +55,27 @@ class LoadWeightsInMemory:
         them. vLLM's layer-wise reload gives each layer its checkpoint-format parameters back, loads,
         and processes them again. A tied LM head loads nothing of its own (its weight is the
         embedding's), so the reload leaves its processed copy as it was: it is processed again here
-        (on CPU its packed head would otherwise keep the old embedding; on GPU this does nothing)."""
+        (on CPU its packed head would otherwise keep the old embedding; on GPU this does nothing).
+
+        `language_model_only` (a vision-language model whose vision tower is frozen): only the language
+        model's layers are reloaded, and only its parameters must be loaded; the tower keeps its weights."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
         model = self.get_model()
+        part = model.get_language_model() if language_model_only else model
+        prefix = next(name for name, module in model.named_modules() if module is part)
         with set_current_vllm_config(self.vllm_config):
-            initialize_layerwise_reload(model)
+            initialize_layerwise_reload(part)
             loaded = model.load_weights(weights=weights)
-            finalize_layerwise_reload(model, self.vllm_config.model_config)
-            if tie_word_embeddings:
-                head = model.lm_head
+            finalize_layerwise_reload(part, self.vllm_config.model_config)
+            if tie_word_embeddings:  # a vision-language model's head is its language model's
+                head = (model.get_language_model() if hasattr(model, "get_language_model") else model).lm_head
                 head.quant_method.process_weights_after_loading(head)
         # with LoRA on, vLLM wraps each adapted layer (its weights under `base_layer`) but loads by the
         # unwrapped names; the adapters' own tensors are no parameters
         lora = self.vllm_config.lora_config is not None
-        names = {name.replace(".base_layer.", ".") if lora else name for name, _ in model.named_parameters()}
+        names = {name.replace(".base_layer.", ".") if lora else name for name, _ in part.named_parameters(prefix)}
         return sorted(names - set(loaded))
 
 
