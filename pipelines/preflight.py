@@ -40,7 +40,7 @@ def check_run(config: RunConfig) -> ModelConfig:
     if model_config is not None and hasattr(model_config, "vision_config"):
         raise ConfigError(
             "model.pretrained_path: a vision-language model's folder is not read yet (docs/vision.md); "
-            "model.model_type=qwen2_5_vl builds one from the model keys"
+            "model.model_type=qwen2_5_vl or qwen3_vl builds one from the model keys"
         )
     tokenizer = _tokenizer(config)
     if model_config is None:

@@ -340,7 +340,7 @@ def test_image_rows_are_read_before_ray_starts_then_refused(tmp_path, monkeypatc
     assert main([*run, "data.train_files=train.jsonl"]) == 2
     assert capsys.readouterr().err.strip() == (
         "roll-train: config error: data.image_key: the rows and their images are good, but the model reads no "
-        "images: set model.model_type=qwen2_5_vl (a vision-language model built from the model keys; docs/vision.md)"
+        "images: set model.model_type=qwen2_5_vl or qwen3_vl (a vision-language model built from the model keys; docs/vision.md)"
     )
     assert main([*run, "data.train_files=train.jsonl", "data.eval_files=text.jsonl"]) == 2
     assert capsys.readouterr().err.strip() == (

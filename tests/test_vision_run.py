@@ -1,5 +1,5 @@
 """GRPO on image rows through roll-train (docs/vision.md): a tiny Qwen2.5-VL built from the `model` keys
-(model.model_type=qwen2_5_vl), prompts rendered by the processor in the driver, the hf engine generating from
+(model.model_type=qwen2_5_vl; once a tiny Qwen3-VL, model.model_type=qwen3_vl), prompts rendered by the processor in the driver, the hf engine generating from
 each prompt's images, the batch carrying them (non_tensor_batch["image_inputs"]) to the trainer, and the
 weight sync of the vision tower when it trains (model.freeze_vision=false) and not when frozen.
 
@@ -75,6 +75,12 @@ RUN = [
     "pipeline=test_vision_run:Recording",
 ]
 RECORDS: dict[str, list[dict]] = {}  # run name -> per step: its batch, the vision weights after its sync
+# the one-process runs: name -> (its overrides, its model family)
+RUNS = {
+    "trained": ([], "qwen2_5_vl"),
+    "frozen": (["model.freeze_vision=true"], "qwen2_5_vl"),
+    "qwen3": (["model.model_type=qwen3_vl"], "qwen3_vl"),
+}
 
 
 def vision_part(state: dict) -> dict:
@@ -118,7 +124,7 @@ def runs(data):
     from roll_lite.cli import main
 
     common = [*RUN, f"data.train_files={data / 'train.jsonl'}", f"output_dir={data / 'out'}"]
-    for name, extra in (("trained", []), ("frozen", ["model.freeze_vision=true"])):
+    for name, (extra, _) in RUNS.items():
         assert main(["--config", str(REPO / "configs/grpo.yaml"), *common, f"run_name={name}", *extra]) == 0
     return data
 
@@ -128,17 +134,17 @@ def metrics(folder, name):
     return [record for record in map(json.loads, lines) if record["step"] >= 1]
 
 
-def initial_vision():
+def initial_vision(model_type: str = "qwen2_5_vl"):
     """The vision tower every run starts from: the model keys' build, seeded by the run's seed (0)."""
     from roll_lite.config import load_config
     from roll_lite.model.vision_run import load_vision_lm
 
-    config = load_config(None, MODEL)
+    config = load_config(None, [*MODEL, f"model.model_type={model_type}"])
     return vision_part(load_vision_lm(config.model, seed=config.seed).state_dict())
 
 
 def test_each_step_trains_and_the_engine_log_probs_are_the_trainers(runs):
-    for name in ("trained", "frozen"):
+    for name in RUNS:
         records = metrics(runs, name)
         assert [r["step"] for r in records] == [1, 2]
         for r in records:
@@ -148,12 +154,13 @@ def test_each_step_trains_and_the_engine_log_probs_are_the_trainers(runs):
 
 def test_the_ids_trained_on_are_a_fresh_processor_call_with_each_image_once(runs):
     """Every sample: its prompt ids and image inputs are those of a fresh processor on its row, its image
-    tokens exactly its images' (none sampled), and its response holds no vision token."""
-    fresh = run_processor()
-    image_token, vision_ids = fresh.image_token_id, set(vision_token_ids(fresh.tokenizer))
+    tokens exactly its images' (none sampled), and its response holds no vision token. Qwen3-VL's processor
+    normalises the pixels otherwise (mean = std = 0.5): its run's pixel_values are not Qwen2.5-VL's."""
     images = {name: Image.open(runs / f"{name}.png").convert("RGB") for name in COLORS}
     by_row = {(json.dumps(m), answer): (m, files) for m, files, answer in ROWS}
-    for step in RECORDS["trained"] + RECORDS["frozen"]:
+    steps = [(step, run_processor(model_type=family)) for name, (_, family) in RUNS.items() for step in RECORDS[name]]
+    for step, fresh in steps:
+        image_token, vision_ids = fresh.image_token_id, set(vision_token_ids(fresh.tokenizer))
         batch = step["batch"]
         inputs = batch.non_tensor_batch["image_inputs"]
         for row in range(len(batch)):
@@ -168,16 +175,27 @@ def test_the_ids_trained_on_are_a_fresh_processor_call_with_each_image_once(runs
             held = int((batch["input_ids"][row, :length] == image_token).sum())
             assert held == int(expected["image_grid_thw"].prod(-1).sum()) // 4 > 0  # merge 2 × 2
             assert not vision_ids & set(batch["input_ids"][row, start:length].tolist())
+    qwen3 = RECORDS["qwen3"][0]["batch"]
+    m, files = by_row[json.dumps(qwen3.non_tensor_batch["prompt"][0]), qwen3.non_tensor_batch["answer"][0]]
+    other = encode_conversation(run_processor(), m, [images[f.removesuffix(".png")] for f in files])
+    assert not torch.equal(qwen3.non_tensor_batch["image_inputs"][0]["pixel_values"], other["pixel_values"])
 
 
 def test_a_trained_vision_tower_changes_and_is_synced_a_frozen_one_stays(runs):
+    """Qwen3-VL's tower includes its learned position embeddings and DeepStack mergers."""
+    for run in ("trained", "qwen3"):
+        start = initial_vision(RUNS[run][1])
+        for step in RECORDS[run]:
+            assert step["engine"].keys() == step["actor"].keys() == start.keys()
+            for name, value in step["actor"].items():
+                torch.testing.assert_close(step["engine"][name], value, rtol=0, atol=0)
+        changed = [name for name, value in RECORDS[run][-1]["actor"].items() if not torch.equal(value, start[name])]
+        assert len(changed) > len(start) // 2
+        if run == "qwen3":
+            assert {"model.visual.pos_embed.weight", "model.visual.deepstack_merger_list.0.linear_fc2.weight"} <= set(
+                changed
+            )
     start = initial_vision()
-    for step in RECORDS["trained"]:
-        assert step["engine"].keys() == step["actor"].keys() == start.keys()
-        for name, value in step["actor"].items():
-            torch.testing.assert_close(step["engine"][name], value, rtol=0, atol=0)
-    changed = [name for name, value in RECORDS["trained"][-1]["actor"].items() if not torch.equal(value, start[name])]
-    assert len(changed) > len(start) // 2
     for step in RECORDS["frozen"]:
         for name, value in start.items():
             assert torch.equal(step["actor"][name], value) and torch.equal(step["engine"][name], value)
@@ -252,21 +270,26 @@ def test_over_ray_the_images_travel_to_the_workers(data):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["rollout.engine=vllm"], "rollout.engine: vllm does not generate from images yet"),
+        (["rollout.engine=vllm", "rollout.top_p=0.9"], "rollout.top_p: rollout.engine=vllm with a vision-language"),
         (["rollout.exact=true"], "rollout.exact: the exact decoding loop takes no images yet"),
         (["rollout.fully_async=true"], "rollout.fully_async: partial rollouts take no images yet"),
         (
             ["pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline", "environment.name=guess_the_number"],
-            "environment.name: the multi-turn pipeline does not train a vision-language model",
+            "data.image_key: a multi-turn run's rows seed its environments (environment.name=guess_the_number)",
         ),
-        (["pipeline=roll_lite.pipelines.sft:SFTPipeline"], "pipeline: SFT does not train a vision-language model"),
-        (["pipeline=roll_lite.pipelines.dpo:DPOPipeline"], "pipeline: DPO does not train a vision-language model"),
-        (["sft.steps=5"], "sft.steps: the SFT warm start does not train a vision-language model"),
+        (
+            ["pipeline=roll_lite.pipelines.reward_model:RewardModelPipeline"],
+            "pipeline: the reward-model pipeline does not train a vision-language model",
+        ),
         (["actor.sequence_parallel=2", "workers.actor_dp=2"], "actor.sequence_parallel: batches with images"),
         (["actor.lora.rank=4"], "actor.lora.rank: no LoRA on a vision-language model"),
         (["algorithm.advantage=gae"], "algorithm.advantage: gae needs a critic"),
         (["distill.teacher=teacher"], "distill.teacher: teachers do not score image prompts yet"),
         (["model.model_type=qwen2"], "model.freeze_vision: needs a vision-language model: model.model_type=qwen2_5_vl"),
+        (
+            ["model.model_type=qwen3_vl", "model.hidden_size=8", "model.intermediate_size=16"],
+            "model.num_attention_heads: Qwen3-VL's interleaved M-RoPE needs a head_dim",
+        ),
     ],
 )
 def test_what_a_vision_language_model_does_not_run_with_yet_is_a_config_error_naming_the_key(overrides, message):

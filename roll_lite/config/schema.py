@@ -22,8 +22,8 @@ class ModelConfig:
     a local folder saved with save_pretrained, or a hub id (org/name). The architecture keys below
     only apply to a model built from config."""
 
-    # an HF architecture name (qwen2, llama, ...): AutoConfig.for_model; qwen2_5_vl: a vision-language model
-    # (a tiny Qwen2.5-VL sized by the keys below, with the vision tokens of docs/vision.md)
+    # an HF architecture name (qwen2, llama, ...): AutoConfig.for_model; qwen2_5_vl or qwen3_vl: a vision-language
+    # model (a tiny Qwen2.5-VL or Qwen3-VL sized by the keys below, with the vision tokens of docs/vision.md)
     model_type: str = "qwen2"
     hidden_size: int = 128  # width of the residual stream
     intermediate_size: int = 512  # width of each MLP's hidden layer
@@ -53,7 +53,7 @@ class ModelConfig:
     # or a Jinja template of your own. It is saved with the tokenizer in final/.
     chat_template: Optional[str] = None
     # a vision-language model (docs/vision.md): true leaves its vision tower and merger out of training (no
-    # gradient, no optimizer state, not sent to the rollout engine). Needs model.model_type=qwen2_5_vl
+    # gradient, no optimizer state, not sent to the rollout engine). Needs model.model_type=qwen2_5_vl or qwen3_vl
     freeze_vision: bool = False
 
 
@@ -87,10 +87,12 @@ class DataConfig:
     # bytes, or a datasets Image feature, or a list of them; the prompt is then chat messages with one
     # {"type": "image"} part per image, rendered by the processor (each image's tokens expanded once). Every
     # image is decoded before Ray starts (a missing or corrupt one is a data error naming file, row and key).
-    # Needs model.model_type=qwen2_5_vl (PPO / GRPO, hf engine). null: text only
+    # Needs model.model_type=qwen2_5_vl or qwen3_vl (PPO / GRPO, hf engine; SFT, its warm start and DPO read the
+    # column of sft.train_files / preference.train_files rows). null: text only
     image_key: Optional[str] = None
     # each image is resized so that its pixel count lies in [min_pixels, max_pixels], sides multiples of the
-    # processor's patch_size x merge_size (Qwen's smart_resize); null: 64 and 1024. Needs data.image_key
+    # processor's patch_size x merge_size (Qwen's smart_resize); null: 64 and 1024. Needs data.image_key, or
+    # environment.name (the images of a multi-turn run's observations)
     min_pixels: Optional[int] = None
     max_pixels: Optional[int] = None
     shuffle: bool = True  # a new seeded order every epoch

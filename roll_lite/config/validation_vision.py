@@ -1,5 +1,6 @@
 """Image keys (docs/vision.md): data.image_key, the resize bounds data.min_pixels / data.max_pixels,
-model.freeze_vision, and what a vision-language model (model.model_type=qwen2_5_vl) does not run with yet.
+model.freeze_vision, and what a vision-language model (model.model_type=qwen2_5_vl or
+qwen3_vl) does not run with yet.
 The images themselves are read and checked with the data, before Ray starts (roll_lite/data/images.py); a
 text model then stops there with a config error (roll_lite/data/image_prompts.py)."""
 
@@ -9,12 +10,9 @@ from roll_lite.config.key_checks import check
 from roll_lite.config.schema import RunConfig
 from roll_lite.model.vision_run import VISION_MODEL_TYPES, is_vision_model
 
-# pipelines that train a vision-language model on nothing but the RL prompts yet
+# pipelines that do not train a vision-language model yet (SFT and DPO do: docs/vision.md, "SFT and DPO on image rows")
 NOT_ON_IMAGES = {
-    "roll_lite.pipelines.sft:SFTPipeline": "SFT",
-    "roll_lite.pipelines.dpo:DPOPipeline": "DPO",
     "roll_lite.pipelines.reward_model:RewardModelPipeline": "the reward-model pipeline",
-    "roll_lite.pipelines.multi_turn:MultiTurnPipeline": "the multi-turn pipeline",
 }
 
 
@@ -27,7 +25,12 @@ def validate_vision(config: RunConfig) -> None:
         value = getattr(data, key)
         if value is None:
             continue
-        check(data.image_key is not None, f"data.{key}", "bounds the images of data.image_key, which is not set")
+        check(
+            data.image_key is not None or config.environment.name is not None,
+            f"data.{key}",
+            "bounds the images of data.image_key, which is not set (nor environment.name, whose observations' "
+            "images it bounds too)",
+        )
         check(value >= 1, f"data.{key}", f"must be >= 1 (pixels), got {value}")
     if data.min_pixels is not None and data.max_pixels is not None:
         check(
@@ -51,16 +54,31 @@ def _validate_vision_run(config: RunConfig) -> None:
     error naming its key."""
     vlm = f"a vision-language model, model.model_type={config.model.model_type}"
     r = config.rollout
-    check(r.engine == "hf", "rollout.engine", f"{r.engine} does not generate from images yet; {vlm} needs hf")
-    check(not r.exact, "rollout.exact", f"the exact decoding loop takes no images yet ({vlm}): set false")
-    check(not r.fully_async, "rollout.fully_async", f"partial rollouts take no images yet ({vlm}): set false")
-    check(
-        config.environment.name is None and config.pipeline not in NOT_ON_IMAGES,
-        "pipeline" if config.environment.name is None else "environment.name",
-        f"{NOT_ON_IMAGES.get(config.pipeline, 'multi-turn rollouts')} does not train {vlm} yet: PPO / GRPO "
-        "(roll_lite.pipelines.ppo:PPOPipeline) do",
+    check(  # vLLM masks the vision tokens (allowed_token_ids) before its processed log-probs only (docs/vision.md)
+        r.engine != "vllm" or (r.top_p == 1.0 and r.top_k == 0),
+        "rollout.top_p" if r.top_p != 1.0 else "rollout.top_k",
+        f"rollout.engine=vllm with {vlm} records log-probs over the vocabulary without the vision tokens only "
+        f"when nothing is truncated: set rollout.top_p=1 and rollout.top_k=0 (or rollout.engine=hf)",
     )
-    check(config.sft.steps == 0, "sft.steps", f"the SFT warm start does not train {vlm} yet: set 0")
+    check(not r.exact, "rollout.exact", f"the exact decoding loop takes no images yet ({vlm}): set false")
+    check(
+        not r.fully_async,
+        "rollout.fully_async",
+        f"partial rollouts take no images yet, nor multi-turn episodes ahead ({vlm}): set false",
+    )
+    check(
+        config.pipeline not in NOT_ON_IMAGES,
+        "pipeline",
+        f"{NOT_ON_IMAGES.get(config.pipeline)} does not train {vlm} yet: the PPO / GRPO, multi-turn, SFT and "
+        "DPO pipelines do",
+    )
+    # multi-turn (MultiTurnPipeline): the images come from the environment's observations (docs/vision.md)
+    check(
+        config.environment.name is None or config.data.image_key is None,
+        "data.image_key",
+        f"a multi-turn run's rows seed its environments (environment.name={config.environment.name}) and hold no "
+        f"images; {vlm} sees the images the environment's observations show: set null",
+    )
     check(
         config.actor.sequence_parallel == 1,
         "actor.sequence_parallel",
@@ -78,3 +96,12 @@ def _validate_vision_run(config: RunConfig) -> None:
         "distill.teacher",
         f"teachers do not score image prompts yet ({vlm})",
     )
+    m = config.model
+    if m.model_type == "qwen3_vl":  # interleaved M-RoPE (roll_lite/model/qwen3_vl.py, interleaved_mrope_section)
+        head_dim = m.hidden_size // max(m.num_attention_heads, 1)
+        check(
+            head_dim >= 6,
+            "model.num_attention_heads",
+            f"Qwen3-VL's interleaved M-RoPE needs a head_dim (model.hidden_size / model.num_attention_heads) of "
+            f"at least 6, got {m.hidden_size} / {m.num_attention_heads} = {head_dim}",
+        )

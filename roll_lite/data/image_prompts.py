@@ -24,7 +24,7 @@ def refuse_without_encoder(data) -> None:
     check_image_files(data)
     raise ConfigError(
         "data.image_key: the rows and their images are good, but the model reads no images: set "
-        "model.model_type=qwen2_5_vl (a vision-language model built from the model keys; docs/vision.md)"
+        "model.model_type=qwen2_5_vl or qwen3_vl (a vision-language model built from the model keys; docs/vision.md)"
     )
 
 
