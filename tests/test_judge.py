@@ -65,6 +65,9 @@ def test_a_bad_judge_folder_is_named_with_its_key(tmp_path):
         check_judge_folder(classifier, "reward.judges.rm")
 
 
+PARTS = [{"type": "image"}, {"type": "text", "text": "how many? "}, {"type": "image"}]  # an image row's content
+
+
 def test_replies_become_scores_or_named_outcomes(tmp_path, monkeypatch):
     judge = Judge(save_judge(tmp_path / "judge"), template="correctness", max_new_tokens=8)
     seen = []
@@ -80,13 +83,15 @@ def test_replies_become_scores_or_named_outcomes(tmp_path, monkeypatch):
     monkeypatch.setattr(
         judge.engine,
         "generate",
-        replies(["Verdict: correct", "Verdict: incorrect", "", "it is correct", "Verdict: correct"]),
+        replies(
+            ["Verdict: correct", "Verdict: incorrect", "", "it is correct", "Verdict: correct", "Verdict: correct"]
+        ),
     )
     outcomes = judge.score(
-        ["1+1=", "2+2=", "3+3=", "4+4=", [{"role": "user", "content": "5+5="}]],
-        ["2", "5", "6", "8", "10"],
-        ["2", "4", "6", "8", "10"],
-        [{}] * 5,
+        ["1+1=", "2+2=", "3+3=", "4+4=", [{"role": "user", "content": "5+5="}], [{"role": "user", "content": PARTS}]],
+        ["2", "5", "6", "8", "10", "3"],
+        ["2", "4", "6", "8", "10", "3"],
+        [{}] * 6,
     )
     assert [(o.kind, o.value) for o in outcomes] == [
         ("ok", 1.0),
@@ -94,10 +99,12 @@ def test_replies_become_scores_or_named_outcomes(tmp_path, monkeypatch):
         ("unparseable", 0.0),
         ("unparseable", 0.0),
         ("ok", 1.0),
+        ("ok", 1.0),
     ]
     assert outcomes[2].reason == "the judge's reply is empty"
     assert outcomes[3].reason == "no verdict in the judge's reply 'it is correct'"
     assert "Reference answer: 4\nResponse: 5" in seen[1] and "user: 5+5=" in seen[4]  # the template, row by row
+    assert "Prompt: user: <image>how many? <image>\n" in seen[5]  # an image row's parts, read as text
 
     def broken(prompts, params, max_time_s=None):
         raise RuntimeError("CUDA error: out of memory")

@@ -82,12 +82,17 @@ def test_another_chat_template_re_renders_the_conversation(tmp_path):
     policy = build_char_tokenizer()
     model = RewardModel(save_reward_model(tmp_path / "rm", chat_template=TEMPLATE), policy)
     assert not model.same_tokenizer and "rendered with its own chat template" in model.describe()
+    parts = [{"type": "image"}, {"type": "text", "text": "how many?"}]  # an image row's content, read as text
     prompts = ["2+2=", [{"role": "system", "content": "add"}, {"role": "user", "content": "1+1="}]]
-    outcomes = model.score(prompts, ["4", "2"], sequences=[[9, 9, 9], [9, 9]])  # the policy's ids are not used
+    prompts.append([{"role": "user", "content": parts}])
+    outcomes = model.score(
+        prompts, ["4", "2", "3"], sequences=[[9, 9, 9], [9, 9], [9]]
+    )  # the policy's ids are not used
     # the template renders every token (as HF's apply_chat_template: no special tokens added)
     rendered = [
         model.tokenizer("<user>2+2=<assistant>4", add_special_tokens=False)["input_ids"],
         model.tokenizer("<system>add<user>1+1=<assistant>2", add_special_tokens=False)["input_ids"],
+        model.tokenizer("<user><image>how many?<assistant>3", add_special_tokens=False)["input_ids"],
     ]
     assert [o.value for o in outcomes] == pytest.approx([alone(model, ids) for ids in rendered], abs=1e-5)
 

@@ -60,6 +60,36 @@ def message_problem(prompt: Any, parts: bool = False) -> str | None:
     return None
 
 
+IMAGE_MARK = "<image>"  # where an image part stood, in a conversation read as text (content_text)
+
+
+def content_text(content: Any) -> str:
+    """A message's content as text: a string as it is; a list of parts (data.image_key rows, images shown by an
+    environment) as its text parts in order, each image part as IMAGE_MARK. What a text-only reader of the
+    conversation sees (an LLM judge, a reward model): it does not see the image itself."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise TypeError(f"a message's content is a {type(content).__name__}, not a str or a list of parts")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "image":
+            texts.append(IMAGE_MARK)
+        else:
+            raise TypeError(
+                f"a content part is neither {{'type': 'text', 'text': str}} nor an image part: {str(part)[:80]}"
+            )
+    return "".join(texts)
+
+
+def text_messages(messages: list[dict]) -> list[dict]:
+    """The messages with each content as text (content_text)."""
+    return [{**message, "content": content_text(message["content"])} for message in messages]
+
+
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
     """Token ids of the messages under the tokenizer's chat template, ending with the generation
     prompt unless told not to (the template adds its own special tokens, so no BOS is prepended)."""

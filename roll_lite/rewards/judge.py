@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 from typing import Any, cast
 
+from roll_lite.data.chat import text_messages
 from roll_lite.rewards.calls import describe
 from roll_lite.rewards.judge_code import JudgeCode, Row, compile_template, render, verdict
 from roll_lite.rewards.outcomes import Score, failed, timed_out
@@ -245,7 +246,8 @@ class Judge:
 
 
 def _as_text(prompt: Any) -> str:
-    """A prompt as the template's `prompt` field: chat messages become the conversation's text."""
+    """A prompt as the template's `prompt` field: chat messages become the conversation's text, an image part
+    `<image>` (roll_lite/data/chat.py content_text: the judge reads text only)."""
     if isinstance(prompt, list):
-        return "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+        return "\n".join(f"{m['role']}: {m['content']}" for m in text_messages(prompt))
     return prompt

@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import torch
 
+from roll_lite.data.chat import text_messages
 from roll_lite.rewards.calls import describe
 from roll_lite.rewards.outcomes import Score, failed, scored, timed_out
 
@@ -118,7 +119,8 @@ class RewardModel:
         return self._standardised(cast("list[Score]", results))  # cast: each row is scored or failed by now
 
     def _render(self, prompt: Any, response: str) -> list[int]:
-        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
+        # chat messages read as text: an image part is `<image>` (content_text; the reward model reads no images)
+        messages = text_messages(prompt) if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}]
         if self.tokenizer.chat_template:
             conversation = [*messages, {"role": "assistant", "content": response}]
             return list(self.tokenizer.apply_chat_template(conversation, tokenize=True, return_dict=False))
