@@ -102,6 +102,13 @@ def test_one_rank_benchmark_trains_the_bare_model_and_fsdp2_to_the_same_weights(
     assert "bit for bit: True" in result.stdout and "| FSDP2, one shard |" in result.stdout, result.stdout
 
 
+def test_step_parts_benchmark_times_both_parts_on_both_sides():
+    result = run_warm("benchmarks/step_parts.py", "--batches", "1", "--rounds", "1", timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith(("| generate", "| train"))]
+    assert len(rows) == 2 and all(float(row[-1].rstrip(" |")) > 0 for row in rows), result.stdout
+
+
 def test_sp_memory_benchmark_splits_a_rank_s_tensors_and_activations_at_s2():
     """docs/sequence-parallel.md's table on a tiny shape: one sequence of 512 tokens at S = 1 and 2 (three
     spawned gloo ranks); the largest rank's tensors and activations shrink at S = 2."""
