@@ -201,10 +201,10 @@ class MultiTurnPipeline(PPOPipeline):
     def processor(self):
         """A vision-language policy's processor (data.min_pixels / data.max_pixels): it renders the observations
         and expands their images' placeholders once (docs/vision.md); None for a text policy."""
-        from roll_lite.model.vision_run import is_vision_model, run_processor
+        from roll_lite.model.vision_run import is_vision_model, model_processor
 
         m = self.config.model
-        return run_processor(self.config.data, m.model_type) if is_vision_model(m) else None
+        return model_processor(m, self.config.data) if is_vision_model(m) else None
 
     @property
     def limits(self) -> EpisodeLimits:

@@ -123,6 +123,8 @@ class RLWorkers:
 
     def save_final(self, path: Path) -> None:
         """The trained policy as a HF folder; reload it with model.pretrained_path / tokenizer_path."""
+        from roll_lite.model.vision_run import save_tokenizer_files
+
         self.actor.save_pretrained(str(path.resolve()))
-        self.tokenizer.save_pretrained(path)
+        save_tokenizer_files(self.config.model, self.config.data, self.tokenizer, path)  # a VLM's: its processor
         logger.info("saved the policy and tokenizer to %s", path)

@@ -43,14 +43,14 @@ def image_column(config: RunConfig) -> ImageColumn | None:
         return None
     from roll_lite.config import ConfigError
     from roll_lite.data.image_sequences import ImageColumn
-    from roll_lite.model.vision_run import VISION_MODEL_TYPES, is_vision_model, run_processor
+    from roll_lite.model.vision_run import VISION_MODEL_TYPES, is_vision_model, model_processor
 
     if not is_vision_model(config.model):
         raise ConfigError(
             f"data.image_key: the model reads no images: set model.model_type={'|'.join(VISION_MODEL_TYPES)} (a "
             "vision-language model built from the model keys; docs/vision.md), or leave data.image_key null"
         )
-    return ImageColumn(config.data.image_key, run_processor(config.data, model_type=config.model.model_type))
+    return ImageColumn(config.data.image_key, model_processor(config.model, config.data))
 
 
 class SupervisedPipeline:
@@ -148,8 +148,10 @@ class SupervisedPipeline:
     def save_final(self, path: Path) -> None:
         """The model as a HF folder (+ tokenizer)."""
         assert self.actor is not None  # start_workers() set it
+        from roll_lite.model.vision_run import save_tokenizer_files
+
         self.actor.save_pretrained(str(path.resolve()))
-        self.tokenizer.save_pretrained(path)
+        save_tokenizer_files(self.config.model, self.config.data, self.tokenizer, path)  # a VLM's: its processor
         logger.info("saved the model and tokenizer to %s", path)
 
     def run(self) -> list[dict[str, Any]]:

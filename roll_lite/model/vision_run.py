@@ -1,7 +1,8 @@
 """A run's vision-language model from its `model` keys (docs/vision.md): model.model_type=qwen2_5_vl builds
 the tiny Qwen2.5-VL of roll_lite/model/vision.py, qwen3_vl the tiny Qwen3-VL of roll_lite/model/qwen3_vl.py,
 sized by the text keys (hidden_size, num_hidden_layers, heads, ...), with the vision tokenizer in every process and, in the driver, the processor that renders the
-image rows (data.min_pixels / data.max_pixels).
+image rows (data.min_pixels / data.max_pixels). A Qwen2.5-VL or Qwen3-VL folder as model.pretrained_path gives all of
+them instead (vision_folder.py: its weights, tokenizer and processor).
 
 The vision special tokens are never sampled: the engine masks them out of the sampling distribution, and the
 policy head normalises its log-probs and entropy over the same restricted vocabulary (restricted_vocab.py), so
@@ -21,8 +22,21 @@ DEFAULT_MIN_PIXELS, DEFAULT_MAX_PIXELS = 64, 1024
 
 
 def is_vision_model(model_config: Any) -> bool:
-    """The `model` section builds a vision-language model (a pretrained one is not read from a folder yet)."""
-    return model_config.pretrained_path is None and model_config.model_type in VISION_MODEL_TYPES
+    """The `model` section builds a vision-language model, or names a folder holding one (vision_folder.py)."""
+    from roll_lite.model.vision_folder import folder_vision_type
+
+    if model_config.pretrained_path is not None:
+        return folder_vision_type(model_config.pretrained_path) is not None
+    return model_config.model_type in VISION_MODEL_TYPES
+
+
+def model_processor(model_config: Any, data_config: Any = None):
+    """The run's processor: a pretrained folder's (vision_folder.py), else run_processor's."""
+    if model_config.pretrained_path is not None:
+        from roll_lite.model.vision_folder import load_folder_processor
+
+        return load_folder_processor(model_config.pretrained_path, data_config)[0]
+    return run_processor(data_config, model_config.model_type)
 
 
 def run_processor(data_config: Any = None, model_type: str = "qwen2_5_vl"):
@@ -45,6 +59,8 @@ def run_tokenizer(model_config: Any):
 
     if not is_vision_model(model_config):
         return load_tokenizer(model_config.tokenizer_path, model_config.chat_template)
+    if model_config.pretrained_path is not None:
+        return model_processor(model_config).tokenizer
     from roll_lite.model.vision import build_vision_tokenizer
 
     return build_vision_tokenizer()
@@ -63,6 +79,10 @@ def vision_config(model_config: Any):
     from roll_lite.model.vision import tiny_vision_config
 
     m = model_config
+    if m.pretrained_path is not None:
+        from roll_lite.model.vision_folder import folder_config
+
+        return folder_config(m)
     tiny = tiny_qwen3_vl_config if m.model_type == "qwen3_vl" else tiny_vision_config
     # the processor's patch and merge sizes and token ids only: the pixel bounds do not matter here
     return tiny(
@@ -82,6 +102,12 @@ def load_vision_lm(model_config: Any, seed: int) -> nn.Module:
     marked with the token ids it never samples (`excluded_token_ids`)."""
     from roll_lite.model.vision import build_vision_model, build_vision_tokenizer
 
+    if model_config.pretrained_path is not None:
+        from roll_lite.model.vision_folder import load_folder_vlm
+
+        model = load_folder_vlm(model_config)
+        model.excluded_token_ids = vision_token_ids(run_tokenizer(model_config))
+        return model
     model = build_vision_model(
         vision_config(model_config),
         dtype=getattr(torch, model_config.dtype),
@@ -111,7 +137,7 @@ def image_prompt_encoder(model_config: Any, data_config: Any) -> Callable[[list[
     from roll_lite.model.vision import encode_conversation
     from roll_lite.rollout.images import check_expanded_once
 
-    processor = run_processor(data_config, model_config.model_type)
+    processor = model_processor(model_config, data_config)
     merge = processor.image_processor.merge_size
 
     def encode(messages: list[dict], images: list) -> dict:
@@ -128,3 +154,12 @@ def vision_parameter_names(model: nn.Module) -> set[str]:
 
     tower = {id(p) for p in vision_tower(model).parameters()}
     return {name for name, p in model.named_parameters() if id(p) in tower}
+
+
+def save_tokenizer_files(model_config: Any, data_config: Any, tokenizer, path) -> None:
+    """Beside a final folder's weights: a vision-language model's processor (tokenizer, image processor settings
+    with the run's pixel bounds, chat template: what vision_folder.py reads back), else the tokenizer."""
+    if is_vision_model(model_config):
+        model_processor(model_config, data_config).save_pretrained(str(path))
+    else:
+        tokenizer.save_pretrained(path)
