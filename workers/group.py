@@ -231,7 +231,8 @@ class RolloutClient:
         # LoRA: the first sync (and the first after a resume) sends the base too, every later one only
         # the adapters
         self.adapters_only, self.base_synced = config.actor.lora.rank > 0, False
-        self.frozen_vision = config.model.freeze_vision  # a frozen vision tower is never sent (the engine has it)
+        # a frozen vision tower is never sent (the engine has it); with LoRA it is part of the base, sent once
+        self.frozen_vision = config.model.freeze_vision and not self.adapters_only
         self.in_actor = actor is not None
         if self.in_actor:
             assert actor is not None  # in_actor says so

@@ -25,6 +25,7 @@ from torch import nn
 
 from roll_lite.errors import ConfigError
 from roll_lite.lora.settings import LoraSettings
+from roll_lite.lora.vision import in_scope, language_model_prefix, scoped_targets
 
 ADAPTER = "default"  # peft's adapter name; one adapter per model
 ADAPTER_TENSOR = re.compile(r"\.lora_[AB]\.")
@@ -33,13 +34,14 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 
 
 def linear_module_names(lm: nn.Module) -> list[str]:
-    """The short names (q_proj, down_proj, ...) of the model's Linear modules, the LM head left out."""
-    head = lm.get_output_embeddings()
+    """The short names (q_proj, down_proj, ...) of the model's Linear modules, the LM head left out; of a
+    vision-language model's language model only (roll_lite/lora/vision.py)."""
+    head, prefix = lm.get_output_embeddings(), language_model_prefix(lm)
     return sorted(
         {
             name.rsplit(".", 1)[-1]
             for name, module in lm.named_modules()
-            if isinstance(module, nn.Linear) and module is not head
+            if isinstance(module, nn.Linear) and module is not head and in_scope(name, prefix)
         }
     )
 
@@ -56,8 +58,9 @@ def target_modules(settings: LoraSettings, lm: nn.Module, key: str = "actor.lora
     unknown = [name for name in wanted if name not in linear]
     if not wanted or unknown:
         what = f"{unknown} match no Linear module" if unknown else "is empty"
+        whose = type(lm).__name__ + ("'s language model" if language_model_prefix(lm) else "")
         raise ConfigError(
-            f"{key}.target_modules: {what} of {type(lm).__name__}; its Linear modules (the LM head "
+            f"{key}.target_modules: {what} of {whose}; its Linear modules (the LM head "
             f"cannot take an adapter) are {linear}, or say all-linear"
         )
     return sorted(set(wanted))
@@ -99,7 +102,7 @@ def target_parameters(settings: LoraSettings, lm: nn.Module, key: str = "actor.l
 
 
 def peft_config(
-    settings: LoraSettings, targets: list[str], base_model: str | None = None, parameters: list[str] | None = None
+    settings: LoraSettings, targets: list[str] | str, base_model: str | None = None, parameters: list[str] | None = None
 ):
     from peft import LoraConfig
 
@@ -120,7 +123,8 @@ def add_adapters(lm: nn.Module, settings: LoraSettings, seed: int, key: str = "a
     from peft import inject_adapter_in_model
 
     parameters = target_parameters(settings, lm, key)
-    config = peft_config(settings, target_modules(settings, lm, key), parameters=parameters)
+    targets = scoped_targets(target_modules(settings, lm, key), language_model_prefix(lm))
+    config = peft_config(settings, targets, parameters=parameters)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         inject_adapter_in_model(config, lm, adapter_name=ADAPTER)
@@ -139,6 +143,11 @@ def adapted_modules(model: nn.Module) -> list[str]:
             if isinstance(module, BaseTunerLayer) and not isinstance(module, ParamWrapper)
         }
     )
+
+
+def peft_target_modules(model: nn.Module) -> list[str] | str:
+    """adapted_modules as peft's target_modules: on a vision-language model scoped to its language model."""
+    return scoped_targets(adapted_modules(model), language_model_prefix(model))
 
 
 def wrapped_parameters(model: nn.Module) -> dict[str, str]:
@@ -244,7 +253,7 @@ def write_peft_adapter(
     folder: Path,
     adapters: dict[str, torch.Tensor],
     settings: LoraSettings,
-    targets: list[str],
+    targets: list[str] | str,
     base_model: str | None = None,
     parameters: list[str] | None = None,
 ) -> None:

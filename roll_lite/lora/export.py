@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from roll_lite.lora.adapters import (
-    adapted_modules,
     adapted_parameters,
     adapter_state,
     base_state,
     merged_for,
+    peft_target_modules,
     write_peft_adapter,
 )
 from roll_lite.lora.settings import LoraSettings
@@ -46,7 +46,7 @@ def save_lora_final(
         save_hf(partial / "base", base_state(state))
         base_model = str((target / "base").resolve())
     adapters = adapter_state(state)
-    write_peft_adapter(partial, adapters, settings, adapted_modules(lm), base_model, adapted_parameters(lm))
+    write_peft_adapter(partial, adapters, settings, peft_target_modules(lm), base_model, adapted_parameters(lm))
     if settings.save_merged:
         save_hf(partial / "merged", merged_for(state, settings, lm))
     shutil.rmtree(target, ignore_errors=True)
