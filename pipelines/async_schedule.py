@@ -32,7 +32,7 @@ import json
 import math
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from roll_lite.rollout import Completions, SamplingParams
 
@@ -74,7 +74,9 @@ def admission_version(cohort: int, max_staleness: int) -> int:
 
 
 class FullyAsyncSchedule:
-    def __init__(self, rollout: RolloutConfig):
+    def __init__(self, rollout: RolloutConfig, images_of: Callable[[list[int]], list | None] | None = None):
+        # the image inputs of dataset rows (None: text rows): a checkpoint's cohorts get theirs back at load
+        self.images_of = images_of
         self.max_staleness = rollout.max_staleness
         self.on_update = "continue" if rollout.on_update == "finish" else rollout.on_update
         self.segment = segment_tokens(rollout)
@@ -97,8 +99,8 @@ class FullyAsyncSchedule:
             drawn = draw_prompts()
             if drawn is None:
                 break
-            rows, prompt_ids = drawn[0], drawn[1]  # no image inputs: partial rollouts take none (validation_vision.py)
-            self._advances.append(engine.start_call("admit", cohort, prompt_ids, params, self.on_update))
+            rows, prompt_ids, *images = drawn  # image rows: their image inputs too, kept with the cohort (partial.py)
+            self._advances.append(engine.start_call("admit", cohort, prompt_ids, params, self.on_update, *images))
             self.queue[cohort], self.admitted_up_to = rows, cohort
         if step not in self.queue:
             return  # the prompts are used up: collect says so
@@ -170,7 +172,9 @@ class FullyAsyncSchedule:
         saved = json.loads((folder / IN_FLIGHT).read_text())
         self.admitted_up_to = int(saved["admitted_up_to"])
         self.queue = {int(cohort): rows for cohort, rows in saved["rows"].items()}
-        self._engine().call("load_partial_state", saved["partial"])
+        # image rows: their pixels are the data's, not the checkpoint's (roll_lite/rollout/partial.py)
+        images = {c: self.images_of(rows) for c, rows in self.queue.items()} if self.images_of is not None else {}
+        self._engine().call("load_partial_state", saved["partial"], {c: i for c, i in images.items() if i is not None})
 
     def _stop_advancing(self) -> None:
         if self._advancing is not None:

@@ -103,7 +103,7 @@ class PPOPipeline(RLData, RLWorkers, RLCheckpoints):
         self._shuffle = torch.Generator().manual_seed(config.seed)
         # launches, collects, weight syncs: lockstep (rollout.async_steps ahead) or fully async
         self.schedule: RolloutSchedule | FullyAsyncSchedule | FullyAsyncEpisodes = (
-            FullyAsyncSchedule(config.rollout)
+            FullyAsyncSchedule(config.rollout, images_of=lambda rows: self.train_data.select(rows).images or None)
             if config.rollout.fully_async
             else RolloutSchedule(config.rollout.async_steps)
         )

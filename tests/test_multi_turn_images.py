@@ -307,5 +307,5 @@ def test_a_multi_turn_run_on_a_vlm_takes_the_pixel_bounds_and_refuses_image_rows
     assert (config.data.min_pixels, config.data.max_pixels) == (16, 256)
     with pytest.raises(ConfigError, match="data.image_key: a multi-turn run's rows seed its environments"):
         load_config(str(REPO / "configs/grpo.yaml"), [*RUN, "data.image_key=images"])
-    with pytest.raises(ConfigError, match="rollout.fully_async: partial rollouts take no images yet, nor multi-turn"):
+    with pytest.raises(ConfigError, match="rollout.fully_async: multi-turn episodes ahead take no images yet"):
         load_config(str(REPO / "configs/grpo.yaml"), [*RUN, "rollout.fully_async=true"])

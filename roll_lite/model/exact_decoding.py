@@ -12,6 +12,10 @@ the packing on either side, π_engine(y_t) and π_actor(y_t) are the same float.
 
 Sampling: top-k and top-p as transformers' warpers, then torch.multinomial, seeded as HFEngine seeds
 every call; it samples other tokens than generate does with the same seed.
+
+A vision-language policy (Qwen2.5-VL, Qwen3-VL) decodes through roll_lite/model/exact_vision.py: its
+prompts' images merged at the prefill, M-RoPE's 3-row positions, the vision tokens left out of the
+vocabulary (sampled from and recorded as its policy head computes them).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from roll_lite.model import exact_vision
 from roll_lite.model.batch_invariant import batch_invariant_kernels
 from roll_lite.model.logprobs import head_logits, target_log_probs_
 
@@ -48,10 +53,12 @@ def exact_generate(
     pad_token_id: int,
     eos_token_id: int,
     max_time_s: float | None = None,
+    images: list[dict | None] | None = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """(new tokens, their log-probs) per row: prompts × num_samples rows, each prompt's samples together;
     a row ends after its EOS (included) or at max_new_tokens. `params`: roll_lite.rollout.SamplingParams
-    (its max_new_tokens, num_samples, temperature, top_k, top_p, greedy)."""
+    (its max_new_tokens, num_samples, temperature, top_k, top_p, greedy). `images`: a vision-language
+    model's, per prompt its pixel_values and image_grid_thw (None: text only), its ids already expanded."""
     from transformers import DynamicCache
 
     start = time.monotonic()
@@ -64,8 +71,18 @@ def exact_generate(
     for i, row in enumerate(rows):  # left-padded
         input_ids[i, width - len(row) :] = torch.tensor(row, device=device)
         attention_mask[i, width - len(row) :] = 1
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    decoder, head = model.get_decoder(), model.get_output_embeddings().weight
+    vision = exact_vision.is_vision_lm(model)
+    extra: dict = {}  # the prefill's image features
+    if vision:  # the prefill's image features and 3-row M-RoPE positions
+        with batch_invariant_kernels():
+            position_ids, extra = exact_vision.prefill_inputs(model, input_ids, attention_mask, images, samples)
+        decoder = model.model
+    elif images is not None:
+        raise ValueError(f"generate: images given to {type(model).__name__}, not a vision-language model")
+    else:
+        position_ids, decoder = (attention_mask.cumsum(-1) - 1).clamp(min=0), model.get_decoder()
+    excluded = exact_vision.excluded_ids(model)
+    head = model.get_output_embeddings().weight
     temperature = 1.0 if params.greedy else params.temperature
     cache = DynamicCache(config=model.config)
     tokens: list[torch.Tensor] = []
@@ -80,15 +97,22 @@ def exact_generate(
                 position_ids=step_positions,
                 past_key_values=cache,
                 use_cache=True,
+                **extra,
             ).last_hidden_state[:, -1]
+            extra = {}
             logits = head_logits(hidden, head, temperature)
-            chosen = torch.where(finished, pad_token_id, _sample(logits, params))
-            log_probs.append(target_log_probs_(logits, chosen))
+            sampled = _sample(exact_vision.mask_excluded(logits, excluded) if excluded else logits, params)
+            chosen = torch.where(finished, pad_token_id, sampled)
+            if excluded:
+                log_probs.append(exact_vision.restricted_target_log_probs_(logits, chosen, excluded))
+            else:
+                log_probs.append(target_log_probs_(logits, chosen))
             tokens.append(chosen)
             finished |= chosen == eos_token_id
             if bool(finished.all()) or (max_time_s is not None and time.monotonic() - start > max_time_s):
                 break
-            step_ids, step_positions = chosen[:, None], step_positions[:, -1:] + 1
+            step_ids = chosen[:, None]
+            step_positions = exact_vision.next_positions(step_positions) if vision else step_positions[:, -1:] + 1
             attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
     new_tokens, new_log_probs = torch.stack(tokens, 1).tolist(), torch.stack(log_probs, 1).cpu().tolist()
     lengths = [row.index(eos_token_id) + 1 if eos_token_id in row else len(row) for row in new_tokens]

@@ -38,6 +38,14 @@ def restricted_log_probs(
     log_probs, entropy = chunked_log_probs(
         hidden, weight, both, chunk_size=chunk_size, temperature=temperature, with_entropy=with_entropy
     )
+    return restrict_log_probs(log_probs, entropy)
+
+
+def restrict_log_probs(
+    log_probs: torch.Tensor, entropy: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log p'(y), H') from the full vocabulary's log-probs [N, 1 + |E|] of each target then the excluded
+    ids, and its entropy [N] (or None). Also the exact decoding loop's (roll_lite/model/exact_vision.py)."""
     sampled, others = log_probs[:, 0], log_probs[:, 1:]
     excluded_p = others.exp()
     limit = 1.0 - torch.finfo(log_probs.dtype).eps

@@ -27,7 +27,7 @@ class HFEngine:
     length any call needed, so calls of the same batch size reuse the compiled step.
 
     `decode`: a decoding loop to run instead of generate, decode(model, prompts, params, pad_token_id,
-    eos_token_id, max_time_s) -> (token ids, log-probs) per row. rollout.exact passes
+    eos_token_id, max_time_s[, images=...]) -> (token ids, log-probs) per row. rollout.exact passes
     roll_lite.model.exact_decoding.exact_generate: batch-invariant kernels, each sampled token's
     log-prob then the actor's own, bit for bit.
     """
@@ -78,13 +78,18 @@ class HFEngine:
         if params.greedy and params.num_samples != 1:
             raise ValueError("greedy decoding gives one completion per prompt; set num_samples=1")
         if self.decode is not None:
-            if images is not None:
-                raise ValueError("generate: the exact decoding loop (rollout.exact) does not take images yet")
             if self.record_experts is not None:
                 raise ValueError("generate: the exact decoding loop (rollout.exact) does not record MoE routing yet")
             self._seed(params)
+            # a vision-language model's images: the loop merges them at its prefill (roll_lite/model/exact_vision.py)
             token_ids, log_probs = self.decode(
-                self.model, prompts, params, self.pad_token_id, self.eos_token_id, max_time_s
+                self.model,
+                prompts,
+                params,
+                self.pad_token_id,
+                self.eos_token_id,
+                max_time_s,
+                **({} if images is None else {"images": images}),
             )
             return Completions(token_ids, None if params.greedy else log_probs)
         width = max(len(p) for p in prompts)

@@ -7,7 +7,10 @@ takes it. Every token keeps the weight version that sampled it and the engine's 
 weights, so the loss can correct each token against its own behaviour policy.
 
 A row continues by resubmitting its prompt and the tokens it has so far (no KV cache survives a
-weight update). An MoE engine's routing (actor.router_replay) goes with the row: each token keeps the experts of the
+weight update); a vision-language policy's row resubmits its prompt's images with them (`images`: the
+processor's pixel_values and image_grid_thw per prompt, kept with the cohort). The state (a checkpoint's)
+records which cohorts have images, not their pixels: they are the data rows', handed back at load.
+An MoE engine's routing (actor.router_replay) goes with the row: each token keeps the experts of the
 forward that first read it (roll_lite/rollout/engine.py merge_routing), so a continued row's earlier tokens keep the
 routing of the weights that read them first, not the new weights' prefill's. What happens to the rows in flight
 when the weights change is `on_update`:
@@ -33,7 +36,7 @@ from roll_lite.rollout.engine import Completions, SamplingParams, merge_routing
 
 ON_UPDATE = ("continue", "drop")
 
-Generate = Callable[[list[list[int]], SamplingParams], Completions]
+Generate = Callable[..., Completions]  # generate(prompts, params[, images=per prompt its image inputs or None])
 
 
 @dataclass
@@ -53,6 +56,7 @@ class Cohort:
     on_update: str
     rows: list[Row]  # prompt-major: params.num_samples rows per prompt
     dropped_tokens: int = 0  # thrown away at weight updates (on_update=drop)
+    images: list[dict | None] | None = None  # per prompt its image inputs (None: text only)
 
     @property
     def fresh(self) -> bool:
@@ -68,15 +72,24 @@ class PartialRollouts:
         self.eos_token_id = eos_token_id
         self.cohorts: dict[int, Cohort] = {}
 
-    def admit(self, cohort: int, prompts: list[list[int]], params: SamplingParams, on_update: str) -> None:
+    def admit(
+        self,
+        cohort: int,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        on_update: str,
+        images: list[dict | None] | None = None,
+    ) -> None:
         if cohort in self.cohorts:
             raise RuntimeError(f"partial rollouts: cohort {cohort} was admitted twice")
         if on_update not in ON_UPDATE:
             raise ValueError(f"partial rollouts: on_update must be one of {', '.join(ON_UPDATE)}, got '{on_update}'")
         if params.greedy:
             raise ValueError("partial rollouts sample: greedy decoding has no behaviour log-probs to keep")
+        if images is not None and len(images) != len(prompts):
+            raise ValueError(f"partial rollouts: {len(images)} image entries for {len(prompts)} prompts")
         rows = [Row(list(p)) for p in prompts for _ in range(params.num_samples)]
-        self.cohorts[cohort] = Cohort([list(p) for p in prompts], params, on_update, rows)
+        self.cohorts[cohort] = Cohort([list(p) for p in prompts], params, on_update, rows, images=images)
 
     def advance(self, cohort: int, max_tokens: int | None, version: int, generate: Generate) -> int:
         """Generate up to `max_tokens` more tokens (None: to the end) for every row of `cohort` still in
@@ -88,16 +101,19 @@ class PartialRollouts:
             return 0
         budget = c.params.max_new_tokens if max_tokens is None else min(max_tokens, c.params.max_new_tokens)
         if c.fresh:  # prompt-major, num_samples per prompt: the call a lockstep step makes
-            result = generate(c.prompts, replace(c.params, max_new_tokens=budget))
+            result = generate(c.prompts, replace(c.params, max_new_tokens=budget), **_images(c.images))
             self._append(c, c.rows, result, version)
             return 1
-        flight = [row for row in c.rows if not row.done]
-        left = max(c.params.max_new_tokens - len(row.tokens) for row in flight)
+        flight = [(i, row) for i, row in enumerate(c.rows) if not row.done]
+        left = max(c.params.max_new_tokens - len(row.tokens) for _, row in flight)
         step = min(budget, left)
+        images = None if c.images is None else [c.images[i // c.params.num_samples] for i, _ in flight]
         result = generate(
-            [row.prompt + row.tokens for row in flight], replace(c.params, max_new_tokens=step, num_samples=1)
+            [row.prompt + row.tokens for _, row in flight],
+            replace(c.params, max_new_tokens=step, num_samples=1),
+            **_images(images),
         )
-        self._append(c, flight, result, version)
+        self._append(c, [row for _, row in flight], result, version)
         return 1
 
     def take(self, cohort: int) -> Completions:
@@ -160,11 +176,22 @@ class PartialRollouts:
                 "on_update": c.on_update,
                 "dropped_tokens": c.dropped_tokens,
                 "rows": [{**vars(row), "experts": _listed(row.experts)} for row in c.rows],
+                "with_images": c.images is not None,  # the pixels come back from the data rows at load
             }
             for number, c in self.cohorts.items()
         }
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, images: dict[int, list[dict | None]] | None = None) -> None:
+        """`images`: per cohort with images, its prompts' image inputs (its data rows', as admitted)."""
+        images = images or {}
+        for number, c in state.items():
+            if c.get("with_images") and int(number) not in images:
+                raise RuntimeError(f"partial rollouts: cohort {number} was admitted with images; none given to load")
+            if c.get("with_images") and len(images[int(number)]) != len(c["prompts"]):
+                raise RuntimeError(
+                    f"partial rollouts: cohort {number}: {len(images[int(number)])} image entries for "
+                    f"{len(c['prompts'])} prompts"
+                )
         self.cohorts = {
             int(number): Cohort(
                 c["prompts"],
@@ -172,9 +199,15 @@ class PartialRollouts:
                 c["on_update"],
                 [Row(**{**row, "experts": _tensor(row.get("experts"))}) for row in c["rows"]],
                 int(c["dropped_tokens"]),
+                images=images[int(number)] if c.get("with_images") else None,
             )
             for number, c in state.items()
         }
+
+
+def _images(images: list[dict | None] | None) -> dict:
+    """generate's keyword for the prompts' images: none for a text cohort (a text engine takes no images)."""
+    return {} if images is None else {"images": images}
 
 
 def _listed(experts: torch.Tensor | None) -> list | None:  # the state is JSON (pipelines/async_schedule.py)
