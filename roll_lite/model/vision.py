@@ -233,6 +233,9 @@ class VisionLMWithLogProbs(nn.Module):
     every forward then gives every trainable parameter a gradient, so that the data-parallel ranks'
     FSDP2 reduce-scatters hold the same tensors whichever of their micro-batches have images."""
 
+    # Ulysses: given the whole sequence and its sequence_slice, it merges and positions first (vision_sp.py)
+    slices_whole_sequence = True
+
     def __init__(self, lm: nn.Module, chunk_size: int = 1024):
         super().__init__()
         self.lm, self.chunk_size = lm, chunk_size
@@ -255,29 +258,27 @@ class VisionLMWithLogProbs(nn.Module):
         top_k: int = 0,
         gather_ids=None,
         sequence_parallel=None,
+        sequence_slice: slice | None = None,
     ) -> dict[str, torch.Tensor]:
         from roll_lite.model.logprobs import chunked_log_probs
         from roll_lite.model.restricted_vocab import restricted_log_probs
 
-        if top_k or gather_ids is not None or sequence_parallel is not None:
-            raise NotImplementedError("a vision-language policy: no teacher top-k and no sequence parallelism yet")
-        if position_ids.dim() == 2:
+        if top_k or gather_ids is not None:
+            raise NotImplementedError("a vision-language policy: no teacher top-k yet")
+        if position_ids.dim() == 2:  # the three rows per sequence, over the whole sequence
             position_ids = mrope_layout(self.lm, input_ids, position_ids, attention_mask, cu_seqlens, image_grid_thw)
         if position_ids.dim() != 3 or position_ids.shape[0] != 3:
             raise ValueError(f"position_ids: M-RoPE needs [3, rows, seq], got {list(position_ids.shape)}")
-        packed = packed_attention_kwargs(cu_seqlens, max_seqlen)
-        hidden = self.lm.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            pixel_values=pixel_values,
-            image_grid_thw=image_grid_thw,
-            use_cache=False,
-            **packed,
-        ).last_hidden_state
-        if pixel_values is None:
-            hidden = hidden + self._blank_image_times_zero()
-        targets = torch.roll(input_ids, shifts=-1, dims=1)  # the last column is never used
+        images = dict(pixel_values=pixel_values, image_grid_thw=image_grid_thw)
+        if sequence_parallel is not None:  # Ulysses: images merged and positions laid out whole, then sliced
+            from roll_lite.model.vision_sp import sliced_hidden_states
+
+            whole = (input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen)
+            hidden, targets = sliced_hidden_states(self, *whole, sequence_parallel, sequence_slice, **images)
+            input_ids = targets  # this rank's columns: the outputs' shape
+        else:
+            hidden = self._hidden_states(input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen, **images)
+            targets = torch.roll(input_ids, shifts=-1, dims=1)  # the last column is never used
         # a run's model never samples its vision tokens (vision_run.py): the engine's restricted vocabulary
         excluded = getattr(self.lm, "excluded_token_ids", None)
         hidden, weight = hidden.reshape(-1, hidden.shape[-1]), self.lm.get_output_embeddings().weight
@@ -304,6 +305,23 @@ class VisionLMWithLogProbs(nn.Module):
         if entropy is not None:
             outputs["entropy"] = entropy.reshape(input_ids.shape).clone()
         return outputs
+
+    def _hidden_states(
+        self, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen, pixel_values, image_grid_thw
+    ):
+        packed = packed_attention_kwargs(cu_seqlens, max_seqlen)
+        hidden = self.lm.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            pixel_values=pixel_values,
+            image_grid_thw=image_grid_thw,
+            use_cache=False,
+            **packed,
+        ).last_hidden_state
+        if pixel_values is None:
+            hidden = hidden + self._blank_image_times_zero()
+        return hidden
 
     def _blank_image_times_zero(self) -> torch.Tensor | float:
         visual = vision_tower(self.lm)

@@ -34,6 +34,11 @@ its slice, and Σ_s g_{d,s} = ∇L_d. FSDP2 averages over all D·S ranks, so the
 (loss_scale = D·A as at S = 1, over A, times S) gives (1/(D·S)) Σ_{d,s} D·S · g_{d,s} = Σ_d ∇L_d: the gradient of
 one forward/backward over the global batch (tests/test_exactness_sp.py, float64, ≤ 1e-10). Metrics are
 reported by the group's first rank only (its S ranks hold the same values).
+
+Images. A vision-language head (roll_lite/model/vision_sp.py) is given the whole sequence's ids and its
+slice: it merges its images and lays out M-RoPE over the whole sequence before slicing. Its vision tower runs
+whole on every rank of the group; `whole_gradient` gives each rank's tower the group's summed feature gradient
+/ S, so that the tower's gradient is counted once too (tests/test_exactness_vision.py).
 """
 
 from __future__ import annotations
@@ -99,6 +104,26 @@ class _GatherSequence(torch.autograd.Function):
         return grad.narrow(1, ctx.rank * ctx.width, ctx.width).contiguous(), None, None
 
 
+class _WholeGradient(torch.autograd.Function):
+    """Identity forward on the S ranks of a group; backward: the group's sum of the incoming gradients, over
+    `share` (S: each rank's part of it). For a module every rank of the group runs on the whole micro-batch's
+    inputs (a vision-language model's tower, roll_lite/model/vision_sp.py), each rank's output gradient is
+    nonzero at its own slice's rows only: the sum adds exact zeros and gives every rank the whole gradient,
+    which its module then back-propagates as one unsplit backward would, so its S ranks' gradients sum to
+    the micro-batch's once."""
+
+    @staticmethod
+    def forward(ctx, x, group, share):
+        ctx.group, ctx.share = group, share
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad / ctx.share, None, None
+
+
 def full_sequence_mask(valid: torch.Tensor) -> torch.Tensor:
     """[rows, 1, tokens, tokens] bool: causal over the row's valid tokens (right-padded `valid` [rows,
     tokens]); each position also attends to itself, so a padding query is never left with no key (sdpa
@@ -123,6 +148,14 @@ class SequenceParallel:
 
     def gather_sequence(self, x: torch.Tensor) -> torch.Tensor:
         return _GatherSequence.apply(x, self.group, self.rank)
+
+    def sequence_mask(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The whole sequence's [rows, 1, tokens, tokens] mask of a padded batch (full_sequence_mask)."""
+        return full_sequence_mask(attention_mask.bool())
+
+    def whole_gradient(self, x: torch.Tensor) -> torch.Tensor:
+        """x as is; its backward gets the group's whole gradient / S (_WholeGradient)."""
+        return _WholeGradient.apply(x, self.group, self.degree) if x.requires_grad else x
 
     def run(
         self,
@@ -157,7 +190,16 @@ class SequenceParallel:
             head_options["gather_ids"] = F.pad(gather_ids, (0, 0, 0, pad))[:, mine]
         if isinstance(model, CausalLMWithLogProbs):
             head_options["targets"] = targets[:, mine]
-        outputs = model(input_ids[:, mine], position_ids[:, mine], **attention, sequence_parallel=self, **head_options)
+        if getattr(model, "slices_whole_sequence", False):  # a vision head: merges its images whole, then slices
+            if cu_seqlens is None:
+                attention = dict(attention_mask=F.pad(attention_mask, (0, pad)))
+            outputs = model(
+                input_ids, position_ids, **attention, sequence_parallel=self, sequence_slice=mine, **head_options
+            )
+        else:
+            outputs = model(
+                input_ids[:, mine], position_ids[:, mine], **attention, sequence_parallel=self, **head_options
+            )
         whole = {name: self.gather_sequence(values) for name, values in outputs.items()}
         if isinstance(model, CausalLMWithScoreHead):  # one position ahead, as its forward does at S = 1
             whole = {name: torch.roll(values, shifts=-1, dims=1) for name, values in whole.items()}

@@ -44,7 +44,8 @@ def rows_images(micro_batch: DataProto) -> list[dict]:
 
 def image_inputs(model, micro_batch: DataProto, sequence_parallel=None) -> dict:
     """The model's image kwargs for a micro-batch: {} for a text batch, else its rows' `pixel_values` and
-    `image_grid_thw` laid end to end in row order (none when none of its rows has an image)."""
+    `image_grid_thw` laid end to end in row order (none when none of its rows has an image). Under sequence
+    parallelism every rank of a group gets them all: the head slices after merging (roll_lite/model/vision_sp.py)."""
     if not has_images(micro_batch):
         return {}
     image_token = getattr(getattr(getattr(model, "lm", None), "config", None), "image_token_id", None)
@@ -53,8 +54,6 @@ def image_inputs(model, micro_batch: DataProto, sequence_parallel=None) -> dict:
             f"the batch holds images (non_tensor_batch['{IMAGE_INPUTS}']) but the model "
             f"({type(model).__name__}) is not a vision-language policy"
         )
-    if sequence_parallel is not None:
-        raise NotImplementedError("strategy.sequence_parallel: batches with images are not split over ranks yet")
     check_loss_masks_skip_images(micro_batch, image_token)
     entries = rows_images(micro_batch)
     if not entries:
