@@ -38,10 +38,7 @@ def check_run(config: RunConfig) -> ModelConfig:
     `check_sequence_lengths`."""
     model_config = _pretrained_config(config.model) if config.model.pretrained_path else None
     if model_config is not None and hasattr(model_config, "vision_config"):
-        raise ConfigError(
-            "model.pretrained_path: a vision-language model's folder is not read yet (docs/vision.md); "
-            "model.model_type=qwen2_5_vl or qwen3_vl builds one from the model keys"
-        )
+        model_config = _vision_folder(config, model_config)  # what the checks below read: its language model's
     tokenizer = _tokenizer(config)
     if model_config is None:
         model_config = _built_config(config.model, len(tokenizer))
@@ -130,13 +127,22 @@ def _check_lora_targets(config: RunConfig, model_config: ModelConfig) -> None:
 
     from roll_lite.lora.adapters import target_modules, target_parameters
     from roll_lite.model.modeling import causal_lm_config
+    from roll_lite.model.vision_run import is_vision_model, vision_config
 
+    vision = is_vision_model(config.model)  # its language model's Linear modules (roll_lite/lora/vision.py)
     if isinstance(model_config, BuiltModel):
-        model_config = causal_lm_config(config.model, model_config.vocab_size)
+        model_config = (
+            vision_config(config.model) if vision else causal_lm_config(config.model, model_config.vocab_size)
+        )
 
     try:
         with torch.device("meta"):
-            lm = AutoModelForCausalLM.from_config(model_config, trust_remote_code=config.model.trust_remote_code)
+            if vision:
+                from transformers import AutoModelForImageTextToText
+
+                lm = AutoModelForImageTextToText.from_config(model_config)
+            else:
+                lm = AutoModelForCausalLM.from_config(model_config, trust_remote_code=config.model.trust_remote_code)
     except ValueError as error:  # a model type that is not a causal LM (e.g. t5)
         key = "model.pretrained_path" if config.model.pretrained_path else "model.model_type"
         raise ConfigError(f"{key}: transformers builds no causal LM from it: {first_line(error)}") from None
@@ -190,6 +196,37 @@ def _pretrained_config(model) -> PretrainedConfig:
             f"divide num_attention_heads {heads}"
         )
     return model_config
+
+
+def _vision_folder(config: RunConfig, model_config: PretrainedConfig) -> BuiltModel:
+    """A pretrained vision-language model: a local Qwen2.5-VL / Qwen3-VL folder whose processor agrees with its
+    config.json (roll_lite/model/vision_folder.py); its language model's heads, vocabulary and positions."""
+    from roll_lite.model.vision_folder import check_folder_processor, folder_vision_type, load_folder_processor
+
+    m = config.model
+    if folder_vision_type(m.pretrained_path) is None:
+        raise ConfigError(
+            f"model.pretrained_path: '{m.pretrained_path}' is a vision-language model's hub id; roll_lite reads one "
+            "from a local folder only (download it, then give the folder)"
+        )
+    if m.tokenizer_path != m.pretrained_path:
+        raise ConfigError(
+            "model.tokenizer_path: a vision-language model's tokenizer is its folder's processor's "
+            "(model.pretrained_path): leave it null"
+        )
+    if m.chat_template is not None:
+        raise ConfigError(
+            "model.chat_template: a vision-language model's chat template is its folder's processor's "
+            "(model.pretrained_path), which renders the image parts: leave it null"
+        )
+    try:
+        processor, source = load_folder_processor(str(m.pretrained_path), config.data)
+        check_folder_processor(model_config, processor, source)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    text = model_config.get_text_config()
+    _check_sequence_parallel(config, text)
+    return BuiltModel(text.vocab_size, text.max_position_embeddings)
 
 
 def _check_heads(hidden_size: int, heads: int, kv_heads: int, prefix: str) -> None:

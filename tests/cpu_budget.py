@@ -66,6 +66,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
             "test_local_backend.py",
             "test_lora_moe.py",
             "test_lora_run.py",
+            "test_lora_vision.py",
             "test_moe_multi_turn.py",
             "test_moe_partial_rollouts.py",
             "test_moe_run.py",
@@ -83,6 +84,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
             "test_tracking.py",
             "test_traces.py",
             "test_user_imports.py",
+            "test_vision_folder.py",
             "test_vision_run.py",
             "test_vision_supervised.py",
             "test_warm_driver.py",
@@ -95,6 +97,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
         "the hf and vLLM engines, weight sync, vLLM runs and judges",
         (
             "test_exact_rollout.py",
+            "test_exact_vision.py",
             "test_hf_engine.py",
             "test_mismatch.py",
             "test_router_replay.py",

@@ -10,6 +10,13 @@ computes M-RoPE's three rows per sequence (roll_lite/model/vision.py, mrope_layo
 Qwen3-VL takes a subset of the same rows (QWEN3 below): its DeepStack features (added to the image tokens'
 hidden states after the first decoder layers) and interleaved M-RoPE are checked the same way.
 
+LoRA (LORA below): rank-2 adapters on every Linear layer of the language model (roll_lite/lora/vision.py), the
+tower frozen with the base: the adapters' gradients, and no other, match peft's model over the global batch.
+
+Sequence parallelism (SP below; roll_lite/model/vision_sp.py): at D = 1, S = 2 each rank merges the images into
+the whole sequence and lays out its M-RoPE rows before keeping its slice; the loss and every gradient, the
+tower's included (counted once: each rank's tower back-propagates the group's feature gradient / S), match too.
+
 Negative controls: each micro-batch's pixels laid out in the wrong row order, and 1-D positions for image
 tokens (what transformers falls back to, silently), must miss; for Qwen3-VL, 1-D positions and DeepStack
 features given to the wrong images' tokens (the main features right) must miss too. Image tokens stay out of every loss mask and
@@ -21,6 +28,7 @@ from vision_cases import MASK_KEYS, VisionCase, run_vision_strategy, vision_batc
 from roll_lite.loss import AGG_MODES
 from roll_lite.loss.checker import relative_deviation
 
+SP_MODES = ("token-mean", "seq-mean-token-mean")
 LOSSES = [("ppo", mode) for mode in AGG_MODES] + [("ppo_kl", "seq-mean-token-mean"), ("user", "token-mean")]
 # D = 1: every loss on every strategy configuration; D = 2 (two processes, twice the CPU a case): every loss on
 # two configurations, the KL-regularised and the user's loss on the other two.
@@ -37,6 +45,21 @@ CASES += [VisionCase("ppo", "token-mean", 1, 1, "padded", **QWEN3)]
 CASES += [VisionCase(loss, mode, 2, 2, "packed", **QWEN3) for loss, mode in LOSSES[4:]]
 CASES += [VisionCase("ppo_kl", "token-mean", 2, 1, "budget", **QWEN3)]
 CASES += [VisionCase("ppo_kl", "token-mean", 2, 2, "packed", freeze_vision=True, **QWEN3)]
+# LoRA on the language model (the tower frozen with the base): rank-2 adapters on every Linear layer of the LM
+LORA = dict(freeze_vision=True, lora=True)
+CASES += [VisionCase("ppo", "token-mean", d, 2, "packed", **LORA) for d in (1, 2)]
+CASES += [VisionCase("ppo_kl", "seq-mean-token-mean", 2, 1, "padded", **LORA)]
+CASES += [VisionCase("ppo", "token-mean", 1, 2, "packed", model_type="qwen3_vl", **LORA)]
+# Sequence parallelism (vision_sp.py), D = 1, S = 2, in the D = 2 spawn's two processes: the PPO loss in two agg
+# modes on three strategy configurations (A1 packed: the slices' boundary cuts an image's tokens, checked by
+# hand), the frozen tower, Qwen3-VL (its DeepStack features sliced too)
+SP = dict(sequence_parallel=2)
+CASES += [
+    VisionCase("ppo", m, 1, a, mb, **SP) for m in SP_MODES for a, mb in ((1, "packed"), (2, "packed"), (1, "padded"))
+]
+CASES += [VisionCase("ppo", "token-mean", 1, 1, "packed", freeze_vision=True, **SP)]
+CASES += [VisionCase("ppo", m, 1, 1, "packed", model_type="qwen3_vl", **SP) for m in SP_MODES]
+SP_NAIVE = [VisionCase("ppo", "token-mean", 1, 1, "packed", naive=naive, **SP) for naive in ("sp-columns", "sp-tower")]
 NAIVE = [VisionCase("ppo", "token-mean", 1, 2, "packed", naive="pixels")]
 NAIVE += [VisionCase("ppo", "token-mean", 2, 1, "padded", naive="1d")]
 NAIVE += [VisionCase("ppo", "token-mean", 1, 2, "packed", naive=naive, **QWEN3) for naive in ("1d", "deepstack")]
@@ -44,7 +67,7 @@ NAIVE += [VisionCase("ppo", "token-mean", 1, 2, "packed", naive=naive, **QWEN3) 
 
 @pytest.fixture(scope="module")
 def strategy_results():
-    return run_vision_strategy(CASES + NAIVE)
+    return run_vision_strategy(CASES + NAIVE + SP_NAIVE)
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +75,12 @@ def references():
     return {}
 
 
+def case_key(case) -> tuple:
+    return (case.loss, case.mode, case.freeze_vision, case.model_type, case.lora)
+
+
 def errors(case, strategy_results, references) -> tuple[float, float]:
-    key = (case.loss, case.mode, case.freeze_vision, case.model_type)
+    key = case_key(case)
     if key not in references:
         references[key] = vision_reference(*key)
     (loss, grads, _), (ref_loss, ref_grads, _) = strategy_results[case], references[key]
@@ -68,6 +95,8 @@ def test_step_with_images_equals_global_forward_backward(case, strategy_results,
     grads = strategy_results[case][1]
     tower = [name for name in grads if name.startswith("model.visual.")]
     assert bool(tower) != case.freeze_vision  # trained: its gradients are checked; frozen: it has none
+    if case.lora:  # the adapters alone train, every one of them on the language model
+        assert grads and all(".lora_" in name and name.startswith("model.language_model.") for name in grads)
     if case.micro_batching == "budget" and case.world_size == 2:
         assert strategy_results[case][2] == 2
 
@@ -84,7 +113,7 @@ def test_misplaced_pixels_and_1d_positions_miss(case, strategy_results, referenc
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_log_probs_with_images_equal_the_global_forward(world_size, strategy_results, references):
     """compute_log_probs (the old-policy and reference pass) on rank 0's rows, packed: the global forward's."""
-    key = ("ppo", "token-mean", False, "qwen2_5_vl")
+    key = ("ppo", "token-mean", False, "qwen2_5_vl", False)
     if key not in references:
         references[key] = vision_reference(*key)
     rows, log_probs = strategy_results[("log_probs", world_size)]
@@ -94,7 +123,7 @@ def test_log_probs_with_images_equal_the_global_forward(world_size, strategy_res
 
 def test_image_tokens_stay_out_of_loss_masks_and_counts():
     """No loss mask of the batch covers an image token (so no global count holds one); a mask that does
-    is refused before the forward, naming the key. Images under sequence parallelism are refused too."""
+    is refused before the forward, naming the key."""
     from roll_lite.model.vision import VisionLMWithLogProbs
     from roll_lite.strategy import StrategyConfig
     from roll_lite.strategy.micro_batches import forward_micro_batch
@@ -108,6 +137,28 @@ def test_image_tokens_stay_out_of_loss_masks_and_counts():
     data.meta_info["loss_mask_keys"] = MASK_KEYS["ppo"]
     with pytest.raises(ValueError, match=r"loss mask 'response_mask' covers 18 image token\(s\) \(first: row 0"):
         forward_micro_batch(VisionLMWithLogProbs(lm), data, StrategyConfig(), with_entropy=False)
-    data.batch["response_mask"] = data["response_mask"] * (1 - image_tokens.long())
-    with pytest.raises(NotImplementedError, match="strategy.sequence_parallel: batches with images"):
-        forward_micro_batch(VisionLMWithLogProbs(lm), data, StrategyConfig(), False, sequence_parallel=object())
+
+
+@pytest.mark.parametrize("case", SP_NAIVE, ids=[c.id for c in SP_NAIVE])
+def test_sequence_parallel_controls_miss(case, strategy_results, references):
+    """The SP rows can fail: a rank's image tokens given the micro-batch's first features (the ids sliced
+    before the merge) miss the loss and the gradient; the tower's gradient counted S times (the whole feature
+    gradient back-propagated undivided on each rank) misses the tower's gradients only."""
+    loss_error, grad_error = errors(case, strategy_results, references)
+    assert grad_error > 1e-6, grad_error
+    if case.naive == "sp-columns":
+        assert loss_error > 1e-6, loss_error
+    else:
+        grads, ref_grads = strategy_results[case][1], references[case_key(case)][1]
+        tower = max(relative_deviation(grads[n], ref_grads[n]) for n in ref_grads if n.startswith("model.visual."))
+        lm = max(relative_deviation(grads[n], ref_grads[n]) for n in ref_grads if not n.startswith("model.visual."))
+        assert loss_error <= 1e-10 and lm <= 1e-10 and abs(tower - 1.0) < 1e-6, (loss_error, lm, tower)
+
+
+def test_log_probs_with_images_under_sequence_parallelism(strategy_results, references):
+    """compute_log_probs at S = 2 (every row, packed, each split over the two ranks): the global forward's."""
+    key = ("ppo", "token-mean", False, "qwen2_5_vl", False)
+    if key not in references:
+        references[key] = vision_reference(*key)
+    log_probs, expected = strategy_results["log_probs_sp"], references[key][2]
+    assert log_probs.shape == expected.shape and (log_probs - expected).abs().max() <= 1e-12

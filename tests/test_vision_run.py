@@ -271,8 +271,14 @@ def test_over_ray_the_images_travel_to_the_workers(data):
     "overrides, message",
     [
         (["rollout.engine=vllm", "rollout.top_p=0.9"], "rollout.top_p: rollout.engine=vllm with a vision-language"),
-        (["rollout.exact=true"], "rollout.exact: the exact decoding loop takes no images yet"),
-        (["rollout.fully_async=true"], "rollout.fully_async: partial rollouts take no images yet"),
+        (
+            [
+                "rollout.fully_async=true",
+                "pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline",
+                "environment.name=color_cards",
+            ],
+            "rollout.fully_async: multi-turn episodes ahead take no images yet",
+        ),
         (
             ["pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline", "environment.name=guess_the_number"],
             "data.image_key: a multi-turn run's rows seed its environments (environment.name=guess_the_number)",
@@ -281,8 +287,8 @@ def test_over_ray_the_images_travel_to_the_workers(data):
             ["pipeline=roll_lite.pipelines.reward_model:RewardModelPipeline"],
             "pipeline: the reward-model pipeline does not train a vision-language model",
         ),
-        (["actor.sequence_parallel=2", "workers.actor_dp=2"], "actor.sequence_parallel: batches with images"),
-        (["actor.lora.rank=4"], "actor.lora.rank: no LoRA on a vision-language model"),
+        (["critic.lora.rank=4"], "critic.lora.rank: no critic on a vision-language model"),
+        (["actor.lora.rank=4", "model.freeze_vision=false"], "model.freeze_vision: actor.lora.rank > 0 on a vision"),
         (["algorithm.advantage=gae"], "algorithm.advantage: gae needs a critic"),
         (["distill.teacher=teacher"], "distill.teacher: teachers do not score image prompts yet"),
         (["model.model_type=qwen2"], "model.freeze_vision: needs a vision-language model: model.model_type=qwen2_5_vl"),
@@ -300,11 +306,12 @@ def test_what_a_vision_language_model_does_not_run_with_yet_is_a_config_error_na
         load_config(str(REPO / "configs/grpo.yaml"), [*vision, *overrides])
 
 
-def test_a_pretrained_vision_language_folder_is_refused_before_anything_starts(tmp_path, capsys):
+def test_a_pretrained_vision_language_folder_without_its_processor_is_refused_before_anything_starts(tmp_path, capsys):
+    """A folder is read (tests/test_vision_folder.py) with the processor saved beside the model, not without."""
     from roll_lite.cli import main
 
     tiny_vision_config(run_processor()).save_pretrained(tmp_path / "vlm")
     (tmp_path / "vlm" / "model.safetensors").write_bytes(b"")  # never read: the config refuses it first
     assert main([f"model.pretrained_path={tmp_path / 'vlm'}", f"output_dir={tmp_path / 'out'}"]) == 2
-    assert "model.pretrained_path: a vision-language model's folder is not read yet" in capsys.readouterr().err
+    assert f"model.pretrained_path: '{tmp_path / 'vlm'}' has no processor" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()

@@ -19,6 +19,8 @@ from PIL import Image
 from spawned_ranks import join_group, leave_group, spawn_ranks
 
 from roll_lite.data import DataProto
+from roll_lite.lora.adapters import add_adapters
+from roll_lite.lora.settings import LoraSettings
 from roll_lite.model.qwen3_vl import build_qwen3_vl_processor, tiny_qwen3_vl_config
 from roll_lite.model.vision import build_vision_model, build_vision_processor, encode_conversation, tiny_vision_config
 from roll_lite.strategy.vision_inputs import IMAGE_INPUTS
@@ -26,6 +28,7 @@ from roll_lite.strategy.vision_inputs import IMAGE_INPUTS
 # (image sizes, response length) per row: 0, 1 or 2 images of 1 to 4 image tokens each
 ROWS = [([(16, 16)], 6), ([(24, 8), (8, 8)], 5), ([], 7), ([(8, 16)], 4), ([(16, 16)], 5), ([], 3), ([(12, 12)], 6)]
 MASK_KEYS = {"ppo": ["response_mask"], "ppo_kl": ["response_mask", "kl_mask"], "user": ["response_mask"]}
+LORA = LoraSettings(rank=2, alpha=4.0)  # all-linear: every Linear layer of the language model
 BUDGET = 60  # tokens per micro-batch in the token-budget case: at D = 2 the ranks need 2 and 1
 
 
@@ -38,14 +41,19 @@ class VisionCase:
     micro_batching: str  # padded | packed | budget
     freeze_vision: bool = False
     # a negative control: "pixels" (each micro-batch's pixels in the wrong row order), "1d" (1-D positions) or
-    # "deepstack" (Qwen3-VL's DeepStack features of each micro-batch's images in reverse order)
+    # "deepstack" (Qwen3-VL's DeepStack features of each micro-batch's images in reverse order); under
+    # sequence parallelism "sp-columns" or "sp-tower" (sp_negative_control)
     naive: str = ""
     model_type: str = "qwen2_5_vl"  # or qwen3_vl
+    lora: bool = False  # LORA's adapters on the language model, the base (the tower included) frozen
+    sequence_parallel: int = 1  # S: world_size·S processes, each sequence split over S (vision_sp.py)
 
     @property
     def id(self) -> str:
         a = "budget" if self.micro_batching == "budget" else f"A{self.grad_accum_steps}-{self.micro_batching}"
         extra = ("-frozen" if self.freeze_vision else "") + (f"-naive-{self.naive}" if self.naive else "")
+        extra += "-lora" if self.lora else ""
+        extra += f"-S{self.sequence_parallel}" if self.sequence_parallel > 1 else ""
         family = "" if self.model_type == "qwen2_5_vl" else f"{self.model_type}-"
         return f"{family}{self.loss}-{self.mode}-D{self.world_size}-{a}{extra}"
 
@@ -55,9 +63,18 @@ def processor(model_type: str = "qwen2_5_vl"):
     return build(patch_size=4, merge_size=2, min_pixels=64, max_pixels=256)
 
 
-def vision_lm(freeze_vision: bool = False, model_type: str = "qwen2_5_vl") -> torch.nn.Module:
+def vision_lm(freeze_vision: bool = False, model_type: str = "qwen2_5_vl", lora: bool = False) -> torch.nn.Module:
     tiny = tiny_qwen3_vl_config if model_type == "qwen3_vl" else tiny_vision_config
-    return build_vision_model(tiny(processor(model_type)), dtype=torch.float64, seed=0, freeze_vision=freeze_vision)
+    lm = build_vision_model(tiny(processor(model_type)), dtype=torch.float64, seed=0, freeze_vision=freeze_vision)
+    if not lora:
+        return lm
+    lm = add_adapters(lm, LORA, seed=1)  # on the language model only (roll_lite/lora/vision.py)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():  # lora_B starts at zero, which would leave lora_A without a gradient
+        for name, parameter in lm.named_parameters():
+            if ".lora_B." in name:
+                parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator, dtype=torch.float64))
+    return lm
 
 
 def vision_batch(model_type: str = "qwen2_5_vl") -> DataProto:
@@ -112,6 +129,10 @@ def negative_control(naive: str):
     import roll_lite.strategy.micro_batches as micro_batches
     from roll_lite.strategy.vision_inputs import rows_images
 
+    if naive.startswith("sp-"):
+        with sp_negative_control(naive):
+            yield
+        return
     saved = (micro_batches.image_inputs, vision.mrope_layout, Qwen3VLModel.get_image_features)
     if naive == "pixels":
 
@@ -139,6 +160,25 @@ def negative_control(naive: str):
         micro_batches.image_inputs, vision.mrope_layout, Qwen3VLModel.get_image_features = saved
 
 
+@contextlib.contextmanager
+def sp_negative_control(naive: str):
+    """Sequence parallelism's bugs (roll_lite/model/vision_sp.py): "sp-columns", each rank's image tokens take
+    the micro-batch's first features (what merging after slicing the ids gives); "sp-tower", every rank's tower
+    back-propagates the group's whole feature gradient undivided (the tower counted S times, the decoder right)."""
+    import roll_lite.model.vision_sp as vision_sp
+    from roll_lite.strategy.sequence_parallel import SequenceParallel, _WholeGradient
+
+    saved = (vision_sp.columns_features, SequenceParallel.whole_gradient)
+    if naive == "sp-columns":
+        vision_sp.columns_features = lambda features, image_mask, columns: features[: int(image_mask[:, columns].sum())]
+    elif naive == "sp-tower":
+        SequenceParallel.whole_gradient = lambda self, x: _WholeGradient.apply(x, self.group, 1)
+    try:
+        yield
+    finally:
+        vision_sp.columns_features, SequenceParallel.whole_gradient = saved
+
+
 def _rank_main(rank: int, world_size: int, port: int, cases: list[VisionCase], out_path: str):
     join_group(rank, world_size, port)
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
@@ -146,7 +186,9 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[VisionCase], o
 
     results, strategies = {}, {}
     for case in cases:
+        degree = case.sequence_parallel  # the S ranks of data-parallel group rank // S share its rows
         config = StrategyConfig(
+            sequence_parallel=degree,
             grad_accum_steps=case.grad_accum_steps,
             use_packing=case.micro_batching != "padded",
             max_tokens_per_micro_batch=BUDGET if case.micro_batching == "budget" else None,
@@ -155,13 +197,13 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[VisionCase], o
             param_dtype="float64",
             logprob_chunk_size=8,
         )
-        key = (repr(config), case.freeze_vision, case.model_type)
+        key = (repr(config), case.freeze_vision, case.model_type, case.lora)
         if key not in strategies:
-            strategies[key] = FSDP2Strategy(vision_lm(case.freeze_vision, case.model_type), config)
+            strategies[key] = FSDP2Strategy(vision_lm(case.freeze_vision, case.model_type, case.lora), config)
         strategy = strategies[key]
         data = vision_batch(case.model_type)
         data.meta_info["loss_mask_keys"] = MASK_KEYS[case.loss]
-        share = split_for_data_parallel(data, world_size, balance_tokens=config.use_packing)[rank]
+        share = split_for_data_parallel(data, world_size // degree, balance_tokens=config.use_packing)[rank // degree]
         with negative_control(case.naive):
             metrics = strategy.train_step(share, loss_func(case))
         results[case] = (metrics["loss"], whole_gradients(strategy.model), metrics["num_micro_batches"])
@@ -169,8 +211,10 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[VisionCase], o
     packed = next(
         (
             s
-            for (_, frozen, family), s in strategies.items()
-            if s.config.use_packing and not (frozen or family != "qwen2_5_vl")
+            for (_, frozen, family, lora), s in strategies.items()
+            if s.config.use_packing
+            and s.config.sequence_parallel == 1
+            and not (frozen or lora or family != "qwen2_5_vl")
         ),
         None,
     )
@@ -178,6 +222,9 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[VisionCase], o
         data = vision_batch()
         rows = data_parallel_groups(data, world_size, balance_tokens=True)[rank]
         results["log_probs"] = (rows, packed.compute_log_probs(data.index_select(rows))["log_probs"])
+    sp = [s for s in strategies.values() if s.config.sequence_parallel > 1 and s.config.use_packing]
+    if sp:  # the same at S = 2 (D = 1): every row, each split over the two ranks
+        results["log_probs_sp"] = sp[0].compute_log_probs(vision_batch())["log_probs"]
     if rank == 0:
         torch.save(results, out_path)
     leave_group()
@@ -187,10 +234,10 @@ def run_vision_strategy(cases: list[VisionCase]) -> dict:
     """{case: (loss, grads, micro-batches)} and {("log_probs", D): (rank 0's rows, their log-probs)}, one spawn
     per D."""
     results = {}
-    for world_size in sorted({c.world_size for c in cases}):
+    for world_size in sorted({c.world_size * c.sequence_parallel for c in cases}):
         with tempfile.TemporaryDirectory() as tmp:
             out_path = os.path.join(tmp, "results.pt")
-            group = [c for c in cases if c.world_size == world_size]
+            group = [c for c in cases if c.world_size * c.sequence_parallel == world_size]
             spawn_ranks(_rank_main, world_size, group, out_path, start_method="forkserver")
             found = torch.load(out_path, weights_only=False)
             if "log_probs" in found:
@@ -200,11 +247,12 @@ def run_vision_strategy(cases: list[VisionCase]) -> dict:
 
 
 def vision_reference(
-    loss: str, mode: str, freeze_vision: bool = False, model_type: str = "qwen2_5_vl"
+    loss: str, mode: str, freeze_vision: bool = False, model_type: str = "qwen2_5_vl", lora: bool = False
 ) -> tuple[float, dict, torch.Tensor]:
-    """(loss, grads, token-aligned log-probs) of one forward/backward of the plain HF model over the padded global batch: eager
+    """(loss, grads, token-aligned log-probs) of one forward/backward of the plain HF model (lora: with peft's
+    adapters) over the padded global batch: eager
     attention, all the batch's images in row order, M-RoPE positions computed by transformers itself."""
-    lm = vision_lm(freeze_vision, model_type)
+    lm = vision_lm(freeze_vision, model_type, lora)
     lm.set_attn_implementation("sdpa")  # eager: softmax in float32, even for float64
     data = vision_batch(model_type)
     batch = dict(data.batch)

@@ -21,6 +21,7 @@ from roll_lite.lora.adapters import (
     is_adapter,
     write_peft_adapter,
 )
+from roll_lite.lora.vision import prefix_of_adapters, scoped_targets
 from roll_lite.model.exact_decoding import exact_generate
 from roll_lite.model.moe import GenerationRouting
 from roll_lite.model.vision_run import load_run_lm, run_tokenizer
@@ -82,7 +83,7 @@ class RolloutWorker:
         self.partial = PartialRollouts(tokenizer.eos_token_id)
         # model.freeze_vision: the names a sync holds, the engine model's parameters outside its vision tower
         self.frozen_vision = None
-        if config.model.freeze_vision:
+        if config.model.freeze_vision and self.lora is None:  # with LoRA the tower is part of the base: sent once
             self.frozen_vision = (
                 frozen_vision_sync(self.engine.model)
                 if isinstance(self.engine, HFEngine)
@@ -116,8 +117,11 @@ class RolloutWorker:
     # The fully async mode's partial rollouts (roll_lite/rollout/partial.py; pipelines/async_schedule.py
     # decides what runs when). Each advance samples with the weights this worker holds at that moment.
 
-    def admit(self, cohort: int, prompts: list[list[int]], params: SamplingParams, on_update: str) -> None:
-        self.partial.admit(cohort, prompts, params, on_update)
+    def admit(
+        self, cohort: int, prompts: list[list[int]], params: SamplingParams, on_update: str, images: list | None = None
+    ) -> None:
+        """`images`: per prompt its processor outputs or None (a vision-language policy's image rows)."""
+        self.partial.admit(cohort, prompts, params, on_update, images)
 
     def advance(self, cohort: int, max_tokens: int | None) -> int:
         start = time.perf_counter()
@@ -134,8 +138,9 @@ class RolloutWorker:
     def partial_state(self) -> dict:
         return self.partial.state_dict()
 
-    def load_partial_state(self, state: dict) -> None:
-        self.partial.load_state_dict(state)
+    def load_partial_state(self, state: dict, images: dict | None = None) -> None:
+        """`images`: per cohort with images, its prompts' image inputs (pipelines/async_schedule.py load)."""
+        self.partial.load_state_dict(state, images)
 
     def _with_adapters(self, model: torch.nn.Module) -> torch.nn.Module:
         """The hf engine's model with the actor's LoRA adapters (their values come with every sync)."""
@@ -158,7 +163,8 @@ class RolloutWorker:
                 self.engine.update_weights(base_state(state))
             folder = self.adapter_folders.new(version)
             adapters = adapter_state(state)
-            write_peft_adapter(folder, adapters, self.lora, adapted_modules_in(adapters))
+            targets = scoped_targets(adapted_modules_in(adapters), prefix_of_adapters(adapters))  # a VLM's: its LM's
+            write_peft_adapter(folder, adapters, self.lora, targets)
             self.engine.update_adapter(str(folder), version)
             self.adapter_folders.drop_older_than(folder)
         self.weight_version = version
@@ -252,7 +258,7 @@ def _start_vllm(config: RunConfig, tokenizer):
     from roll_lite.model.vision_run import (
         is_vision_model,
         load_vision_lm,
-        run_processor,
+        model_processor,
         vision_config,
         vision_token_ids,
     )
@@ -284,7 +290,7 @@ def _start_vllm(config: RunConfig, tokenizer):
         enforce_eager=on_cpu if r.enforce_eager is None else r.enforce_eager,
         lora_rank=lora_rank,
         batch_invariant=r.vllm_batch_invariant,
-        processor=run_processor(config.data, config.model.model_type) if vision else None,
+        processor=model_processor(config.model, config.data) if vision else None,
     )
     engine = vllm_engine.VLLMEngine(
         llm,

@@ -42,7 +42,8 @@ def validate_vision(config: RunConfig) -> None:
     check(
         vision or not config.model.freeze_vision,
         "model.freeze_vision",
-        f"needs a vision-language model: model.model_type={'|'.join(VISION_MODEL_TYPES)} built from the model keys "
+        f"needs a vision-language model: model.model_type={'|'.join(VISION_MODEL_TYPES)} built from the model keys, or "
+        "a Qwen2.5-VL / Qwen3-VL folder as model.pretrained_path "
         f"(model.model_type={config.model.model_type}{', model.pretrained_path is set' * bool(config.model.pretrained_path)})",
     )
     if vision:
@@ -60,11 +61,13 @@ def _validate_vision_run(config: RunConfig) -> None:
         f"rollout.engine=vllm with {vlm} records log-probs over the vocabulary without the vision tokens only "
         f"when nothing is truncated: set rollout.top_p=1 and rollout.top_k=0 (or rollout.engine=hf)",
     )
-    check(not r.exact, "rollout.exact", f"the exact decoding loop takes no images yet ({vlm}): set false")
+    # the exact decoding loop and single-turn partial rollouts take images (docs/vision.md, "Exact and partial
+    # rollouts with images"); multi-turn episodes ahead do not yet
     check(
-        not r.fully_async,
+        not r.fully_async or config.environment.name is None,
         "rollout.fully_async",
-        f"partial rollouts take no images yet, nor multi-turn episodes ahead ({vlm}): set false",
+        f"multi-turn episodes ahead take no images yet (a multi-turn run, environment.name="
+        f"{config.environment.name}; {vlm}): set false",
     )
     check(
         config.pipeline not in NOT_ON_IMAGES,
@@ -79,13 +82,14 @@ def _validate_vision_run(config: RunConfig) -> None:
         f"a multi-turn run's rows seed its environments (environment.name={config.environment.name}) and hold no "
         f"images; {vlm} sees the images the environment's observations show: set null",
     )
-    check(
-        config.actor.sequence_parallel == 1,
-        "actor.sequence_parallel",
-        f"batches with images are not split over ranks yet ({vlm}): set 1",
-    )
-    for role in ("actor", "critic"):
-        check(getattr(config, role).lora.rank == 0, f"{role}.lora.rank", f"no LoRA on {vlm} yet: set 0")
+    check(config.critic.lora.rank == 0, "critic.lora.rank", f"no critic on {vlm} yet: set 0")
+    if config.actor.lora.rank:  # adapters on the language model only (roll_lite/lora/vision.py)
+        check(
+            config.model.freeze_vision,
+            "model.freeze_vision",
+            f"actor.lora.rank > 0 on {vlm} puts adapters on its language model only and keeps the vision tower "
+            "frozen with the rest of the base: set true (training the tower in full beside the adapters is not built)",
+        )
     check(
         config.algorithm.advantage != "gae",
         "algorithm.advantage",
@@ -97,7 +101,9 @@ def _validate_vision_run(config: RunConfig) -> None:
         f"teachers do not score image prompts yet ({vlm})",
     )
     m = config.model
-    if m.model_type == "qwen3_vl":  # interleaved M-RoPE (roll_lite/model/qwen3_vl.py, interleaved_mrope_section)
+    if (
+        m.model_type == "qwen3_vl" and m.pretrained_path is None
+    ):  # interleaved M-RoPE (roll_lite/model/qwen3_vl.py, interleaved_mrope_section)
         head_dim = m.hidden_size // max(m.num_attention_heads, 1)
         check(
             head_dim >= 6,
