@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from roll_lite.data import DataProto, undo_permutation
 from roll_lite.model.attention import packed_attention_path
-from roll_lite.model.modeling import CausalLMWithScoreHead, CausalLMWithValueHead, decoder_layers
+from roll_lite.model.modeling import decoder_layers
 from roll_lite.runtime.metrics import reduce_metrics, to_float
 from roll_lite.strategy.config import StrategyConfig
 from roll_lite.strategy.distributed import broadcast_from_rank0, init_distributed, resolve_device
@@ -54,7 +54,7 @@ from roll_lite.strategy.moe_stats import forward_only_forward, moe_step_setup, u
 from roll_lite.strategy.non_finite import NonFiniteStepsError, describe_non_finite, skipped_step_message
 from roll_lite.strategy.optim import clip_grad_norm, lr_lambda
 from roll_lite.strategy.sequence_parallel import SequenceParallel, sequence_parallel_mesh
-from roll_lite.strategy.vision_inputs import policy_head
+from roll_lite.strategy.vision_inputs import policy_head, scalar_head
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -114,10 +114,8 @@ class FSDP2Strategy:
         self.dp_rank: int = sp.dp_rank if sp else self.rank
         if head == "log_probs":
             model = policy_head(lm.to(self.device), config.logprob_chunk_size)  # a VLM's: vision.py
-        elif head == "value":
-            model = CausalLMWithValueHead(lm.to(self.device)).to(self.device)
-        elif head == "score":
-            model = CausalLMWithScoreHead(lm.to(self.device), seed=head_seed).to(self.device)
+        elif head in ("value", "score"):  # a VLM's too: vision_inputs.py
+            model = scalar_head(lm.to(self.device), head, seed=head_seed).to(self.device)
         else:
             raise ValueError(f"unknown head '{head}'; choose log_probs, value or score")
         self.sharded = self.world_size > 1 or shard_single_rank or DTYPES[config.param_dtype] != _dtype_of(model)

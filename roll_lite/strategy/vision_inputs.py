@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from roll_lite.data import DataProto
-from roll_lite.model.modeling import CausalLMWithLogProbs
+from roll_lite.model.modeling import CausalLMWithLogProbs, CausalLMWithScoreHead, CausalLMWithValueHead
 
 IMAGE_INPUTS = "image_inputs"
 
@@ -31,6 +31,18 @@ def policy_head(lm: nn.Module, chunk_size: int = 1024) -> nn.Module:
 
         return VisionLMWithLogProbs(lm, chunk_size)
     return CausalLMWithLogProbs(lm, chunk_size)
+
+
+def scalar_head(lm: nn.Module, head: str, seed: int = 0) -> nn.Module:
+    """head 'value' (critic) or 'score' (a reward model in training, drawn from `seed`): CausalLMWithValueHead /
+    CausalLMWithScoreHead, or for a vision-language model its own (roll_lite/model/vision_heads.py)."""
+    if head not in ("value", "score"):
+        raise ValueError(f"unknown scalar head '{head}'; choose value or score")
+    if hasattr(lm.config, "vision_config"):
+        from roll_lite.model.vision_heads import VisionLMWithScoreHead, VisionLMWithValueHead
+
+        return VisionLMWithValueHead(lm) if head == "value" else VisionLMWithScoreHead(lm, seed)
+    return CausalLMWithValueHead(lm) if head == "value" else CausalLMWithScoreHead(lm, seed)
 
 
 def has_images(data: DataProto) -> bool:
