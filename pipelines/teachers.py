@@ -51,14 +51,28 @@ class Teachers:
         return "distill.teacher" if domain is None else f"distill.teachers.{domain}"
 
     def check(self, tokenizer) -> None:
-        """In the driver, before Ray: each teacher folder loads a tokenizer equal to the student's."""
+        """In the driver, before Ray: each teacher folder loads a tokenizer equal to the student's; for a
+        vision-language student, a folder of its family whose vision token ids, patch sizes and image processor
+        are the student's too (roll_lite/model/vision_teacher_folder.py)."""
         from roll_lite.model.tokenizer import load_tokenizer
+        from roll_lite.model.vision_run import is_vision_model
+        from roll_lite.model.vision_teacher_folder import teacher_difference
 
+        vision = is_vision_model(self.config.model)  # then each teacher a vision-language folder (validation_vision)
         for domain, folder in self.by_domain.items():
             try:
-                theirs = load_tokenizer(folder)
+                if vision:  # its config.json and processor read the student's ids and pixels alike, then its tokenizer
+                    theirs, difference = teacher_difference(self.config.model, self.config.data, folder)
+                else:
+                    theirs, difference = load_tokenizer(folder), None
             except ValueError as error:
-                raise ConfigError(f"{self.key(domain)}: {str(error).removeprefix('model.tokenizer_path: ')}") from None
+                message = str(error).removeprefix("model.tokenizer_path: ").removeprefix("model.pretrained_path: ")
+                raise ConfigError(f"{self.key(domain)}: {message}") from None
+            if difference is not None:  # a vision-language teacher that reads the ids or the pixels otherwise
+                raise ConfigError(
+                    f"{self.key(domain)}: the teacher ('{folder}') differs from the student: {difference}. It scores "
+                    "the student's ids with the sample's images, so both need one tokenizer and processor"
+                )
             difference = first_difference(tokenizer, theirs)
             if difference is not None:
                 raise ConfigError(
