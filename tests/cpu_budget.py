@@ -84,8 +84,10 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
             "test_tracking.py",
             "test_traces.py",
             "test_user_imports.py",
+            "test_distill_vision.py",
             "test_vision_folder.py",
             "test_vision_run.py",
+            "test_vision_critic.py",
             "test_vision_supervised.py",
             "test_warm_driver.py",
             "test_warm_workers.py",
@@ -131,6 +133,7 @@ AREAS: dict[str, tuple[int, str, tuple[str, ...]]] = {
         120,
         "environments, tools, episodes, multi-turn pipelines and runs",
         (
+            "test_async_episodes_images.py",
             "test_environments.py",
             "test_environments_runner.py",
             "test_episodes.py",

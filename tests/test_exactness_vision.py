@@ -17,13 +17,25 @@ Sequence parallelism (SP below; roll_lite/model/vision_sp.py): at D = 1, S = 2 e
 the whole sequence and lays out its M-RoPE rows before keeping its slice; the loss and every gradient, the
 tower's included (counted once: each rank's tower back-propagates the group's feature gradient / S), match too.
 
+The critic (VALUE below; roll_lite/model/vision_heads.py): the value loss through FSDP2Strategy(head="value") at
+D = 1 and 2, A = 2, packed (Qwen3-VL at D = 1, a LoRA critic at D = 2), and compute_values, match the plain HF
+trunk's hidden states with the value head applied by hand; 1-D positions for the image tokens must miss.
+
 Negative controls: each micro-batch's pixels laid out in the wrong row order, and 1-D positions for image
 tokens (what transformers falls back to, silently), must miss; for Qwen3-VL, 1-D positions and DeepStack
 features given to the wrong images' tokens (the main features right) must miss too. Image tokens stay out of every loss mask and
 every count: a loss mask that covers one is an error."""
 
 import pytest
-from vision_cases import MASK_KEYS, VisionCase, run_vision_strategy, vision_batch, vision_lm, vision_reference
+from vision_cases import (
+    MASK_KEYS,
+    VisionCase,
+    run_vision_strategy,
+    value_reference,
+    vision_batch,
+    vision_lm,
+    vision_reference,
+)
 
 from roll_lite.loss import AGG_MODES
 from roll_lite.loss.checker import relative_deviation
@@ -60,6 +72,12 @@ CASES += [
 CASES += [VisionCase("ppo", "token-mean", 1, 1, "packed", freeze_vision=True, **SP)]
 CASES += [VisionCase("ppo", m, 1, 1, "packed", model_type="qwen3_vl", **SP) for m in SP_MODES]
 SP_NAIVE = [VisionCase("ppo", "token-mean", 1, 1, "packed", naive=naive, **SP) for naive in ("sp-columns", "sp-tower")]
+# The critic (roll_lite/model/vision_heads.py): the value loss through FSDP2Strategy(head="value"), packed, at
+# D = 1 and 2 (Qwen3-VL at D = 1), and its 1-D positions control; compute_values against the global forward
+VALUE = [VisionCase("value", "token-mean", d, 2, "packed") for d in (1, 2)]
+VALUE += [VisionCase("value", "token-mean", 1, 2, "packed", model_type="qwen3_vl")]
+VALUE += [VisionCase("value", "token-mean", 2, 2, "packed", **LORA)]  # a LoRA critic: adapters and head train
+VALUE_NAIVE = VisionCase("value", "token-mean", 1, 2, "packed", naive="1d")
 NAIVE = [VisionCase("ppo", "token-mean", 1, 2, "packed", naive="pixels")]
 NAIVE += [VisionCase("ppo", "token-mean", 2, 1, "padded", naive="1d")]
 NAIVE += [VisionCase("ppo", "token-mean", 1, 2, "packed", naive=naive, **QWEN3) for naive in ("1d", "deepstack")]
@@ -67,7 +85,7 @@ NAIVE += [VisionCase("ppo", "token-mean", 1, 2, "packed", naive=naive, **QWEN3) 
 
 @pytest.fixture(scope="module")
 def strategy_results():
-    return run_vision_strategy(CASES + NAIVE + SP_NAIVE)
+    return run_vision_strategy(CASES + NAIVE + SP_NAIVE + VALUE + [VALUE_NAIVE])
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +180,41 @@ def test_log_probs_with_images_under_sequence_parallelism(strategy_results, refe
         references[key] = vision_reference(*key)
     log_probs, expected = strategy_results["log_probs_sp"], references[key][2]
     assert log_probs.shape == expected.shape and (log_probs - expected).abs().max() <= 1e-12
+
+
+def value_errors(case, strategy_results, references) -> tuple[float, float]:
+    key = ("value", case.model_type, case.lora)
+    if key not in references:
+        references[key] = value_reference(case.model_type, case.lora)
+    (loss, grads, _), (ref_loss, ref_grads, _) = strategy_results[case], references[key]
+    assert set(grads) == set(ref_grads), set(grads) ^ set(ref_grads)
+    return relative_deviation(loss, ref_loss), max(relative_deviation(grads[n], ref_grads[n]) for n in ref_grads)
+
+
+@pytest.mark.parametrize("case", VALUE, ids=[c.id for c in VALUE])
+def test_critic_value_loss_with_images_equals_global_forward_backward(case, strategy_results, references):
+    """The critic on a VLM: the value loss and every gradient (the tower's, the trunk's, the value head's)."""
+    loss_error, grad_error = value_errors(case, strategy_results, references)
+    assert loss_error <= 1e-10 and grad_error <= 1e-10, (loss_error, grad_error)
+    grads = strategy_results[case][1]
+    assert {"value_head.weight", "value_head.bias"} <= set(grads)
+    if case.lora:  # the adapters and the value head alone train
+        assert all(".lora_" in n or n.startswith("value_head.") for n in grads), sorted(grads)
+    else:
+        assert any(n.startswith("model.visual.") for n in grads)
+
+
+def test_critic_with_1d_positions_misses(strategy_results, references):
+    loss_error, grad_error = value_errors(VALUE_NAIVE, strategy_results, references)
+    assert loss_error > 1e-6 and grad_error > 1e-6, (loss_error, grad_error)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_values_with_images_equal_the_global_forward(world_size, strategy_results, references):
+    """compute_values (the critic's pass before GAE) on rank 0's rows, packed: the global forward's."""
+    key = ("value", "qwen2_5_vl", False)
+    if key not in references:
+        references[key] = value_reference()
+    rows, values = strategy_results[("values", world_size)]
+    expected = references[key][2][rows]
+    assert values.shape == expected.shape and (values - expected).abs().max() <= 1e-12

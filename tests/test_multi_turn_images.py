@@ -18,6 +18,7 @@ import pytest
 import torch
 from PIL import Image
 from roll_lite.pipelines import multi_turn
+from tiny_vlm import TINY_VLM
 
 from roll_lite.environments.color_cards import ColorCards
 from roll_lite.environments.contract import BadImage, BadReturn, checked_reset, checked_step
@@ -26,13 +27,7 @@ from roll_lite.rollout.images import check_expanded_once
 REPO = Path(__file__).resolve().parents[1]
 ROWS = [{"seed": 1}, {"seed": 2, "broken": "bytes"}, {"seed": 3}, {"seed": 4, "broken": "wide"}]
 RUN = [
-    "model.model_type=qwen2_5_vl",
-    "model.hidden_size=32",
-    "model.intermediate_size=64",
-    "model.num_hidden_layers=2",
-    "model.num_attention_heads=2",
-    "model.num_key_value_heads=1",
-    "model.max_position_embeddings=128",
+    *TINY_VLM,
     "pipeline=test_multi_turn_images:Recording",
     "environment.name=image_cards:Cards",
     "environment.max_turns=3",
@@ -307,5 +302,6 @@ def test_a_multi_turn_run_on_a_vlm_takes_the_pixel_bounds_and_refuses_image_rows
     assert (config.data.min_pixels, config.data.max_pixels) == (16, 256)
     with pytest.raises(ConfigError, match="data.image_key: a multi-turn run's rows seed its environments"):
         load_config(str(REPO / "configs/grpo.yaml"), [*RUN, "data.image_key=images"])
-    with pytest.raises(ConfigError, match="rollout.fully_async: multi-turn episodes ahead take no images yet"):
+    # episodes ahead (tests/test_async_episodes_images.py) need Ray: workers.backend=local refuses them
+    with pytest.raises(ConfigError, match="rollout.fully_async: multi-turn rollouts ahead are not supported under"):
         load_config(str(REPO / "configs/grpo.yaml"), [*RUN, "rollout.fully_async=true"])

@@ -18,20 +18,14 @@ import torch
 from PIL import Image
 from roll_lite.pipelines.ppo import PPOPipeline
 from roll_lite.pipelines.sft import SFTPipeline
+from tiny_vlm import TINY_VLM_SIZES
 
 from roll_lite.model.vision import VisionLMWithLogProbs, build_vision_model, encode_conversation
 from roll_lite.model.vision_folder import load_folder_processor
 from roll_lite.model.vision_run import run_processor, vision_config, vision_token_ids
 
 REPO = Path(__file__).resolve().parents[1]
-SIZES = [
-    "model.hidden_size=32",
-    "model.intermediate_size=64",
-    "model.num_hidden_layers=2",
-    "model.num_attention_heads=2",
-    "model.num_key_value_heads=1",
-    "model.max_position_embeddings=128",
-]
+SIZES = [*TINY_VLM_SIZES]
 FAMILIES = ("qwen2_5_vl", "qwen3_vl")
 PROMPT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "color?"}]}]
 RECORDED: dict[str, dict] = {}  # run name -> its first batch, its actor's weights before training and when saved

@@ -22,6 +22,7 @@ import torch
 import warm_driver
 from PIL import Image
 from roll_lite.pipelines.ppo import PPOPipeline
+from tiny_vlm import TINY_VLM
 
 from roll_lite.model.restricted_vocab import restricted_log_probs
 from roll_lite.model.vision import VisionLMWithLogProbs, build_vision_model, encode_conversation, tiny_vision_config
@@ -45,15 +46,7 @@ ROWS = [
     (messages("<image>", "color?"), ["blue.png"], "blue"),
     (messages("<image>", "<image>", "same?"), ["red.png", "green.png"], "no"),
 ]
-MODEL = [
-    "model.model_type=qwen2_5_vl",
-    "model.hidden_size=32",
-    "model.intermediate_size=64",
-    "model.num_hidden_layers=2",
-    "model.num_attention_heads=2",
-    "model.num_key_value_heads=1",
-    "model.max_position_embeddings=128",
-]
+MODEL = [*TINY_VLM]
 RUN = [
     *MODEL,
     "sft.steps=0",
@@ -272,14 +265,6 @@ def test_over_ray_the_images_travel_to_the_workers(data):
     [
         (["rollout.engine=vllm", "rollout.top_p=0.9"], "rollout.top_p: rollout.engine=vllm with a vision-language"),
         (
-            [
-                "rollout.fully_async=true",
-                "pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline",
-                "environment.name=color_cards",
-            ],
-            "rollout.fully_async: multi-turn episodes ahead take no images yet",
-        ),
-        (
             ["pipeline=roll_lite.pipelines.multi_turn:MultiTurnPipeline", "environment.name=guess_the_number"],
             "data.image_key: a multi-turn run's rows seed its environments (environment.name=guess_the_number)",
         ),
@@ -287,10 +272,13 @@ def test_over_ray_the_images_travel_to_the_workers(data):
             ["pipeline=roll_lite.pipelines.reward_model:RewardModelPipeline"],
             "pipeline: the reward-model pipeline does not train a vision-language model",
         ),
-        (["critic.lora.rank=4"], "critic.lora.rank: no critic on a vision-language model"),
+        (["critic.lora.rank=4", "model.freeze_vision=false"], "model.freeze_vision: critic.lora.rank > 0 on a vision"),
         (["actor.lora.rank=4", "model.freeze_vision=false"], "model.freeze_vision: actor.lora.rank > 0 on a vision"),
-        (["algorithm.advantage=gae"], "algorithm.advantage: gae needs a critic"),
-        (["distill.teacher=teacher"], "distill.teacher: teachers do not score image prompts yet"),
+        (
+            ["algorithm.advantage=gae", "critic.sequence_parallel=2", "workers.critic_dp=2"],
+            "critic.sequence_parallel: a critic on a vision-language model",
+        ),
+        (["distill.teacher=teacher"], "distill.teacher: 'teacher' is no vision-language folder"),
         (["model.model_type=qwen2"], "model.freeze_vision: needs a vision-language model: model.model_type=qwen2_5_vl"),
         (
             ["model.model_type=qwen3_vl", "model.hidden_size=8", "model.intermediate_size=16"],

@@ -22,6 +22,7 @@ from PIL import Image
 from roll_lite.pipelines.dpo import DPOPipeline
 from roll_lite.pipelines.ppo import PPOPipeline
 from roll_lite.pipelines.sft import SFTPipeline
+from tiny_vlm import TINY_VLM
 
 from roll_lite.model.vision import encode_conversation
 from roll_lite.model.vision_run import run_processor, vision_token_ids
@@ -42,16 +43,7 @@ ROWS = [
     (messages("<image>", "color?"), ["blue.png"], "blue", "red"),
     (messages("<image>", "<image>", "same?"), ["red.png", "green.png"], "no", "yes"),
 ]
-MODEL = [
-    "model.model_type=qwen2_5_vl",
-    "model.hidden_size=32",
-    "model.intermediate_size=64",
-    "model.num_hidden_layers=2",
-    "model.num_attention_heads=2",
-    "model.num_key_value_heads=1",
-    "model.max_position_embeddings=128",
-    "model.pretrained_path=null",
-]
+MODEL = [*TINY_VLM, "model.pretrained_path=null"]
 COMMON = [*MODEL, "workers.backend=local", "workers.torch_threads=1", "data.image_key=images", "save_model=false"]
 SFT = ["sft.response_key=answer", "sft.batch_size=2", "sft.lr=1e-2", "sft.eval_every=100"]
 RUNS = {

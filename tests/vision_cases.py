@@ -28,6 +28,7 @@ from roll_lite.strategy.vision_inputs import IMAGE_INPUTS
 # (image sizes, response length) per row: 0, 1 or 2 images of 1 to 4 image tokens each
 ROWS = [([(16, 16)], 6), ([(24, 8), (8, 8)], 5), ([], 7), ([(8, 16)], 4), ([(16, 16)], 5), ([], 3), ([(12, 12)], 6)]
 MASK_KEYS = {"ppo": ["response_mask"], "ppo_kl": ["response_mask", "kl_mask"], "user": ["response_mask"]}
+MASK_KEYS["value"] = ["response_mask"]  # the critic's value loss: FSDP2Strategy(head="value"), vision_heads.py
 LORA = LoraSettings(rank=2, alpha=4.0)  # all-linear: every Linear layer of the language model
 BUDGET = 60  # tokens per micro-batch in the token-budget case: at D = 2 the ranks need 2 and 1
 
@@ -113,7 +114,21 @@ def _vision_batch(model_type: str) -> DataProto:
     batch = dict(input_ids=input_ids, attention_mask=attention, response_mask=response_mask, kl_mask=kl_mask)
     batch.update(old_log_probs=base + 0.3 * noise(), ref_log_probs=base + 0.3 * noise(), advantages=noise())
     batch["rollout_log_probs"] = base + 0.3 * noise()
+    critic = torch.Generator().manual_seed(9)  # the critic's old values and returns (the value loss)
+    batch.update(
+        {key: torch.randn(rows, width, generator=critic, dtype=torch.float64) for key in ("values", "returns")}
+    )
     return DataProto(batch, {IMAGE_INPUTS: inputs})
+
+
+VALUES_OF = ("value", "qwen2_5_vl", False)  # the critic whose compute_values is checked: full, Qwen2.5-VL
+
+
+def value_head_weights(model_type: str) -> dict[str, torch.Tensor]:
+    """A non-zero value head (the critic's starts at zero, which would leave the trunk without a gradient)."""
+    width = vision_lm(model_type=model_type).config.get_text_config().hidden_size
+    weight = 0.2 * torch.randn(1, width, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    return {"value_head.weight": weight, "value_head.bias": torch.tensor([0.1], dtype=torch.float64)}
 
 
 def loss_func(case: VisionCase):
@@ -181,6 +196,8 @@ def sp_negative_control(naive: str):
 
 def _rank_main(rank: int, world_size: int, port: int, cases: list[VisionCase], out_path: str):
     join_group(rank, world_size, port)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
     from roll_lite.strategy import FSDP2Strategy, StrategyConfig
     from roll_lite.strategy.micro_batches import data_parallel_groups, split_for_data_parallel
 
@@ -197,9 +214,14 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[VisionCase], o
             param_dtype="float64",
             logprob_chunk_size=8,
         )
-        key = (repr(config), case.freeze_vision, case.model_type, case.lora)
+        head = "value" if case.loss == "value" else "log_probs"
+        key = (repr(config), case.freeze_vision, case.model_type, case.lora, head)
         if key not in strategies:
-            strategies[key] = FSDP2Strategy(vision_lm(case.freeze_vision, case.model_type, case.lora), config)
+            lm = vision_lm(case.freeze_vision, case.model_type, case.lora)
+            strategies[key] = FSDP2Strategy(lm, config, head=head)
+            if head == "value":
+                options = StateDictOptions(full_state_dict=True, strict=False)
+                set_model_state_dict(strategies[key].model, value_head_weights(case.model_type), options=options)
         strategy = strategies[key]
         data = vision_batch(case.model_type)
         data.meta_info["loss_mask_keys"] = MASK_KEYS[case.loss]
@@ -211,8 +233,9 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[VisionCase], o
     packed = next(
         (
             s
-            for (_, frozen, family, lora), s in strategies.items()
+            for (_, frozen, family, lora, head), s in strategies.items()
             if s.config.use_packing
+            and head == "log_probs"
             and s.config.sequence_parallel == 1
             and not (frozen or lora or family != "qwen2_5_vl")
         ),
@@ -222,6 +245,11 @@ def _rank_main(rank: int, world_size: int, port: int, cases: list[VisionCase], o
         data = vision_batch()
         rows = data_parallel_groups(data, world_size, balance_tokens=True)[rank]
         results["log_probs"] = (rows, packed.compute_log_probs(data.index_select(rows))["log_probs"])
+    critic = [s for (_, _, family, lora, head), s in strategies.items() if (head, family, lora) == VALUES_OF]
+    if critic:  # compute_values (the critic's pass before GAE) with images: rank 0's rows, packed
+        data = vision_batch()
+        rows = data_parallel_groups(data, world_size, balance_tokens=True)[rank]
+        results["values"] = (rows, critic[0].compute_values(data.index_select(rows))["values"])
     sp = [s for s in strategies.values() if s.config.sequence_parallel > 1 and s.config.use_packing]
     if sp:  # the same at S = 2 (D = 1): every row, each split over the two ranks
         results["log_probs_sp"] = sp[0].compute_log_probs(vision_batch())["log_probs"]
@@ -240,8 +268,9 @@ def run_vision_strategy(cases: list[VisionCase]) -> dict:
             group = [c for c in cases if c.world_size * c.sequence_parallel == world_size]
             spawn_ranks(_rank_main, world_size, group, out_path, start_method="forkserver")
             found = torch.load(out_path, weights_only=False)
-            if "log_probs" in found:
-                found[("log_probs", world_size)] = found.pop("log_probs")
+            for name in ("log_probs", "values"):
+                if name in found:
+                    found[(name, world_size)] = found.pop(name)
             results.update(found)
     return results
 
@@ -282,3 +311,33 @@ def vision_reference(
     value.backward()
     grads = {n: p.grad for n, p in lm.named_parameters() if p.requires_grad}
     return value.item(), grads, output["log_probs"].detach()
+
+
+def value_reference(model_type: str = "qwen2_5_vl", lora: bool = False) -> tuple[float, dict, torch.Tensor]:
+    """(value loss, grads, token-aligned values) of one forward/backward of the plain HF trunk (lora: LORA's
+    adapters on it, the base frozen) over the padded global batch, all its images in row order, the value head
+    applied by hand to its final hidden states."""
+    lm = vision_lm(freeze_vision=lora, model_type=model_type, lora=lora)
+    lm.set_attn_implementation("sdpa")
+    data = vision_batch(model_type)
+    batch = dict(data.batch)
+    entries = [entry for entry in data.non_tensor_batch[IMAGE_INPUTS] if entry is not None]
+    ids, attention = batch["input_ids"], batch["attention_mask"]
+    hidden = lm.model(
+        input_ids=ids,
+        attention_mask=attention,
+        pixel_values=torch.cat([entry["pixel_values"] for entry in entries]),
+        image_grid_thw=torch.cat([entry["image_grid_thw"] for entry in entries]),
+        mm_token_type_ids=(ids == lm.config.image_token_id).int(),
+        use_cache=False,
+    ).last_hidden_state
+    head = {name: w.clone().requires_grad_() for name, w in value_head_weights(model_type).items()}
+    next_values = hidden[:, :-1] @ head["value_head.weight"][0] + head["value_head.bias"][0]
+    output = {"values": _token_aligned(next_values, attention)}
+    mask = batch["response_mask"].bool()
+    meta = {"batch_num_tokens": {"response_mask": mask.sum().double()}}
+    meta["global_valid_samples"] = {"response_mask": (mask.sum(-1) > 0).sum().double()}
+    value, _ = make_loss("value", "token-mean")(DataProto(batch, meta_info=meta), output)
+    value.backward()
+    grads = {n: p.grad for n, p in lm.named_parameters() if p.grad is not None} | {n: w.grad for n, w in head.items()}
+    return value.item(), grads, output["values"].detach()

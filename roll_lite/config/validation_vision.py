@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from roll_lite.config.key_checks import check
 from roll_lite.config.schema import RunConfig
+from roll_lite.model.vision_folder import folder_vision_type
 from roll_lite.model.vision_run import VISION_MODEL_TYPES, is_vision_model
 
 # pipelines that do not train a vision-language model yet (SFT and DPO do: docs/vision.md, "SFT and DPO on image rows")
@@ -61,14 +62,9 @@ def _validate_vision_run(config: RunConfig) -> None:
         f"rollout.engine=vllm with {vlm} records log-probs over the vocabulary without the vision tokens only "
         f"when nothing is truncated: set rollout.top_p=1 and rollout.top_k=0 (or rollout.engine=hf)",
     )
-    # the exact decoding loop and single-turn partial rollouts take images (docs/vision.md, "Exact and partial
-    # rollouts with images"); multi-turn episodes ahead do not yet
-    check(
-        not r.fully_async or config.environment.name is None,
-        "rollout.fully_async",
-        f"multi-turn episodes ahead take no images yet (a multi-turn run, environment.name="
-        f"{config.environment.name}; {vlm}): set false",
-    )
+    # the exact decoding loop, single-turn partial rollouts and multi-turn episodes ahead (rollout.fully_async with
+    # environment.name) take images (docs/vision.md, "Exact and partial rollouts with images", "Images in
+    # multi-turn conversations")
     check(
         config.pipeline not in NOT_ON_IMAGES,
         "pipeline",
@@ -82,7 +78,13 @@ def _validate_vision_run(config: RunConfig) -> None:
         f"a multi-turn run's rows seed its environments (environment.name={config.environment.name}) and hold no "
         f"images; {vlm} sees the images the environment's observations show: set null",
     )
-    check(config.critic.lora.rank == 0, "critic.lora.rank", f"no critic on {vlm} yet: set 0")
+    if config.critic.lora.rank:  # adapters on the critic's language model only, as on the actor's
+        check(
+            config.model.freeze_vision,
+            "model.freeze_vision",
+            f"critic.lora.rank > 0 on {vlm} puts adapters on its language model only and keeps its vision tower "
+            "frozen with the rest of the base: set true (a tower trained beside the adapters is not built)",
+        )
     if config.actor.lora.rank:  # adapters on the language model only (roll_lite/lora/vision.py)
         check(
             config.model.freeze_vision,
@@ -90,15 +92,29 @@ def _validate_vision_run(config: RunConfig) -> None:
             f"actor.lora.rank > 0 on {vlm} puts adapters on its language model only and keeps the vision tower "
             "frozen with the rest of the base: set true (training the tower in full beside the adapters is not built)",
         )
-    check(
-        config.algorithm.advantage != "gae",
-        "algorithm.advantage",
-        f"gae needs a critic, and no value head is built on {vlm} yet: use grpo, dr_grpo, rloo or reinforce_pp",
-    )
-    check(
-        not (config.distill.teacher or config.distill.teachers),
-        "distill.teacher",
-        f"teachers do not score image prompts yet ({vlm})",
+    if config.algorithm.advantage == "gae":  # the critic's value head reads the images too (vision_heads.py)
+        check(
+            config.critic.sequence_parallel == 1,
+            "critic.sequence_parallel",
+            f"a critic on {vlm} has no sequence parallelism yet: set 1",
+        )
+    # a teacher reads the images too: a vision-language folder (its ids and pixels checked before Ray:
+    # pipelines/teachers.py, roll_lite/model/vision_teacher_folder.py)
+    d = config.distill
+    for key, folder in ([("distill.teacher", d.teacher)] if d.teacher else []) + [
+        (f"distill.teachers.{domain}", folder) for domain, folder in (d.teachers or {}).items()
+    ]:
+        check(
+            folder_vision_type(folder) is not None,
+            key,
+            f"'{folder}' is no vision-language folder (config.json with a vision_config): a text teacher cannot see "
+            f"the images of the prompts of {vlm}; name a teacher folder of the student's family",
+        )
+    check(  # the head's top-k on image prompts is built for a whole sequence (roll_lite/model/vision_teacher.py)
+        not (d.teacher or d.teachers) or d.signal != "top_k_forward_kl" or config.actor.sequence_parallel == 1,
+        "distill.signal",
+        f"top_k_forward_kl with {vlm} under actor.sequence_parallel={config.actor.sequence_parallel} is not built: "
+        "use advantage or reverse_kl, or actor.sequence_parallel=1",
     )
     m = config.model
     if (

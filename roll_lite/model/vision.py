@@ -263,12 +263,9 @@ class VisionLMWithLogProbs(nn.Module):
         from roll_lite.model.logprobs import chunked_log_probs
         from roll_lite.model.restricted_vocab import restricted_log_probs
 
-        if top_k or gather_ids is not None:
-            raise NotImplementedError("a vision-language policy: no teacher top-k yet")
-        if position_ids.dim() == 2:  # the three rows per sequence, over the whole sequence
-            position_ids = mrope_layout(self.lm, input_ids, position_ids, attention_mask, cu_seqlens, image_grid_thw)
-        if position_ids.dim() != 3 or position_ids.shape[0] != 3:
-            raise ValueError(f"position_ids: M-RoPE needs [3, rows, seq], got {list(position_ids.shape)}")
+        if (top_k or gather_ids is not None) and sequence_parallel is not None:
+            raise NotImplementedError("a vision-language policy: no teacher top-k under sequence parallelism yet")
+        position_ids = self.mrope_positions(input_ids, position_ids, attention_mask, cu_seqlens, image_grid_thw)
         images = dict(pixel_values=pixel_values, image_grid_thw=image_grid_thw)
         if sequence_parallel is not None:  # Ulysses: images merged and positions laid out whole, then sliced
             from roll_lite.model.vision_sp import sliced_hidden_states
@@ -282,6 +279,21 @@ class VisionLMWithLogProbs(nn.Module):
         # a run's model never samples its vision tokens (vision_run.py): the engine's restricted vocabulary
         excluded = getattr(self.lm, "excluded_token_ids", None)
         hidden, weight = hidden.reshape(-1, hidden.shape[-1]), self.lm.get_output_embeddings().weight
+        if top_k or gather_ids is not None:  # distillation's top-k, restricted likewise (vision_teacher.py)
+            from roll_lite.model.vision_teacher import restricted_head_outputs
+
+            return restricted_head_outputs(
+                hidden,
+                weight,
+                targets,
+                input_ids.shape,
+                excluded or [],
+                chunk_size=self.chunk_size,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                top_k=top_k,
+                gather_ids=gather_ids,
+            )
         if excluded:
             log_probs, entropy = restricted_log_probs(
                 hidden,
@@ -305,6 +317,21 @@ class VisionLMWithLogProbs(nn.Module):
         if entropy is not None:
             outputs["entropy"] = entropy.reshape(input_ids.shape).clone()
         return outputs
+
+    def mrope_positions(self, input_ids, position_ids, attention_mask, cu_seqlens, image_grid_thw) -> torch.Tensor:
+        if position_ids.dim() == 2:  # the three rows per sequence, over the whole sequence
+            position_ids = mrope_layout(self.lm, input_ids, position_ids, attention_mask, cu_seqlens, image_grid_thw)
+        if position_ids.dim() != 3 or position_ids.shape[0] != 3:
+            raise ValueError(f"position_ids: M-RoPE needs [3, rows, seq], got {list(position_ids.shape)}")
+        return position_ids
+
+    def trunk(self, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen, pixel_values, image_grid_thw):
+        """The final hidden states [rows, seq, hidden], images merged and M-RoPE laid out: what a scalar head
+        reads (roll_lite/model/vision_heads.py)."""
+        position_ids = self.mrope_positions(input_ids, position_ids, attention_mask, cu_seqlens, image_grid_thw)
+        return self._hidden_states(
+            input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen, pixel_values, image_grid_thw
+        )
 
     def _hidden_states(
         self, input_ids, position_ids, attention_mask, cu_seqlens, max_seqlen, pixel_values, image_grid_thw
