@@ -28,7 +28,7 @@ from loss_cases import make_loss
 from pair_cases import make_pair_loss
 from PIL import Image
 from spawned_ranks import join_group, leave_group, spawn_ranks
-from vision_cases import negative_control, processor, vision_batch, vision_lm
+from vision_cases import global_inputs, negative_control, processor, vision_batch, vision_lm
 
 from roll_lite.data import DataProto
 from roll_lite.data.pairs import PAIR_MASK_KEYS, PairData, build_pair_batch
@@ -149,16 +149,8 @@ def reference(loss: str) -> tuple[float, dict]:
     lm.set_attn_implementation("sdpa")
     data = case_batch(loss)
     batch = dict(data.batch)
-    entries = [entry for entry in data.non_tensor_batch[IMAGE_INPUTS] if entry is not None]
     ids, attention = batch["input_ids"], batch["attention_mask"]
-    logits = lm(
-        input_ids=ids,
-        attention_mask=attention,
-        pixel_values=torch.cat([entry["pixel_values"] for entry in entries]),
-        image_grid_thw=torch.cat([entry["image_grid_thw"] for entry in entries]),
-        mm_token_type_ids=(ids == lm.config.image_token_id).int(),
-        use_cache=False,
-    ).logits
+    logits = lm(**global_inputs(lm, data)).logits
     next_log_probs = torch.log_softmax(logits, dim=-1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
     output = {"log_probs": _token_aligned(next_log_probs, attention)}
     meta = {"batch_num_tokens": {}, "global_valid_samples": {}}

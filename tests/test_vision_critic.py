@@ -89,7 +89,7 @@ def test_the_score_head_on_a_vlm_reads_each_sequence_with_its_images():
     strategy's packed forward, token t holds the score of the sequence ending at t, the plain HF trunk's over
     the padded batch with its images (float64); without the images' pixels (their tokens kept) it differs."""
     import torch
-    from vision_cases import vision_batch, vision_lm
+    from vision_cases import global_inputs, vision_batch, vision_lm
 
     from roll_lite.data import DataProto
     from roll_lite.model.vision_heads import VisionLMWithScoreHead
@@ -99,17 +99,9 @@ def test_the_score_head_on_a_vlm_reads_each_sequence_with_its_images():
     lm, data = vision_lm(), vision_batch()
     model = VisionLMWithScoreHead(lm, seed=3)
     scores = forward_micro_batch(model, data, StrategyConfig(use_packing=True), with_entropy=False)["scores"]
-    entries = [entry for entry in data.non_tensor_batch[IMAGE_INPUTS] if entry is not None]
-    ids, attention = data["input_ids"], data["attention_mask"]
+    attention = data["attention_mask"]
     with torch.no_grad():
-        hidden = lm.model(
-            input_ids=ids,
-            attention_mask=attention,
-            pixel_values=torch.cat([entry["pixel_values"] for entry in entries]),
-            image_grid_thw=torch.cat([entry["image_grid_thw"] for entry in entries]),
-            mm_token_type_ids=(ids == lm.config.image_token_id).int(),
-            use_cache=False,
-        ).last_hidden_state
+        hidden = lm.model(**global_inputs(lm, data)).last_hidden_state
         valid = attention.bool()
         valid[:, 0] = False
         expected = torch.where(valid, hidden @ model.score.weight[0], 0.0)

@@ -275,6 +275,22 @@ def run_vision_strategy(cases: list[VisionCase]) -> dict:
     return results
 
 
+def global_inputs(lm: torch.nn.Module, data: DataProto) -> dict:
+    """The plain HF model's inputs for one forward over the padded global batch: every row's images in row order,
+    and mm_token_type_ids, from which transformers lays out M-RoPE itself (without them it silently uses 1-D
+    positions)."""
+    entries = [entry for entry in data.non_tensor_batch[IMAGE_INPUTS] if entry is not None]
+    ids = data.batch["input_ids"]
+    return dict(
+        input_ids=ids,
+        attention_mask=data.batch["attention_mask"],
+        pixel_values=torch.cat([entry["pixel_values"] for entry in entries]),
+        image_grid_thw=torch.cat([entry["image_grid_thw"] for entry in entries]),
+        mm_token_type_ids=(ids == lm.config.image_token_id).int(),
+        use_cache=False,
+    )
+
+
 def vision_reference(
     loss: str, mode: str, freeze_vision: bool = False, model_type: str = "qwen2_5_vl", lora: bool = False
 ) -> tuple[float, dict, torch.Tensor]:
@@ -285,16 +301,8 @@ def vision_reference(
     lm.set_attn_implementation("sdpa")  # eager: softmax in float32, even for float64
     data = vision_batch(model_type)
     batch = dict(data.batch)
-    entries = [entry for entry in data.non_tensor_batch[IMAGE_INPUTS] if entry is not None]
     ids, attention = batch["input_ids"], batch["attention_mask"]
-    logits = lm(
-        input_ids=ids,
-        attention_mask=attention,
-        pixel_values=torch.cat([entry["pixel_values"] for entry in entries]),
-        image_grid_thw=torch.cat([entry["image_grid_thw"] for entry in entries]),
-        mm_token_type_ids=(ids == lm.config.image_token_id).int(),
-        use_cache=False,
-    ).logits
+    logits = lm(**global_inputs(lm, data)).logits
     log_softmax = torch.log_softmax(logits, dim=-1)
     next_log_probs = log_softmax[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
     next_entropy = -(log_softmax.exp() * log_softmax).sum(-1)[:, :-1]
@@ -321,16 +329,8 @@ def value_reference(model_type: str = "qwen2_5_vl", lora: bool = False) -> tuple
     lm.set_attn_implementation("sdpa")
     data = vision_batch(model_type)
     batch = dict(data.batch)
-    entries = [entry for entry in data.non_tensor_batch[IMAGE_INPUTS] if entry is not None]
-    ids, attention = batch["input_ids"], batch["attention_mask"]
-    hidden = lm.model(
-        input_ids=ids,
-        attention_mask=attention,
-        pixel_values=torch.cat([entry["pixel_values"] for entry in entries]),
-        image_grid_thw=torch.cat([entry["image_grid_thw"] for entry in entries]),
-        mm_token_type_ids=(ids == lm.config.image_token_id).int(),
-        use_cache=False,
-    ).last_hidden_state
+    attention = batch["attention_mask"]
+    hidden = lm.model(**global_inputs(lm, data)).last_hidden_state
     head = {name: w.clone().requires_grad_() for name, w in value_head_weights(model_type).items()}
     next_values = hidden[:, :-1] @ head["value_head.weight"][0] + head["value_head.bias"][0]
     output = {"values": _token_aligned(next_values, attention)}
