@@ -151,15 +151,32 @@ class CausalLMWithLogProbs(_HeadOnDecoder):
         return outputs
 
 
+def zero_value_head(width: int, dtype: torch.dtype) -> nn.Linear:
+    """A critic's value head: width -> 1, starting at zero (every value 0 before the first update)."""
+    head = nn.Linear(width, 1, dtype=dtype)
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    return head
+
+
+def seeded_score_head(text_config, dtype: torch.dtype, seed: int) -> nn.Linear:
+    """A reward model's bias-free score head (`score.weight`, as transformers' *ForSequenceClassification), drawn
+    as transformers initialises it (normal, std `initializer_range`) from the run's `seed`. `text_config`: the
+    language model's config (its hidden_size)."""
+    head = nn.Linear(text_config.hidden_size, 1, bias=False, dtype=dtype)
+    std = getattr(text_config, "initializer_range", 0.02)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=torch.Generator().manual_seed(seed)) * std)
+    return head
+
+
 class CausalLMWithValueHead(_HeadOnDecoder):
     """PPO critic: the decoder of a causal LM plus a linear value head: {'values'}, next-token
     aligned (the hidden state before token t values the state in which token t is generated)."""
 
     def __init__(self, lm: nn.Module):
         super().__init__(lm)
-        self.value_head = nn.Linear(lm.config.hidden_size, 1, dtype=next(lm.parameters()).dtype)
-        nn.init.zeros_(self.value_head.weight)
-        nn.init.zeros_(self.value_head.bias)
+        self.value_head = zero_value_head(lm.config.hidden_size, next(lm.parameters()).dtype)
 
     def forward(
         self,
@@ -188,12 +205,7 @@ class CausalLMWithScoreHead(_HeadOnDecoder):
 
     def __init__(self, lm: nn.Module, seed: int = 0):
         super().__init__(lm)
-        self.score = nn.Linear(lm.config.hidden_size, 1, bias=False, dtype=next(lm.parameters()).dtype)
-        std = getattr(lm.config, "initializer_range", 0.02)
-        with torch.no_grad():  # as transformers initialises the head, from the run's seed
-            self.score.weight.copy_(
-                torch.randn(self.score.weight.shape, generator=torch.Generator().manual_seed(seed)) * std
-            )
+        self.score = seeded_score_head(lm.config, next(lm.parameters()).dtype, seed)
 
     def forward(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from roll_lite.model.modeling import seeded_score_head, zero_value_head
 from roll_lite.model.vision import VisionLMWithLogProbs
 
 
@@ -53,10 +54,7 @@ class VisionLMWithValueHead(_ScalarHeadOnVision):
 
     def __init__(self, lm: nn.Module):
         super().__init__(lm)
-        width = lm.config.get_text_config().hidden_size
-        self.value_head = nn.Linear(width, 1, dtype=next(lm.parameters()).dtype)
-        nn.init.zeros_(self.value_head.weight)
-        nn.init.zeros_(self.value_head.bias)
+        self.value_head = zero_value_head(lm.config.get_text_config().hidden_size, next(lm.parameters()).dtype)
 
     def head_outputs(self, hidden: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"values": self.value_head(hidden).squeeze(-1).clone()}  # a fresh tensor: FSDP2 warns on views
@@ -68,13 +66,7 @@ class VisionLMWithScoreHead(_ScalarHeadOnVision):
 
     def __init__(self, lm: nn.Module, seed: int = 0):
         super().__init__(lm)
-        text = lm.config.get_text_config()
-        self.score = nn.Linear(text.hidden_size, 1, bias=False, dtype=next(lm.parameters()).dtype)
-        std = getattr(text, "initializer_range", 0.02)
-        with torch.no_grad():
-            self.score.weight.copy_(
-                torch.randn(self.score.weight.shape, generator=torch.Generator().manual_seed(seed)) * std
-            )
+        self.score = seeded_score_head(lm.config.get_text_config(), next(lm.parameters()).dtype, seed)
 
     def head_outputs(self, hidden: torch.Tensor) -> dict[str, torch.Tensor]:
         # one position ahead (the wrapped-around last column is never read): alignment moves it back
