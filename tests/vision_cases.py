@@ -151,8 +151,8 @@ def negative_control(naive: str):
     saved = (micro_batches.image_inputs, vision.mrope_layout, Qwen3VLModel.get_image_features)
     if naive == "pixels":
 
-        def pixels_in_reverse_row_order(model, micro_batch, sequence_parallel=None):
-            inputs = saved[0](model, micro_batch, sequence_parallel)
+        def pixels_in_reverse_row_order(model, micro_batch):
+            inputs = saved[0](model, micro_batch)
             if inputs:
                 entries = rows_images(micro_batch)[::-1]
                 inputs["pixel_values"] = torch.cat([entry["pixel_values"] for entry in entries])

@@ -160,7 +160,7 @@ def forward_micro_batch(
     config.batch_invariant under the batch-invariant kernels (roll_lite/model/batch_invariant.py).
     `sequence_parallel` (roll_lite/strategy/sequence_parallel.py) runs the model on this rank's slice of
     the sequence and hands back the whole sequence's outputs, as the model alone would."""
-    images = image_inputs(model, micro_batch, sequence_parallel)  # its rows' images (vision_inputs.py)
+    images = image_inputs(model, micro_batch)  # its rows' images (vision_inputs.py)
     if sequence_parallel is not None:
         model = functools.partial(sequence_parallel.run, model)
     with batch_invariant_kernels(config.batch_invariant):

@@ -54,7 +54,7 @@ def rows_images(micro_batch: DataProto) -> list[dict]:
     return [entry for entry in micro_batch.non_tensor_batch[IMAGE_INPUTS] if entry is not None]
 
 
-def image_inputs(model, micro_batch: DataProto, sequence_parallel=None) -> dict:
+def image_inputs(model, micro_batch: DataProto) -> dict:
     """The model's image kwargs for a micro-batch: {} for a text batch, else its rows' `pixel_values` and
     `image_grid_thw` laid end to end in row order (none when none of its rows has an image). Under sequence
     parallelism every rank of a group gets them all: the head slices after merging (roll_lite/model/vision_sp.py)."""
